@@ -1,0 +1,72 @@
+"""Command-line entry point. Each subcommand lives in `specwatch/commands/<module>.py` and exposes
+`add_arguments(parser)` and `main(args) -> int`; this file only wires them, imported lazily so that
+`specwatch --help` stays fast and one command's heavy imports (matplotlib, NVML) never slow another."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from specwatch import __version__
+
+# name -> (module under specwatch.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "run the daemon: scrape engines and NVML, detect, export /metrics"),
+    "check-config": ("check_config", "validate a config file and list every problem"),
+    "status": ("status", "show a running daemon's routes as a table"),
+    "simulate": ("simulate", "serve a SIMULATED vLLM or SGLang engine (metrics + OpenAI API)"),
+    "demo": ("demo", "run simulated engines and the daemon together, with a live status table"),
+    "baseline": ("baseline", "list, show, reset or accept per-route acceptance baselines"),
+    "replay": ("replay", "run the detection pipeline offline over a JSONL trace of scrapes"),
+    "backtest": ("backtest", "replay a route's counters pulled from a Prometheus server"),
+    "simulate-trace": ("simulate_trace", "write a realistic SIMULATED acceptance trace (JSONL)"),
+    "sweep": ("sweep", "measure the crossover: drive a plain and a spec server at rising concurrency"),
+    "crossover": ("crossover", "estimate the crossover batch size from a calibrated roofline"),
+    "recommend": ("recommend", "recommend a draft length and a batch-size schedule for a route"),
+    "generate": ("generate", "write (or --check) the alert rules and Grafana dashboards"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specwatch",
+                                     description="Speculative-decoding monitor for vLLM and SGLang inference nodes.")
+    parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
+    parser.add_argument("--log.level", dest="log_level", default="info",
+                        choices=["debug", "info", "warn", "error"], help="log level (default info)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(_module=module)
+        mod = _load(module)
+        if mod is not None:
+            mod.add_arguments(p)
+    return parser
+
+
+def _load(module: str):
+    try:
+        return importlib.import_module(f"specwatch.commands.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"specwatch.commands.{module}":
+            return None  # command not built yet
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    mod = _load(args._module)
+    if mod is None:
+        print(f"specwatch {args.command}: not available in this build", file=sys.stderr)
+        return 2
+    try:
+        return int(mod.main(args) or 0)
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,441 @@
+"""Strict YAML configuration: frozen dataclasses, unknown keys are errors, every problem reported at once.
+
+`load_config(path)` returns a `Config` or raises `ConfigError` whose `.problems` lists each problem with its
+path (`routes[1].url: not an http(s) URL`). Nothing half-valid is ever returned, so a reload either swaps
+the whole config or keeps the old one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import urlparse
+
+import yaml
+
+ENGINE_KINDS = ("vllm", "sglang", "auto")
+GPU_MODES = ("auto", "true", "false")
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"
+DEFAULT_STATE_DIR = "/var/lib/specwatch"
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_ROUTE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+
+class ConfigError(ValueError):
+    """A configuration was rejected; `problems` holds every problem found, each prefixed with its path."""
+
+    def __init__(self, problems: list[str], source: str = "") -> None:
+        self.problems = list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        super().__init__(head + f"{len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+# --------------------------------------------------------------------------- dataclasses
+@dataclass(frozen=True)
+class DetectionConfig:
+    drop: float = 0.15  # page when acceptance <= (1 - drop) x baseline
+    warmup_drafted_tokens: int = 20_000
+    warmup_seconds: float = 1800.0
+    min_drafted_tokens: int = 2_000  # never page on less evidence than this
+    min_duration_seconds: float = 600.0  # the drop must have lasted this long
+    cusum_threshold: float = 20.0  # h
+    adopt_after_seconds: float = 3600.0  # clean period before a bumped model's own baseline is adopted
+
+
+@dataclass(frozen=True)
+class PinnedBaseline:
+    acceptance_ratio: float
+    position_acceptance: tuple[float, ...] = ()
+    overdispersion: float = 2.5
+
+
+@dataclass(frozen=True)
+class CrossoverEstimateConfig:
+    gpu: str = ""  # "" = detect through NVML
+    params: float | None = None  # billions of target parameters
+    dtype: str = "bf16"
+    layers: int | None = None
+    hidden_size: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    hf_config: str = ""
+    context: float | None = None  # None = derive live from KV usage when possible
+    draft: str = "eagle"
+
+
+@dataclass(frozen=True)
+class CrossoverConfig:
+    kind: str  # "sweep" | "estimate" | "batch_size"
+    sweep_file: str = ""
+    estimate: CrossoverEstimateConfig | None = None
+    batch_size: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    name: str
+    url: str
+    engine: str = "auto"
+    match: Mapping[str, str] = field(default_factory=dict)
+    engines: tuple[str, ...] = ()
+    gpus: tuple[int, ...] | None = None  # None = automatic process -> GPU mapping
+    version_url: str = ""  # "" = derived from `url` (vLLM /version, SGLang /get_server_info)
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+    baseline: PinnedBaseline | None = None
+    crossover: CrossoverConfig | None = None
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    enabled: str = "auto"  # auto | true | false
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    endpoint: str
+    protocol: str = "http/protobuf"
+    interval_seconds: float = 60.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    interval_seconds: float = 5.0
+    state_dir: str = DEFAULT_STATE_DIR
+    scrape_timeout_seconds: float = 2.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    routes: tuple[RouteConfig, ...] = ()
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    otlp: OtlpConfig | None = None
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+
+    def route(self, name: str) -> RouteConfig | None:
+        return next((r for r in self.routes if r.name == name), None)
+
+
+# --------------------------------------------------------------------------- the checker
+class _Checker:
+    """Collects problems instead of raising, so one pass reports everything."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, path: str, msg: str) -> None:
+        self.problems.append(f"{path}: {msg}")
+
+    def mapping(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict | None:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            self.fail(path, f"must be a mapping, got {type(value).__name__}")
+            return None
+        for key in value:
+            if key not in allowed:
+                self.fail(f"{path}.{key}" if path else str(key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        for key in sorted(required - set(value)):
+            self.fail(f"{path}.{key}" if path else key, "required")
+        return value
+
+    def duration(self, value: Any, path: str, default: float, minimum: float = 0.0) -> float:
+        if value is None:
+            return default
+        seconds = parse_duration(value)
+        if seconds is None:
+            self.fail(path, f"not a duration like 5s, 10m, 1h: {value!r}")
+            return default
+        if seconds <= minimum:
+            self.fail(path, f"must be more than {minimum:g}s, got {value!r}")
+            return default
+        return seconds
+
+    def number(self, value: Any, path: str, default: float | None, lo: float | None = None,
+               hi: float | None = None, integer: bool = False, lo_open: bool = False) -> Any:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(path, f"must be a {'whole ' if integer else ''}number, got {value!r}")
+            return default
+        if integer and value != int(value):
+            self.fail(path, f"must be a whole number, got {value!r}")
+            return default
+        if lo is not None and (value < lo or (lo_open and value == lo)):
+            self.fail(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
+            return default
+        if hi is not None and value > hi:
+            self.fail(path, f"must be <= {hi:g}, got {value!r}")
+            return default
+        return int(value) if integer else float(value)
+
+    def string(self, value: Any, path: str, default: str = "", choices: tuple[str, ...] | None = None) -> str:
+        if value is None:
+            return default
+        if isinstance(value, bool) and choices and "true" in choices:
+            value = "true" if value else "false"
+        if not isinstance(value, str):
+            self.fail(path, f"must be a string, got {value!r}")
+            return default
+        if choices is not None and value not in choices:
+            self.fail(path, f"must be one of {', '.join(choices)}, got {value!r}")
+            return default
+        return value
+
+    def string_map(self, value: Any, path: str) -> dict[str, str]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(path, f"must be a mapping of strings, got {type(value).__name__}")
+            return {}
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                self.fail(f"{path}.{k}", f"must be a string, got {v!r}")
+            else:
+                out[k] = str(v)
+        return out
+
+
+def parse_duration(value: Any) -> float | None:
+    """'5s' -> 5.0, '10m' -> 600.0, 2 -> 2.0 (bare numbers are seconds); None when unparseable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if not isinstance(value, str):
+        return None
+    m = _DURATION_RE.match(value)
+    if not m:
+        return None
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+def _http_url(c: _Checker, value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        c.fail(path, f"not an http(s) URL: {value!r}")
+        return ""
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        c.fail(path, f"not an http(s) URL: {value!r}")
+    return value
+
+
+_DETECTION_KEYS = {"drop", "warmup_drafted_tokens", "warmup_duration", "min_drafted_tokens", "min_duration",
+                   "cusum_threshold", "adopt_after"}
+
+
+def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> DetectionConfig:
+    d = c.mapping(raw, path, _DETECTION_KEYS)
+    if d is None:
+        return base
+    return DetectionConfig(
+        drop=c.number(d.get("drop"), f"{path}.drop", base.drop, lo=0.0, hi=0.95, lo_open=True),
+        warmup_drafted_tokens=c.number(d.get("warmup_drafted_tokens"), f"{path}.warmup_drafted_tokens",
+                                       base.warmup_drafted_tokens, lo=0, integer=True),
+        warmup_seconds=c.duration(d.get("warmup_duration"), f"{path}.warmup_duration", base.warmup_seconds, -1),
+        min_drafted_tokens=c.number(d.get("min_drafted_tokens"), f"{path}.min_drafted_tokens",
+                                    base.min_drafted_tokens, lo=0, integer=True),
+        min_duration_seconds=c.duration(d.get("min_duration"), f"{path}.min_duration", base.min_duration_seconds, -1),
+        cusum_threshold=c.number(d.get("cusum_threshold"), f"{path}.cusum_threshold", base.cusum_threshold,
+                                 lo=0.0, lo_open=True),
+        adopt_after_seconds=c.duration(d.get("adopt_after"), f"{path}.adopt_after", base.adopt_after_seconds, -1),
+    )
+
+
+def _baseline(c: _Checker, raw: Any, path: str) -> PinnedBaseline | None:
+    if raw is None:
+        return None
+    d = c.mapping(raw, path, {"acceptance_ratio", "position_acceptance", "overdispersion"}, {"acceptance_ratio"})
+    if d is None:
+        return None
+    ratio = c.number(d.get("acceptance_ratio"), f"{path}.acceptance_ratio", None, lo=0.0, hi=1.0, lo_open=True)
+    positions: list[float] = []
+    raw_pos = d.get("position_acceptance") or []
+    if not isinstance(raw_pos, list):
+        c.fail(f"{path}.position_acceptance", "must be a list of ratios")
+    else:
+        for i, p in enumerate(raw_pos):
+            v = c.number(p, f"{path}.position_acceptance[{i}]", None, lo=0.0, hi=1.0)
+            if v is not None:
+                positions.append(v)
+    phi = c.number(d.get("overdispersion"), f"{path}.overdispersion", 2.5, lo=1.0)
+    if ratio is None:
+        return None
+    return PinnedBaseline(acceptance_ratio=ratio, position_acceptance=tuple(positions), overdispersion=phi)
+
+
+_ESTIMATE_KEYS = {"gpu", "params", "dtype", "layers", "hidden_size", "kv_heads", "head_dim", "hf_config",
+                  "context", "draft"}
+
+
+def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
+    if raw is None:
+        return None
+    d = c.mapping(raw, path, {"sweep", "estimate", "batch_size"})
+    if d is None:
+        return None
+    present = [k for k in ("sweep", "estimate", "batch_size") if k in d]
+    if len(present) != 1:
+        c.fail(path, "give exactly one of sweep, estimate, batch_size")
+        return None
+    kind = present[0]
+    if kind == "sweep":
+        f = c.string(d["sweep"], f"{path}.sweep")
+        return CrossoverConfig(kind="sweep", sweep_file=f)
+    if kind == "batch_size":
+        b = c.number(d["batch_size"], f"{path}.batch_size", None, lo=0.0, lo_open=True)
+        return CrossoverConfig(kind="batch_size", batch_size=b)
+    e = c.mapping(d["estimate"], f"{path}.estimate", _ESTIMATE_KEYS)
+    if e is None:
+        return None
+    p = f"{path}.estimate"
+    est = CrossoverEstimateConfig(
+        gpu=c.string(e.get("gpu"), f"{p}.gpu"),
+        params=c.number(e.get("params"), f"{p}.params", None, lo=0.0, lo_open=True),
+        dtype=c.string(e.get("dtype"), f"{p}.dtype", "bf16", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4")),
+        layers=c.number(e.get("layers"), f"{p}.layers", None, lo=1, integer=True),
+        hidden_size=c.number(e.get("hidden_size"), f"{p}.hidden_size", None, lo=1, integer=True),
+        kv_heads=c.number(e.get("kv_heads"), f"{p}.kv_heads", None, lo=1, integer=True),
+        head_dim=c.number(e.get("head_dim"), f"{p}.head_dim", None, lo=1, integer=True),
+        hf_config=c.string(e.get("hf_config"), f"{p}.hf_config"),
+        context=c.number(e.get("context"), f"{p}.context", None, lo=0.0),
+        draft=c.string(e.get("draft"), f"{p}.draft", "eagle"),
+    )
+    if not re.match(r"^(eagle|eagle3|mtp|ngram|model:\d+(\.\d+)?)$", est.draft):
+        c.fail(f"{p}.draft", f"must be eagle, eagle3, mtp, ngram or model:<billions>, got {est.draft!r}")
+    return CrossoverConfig(kind="estimate", estimate=est)
+
+
+_ROUTE_KEYS = {"name", "engine", "url", "match", "engines", "gpus", "version_url", "detection", "drop",
+               "baseline", "crossover"}
+
+
+def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig) -> RouteConfig | None:
+    d = c.mapping(raw, path, _ROUTE_KEYS, {"name", "url"})
+    if d is None:
+        return None
+    name = c.string(d.get("name"), f"{path}.name")
+    if name and not _ROUTE_NAME_RE.match(name):
+        c.fail(f"{path}.name", f"only letters, digits and _.:- are allowed, got {name!r}")
+    url = _http_url(c, d.get("url"), f"{path}.url") if "url" in d else ""
+    version_url = _http_url(c, d["version_url"], f"{path}.version_url") if d.get("version_url") else ""
+    engines_raw = d.get("engines") or []
+    engines: list[str] = []
+    if not isinstance(engines_raw, list):
+        c.fail(f"{path}.engines", "must be a list of engine indexes")
+    else:
+        for i, e in enumerate(engines_raw):
+            if isinstance(e, bool) or not isinstance(e, (str, int)):
+                c.fail(f"{path}.engines[{i}]", f"must be an engine index, got {e!r}")
+            else:
+                engines.append(str(e))
+    gpus: tuple[int, ...] | None = None
+    if "gpus" in d:
+        g = d["gpus"]
+        if not isinstance(g, list):
+            c.fail(f"{path}.gpus", "must be a list of GPU indexes")
+        else:
+            vals = [c.number(x, f"{path}.gpus[{i}]", None, lo=0, integer=True) for i, x in enumerate(g)]
+            gpus = tuple(v for v in vals if v is not None)
+    det = _detection(c, d.get("detection"), f"{path}.detection", detection)
+    if "drop" in d:  # shorthand for detection.drop
+        det = DetectionConfig(**{**det.__dict__, "drop": c.number(d["drop"], f"{path}.drop", det.drop,
+                                                                   lo=0.0, hi=0.95, lo_open=True)})
+    return RouteConfig(
+        name=name, url=url, engine=c.string(d.get("engine"), f"{path}.engine", "auto", ENGINE_KINDS),
+        match=c.string_map(d.get("match"), f"{path}.match"), engines=tuple(engines), gpus=gpus,
+        version_url=version_url, detection=det, baseline=_baseline(c, d.get("baseline"), f"{path}.baseline"),
+        crossover=_crossover(c, d.get("crossover"), f"{path}.crossover"),
+    )
+
+
+_TOP_KEYS = {"interval", "state_dir", "scrape", "routes", "gpu", "otlp", "detection"}
+
+
+def parse_config(raw: Any, source: str = "") -> Config:
+    """Validate an already-loaded YAML document. Raises ConfigError listing every problem."""
+    c = _Checker()
+    d = c.mapping(raw, "", _TOP_KEYS)
+    if d is None:
+        raise ConfigError(c.problems, source)
+    interval = c.duration(d.get("interval"), "interval", 5.0)
+    state_dir = c.string(d.get("state_dir"), "state_dir", DEFAULT_STATE_DIR)
+    scrape = c.mapping(d.get("scrape"), "scrape", {"timeout", "max_body_bytes"}) or {}
+    timeout = c.duration(scrape.get("timeout"), "scrape.timeout", 2.0)
+    if timeout >= interval and "timeout" in scrape:
+        c.fail("scrape.timeout", f"must be shorter than interval ({interval:g}s)")
+    max_body = c.number(scrape.get("max_body_bytes"), "scrape.max_body_bytes", 16 * 1024 * 1024, lo=1024,
+                        integer=True)
+    gpu_raw = c.mapping(d.get("gpu"), "gpu", {"enabled"}) or {}
+    gpu = GpuConfig(enabled=c.string(gpu_raw.get("enabled"), "gpu.enabled", "auto", GPU_MODES))
+    detection = _detection(c, d.get("detection"), "detection", DetectionConfig())
+
+    otlp = None
+    if d.get("otlp") is not None:
+        o = c.mapping(d["otlp"], "otlp", {"endpoint", "protocol", "interval", "headers"}, {"endpoint"})
+        if o is not None:
+            ep = _http_url(c, o.get("endpoint"), "otlp.endpoint") if "endpoint" in o else ""
+            otlp = OtlpConfig(endpoint=ep,
+                              protocol=c.string(o.get("protocol"), "otlp.protocol", "http/protobuf", OTLP_PROTOCOLS),
+                              interval_seconds=c.duration(o.get("interval"), "otlp.interval", 60.0),
+                              headers=c.string_map(o.get("headers"), "otlp.headers"))
+
+    routes: list[RouteConfig] = []
+    raw_routes = d.get("routes")
+    if raw_routes is None:
+        raw_routes = []
+    if not isinstance(raw_routes, list):
+        c.fail("routes", "must be a list")
+        raw_routes = []
+    seen: dict[str, int] = {}
+    for i, r in enumerate(raw_routes):
+        route = _route(c, r, f"routes[{i}]", detection)
+        if route is None:
+            continue
+        if route.name in seen:
+            c.fail(f"routes[{i}].name", f"duplicate route name {route.name!r} (first at routes[{seen[route.name]}])")
+        elif route.name:
+            seen[route.name] = i
+        routes.append(route)
+    if c.problems:
+        raise ConfigError(c.problems, source)
+    return Config(interval_seconds=interval, state_dir=state_dir, scrape_timeout_seconds=timeout,
+                  max_body_bytes=max_body, routes=tuple(routes), gpu=gpu, otlp=otlp, detection=detection)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file. Raises ConfigError (never a bare YAML or OS error)."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"cannot read file: {exc}"], path) from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], path) from exc
+    return parse_config(raw, path)
+
+
+def summarize(cfg: Config) -> str:
+    """A short human summary, printed by `check-config` on success."""
+    lines = [f"interval {cfg.interval_seconds:g}s, state_dir {cfg.state_dir}, gpu {cfg.gpu.enabled}, "
+             f"{len(cfg.routes)} route(s)" + (f", otlp -> {cfg.otlp.endpoint}" if cfg.otlp else "")]
+    for r in cfg.routes:
+        extra = []
+        if r.match:
+            extra.append("match " + ",".join(f"{k}={v}" for k, v in sorted(r.match.items())))
+        if r.engines:
+            extra.append("engines " + ",".join(r.engines))
+        if r.crossover:
+            extra.append(f"crossover {r.crossover.kind}")
+        if r.baseline:
+            extra.append(f"pinned baseline {r.baseline.acceptance_ratio:g}")
+        lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}" + (f" ({'; '.join(extra)})" if extra else ""))
+    return "\n".join(lines)
+

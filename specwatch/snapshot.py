@@ -1,0 +1,169 @@
+"""Immutable value types that flow one way: sources -> tracking -> detectors/crossover -> Snapshot -> exporters.
+
+This is a leaf module: it imports nothing from specwatch. The daemon builds one `Snapshot` per cycle and
+publishes it by swapping a single reference; exporters only ever read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+AcceptanceSource = Literal["counter", "gauge", "lifetime_gauge", "none"]
+WINDOWS: tuple[str, ...] = ("1m", "5m", "1h")
+WINDOW_SECONDS: Mapping[str, float] = {"1m": 60.0, "5m": 300.0, "1h": 3600.0}
+
+
+# --------------------------------------------------------------------------- what a source returns
+@dataclass(frozen=True)
+class EngineCounters:
+    """One DP engine (vLLM `engine`, SGLang `dp_rank`) of one route at one scrape.
+
+    Counter fields are the engine's own cumulative values (None when the engine does not expose them).
+    Gauge fields are instantaneous. `created` is the counter's `_created` timestamp when exposed; a change of
+    it marks a restart even when values did not decrease.
+    """
+
+    engine: str
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    accepted_per_pos: tuple[float, ...] = ()
+    generation_tokens: float | None = None
+    created: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    # SGLang interval gauges (averages over the last --decode-log-interval decode steps).
+    spec_accept_length: float | None = None
+    spec_accept_rate: float | None = None
+    spec_num_draft_tokens: float | None = None
+    spec_num_steps: float | None = None
+    spec_verify_calls: float | None = None  # counter, tokenizer side (0.5.13+)
+    # vLLM V0 lifetime gauges (legacy; counters of V0 are known-wrong and never read).
+    lifetime_acceptance_rate: float | None = None
+    lifetime_efficiency: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    """Everything one scrape of one route's endpoint yields, filtered by the route's `match`/`engines`."""
+
+    ts: float
+    engine_kind: str  # "vllm" | "vllm-v0" | "sglang"
+    acceptance_source: AcceptanceSource
+    model_name: str = ""
+    engine_version: str = ""
+    speculation_enabled: bool = True
+    num_speculative_tokens: int | None = None  # k, e.g. the number of vLLM `position` values
+    engines: tuple[EngineCounters, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one cycle. Any field NVML does not support is None and never exported."""
+
+    index: int
+    up: bool
+    uuid: str = ""
+    name: str = ""
+    driver: str = ""
+    fields: Mapping[str, float] = field(default_factory=dict)  # metric name (without prefix) -> value
+    pids: tuple[int, ...] = ()  # compute processes on this GPU (route -> GPU auto-mapping)
+
+
+# --------------------------------------------------------------------------- what the daemon publishes
+@dataclass(frozen=True)
+class RouteState:
+    """Everything exported for one route, as of the last evaluation."""
+
+    name: str
+    up: bool
+    engine_kind: str = ""
+    model_name: str = ""
+    engine_version: str = ""
+    acceptance_source: AcceptanceSource = "none"
+    error_reason: str = ""  # last error reason when down
+    # reset-corrected cumulative counters summed over the route's engines
+    drafts_total: float = 0.0
+    draft_tokens_total: float = 0.0
+    accepted_tokens_total: float = 0.0
+    acceptance_ratio: Mapping[str, float] = field(default_factory=dict)  # window -> ratio (absent: no drafts)
+    mean_acceptance_length: Mapping[str, float] = field(default_factory=dict)  # window -> tau
+    position_acceptance_ratio: tuple[float, ...] = ()  # 5m window, p_j per position
+    draft_length: float | None = None  # effective k
+    running_requests: float | None = None
+    waiting_requests: float | None = None
+    kv_usage_ratio: float | None = None
+    scrape_duration_seconds: float | None = None
+    errors_total: Mapping[str, float] = field(default_factory=dict)  # reason -> count
+    gpus: tuple[int, ...] = ()
+    # detection (issue 5)
+    baseline_ratio: float | None = None
+    drop_ratio: float | None = None
+    degraded: bool | None = None
+    cusum_statistic: float | None = None
+    model_changes_total: float = 0.0
+    last_model_change_timestamp: float | None = None
+    # crossover (issue 6)
+    crossover_batch_size: float | None = None
+    crossover_source: str = ""
+    batch_size: float | None = None
+    above_crossover: bool | None = None
+    predicted_speedup_ratio: float | None = None
+    compute_bound: bool | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One evaluation's complete, immutable view. Exporters read this and nothing else."""
+
+    timestamp: float  # wall-clock time of the evaluation
+    routes: tuple[RouteState, ...] = ()
+    gpus: tuple[GpuSample, ...] = ()
+    nvml_up: bool | None = None  # None: GPU collection disabled
+    evaluation_duration_seconds: float = 0.0
+    evaluation_overruns_total: float = 0.0
+    state_errors_total: float = 0.0
+    config_last_reload_successful: bool = True
+    config_last_reload_success_timestamp: float = 0.0
+
+    def route(self, name: str) -> RouteState | None:
+        for r in self.routes:
+            if r.name == name:
+                return r
+        return None
+
+
+EMPTY_SNAPSHOT = Snapshot(timestamp=0.0)
+
+
+# --------------------------------------------------------------------------- tracking -> detectors/crossover
+@dataclass(frozen=True)
+class RouteObservation:
+    """Tracking's output for one route at one cycle; the only input of detectors and the crossover flag.
+
+    Deltas are since the previous cycle, summed over the route's engines and reset-safe (never negative).
+    For SGLang >= 0.5.13 they are derived from counters (drafts = verify calls, accepted = generation
+    tokens - verify calls, draft tokens = verify calls x (num_draft_tokens - 1)); for gauge-only sources
+    they are 0 and `gauge_acceptance_ratio` carries the batch-weighted interval gauge instead.
+    """
+
+    route: str
+    ts: float
+    up: bool
+    model_name: str = ""
+    engine_version: str = ""
+    engine_kind: str = ""
+    acceptance_source: AcceptanceSource = "none"
+    k: int | None = None
+    reset: bool = False  # an engine restarted (counter decrease or new _created) since the last cycle
+    d_drafts: float = 0.0
+    d_draft_tokens: float = 0.0
+    d_accepted: float = 0.0
+    d_accepted_per_pos: tuple[float, ...] = ()
+    gauge_acceptance_ratio: float | None = None
+    running_per_engine: Mapping[str, float] = field(default_factory=dict)
+    kv_usage: float | None = None
+    window_acceptance: Mapping[str, float] = field(default_factory=dict)  # window -> ratio
+    gpus: tuple[int, ...] = ()
