@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Try specwatch with nothing but Python: simulated vLLM + SGLang engines, the daemon, a live status table.
+# Extra arguments go to `specwatch demo` (e.g. scripts/demo.sh --duration 120).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+exec .venv/bin/specwatch demo "$@"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh machine: venv + deps, Prometheus/promtool/Alertmanager, generated-file check,
+# then pytest. Extra arguments go to pytest (e.g. scripts/test.sh -k tracking).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh || exit 1
+if [ -f scripts/ensure_prometheus.sh ]; then
+  bash scripts/ensure_prometheus.sh || echo "test: could not install prometheus/alertmanager; their tests will skip" >&2
+fi
+if .venv/bin/specwatch generate --help >/dev/null 2>&1; then
+  .venv/bin/specwatch generate --check || { echo "test: generated alerts/dashboards are stale: run 'specwatch generate'" >&2; exit 1; }
+fi
+.venv/bin/python -m pytest -q "$@"
+rc=$?
+if [ $rc -eq 5 ]; then
+  echo "test: pytest collected no tests" >&2
+  exit 1
+fi
+exit $rc
