@@ -1,0 +1,334 @@
+"""`--web.config.file`: TLS and basic auth in the Prometheus exporter-toolkit format.
+
+    tls_server_config:
+      cert_file: /etc/specwatch/tls.crt     # relative paths are relative to this file, as in exporter-toolkit
+      key_file: /etc/specwatch/tls.key
+      client_auth_type: RequireAndVerifyClientCert   # optional; needs client_ca_file
+      client_ca_file: /etc/specwatch/clients-ca.crt
+      min_version: TLS12                    # TLS12 (default) or TLS13
+    basic_auth_users:
+      prometheus: $2b$12$...                # bcrypt hash (htpasswd -nBC 12 "" | tr -d ':\\n')
+
+`load_web_config(path)` parses strictly (unknown keys are errors, every problem reported at once) and checks
+that the certificate, key and CA actually load, so a broken file fails at start-up or reload, never at the
+first scrape. The returned `WebConfig` gives the HTTP server an `ssl_context()` and an `authorize(headers)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from specwatch.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+# exporter-toolkit's names. Python's ssl module cannot accept a client certificate without verifying it, so the
+# two "request but do not verify" policies are refused with a pointer to their verifying equivalents.
+CLIENT_AUTH_TYPES = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+# Accepted so exporter-toolkit files load unchanged; Python's defaults (modern AEAD suites, X25519/P-256) apply.
+_IGNORED_TLS_KEYS = ("cipher_suites", "curve_preferences", "prefer_server_cipher_suites")
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
+             *_IGNORED_TLS_KEYS}
+_TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
+_HTTP_SERVER_KEYS = {"http2"}  # accepted and ignored: the server speaks HTTP/1.1 only
+
+_BCRYPT_RE = re.compile(r"^\$2[aby]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+AUTH_CACHE_SECONDS = 60.0
+AUTH_CACHE_MAX_ENTRIES = 128
+
+
+@dataclass(frozen=True)
+class TlsServerConfig:
+    cert_file: str
+    key_file: str
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: str = ""
+    min_version: str = "TLS12"
+    max_version: str = ""  # "" = the highest the OpenSSL build supports
+
+
+def build_ssl_context(tls: TlsServerConfig) -> ssl.SSLContext:
+    """A server context for `tls`. Raises OSError/ssl.SSLError when a file is missing or does not load."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = TLS_VERSIONS[tls.min_version]
+    if tls.max_version:
+        ctx.maximum_version = TLS_VERSIONS[tls.max_version]
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    ctx.verify_mode = CLIENT_AUTH_TYPES[tls.client_auth_type]
+    if tls.client_ca_file:
+        ctx.load_verify_locations(cafile=tls.client_ca_file)
+    return ctx
+
+
+class _ReloadingContext:
+    """Picks up rotated certificate/key/CA files (cert-manager, ACME) without a restart, as exporter-toolkit
+    does: on each handshake the files' stat is compared, and a changed set is loaded into a new context that
+    the connection switches to. A rotation that fails to load is logged once and the old context keeps serving.
+    """
+
+    def __init__(self, tls: TlsServerConfig) -> None:
+        self._tls = tls
+        self._lock = threading.Lock()
+        self._stamp = self._files_stamp()
+        self._current = build_ssl_context(tls)
+        self.context = build_ssl_context(tls)  # the listening socket's context; only its callback is used
+        self.context.sni_callback = self._on_client_hello
+
+    def _files_stamp(self) -> tuple:
+        paths = (self._tls.cert_file, self._tls.key_file, self._tls.client_ca_file)
+        stamp = []
+        for p in paths:
+            try:
+                st = os.stat(p) if p else None
+                stamp.append((st.st_mtime_ns, st.st_size, st.st_ino) if st else None)
+            except OSError:
+                stamp.append("missing")
+        return tuple(stamp)
+
+    def _on_client_hello(self, sock: ssl.SSLObject, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        with self._lock:
+            stamp = self._files_stamp()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._current = build_ssl_context(self._tls)
+                    log.info("web config: reloaded TLS certificate %s", self._tls.cert_file)
+                except (OSError, ssl.SSLError) as exc:
+                    log.error("web config: rotated TLS files do not load, keeping the previous ones: %s", exc)
+            sock.context = self._current
+
+
+class _BasicAuth:
+    """bcrypt basic auth that does not reveal which users exist and does not cost a bcrypt per scrape.
+
+    An unknown user is checked against a dummy hash of the configured cost, so it takes as long as a wrong
+    password. bcrypt runs under one lock (a flood of bad requests burns one core, not all of them, as in
+    exporter-toolkit). Successful checks are remembered for AUTH_CACHE_SECONDS under an HMAC of
+    (user, hash, password) with a per-process random key: the cache never holds a password, and a changed
+    hash invalidates it.
+    """
+
+    def __init__(self, users: Mapping[str, str], clock: Callable[[], float] = time.monotonic) -> None:
+        import bcrypt  # deferred: only deployments with basic auth pay for the import
+
+        self._bcrypt = bcrypt
+        self._users = {u: h.encode() for u, h in users.items()}
+        cost = max(int(_BCRYPT_RE.match(h).group(1)) for h in users.values())
+        self._dummy_hash = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(cost))
+        self._cache_key = secrets.token_bytes(32)
+        self._cache: dict[bytes, float] = {}  # digest -> expiry (monotonic)
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def check(self, user: str, password: str) -> bool:
+        hashed = self._users.get(user)
+        known = hashed is not None
+        if not known:
+            hashed = self._dummy_hash
+        digest = hmac.new(self._cache_key, b"\0".join((user.encode(), hashed, password.encode())),
+                          hashlib.sha256).digest()
+        with self._lock:
+            now = self._clock()
+            if known and self._cache.get(digest, 0.0) > now:
+                return True
+            ok = self._bcrypt.checkpw(password.encode(), hashed) and known
+            if ok:
+                if len(self._cache) >= AUTH_CACHE_MAX_ENTRIES:
+                    self._cache = {k: t for k, t in self._cache.items() if t > now}
+                    if len(self._cache) >= AUTH_CACHE_MAX_ENTRIES:
+                        self._cache.clear()
+                self._cache[digest] = now + AUTH_CACHE_SECONDS
+            return ok
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """A loaded web config. `authorize()` is True for every request when no users are configured."""
+
+    path: str = ""
+    tls: TlsServerConfig | None = None
+    basic_auth_users: Mapping[str, str] = field(default_factory=dict)
+    _auth: _BasicAuth | None = field(default=None, repr=False, compare=False)
+    _tls_context: _ReloadingContext | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def auth_required(self) -> bool:
+        return self._auth is not None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The context to wrap the listening socket with, or None for plain HTTP."""
+        return self._tls_context.context if self._tls_context else None
+
+    def authorize(self, headers: Any) -> bool:
+        """Check the request's `Authorization: Basic` header (any mapping with case-insensitive `.get`)."""
+        if self._auth is None:
+            return True
+        credentials = parse_basic_authorization(headers.get("Authorization"))
+        if credentials is None:
+            return False
+        return self._auth.check(*credentials)
+
+
+def parse_basic_authorization(value: str | None) -> tuple[str, str] | None:
+    """`Basic dXNlcjpwYXNz` -> ("user", "pass"); None when absent or malformed."""
+    if not value:
+        return None
+    scheme, _, encoded = value.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
+
+
+# --------------------------------------------------------------------------- parsing
+def _resolve(base: Path, value: str) -> str:
+    return str(value if os.path.isabs(value) else base / value)
+
+
+def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | None:
+    p = "tls_server_config"
+    if not isinstance(raw, dict):
+        problems.append(f"{p}: must be a mapping, got {type(raw).__name__}")
+        return None
+    for key in raw:
+        if key not in _TLS_KEYS:
+            problems.append(f"{p}.{key}: unknown key (allowed: {', '.join(sorted(_TLS_KEYS))})")
+    for key in _IGNORED_TLS_KEYS:
+        if key in raw:
+            log.warning("web config: %s.%s is ignored; Python's TLS defaults apply", p, key)
+
+    def text(key: str, default: str = "") -> str:
+        value = raw.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            problems.append(f"{p}.{key}: must be a string, got {value!r}")
+            return default
+        return value
+
+    cert, key = text("cert_file"), text("key_file")
+    if not cert:
+        problems.append(f"{p}.cert_file: required")
+    if not key:
+        problems.append(f"{p}.key_file: required")
+    auth = text("client_auth_type", "NoClientCert") or "NoClientCert"
+    ca = text("client_ca_file")
+    if auth in _UNVERIFIED_CLIENT_AUTH:
+        problems.append(f"{p}.client_auth_type: {auth} (accept unverified client certificates) is not supported; "
+                        "use VerifyClientCertIfGiven or RequireAndVerifyClientCert with client_ca_file")
+    elif auth not in CLIENT_AUTH_TYPES:
+        problems.append(f"{p}.client_auth_type: must be one of {', '.join(CLIENT_AUTH_TYPES)}, got {auth!r}")
+    elif auth != "NoClientCert" and not ca:
+        problems.append(f"{p}.client_ca_file: required with client_auth_type {auth}")
+    elif auth == "NoClientCert" and ca:
+        problems.append(f"{p}.client_ca_file: set, but client_auth_type is NoClientCert (set "
+                        "RequireAndVerifyClientCert or VerifyClientCertIfGiven)")
+    versions = {}
+    for k, default in (("min_version", "TLS12"), ("max_version", "")):
+        v = text(k, default)
+        if v in ("TLS10", "TLS11"):
+            problems.append(f"{p}.{k}: {v} is insecure and not supported; use TLS12 or TLS13")
+            v = default
+        elif v and v not in TLS_VERSIONS:
+            problems.append(f"{p}.{k}: must be TLS12 or TLS13, got {v!r}")
+            v = default
+        versions[k] = v
+    if versions["max_version"] and versions["max_version"] < versions["min_version"]:
+        problems.append(f"{p}.max_version: {versions['max_version']} is below min_version {versions['min_version']}")
+    if not (cert and key):
+        return None
+    return TlsServerConfig(
+        cert_file=_resolve(base, cert), key_file=_resolve(base, key),
+        client_auth_type=auth if auth in CLIENT_AUTH_TYPES else "NoClientCert",
+        client_ca_file=_resolve(base, ca) if ca else "", **versions)
+
+
+def _parse_users(raw: Any, problems: list[str]) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        problems.append(f"basic_auth_users: must be a mapping of user to bcrypt hash, got {type(raw).__name__}")
+        return {}
+    users = {}
+    for user, hashed in raw.items():
+        if not isinstance(user, str) or not user or ":" in user:
+            problems.append(f"basic_auth_users.{user}: user names must be non-empty strings without ':'")
+        elif not isinstance(hashed, str) or not _BCRYPT_RE.match(hashed):
+            # never echo the value: it may be a plaintext password pasted by mistake
+            problems.append(f"basic_auth_users.{user}: not a bcrypt hash ($2b$<cost>$...); "
+                            "make one with: htpasswd -nBC 12 '' | tr -d ':\\n'")
+        else:
+            users[user] = hashed
+    return users
+
+
+def parse_web_config(raw: Any, path: str = "") -> WebConfig:
+    """Validate a loaded YAML document; relative file paths resolve against `path`'s directory."""
+    problems: list[str] = []
+    base = Path(path).resolve().parent if path else Path.cwd()
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"must be a mapping, got {type(raw).__name__}"], path)
+    for key in raw:
+        if key not in _TOP_KEYS:
+            problems.append(f"{key}: unknown key (allowed: {', '.join(sorted(_TOP_KEYS))})")
+    http_cfg = raw.get("http_server_config")
+    if http_cfg is not None:
+        if not isinstance(http_cfg, dict):
+            problems.append("http_server_config: must be a mapping")
+        else:
+            problems += [f"http_server_config.{k}: unknown key (allowed: http2)" for k in http_cfg
+                         if k not in _HTTP_SERVER_KEYS]
+    tls = _parse_tls(raw["tls_server_config"], base, problems) if raw.get("tls_server_config") is not None else None
+    users = _parse_users(raw["basic_auth_users"], problems) if raw.get("basic_auth_users") is not None else {}
+
+    tls_context = None
+    if tls is not None and not problems:
+        try:
+            tls_context = _ReloadingContext(tls)
+        except (OSError, ssl.SSLError) as exc:
+            problems.append(f"tls_server_config: cannot load certificate, key or CA: {exc}")
+    if problems:
+        raise ConfigError(problems, path)
+    if users and tls is None:
+        log.warning("web config %s: basic auth without TLS sends passwords in the clear", path)
+    return WebConfig(path=path, tls=tls, basic_auth_users=users,
+                     _auth=_BasicAuth(users) if users else None, _tls_context=tls_context)
+
+
+def load_web_config(path: str | Path) -> WebConfig:
+    """Read and validate a web config file. Raises ConfigError listing every problem."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"cannot read file: {exc}"], path) from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], path) from exc
+    return parse_web_config(raw, path)

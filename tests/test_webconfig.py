@@ -1,0 +1,277 @@
+"""--web.config.file: strict parsing, TLS (server and client certificates, minimum version), bcrypt basic auth.
+
+Certificates are made here with the openssl CLI; a bcrypt hash of cost 4 keeps the suite fast. TLS is checked
+against a real loopback HTTPS server using the WebConfig exactly as the daemon's HTTP server does.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+
+from specwatch.config import ConfigError
+from specwatch.export import webconfig
+from specwatch.export.webconfig import load_web_config, parse_basic_authorization, parse_web_config
+
+PASSWORD = "s3cret-scrape"
+USER_HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+
+
+def make_pki(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, all EC P-256, via openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    d = directory
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=specwatch test CA")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+    return {n: d / n for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    return path
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+# --------------------------------------------------------------------------- parsing
+def test_empty_file_means_plain_http_without_auth(tmp_path):
+    cfg = load_web_config(write(tmp_path, ""))
+    assert cfg.ssl_context() is None
+    assert cfg.authorize({}) is True
+    assert not cfg.auth_required
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    path = write(tmp_path, """
+tls_server_config:
+  cert_file: a.crt
+  min_version: TLS10
+  client_auth_type: RequireAnyClientCert
+  bogus: 1
+basic_auth_users:
+  alice: plaintext-password
+extra: true
+""")
+    with pytest.raises(ConfigError) as err:
+        load_web_config(path)
+    text = "\n".join(err.value.problems)
+    assert "extra: unknown key" in text
+    assert "tls_server_config.bogus: unknown key" in text
+    assert "tls_server_config.key_file: required" in text
+    assert "TLS10 is insecure" in text
+    assert "RequireAnyClientCert" in text and "not supported" in text
+    assert "basic_auth_users.alice: not a bcrypt hash" in text
+    assert "plaintext-password" not in str(err.value)  # a pasted password is never echoed into logs
+    assert len(err.value.problems) == 6
+
+
+def test_client_ca_and_client_auth_type_must_agree(tmp_path, pki):
+    with pytest.raises(ConfigError, match="client_ca_file: required"):
+        parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
+                                                "client_auth_type": "RequireAndVerifyClientCert"}})
+    with pytest.raises(ConfigError, match="client_auth_type is NoClientCert"):
+        parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
+                                                "client_ca_file": str(pki["ca.crt"])}})
+
+
+def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
+    (tmp_path / "garbage.crt").write_text("not a certificate")
+    with pytest.raises(ConfigError, match="cannot load certificate"):
+        load_web_config(write(tmp_path, f"tls_server_config: {{cert_file: garbage.crt, key_file: {pki['server.key']}}}"))
+    with pytest.raises(ConfigError, match="cannot load certificate"):
+        load_web_config(write(tmp_path, "tls_server_config: {cert_file: missing.crt, key_file: missing.key}"))
+
+
+def test_relative_paths_resolve_against_the_web_config_directory(tmp_path, pki):
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki[name], tmp_path / name)
+    cfg = load_web_config(write(tmp_path, "tls_server_config: {cert_file: server.crt, key_file: server.key}"))
+    assert cfg.tls.cert_file == str(tmp_path / "server.crt")
+    assert cfg.ssl_context().minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+def test_unreadable_and_invalid_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read file"):
+        load_web_config(tmp_path / "absent.yml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_web_config(write(tmp_path, "tls_server_config: [unclosed"))
+
+
+def test_exporter_toolkit_only_keys_are_accepted(tmp_path, pki):
+    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
+                                                  "cipher_suites": ["TLS_AES_128_GCM_SHA256"], "min_version": "TLS13"},
+                            "http_server_config": {"http2": True}})
+    assert cfg.ssl_context().minimum_version == ssl.TLSVersion.TLSv1_3
+
+
+# --------------------------------------------------------------------------- basic auth
+@pytest.mark.parametrize("value, expected", [
+    (None, None), ("", None), ("Bearer abc", None), ("Basic !!!", None),
+    ("Basic " + base64.b64encode(b"no-colon").decode(), None),
+    ("basic " + base64.b64encode(b"u:p:with:colons").decode(), ("u", "p:with:colons")),
+])
+def test_parse_basic_authorization(value, expected):
+    assert parse_basic_authorization(value) == expected
+
+
+def test_basic_auth_accepts_only_the_right_password():
+    cfg = parse_web_config({"basic_auth_users": {"prometheus": USER_HASH}})
+    assert cfg.auth_required
+    assert cfg.authorize(basic("prometheus", PASSWORD))
+    assert not cfg.authorize(basic("prometheus", PASSWORD + "x"))
+    assert not cfg.authorize(basic("mallory", PASSWORD))
+    assert not cfg.authorize({})
+
+
+def test_unknown_user_costs_a_bcrypt_of_the_configured_cost(monkeypatch):
+    """Timing must not reveal which users exist: an unknown user runs bcrypt against a dummy of the same cost."""
+    slow_hash = bcrypt.hashpw(b"pw", bcrypt.gensalt(6)).decode()
+    cfg = parse_web_config({"basic_auth_users": {"prometheus": slow_hash}})
+    checked: list[bytes] = []
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: checked.append(h) or real(pw, h))
+    assert not cfg.authorize(basic("nobody", "pw"))
+    assert not cfg.authorize(basic("prometheus", "wrong"))
+    assert len(checked) == 2
+    assert checked[0] != slow_hash.encode() and checked[0][:7] == b"$2b$06$"  # dummy, same cost
+    assert checked[1] == slow_hash.encode()
+
+
+def test_successful_checks_are_cached_briefly_and_failures_never(monkeypatch):
+    now = [1000.0]
+    auth = webconfig._BasicAuth({"prometheus": USER_HASH}, clock=lambda: now[0])
+    calls = []
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: calls.append(1) or real(pw, h))
+    assert auth.check("prometheus", PASSWORD) and auth.check("prometheus", PASSWORD)
+    assert len(calls) == 1
+    assert not auth.check("prometheus", "wrong") and not auth.check("prometheus", "wrong")
+    assert len(calls) == 3
+    now[0] += webconfig.AUTH_CACHE_SECONDS + 1
+    assert auth.check("prometheus", PASSWORD)
+    assert len(calls) == 4
+    assert all(PASSWORD.encode() not in key for key in auth._cache)  # keyed by HMAC, never the password
+
+
+# --------------------------------------------------------------------------- a real HTTPS server
+class _Handler(http.server.BaseHTTPRequestHandler):
+    web: webconfig.WebConfig
+
+    def do_GET(self):
+        if not self.web.authorize(self.headers):
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="specwatch"')
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(cfg: webconfig.WebConfig) -> str:
+        handler = type("H", (_Handler,), {"web": cfg})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        ctx = cfg.ssl_context()
+        if ctx is not None:
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"{'https' if ctx else 'http'}://127.0.0.1:{server.server_address[1]}/metrics"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_tls_with_basic_auth_answers_401_then_200(tmp_path, pki, serve):
+    cfg = load_web_config(write(tmp_path, f"""
+tls_server_config: {{cert_file: {pki['server.crt']}, key_file: {pki['server.key']}}}
+basic_auth_users: {{prometheus: '{USER_HASH}'}}
+"""))
+    url = serve(cfg)
+    anonymous = requests.get(url, verify=str(pki["ca.crt"]), timeout=5)
+    assert anonymous.status_code == 401 and anonymous.content == b""
+    assert requests.get(url, verify=str(pki["ca.crt"]), auth=("prometheus", PASSWORD), timeout=5).status_code == 200
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(url, verify=True, timeout=5)  # not a public CA: plain clients must not be fooled either
+
+
+def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
+    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
+                                                  "min_version": "TLS13"}})
+    url = serve(cfg)
+    client = ssl.create_default_context(cafile=str(pki["ca.crt"]))
+    client.maximum_version = ssl.TLSVersion.TLSv1_2
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with pytest.raises(ssl.SSLError):
+            client.wrap_socket(raw, server_hostname="127.0.0.1").close()
+
+
+def test_client_certificates_are_required_and_verified(pki, serve):
+    cfg = parse_web_config({"tls_server_config": {
+        "cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
+        "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki["ca.crt"])}})
+    url = serve(cfg)
+    ok = requests.get(url, verify=str(pki["ca.crt"]), cert=(str(pki["client.crt"]), str(pki["client.key"])), timeout=5)
+    assert ok.status_code == 200
+    with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
+        requests.get(url, verify=str(pki["ca.crt"]), timeout=5)
+
+
+def test_rotated_certificate_is_picked_up_without_restart(tmp_path, pki, serve):
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki[name], tmp_path / name)
+    cfg = load_web_config(write(tmp_path, "tls_server_config: {cert_file: server.crt, key_file: server.key}"))
+    url = serve(cfg)
+    assert requests.get(url, verify=str(pki["ca.crt"]), timeout=5).status_code == 200
+
+    (tmp_path / "rotated").mkdir()
+    fresh = make_pki(tmp_path / "rotated")
+    time.sleep(0.01)  # distinct mtime_ns even on coarse-timestamp filesystems
+    shutil.copy(fresh["server.key"], tmp_path / "server.key")
+    shutil.copy(fresh["server.crt"], tmp_path / "server.crt")
+    assert requests.get(url, verify=str(fresh["ca.crt"]), timeout=5).status_code == 200
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(url, verify=str(pki["ca.crt"]), timeout=5)
+
+    (tmp_path / "server.crt").write_text("broken rotation")  # a bad rotation keeps the last good certificate
+    assert requests.get(url, verify=str(fresh["ca.crt"]), timeout=5).status_code == 200
