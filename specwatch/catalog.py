@@ -93,6 +93,34 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("gpu_up", "gauge", "Whether the GPU answered NVML in the last cycle", ("gpu",), issue="gpu"),
     _m("gpu_info", "gauge", "GPU facts; always 1", ("gpu", "uuid", "name", "driver"), issue="gpu"),
     _m("route_gpu_info", "gauge", "Route to GPU mapping; always 1", ("route", "gpu"), issue="gpu"),
+    # GPU fields, one per row of sources/gpu_fields.py (a test checks they agree)
+    _m("gpu_utilization_ratio", "gauge", "Share of the last sample period in which any kernel ran, 0-1; liveness "
+       "only (it reads ~1 at any decode batch): use gpu_sm_active_ratio and gpu_tensor_active_ratio for load",
+       ("gpu",), issue="gpu"),
+    _m("gpu_memory_used_bytes", "gauge", "GPU memory in use", ("gpu",), issue="gpu"),
+    _m("gpu_memory_total_bytes", "gauge", "GPU memory installed", ("gpu",), issue="gpu"),
+    _m("gpu_power_watts", "gauge", "GPU power draw", ("gpu",), issue="gpu"),
+    _m("gpu_power_limit_watts", "gauge", "GPU enforced power limit", ("gpu",), issue="gpu"),
+    _m("gpu_energy_joules_total", "counter", "GPU energy consumed since the driver was loaded", ("gpu",), issue="gpu"),
+    _m("gpu_sm_clock_hertz", "gauge", "GPU SM clock frequency", ("gpu",), issue="gpu"),
+    _m("gpu_memory_clock_hertz", "gauge", "GPU memory clock frequency", ("gpu",), issue="gpu"),
+    _m("gpu_temperature_celsius", "gauge", "GPU die temperature", ("gpu",), issue="gpu"),
+    _m("gpu_clock_throttle_reasons", "gauge", "Bitmask of active NVML clock event (throttle) reasons, 0 if none: "
+       "0x1 gpu_idle, 0x2 applications_clocks_setting, 0x4 sw_power_cap, 0x8 hw_slowdown, 0x10 sync_boost, "
+       "0x20 sw_thermal_slowdown, 0x40 hw_thermal_slowdown, 0x80 hw_power_brake_slowdown, 0x100 display_clock_setting",
+       ("gpu",), issue="gpu"),
+    _m("gpu_ecc_corrected_errors_total", "counter", "Corrected ECC memory errors since the driver was loaded",
+       ("gpu",), issue="gpu"),
+    _m("gpu_ecc_uncorrected_errors_total", "counter", "Uncorrected ECC memory errors since the driver was loaded",
+       ("gpu",), issue="gpu"),
+    _m("gpu_sm_active_ratio", "gauge", "Share of SMs busy over the last evaluation interval, 0-1 (GPM, Hopper+)"
+       + AS_OF, ("gpu",), issue="gpu"),
+    _m("gpu_tensor_active_ratio", "gauge", "Share of time the SMs ran any tensor-core instruction over the last "
+       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), issue="gpu"),
+    _m("gpu_dram_bandwidth_utilization_ratio", "gauge", "DRAM bandwidth used relative to the peak over the last "
+       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), issue="gpu"),
+    _m("gpu_sm_occupancy_ratio", "gauge", "Resident warps relative to the SMs' maximum over the last evaluation "
+       "interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), issue="gpu"),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
