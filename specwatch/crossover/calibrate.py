@@ -1,0 +1,120 @@
+"""Fit a GPU's achieved efficiencies from measured step times: the reference table, or a sweep file.
+
+Minimises the mean squared log error of predicted vs measured step times over (memory, compute,
+verify_attention, step_overhead_s) by a deterministic pattern search from the best of a coarse grid: four
+smooth parameters and a few dozen points need nothing heavier (and no scipy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+from specwatch.crossover.model import Efficiency, StepModel
+
+# (lower, upper) bounds per parameter; overhead in seconds.
+_BOUNDS = {"memory": (0.2, 1.0), "compute": (0.05, 1.0), "verify_attention": (0.02, 1.0),
+           "step_overhead_s": (0.0, 0.02)}
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured step. kind: "target" (one forward with q tokens per sequence), "draft" (one draft
+    step) or "spec" (a whole speculative step: verify with q = gamma + 1 plus gamma draft steps)."""
+
+    batch: float
+    q: int
+    context: float
+    seconds: float
+    kind: str = "target"
+
+
+def predict(model: StepModel, p: StepPoint) -> float:
+    if p.kind == "draft":
+        return model.draft_step_s(p.batch, p.context)
+    if p.kind == "spec":
+        return model.spec_step_s(p.batch, p.q - 1, p.context)
+    return model.target_step_s(p.batch, p.q, p.context)
+
+
+def loss(model: StepModel, points: Sequence[StepPoint]) -> float:
+    """Mean squared log error: relative, so 5 ms and 80 ms steps weigh alike."""
+    total = 0.0
+    for p in points:
+        predicted = predict(model, p)
+        if predicted <= 0 or p.seconds <= 0:
+            return math.inf
+        total += math.log(predicted / p.seconds) ** 2
+    return total / len(points)
+
+
+def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str) -> tuple[Efficiency, float]:
+    """Best efficiencies for `points` and the RMS relative (log) error of the fit.
+
+    Parameters the points cannot inform keep the model's values: no multi-token point -> verify_attention
+    stays equal to memory.
+    """
+    if not points:
+        raise ValueError("calibration needs at least one measured step time")
+    has_verify = any(p.q > 1 for p in points)
+    names = ["memory", "compute", "step_overhead_s"] + (["verify_attention"] if has_verify else [])
+
+    def evaluate(values: dict[str, float]) -> float:
+        eff = replace(model.efficiency, **values)
+        if not has_verify:
+            eff = replace(eff, verify_attention=eff.memory)
+        return loss(model.with_efficiency(eff), points)
+
+    # Coarse grid over the two roofs, then pattern search over everything.
+    start = {n: getattr(model.efficiency, n) for n in names}
+    best, best_loss = dict(start), evaluate(start)
+    for mem, comp in itertools.product((0.4, 0.6, 0.8), (0.2, 0.4, 0.7)):
+        cand = {**start, "memory": mem, "compute": comp}
+        if has_verify:
+            cand["verify_attention"] = mem / 2
+        cand_loss = evaluate(cand)
+        if cand_loss < best_loss:
+            best, best_loss = cand, cand_loss
+    steps = {n: (hi - lo) / 8 for n, (lo, hi) in _BOUNDS.items()}
+    while max(steps[n] / (_BOUNDS[n][1] - _BOUNDS[n][0]) for n in names) > 1e-4:
+        improved = False
+        for n in names:
+            for sign in (1, -1):
+                lo, hi = _BOUNDS[n]
+                cand = {**best, n: min(hi, max(lo, best[n] + sign * steps[n]))}
+                cand_loss = evaluate(cand)
+                if cand_loss < best_loss - 1e-15:
+                    best, best_loss, improved = cand, cand_loss, True
+        if not improved:
+            steps = {n: s / 2 for n, s in steps.items()}
+    eff = replace(model.efficiency, **best, source=source)
+    if not has_verify:
+        eff = replace(eff, verify_attention=eff.memory)
+    return eff, math.sqrt(best_loss)
+
+
+def reference_points(run, qs: Iterable[int] = (1, 5), with_draft: bool = True) -> list[StepPoint]:
+    """Step points of one `ReferenceRun`; by default plain + gamma 4 verify + draft (gamma 2/7 held out)."""
+    qs = set(qs)
+    points = [StepPoint(b, q, run.context, s) for (b, q), s in sorted(run.target_s.items()) if q in qs]
+    if with_draft:
+        points += [StepPoint(b, 1, run.context, s, kind="draft") for b, s in sorted(run.draft_s.items())]
+    return points
+
+
+def sweep_points(levels: Sequence[dict], gamma: int, context: float) -> list[StepPoint]:
+    """Step points from a sweep's levels: a plain step lasts one TPOT; a spec step yields tau tokens per
+    request, so it lasts TPOT x tau. Levels without a TPOT or an acceptance are skipped."""
+    points = []
+    for level in levels:
+        batch = float(level["concurrency"])
+        plain = (level.get("plain") or {}).get("tpot_p50_s")
+        spec = (level.get("spec") or {}).get("tpot_p50_s")
+        tau = (level.get("spec") or {}).get("mean_acceptance_length")
+        if plain:
+            points.append(StepPoint(batch, 1, context, float(plain)))
+        if spec and tau and gamma:
+            points.append(StepPoint(batch, gamma + 1, context, float(spec) * float(tau), kind="spec"))
+    return points
