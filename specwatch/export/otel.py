@@ -1,0 +1,208 @@
+"""OTLP push of the same Snapshot the Prometheus collector renders, through the OpenTelemetry SDK.
+
+One observable instrument per catalog metric, with the Prometheus name, a unit derived from the name's unit
+suffix and the catalog's labels as attributes; catalog counters become observable counters (cumulative
+monotonic sums), everything else observable gauges. A `PeriodicExportingMetricReader` collects every
+`otlp.interval`; the callbacks read the current Snapshot, rendered once per Snapshot however many
+instruments ask, and never mutate anything the loop owns.
+
+    otlp:
+      endpoint: https://otel-collector:4318     # a bare host gets /v1/metrics appended
+      protocol: http/protobuf                    # grpc needs opentelemetry-exporter-otlp-proto-grpc
+      interval: 60s
+      headers: {authorization: "Bearer ..."}
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from collections import defaultdict
+from typing import Callable, Iterable, Mapping
+from urllib.parse import urlparse
+
+from specwatch import __version__, catalog
+from specwatch.config import ConfigError, OtlpConfig
+from specwatch.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+GRPC_EXPORTER_MODULE = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
+_UNIT_SUFFIXES = (("_seconds", "s"), ("_bytes", "By"), ("_watts", "W"), ("_joules", "J"), ("_hertz", "Hz"),
+                  ("_celsius", "Cel"), ("_ratio", "1"))
+
+Sample = tuple[float, Mapping[str, str]]  # value, attributes
+
+
+def unit_for(name: str) -> str:
+    """UCUM unit for a Prometheus metric name's base-unit suffix ('1' when dimensionless)."""
+    base = name.removesuffix("_total")
+    return next((unit for suffix, unit in _UNIT_SUFFIXES if base.endswith(suffix)), "1")
+
+
+def otlp_config_problems(cfg: OtlpConfig) -> list[str]:
+    """What would stop `start_otlp` for this config; for config validation before a (re)load is accepted."""
+    if cfg.protocol == "grpc" and importlib.util.find_spec(GRPC_EXPORTER_MODULE.rsplit(".", 1)[0]) is None:
+        return ["otlp.protocol: grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
+                "installed; install it or use protocol: http/protobuf"]
+    return []
+
+
+def metrics_endpoint(endpoint: str, protocol: str) -> str:
+    """OTLP/HTTP posts to <base>/v1/metrics: append it to a bare base URL, keep an explicit path as given."""
+    if protocol == "http/protobuf" and urlparse(endpoint).path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/metrics"
+    return endpoint
+
+
+# --------------------------------------------------------------------------- Snapshot -> samples
+def render(snap: Snapshot) -> dict[str, list[Sample]]:
+    """Every sample of `snap`, keyed by metric name, with the labels the Prometheus exposition carries.
+    Absent values (None) are omitted, never sent as 0; booleans are 0/1."""
+    out: dict[str, list[Sample]] = defaultdict(list)
+
+    def add(metric: str, value: float | bool | None, /, **labels: str) -> None:
+        if value is not None:
+            out[catalog.PREFIX + metric].append((float(value), labels))
+
+    add("build_info", 1, version=__version__)
+    if snap.timestamp > 0:
+        add("last_evaluation_timestamp_seconds", snap.timestamp)
+    add("evaluation_duration_seconds", snap.evaluation_duration_seconds)
+    add("evaluation_overruns_total", snap.evaluation_overruns_total)
+    add("config_last_reload_successful", snap.config_last_reload_successful)
+    add("config_last_reload_success_timestamp_seconds", snap.config_last_reload_success_timestamp)
+    add("state_errors_total", snap.state_errors_total)
+
+    for r in snap.routes:
+        route = r.name
+        add("route_up", r.up, route=route)
+        add("route_info", 1, route=route, engine_kind=r.engine_kind, model_name=r.model_name,
+            engine_version=r.engine_version, acceptance_source=r.acceptance_source)
+        add("source_scrape_duration_seconds", r.scrape_duration_seconds, route=route)
+        for reason, count in r.errors_total.items():
+            add("source_errors_total", count, route=route, reason=reason)
+        add("route_drafts_total", r.drafts_total, route=route)
+        add("route_draft_tokens_total", r.draft_tokens_total, route=route)
+        add("route_accepted_tokens_total", r.accepted_tokens_total, route=route)
+        for window, ratio in r.acceptance_ratio.items():
+            add("route_acceptance_ratio", ratio, route=route, window=window)
+        for window, tau in r.mean_acceptance_length.items():
+            add("route_mean_acceptance_length", tau, route=route, window=window)
+        for position, p in enumerate(r.position_acceptance_ratio):
+            add("route_position_acceptance_ratio", p, route=route, position=str(position), window="5m")
+        add("route_draft_length", r.draft_length, route=route)
+        add("route_running_requests", r.running_requests, route=route)
+        add("route_waiting_requests", r.waiting_requests, route=route)
+        add("route_kv_cache_usage_ratio", r.kv_usage_ratio, route=route)
+        add("route_acceptance_baseline_ratio", r.baseline_ratio, route=route)
+        add("route_acceptance_drop_ratio", r.drop_ratio, route=route)
+        add("route_acceptance_degraded", r.degraded, route=route)
+        add("route_acceptance_cusum", r.cusum_statistic, route=route)
+        add("route_model_changes_total", r.model_changes_total, route=route)
+        add("route_last_model_change_timestamp_seconds", r.last_model_change_timestamp, route=route)
+        if r.crossover_batch_size is not None:
+            add("route_crossover_batch_size", r.crossover_batch_size, route=route, source=r.crossover_source)
+        add("route_batch_size", r.batch_size, route=route)
+        add("route_above_crossover", r.above_crossover, route=route)
+        add("route_predicted_speedup_ratio", r.predicted_speedup_ratio, route=route)
+        add("route_compute_bound", r.compute_bound, route=route)
+        for gpu in r.gpus:
+            add("route_gpu_info", 1, route=route, gpu=str(gpu))
+
+    add("nvml_up", snap.nvml_up)
+    for g in snap.gpus:
+        gpu = str(g.index)
+        add("gpu_up", g.up, gpu=gpu)
+        add("gpu_info", 1, gpu=gpu, uuid=g.uuid, name=g.name, driver=g.driver)
+        for field_name, value in g.fields.items():
+            add(field_name, value, gpu=gpu)
+    return out
+
+
+# --------------------------------------------------------------------------- the exporter
+class OtlpExport:
+    """A running OTLP export. `force_flush()` exports now; `shutdown()` exports once more and stops."""
+
+    def __init__(self, cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], exporter=None) -> None:
+        from opentelemetry.metrics import Observation
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+
+        self._Observation = Observation
+        self._get_snapshot = get_snapshot
+        self._lock = threading.Lock()
+        self._rendered_for: Snapshot | None = None
+        self._rendered: dict[str, list[Sample]] = {}
+        self._unknown_logged: set[str] = set()
+
+        self._reader = PeriodicExportingMetricReader(
+            exporter if exporter is not None else _build_exporter(cfg),
+            export_interval_millis=cfg.interval_seconds * 1000,
+            export_timeout_millis=min(cfg.interval_seconds, 30.0) * 1000)
+        # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES, the usual place for host and cluster attributes.
+        resource = Resource.create({"service.name": "specwatch", "service.version": __version__})
+        # Not registered globally: a reload builds a new provider and shuts this one down.
+        self._provider = MeterProvider(metric_readers=[self._reader], resource=resource, shutdown_on_exit=False)
+        meter = self._provider.get_meter("specwatch", __version__)
+        for spec in catalog.METRICS:
+            create = meter.create_observable_counter if spec.type == "counter" else meter.create_observable_gauge
+            create(spec.name, callbacks=[self._callback_for(spec.name)], unit=unit_for(spec.name),
+                   description=spec.help)
+        self.endpoint = cfg.endpoint
+
+    def _samples(self, name: str) -> list[Sample]:
+        with self._lock:
+            snap = self._get_snapshot()
+            if snap is not self._rendered_for:
+                try:
+                    self._rendered = render(snap)
+                except Exception:  # a malformed Snapshot must not stop the export of later ones
+                    log.exception("otlp: cannot render the snapshot; exporting nothing this cycle")
+                    self._rendered = {}
+                self._rendered_for = snap
+                for unknown in set(self._rendered) - set(catalog.BY_NAME) - self._unknown_logged:
+                    log.warning("otlp: %s is not in the catalog; not exported", unknown)
+                    self._unknown_logged.add(unknown)
+            return self._rendered.get(name, [])
+
+    def _callback_for(self, name: str):
+        def callback(_options) -> Iterable:
+            return [self._Observation(value, dict(attrs)) for value, attrs in self._samples(name)]
+        return callback
+
+    def force_flush(self, timeout_seconds: float = 10.0) -> bool:
+        return self._provider.force_flush(timeout_millis=timeout_seconds * 1000)
+
+    def shutdown(self, timeout_seconds: float = 5.0) -> None:
+        try:
+            self._provider.shutdown(timeout_millis=timeout_seconds * 1000)
+        except Exception:  # shutting down must never fail the daemon's own shutdown
+            log.exception("otlp: shutdown failed")
+
+
+def _build_exporter(cfg: OtlpConfig):
+    problems = otlp_config_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+    endpoint = metrics_endpoint(cfg.endpoint, cfg.protocol)
+    timeout = min(cfg.interval_seconds, 10.0)
+    headers = dict(cfg.headers)
+    if cfg.protocol == "grpc":
+        grpc = importlib.import_module(GRPC_EXPORTER_MODULE)
+        return grpc.OTLPMetricExporter(endpoint=endpoint, headers=headers, timeout=timeout,
+                                       insecure=urlparse(endpoint).scheme == "http")
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return OTLPMetricExporter(endpoint=endpoint, headers=headers, timeout=timeout)
+
+
+def start_otlp(otlp_cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot]) -> OtlpExport:
+    """Start exporting `get_snapshot()` every `otlp_cfg.interval_seconds`. Raises ConfigError for an unusable
+    protocol; network failures are the SDK's to retry and log, never the daemon's to crash on."""
+    export = OtlpExport(otlp_cfg, get_snapshot)
+    log.info("otlp: exporting to %s (%s) every %gs", metrics_endpoint(otlp_cfg.endpoint, otlp_cfg.protocol),
+             otlp_cfg.protocol, otlp_cfg.interval_seconds)
+    return export
