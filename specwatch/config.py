@@ -76,6 +76,7 @@ class CrossoverConfig:
     sweep_file: str = ""
     estimate: CrossoverEstimateConfig | None = None
     batch_size: float | None = None
+    hold_seconds: float = 600.0  # the above-crossover flag keeps each state at least this long
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ _ESTIMATE_KEYS = {"gpu", "params", "dtype", "layers", "hidden_size", "kv_heads",
 def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
     if raw is None:
         return None
-    d = c.mapping(raw, path, {"sweep", "estimate", "batch_size"})
+    d = c.mapping(raw, path, {"sweep", "estimate", "batch_size", "hold"})
     if d is None:
         return None
     present = [k for k in ("sweep", "estimate", "batch_size") if k in d]
@@ -284,12 +285,13 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
         c.fail(path, "give exactly one of sweep, estimate, batch_size")
         return None
     kind = present[0]
+    hold = c.duration(d.get("hold"), f"{path}.hold", 600.0, -1)
     if kind == "sweep":
         f = c.string(d["sweep"], f"{path}.sweep")
-        return CrossoverConfig(kind="sweep", sweep_file=f)
+        return CrossoverConfig(kind="sweep", sweep_file=f, hold_seconds=hold)
     if kind == "batch_size":
         b = c.number(d["batch_size"], f"{path}.batch_size", None, lo=0.0, lo_open=True)
-        return CrossoverConfig(kind="batch_size", batch_size=b)
+        return CrossoverConfig(kind="batch_size", batch_size=b, hold_seconds=hold)
     e = c.mapping(d["estimate"], f"{path}.estimate", _ESTIMATE_KEYS)
     if e is None:
         return None
@@ -308,7 +310,7 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
     )
     if not re.match(r"^(eagle|eagle3|mtp|ngram|model:\d+(\.\d+)?)$", est.draft):
         c.fail(f"{p}.draft", f"must be eagle, eagle3, mtp, ngram or model:<billions>, got {est.draft!r}")
-    return CrossoverConfig(kind="estimate", estimate=est)
+    return CrossoverConfig(kind="estimate", estimate=est, hold_seconds=hold)
 
 
 _ROUTE_KEYS = {"name", "engine", "url", "match", "engines", "gpus", "version_url", "detection", "drop",
