@@ -1,0 +1,177 @@
+"""Alerting rules: what pages, what opens a ticket, and what tells you specwatch itself is blind.
+
+Severity `critical` pages and is kept for acceptance regressions; everything else is `warning` (a ticket).
+Each alert has a static `summary`, a templated `description` and a `runbook_url` pointing at its own anchor in
+docs/runbook.md, added by one transform (`_with_runbook`) so no alert can lack one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specwatch.mixin.settings import Settings, prom_duration
+
+PAGE = "critical"
+TICKET = "warning"
+
+
+def _lookup(s: Settings, query: str, render: str, fallback: str) -> str:
+    """A description fragment that runs `query` at notification time for the alert's own node and route.
+
+    `query` holds `SEL` where the matchers of the alert's node and route go; `render` is the template pipeline
+    applied to the first result (e.g. `value | humanizePercentage`); `fallback` is shown when nothing matches.
+    """
+    labels = (*s.node_labels, "route")
+    matchers = ",".join(f"{label}=%q" for label in labels)
+    go_string = query.replace('"', '\\"').replace("SEL", matchers)
+    args = " ".join(f"$labels.{label}" for label in labels)
+    return (f'{{{{ with printf "{go_string}" {args} | query }}}}'
+            f"{{{{ . | first | {render} }}}}{{{{ else }}}}{fallback}{{{{ end }}}}")
+
+
+def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+    return {"alert": name, "expr": expr, "for": for_, "labels": {"severity": severity},
+            "annotations": {"summary": summary, "description": description}}
+
+
+def runbook_anchor(alert_name: str) -> str:
+    """The GitHub-style anchor of the runbook heading `## <AlertName>`."""
+    return alert_name.lower()
+
+
+def _with_runbook(s: Settings, alert: dict[str, Any]) -> dict[str, Any]:
+    annotations = {**alert["annotations"], "runbook_url": f"{s.runbook_url}#{runbook_anchor(alert['alert'])}"}
+    return {**alert, "annotations": annotations}
+
+
+def route_alerts(s: Settings) -> list[dict[str, Any]]:
+    """Alerts about one route on one node; Alertmanager inhibits these while specwatch on that node is blind."""
+    sel = s.sel()
+    recent_change = (f"(time() - specwatch_route_last_model_change_timestamp_seconds{sel}"
+                     f" < {s.model_change_window_seconds:g})")
+    change_window = prom_duration(s.model_change_window_seconds)
+    drop = _lookup(s, "specwatch_route_acceptance_drop_ratio{SEL}", "value | humanizePercentage", "an unknown share")
+    baseline = _lookup(s, "specwatch_route_acceptance_baseline_ratio{SEL}", 'value | printf "%.2f"', "unknown")
+    current = _lookup(s, 'specwatch_route_acceptance_ratio{window="5m",SEL}', 'value | printf "%.2f"', "unknown")
+    return [
+        _alert(
+            "SpecwatchAcceptanceDegraded",
+            f"specwatch_route_acceptance_degraded{sel} == 1\n"
+            f"unless on({s.on_route})\n  {recent_change}\n",
+            s.acceptance_degraded_for, PAGE,
+            "Speculative-decoding draft acceptance dropped below the route's baseline.",
+            f"Draft acceptance on route {{{{ $labels.route }}}} ({{{{ $labels.instance }}}}) is {drop} below its "
+            f"pinned baseline (now {current} vs {baseline}) with no model change in the last {change_window}. "
+            "Speculation buys less per step: throughput and latency are worse than planned.",
+        ),
+        _alert(
+            "SpecwatchAcceptanceDegradedAfterModelChange",
+            f"(\n  specwatch_route_acceptance_degraded{sel} == 1\n"
+            f"  and on({s.on_route})\n  {recent_change}\n)\n"
+            f"* on({s.on_route}) group_left(model_name, engine_version)\n  specwatch_route_info{sel}\n",
+            s.acceptance_degraded_for, PAGE,
+            "Draft acceptance dropped after a model, engine or draft-length change.",
+            "Route {{ $labels.route }} ({{ $labels.instance }}) now serves model {{ $labels.model_name }} on "
+            "engine {{ $labels.engine_version }}, changed "
+            + _lookup(s, "time() - specwatch_route_last_model_change_timestamp_seconds{SEL}",
+                      "value | humanizeDuration", "recently")
+            + f" ago, and its draft acceptance is {drop} below the previous baseline (now {current} vs "
+            f"{baseline}). Roll back, or if the new acceptance is expected, accept it as the new baseline.",
+        ),
+        _alert(
+            "SpecwatchRouteAboveCrossover",
+            f"specwatch_route_above_crossover{sel} == 1",
+            s.above_crossover_for, TICKET,
+            "The route's batch runs above its speculative-decoding crossover.",
+            "Route {{ $labels.route }} ({{ $labels.instance }}) runs at batch "
+            + _lookup(s, "specwatch_route_batch_size{SEL}", 'value | printf "%.0f"', "unknown")
+            + " per engine, above its crossover of "
+            + _lookup(s, "specwatch_route_crossover_batch_size{SEL}", 'value | printf "%.0f"', "unknown")
+            + ": speculation now costs throughput (predicted spec/plain "
+            + _lookup(s, "specwatch_route_predicted_speedup_ratio{SEL}", 'value | printf "%.2f"', "unknown")
+            + "). Use a batch-size schedule that drafts less at high batch.",
+        ),
+        _alert(
+            "SpecwatchSourceDown",
+            f"specwatch_route_up{sel} == 0",
+            s.source_down_for, TICKET,
+            "specwatch cannot scrape a route's engine endpoint.",
+            "specwatch on {{ $labels.instance }} has failed to scrape route {{ $labels.route }} for "
+            f"{s.source_down_for} (last error reason: "
+            + _lookup(s, "topk(1, increase(specwatch_source_errors_total{SEL}[15m]))", 'label "reason"', "unknown")
+            + "). Acceptance and crossover of this route are not being evaluated.",
+        ),
+    ]
+
+
+def self_alerts(s: Settings) -> list[dict[str, Any]]:
+    """Alerts about specwatch itself and the GPUs it reads; these inhibit route alerts of the same node."""
+    sel = s.sel()
+    stale_after = s.stale_intervals * s.evaluation_interval_seconds
+    # PromQL has no bitwise AND: bit b of the mask is set when floor(mask / b) is odd.
+    mask = f"specwatch_gpu_clock_throttle_reasons{sel}"
+    throttle_bits = "\n  or ".join(f"floor({mask} / {bit}) % 2 == 1" for _, bit in s.gpu_throttle_bits)
+    throttle_names = ", ".join(f"{name} (0x{bit:x})" for name, bit in s.gpu_throttle_bits)
+    return [
+        _alert(
+            "SpecwatchTargetDown",
+            f"up{sel} == 0",
+            s.target_down_for, TICKET,
+            "Prometheus cannot scrape specwatch.",
+            "Prometheus has failed to scrape specwatch on {{ $labels.instance }} for "
+            f"{s.target_down_for}: acceptance regressions on this node cannot page.",
+        ),
+        _alert(
+            "SpecwatchStale",
+            # Age of the last evaluation when Prometheus scraped it: independent of the scrape interval, and
+            # true only while the process serves /metrics but its loop has stopped.
+            f"timestamp(specwatch_last_evaluation_timestamp_seconds{sel})\n"
+            f"  - specwatch_last_evaluation_timestamp_seconds{sel}\n> {stale_after:g}\n",
+            s.stale_for, TICKET,
+            "specwatch serves metrics but has stopped evaluating.",
+            "specwatch on {{ $labels.instance }} last completed an evaluation {{ $value | humanizeDuration }} "
+            f"before its latest scrape (more than {s.stale_intervals} intervals of "
+            f"{s.evaluation_interval_seconds:g}s): every value it exports is frozen.",
+        ),
+        _alert(
+            "SpecwatchGpuLost",
+            f"specwatch_gpu_up{sel} == 0",
+            s.gpu_lost_for, TICKET,
+            "A GPU stopped answering NVML.",
+            "GPU {{ $labels.gpu }} on {{ $labels.instance }} has not answered NVML for "
+            f"{s.gpu_lost_for}; engines on it are likely dead or hung (check `dmesg` for Xid errors).",
+        ),
+        _alert(
+            "SpecwatchGpuThrottling",
+            f"{mask}\nand (\n  {throttle_bits}\n)\n",
+            s.gpu_throttling_for, TICKET,
+            "A GPU is slowed down by heat or a hardware slowdown.",
+            "GPU {{ $labels.gpu }} on {{ $labels.instance }} has been throttled for "
+            f"{s.gpu_throttling_for} (clock event reasons mask {{{{ $value | printf \"%.0f\" }}}}; any of "
+            f"{throttle_names}): step times, and with them the crossover, are off.",
+        ),
+        _alert(
+            "SpecwatchStateStoreErrors",
+            f"increase(specwatch_state_errors_total{sel}[{s.state_errors_window}]) > 0",
+            s.state_errors_for, TICKET,
+            "specwatch's baseline store failed.",
+            "specwatch on {{ $labels.instance }} hit {{ $value | humanize }} baseline state store error(s) in "
+            f"the last {s.state_errors_window}: a corrupt store is moved aside and rebuilt, so learned baselines "
+            "may be gone and routes back in warm-up.",
+        ),
+        _alert(
+            "SpecwatchConfigReloadFailed",
+            f"specwatch_config_last_reload_successful{sel} == 0",
+            s.config_reload_failed_for, TICKET,
+            "specwatch rejected its new configuration.",
+            "specwatch on {{ $labels.instance }} rejected its configuration on reload and keeps running the "
+            "previous one; `specwatch check-config` lists every problem.",
+        ),
+    ]
+
+
+def alert_groups(s: Settings) -> list[dict[str, Any]]:
+    return [
+        {"name": "specwatch-route.alerts", "rules": [_with_runbook(s, a) for a in route_alerts(s)]},
+        {"name": "specwatch-self.alerts", "rules": [_with_runbook(s, a) for a in self_alerts(s)]},
+    ]

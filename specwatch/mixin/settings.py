@@ -1,0 +1,95 @@
+"""The one place for the mixin's selectors, thresholds and `for:` durations (kubernetes-mixin's `_config`).
+
+Everything the generated rules, alerts, Alertmanager example and dashboards depend on is a field here, so a
+site adapts them by `dataclasses.replace(DEFAULT, ...)` and regenerating, never by editing the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    # PromQL label matchers selecting specwatch's own scrape targets (no braces).
+    selector: str = 'job="specwatch"'
+    # Labels that identify one specwatch daemon; route-level joins match on these plus `route`.
+    node_labels: tuple[str, ...] = ("job", "instance")
+
+    # The daemon's evaluation interval (config `interval`, default 5s); "stale" = no evaluation for N of them.
+    evaluation_interval_seconds: float = 5.0
+    stale_intervals: int = 3
+
+    # A degraded route whose model, engine version or k changed this recently pages as "after a model change".
+    model_change_window_seconds: float = 6 * 3600.0
+    # State store errors alert when the counter grew within this window.
+    state_errors_window: str = "15m"
+    # Bits of specwatch_gpu_clock_throttle_reasons (NVML clock event reasons) that mean the GPU is slowed by
+    # hardware or heat, not by idling, sync boost or an administrator's power cap.
+    gpu_throttle_bits: tuple[tuple[str, int], ...] = (("hw_slowdown", 0x8), ("sw_thermal_slowdown", 0x20),
+                                                      ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80))
+
+    # `for:` of each alert. Long on purpose: the detectors already require evidence and duration.
+    acceptance_degraded_for: str = "5m"
+    above_crossover_for: str = "15m"
+    source_down_for: str = "5m"
+    target_down_for: str = "5m"
+    stale_for: str = "5m"
+    gpu_lost_for: str = "5m"
+    gpu_throttling_for: str = "15m"
+    state_errors_for: str = "0m"
+    config_reload_failed_for: str = "10m"
+
+    # Fleet recording-rule windows: a short one for dashboards and a long one that rides out task-mix noise.
+    fleet_windows: tuple[str, ...] = ("5m", "1h")
+
+    runbook_url: str = "https://github.com/specwatch/specwatch/blob/main/docs/runbook.md"
+
+    # Alertmanager example: who gets pages and who gets tickets.
+    page_receiver: str = "specwatch-page"
+    ticket_receiver: str = "specwatch-ticket"
+    page_webhook_url: str = "http://pager.example.internal/specwatch"
+    ticket_webhook_url: str = "http://tickets.example.internal/specwatch"
+
+    # Dashboards
+    dashboard_uid_prefix: str = "specwatch"
+    dashboard_tags: tuple[str, ...] = ("specwatch", "speculative-decoding")
+    dashboard_refresh: str = "30s"
+
+    def sel(self, *extra: str) -> str:
+        """A full selector `{job="specwatch",route=~"x"}` from the base selector and extra matchers."""
+        return "{" + ",".join(m for m in (self.selector, *extra) if m) + "}"
+
+    @property
+    def on_node(self) -> str:
+        return ", ".join(self.node_labels)
+
+    @property
+    def on_route(self) -> str:
+        return ", ".join((*self.node_labels, "route"))
+
+    def with_all_for(self, duration: str) -> "Settings":
+        """A copy with every alert's `for:` set to `duration` (fast end-to-end tests)."""
+        return dataclasses.replace(self, **{f.name: duration for f in dataclasses.fields(self)
+                                            if f.name.endswith("_for")})
+
+
+DEFAULT = Settings()
+
+
+def duration_seconds(text: str) -> float:
+    """'15m' -> 900.0 for the simple single-unit durations used in this module."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    for suffix in ("ms", "s", "m", "h", "d"):
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return float(text[: -len(suffix)]) * units[suffix]
+    raise ValueError(f"not a simple duration like 5m: {text!r}")
+
+
+def prom_duration(seconds: float) -> str:
+    """900.0 -> '15m': the largest whole unit, as Prometheus writes it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds * 1000)}ms"
