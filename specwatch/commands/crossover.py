@@ -99,7 +99,7 @@ def _estimate(args: argparse.Namespace) -> int:
     positions = args.positions or positions_from_alpha(args.alpha, args.gamma)
     gamma = len(positions)
     if args.calibrate_from:
-        from specwatch.crossover.sweep import load_sweep
+        from specwatch.crossover.sweepfile import load_sweep
         sweep = load_sweep(args.calibrate_from)
         points = sweep_points(sweep["levels"], int(sweep.get("num_speculative_tokens") or gamma), args.context)
         eff, rms = fit_efficiency(model, points, source=f"fitted: {args.calibrate_from}")
@@ -128,7 +128,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         inputs = replace(inputs, gpu=inputs.gpu or "H200", draft="eagle3")
     model = build_step_model(inputs, default_shape=LLAMA3_8B)
     if args.sweep:
-        from specwatch.crossover.sweep import load_sweep
+        from specwatch.crossover.sweepfile import load_sweep
         sweep = load_sweep(args.sweep)
         gamma = int(sweep.get("num_speculative_tokens") or 0)
         points = sweep_points(sweep["levels"], gamma, float(sweep.get("context_tokens") or 1024))

@@ -1,0 +1,200 @@
+"""The live above-crossover flag: is this route's batch past the point where speculation costs throughput?
+
+Per cycle: the batch is the time-weighted mean of running requests per engine over the last minute (each DP
+engine schedules its own batch, so per engine is the unit B* is about); B* comes from the route's crossover
+source re-solved for the live per-position acceptance; the flag enters above B*, leaves below 0.9 B*, and
+keeps each state at least `crossover.hold` (10 minutes) so a batch hovering at B* cannot flap it.
+`compute_bound` reads the route's GPUs' GPM tensor activity and DRAM utilization.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Mapping, Sequence
+
+from specwatch.config import CrossoverConfig, RouteConfig
+from specwatch.crossover.estimate import EstimateInputs, build_step_model
+from specwatch.crossover.live import (CrossoverSource, EstimatedCrossover, FixedCrossover, LiveInputs,
+                                      SweptCrossover, positions_from_rate)
+from specwatch.crossover.sweepfile import load_sweep
+from specwatch.detectors.base import EvaluatorContext
+from specwatch.snapshot import GpuSample, RouteObservation
+
+log = logging.getLogger(__name__)
+
+BATCH_WINDOW_SECONDS = 60.0
+ACCEPTANCE_WINDOW_SECONDS = 300.0
+EXIT_FRACTION = 0.9
+
+# GPM thresholds, from the H200 reference (docs/crossover.md §10.4): plain decode at every batch up to 256
+# read tensor <= 0.37 with DRAM >= 0.62; a bf16 8192^2 matmul loop read tensor 0.765, DRAM 0.139.
+TENSOR_ACTIVE_MIN = 0.5
+DRAM_UTILIZATION_MAX = 0.5
+TENSOR_FIELD = "gpu_tensor_active_ratio"
+DRAM_FIELD = "gpu_dram_bandwidth_utilization_ratio"
+
+
+class TimeWeightedMean:
+    """Mean of a sampled gauge over a trailing window; each sample stands for the interval that ended at it."""
+
+    def __init__(self, window_seconds: float) -> None:
+        self.window = window_seconds
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def add(self, ts: float, value: float) -> None:
+        if self.samples and ts <= self.samples[-1][0]:
+            self.samples.clear()  # the clock went backwards: start over rather than weigh nonsense
+        self.samples.append((ts, value))
+        while len(self.samples) > 1 and self.samples[1][0] <= ts - self.window:
+            self.samples.popleft()
+
+    def mean(self, now: float) -> float | None:
+        """samples[0] may predate the window: it only bounds the interval of the sample after it."""
+        if not self.samples:
+            return None
+        if len(self.samples) == 1:
+            return self.samples[0][1]
+        start = now - self.window
+        total = weight = 0.0
+        for (t0, _), (t1, value) in zip(self.samples, list(self.samples)[1:]):
+            w = t1 - max(t0, start)
+            if w > 0:
+                total, weight = total + w * value, weight + w
+        return total / weight if weight > 0 else self.samples[-1][1]
+
+
+class PositionWindow:
+    """Per-position acceptance over a trailing window from per-cycle deltas: p_j = sum accepted_j / sum drafts."""
+
+    def __init__(self, window_seconds: float) -> None:
+        self.window = window_seconds
+        self.deltas: deque[tuple[float, tuple[float, ...], float]] = deque()
+
+    def add(self, ts: float, accepted_per_pos: Sequence[float], drafts: float) -> None:
+        if drafts > 0 and accepted_per_pos:
+            self.deltas.append((ts, tuple(accepted_per_pos), drafts))
+        while self.deltas and self.deltas[0][0] <= ts - self.window:
+            self.deltas.popleft()
+
+    def clear(self) -> None:
+        self.deltas.clear()
+
+    def positions(self, k: int | None) -> tuple[float, ...]:
+        width = k or max((len(a) for _, a, _ in self.deltas), default=0)
+        drafts = sum(d for _, _, d in self.deltas)
+        if drafts <= 0 or width == 0:
+            return ()
+        sums = [0.0] * width
+        for _, accepted, _ in self.deltas:
+            for j, a in enumerate(accepted[:width]):
+                sums[j] += a
+        return tuple(min(1.0, s / drafts) for s in sums)
+
+
+class Hysteresis:
+    """Enter at `value > threshold`, leave at `value < exit_fraction x threshold`, each state held >= `hold`."""
+
+    def __init__(self, hold_seconds: float, exit_fraction: float = EXIT_FRACTION) -> None:
+        self.hold = hold_seconds
+        self.exit_fraction = exit_fraction
+        self.state = False
+        self.since: float | None = None  # None: never changed, so the first entry is immediate
+
+    def update(self, now: float, value: float, threshold: float | None) -> bool:
+        held = self.since is None or now - self.since >= self.hold
+        if threshold is None:
+            want = False  # no crossover: speculation wins at every batch
+        elif self.state:
+            want = not value < self.exit_fraction * threshold
+        else:
+            want = value > threshold
+        if want != self.state and held:
+            self.state, self.since = want, now
+        return self.state
+
+
+def compute_bound(gpus: Sequence[GpuSample], indexes: Sequence[int]) -> bool | None:
+    """Mean GPM tensor activity and DRAM utilization of the route's GPUs; None without GPM readings."""
+    chosen = [g for g in gpus if g.up and (not indexes or g.index in indexes)]
+    tensor = [g.fields[TENSOR_FIELD] for g in chosen if TENSOR_FIELD in g.fields]
+    dram = [g.fields[DRAM_FIELD] for g in chosen if DRAM_FIELD in g.fields]
+    if not tensor or not dram:
+        return None
+    return sum(tensor) / len(tensor) >= TENSOR_ACTIVE_MIN and sum(dram) / len(dram) <= DRAM_UTILIZATION_MAX
+
+
+class AboveCrossoverEvaluator:
+    def __init__(self, source: CrossoverSource | None, hold_seconds: float) -> None:
+        self.source = source  # None: the configured source was unusable (logged at build)
+        self.batches: dict[str, TimeWeightedMean] = {}
+        self.acceptance = PositionWindow(ACCEPTANCE_WINDOW_SECONDS)
+        self.flag = Hysteresis(hold_seconds)
+
+    def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
+        update: dict[str, Any] = {"compute_bound": compute_bound(gpus, obs.gpus)}
+        if not obs.up:
+            return {**update, "batch_size": None, "above_crossover": None, "predicted_speedup_ratio": None}
+        if obs.reset:
+            self.acceptance.clear()  # a restarted engine may run another draft model
+        self.acceptance.add(obs.ts, obs.d_accepted_per_pos, obs.d_drafts)
+        batch = self._batch(obs)
+        update["batch_size"] = batch
+        if self.source is None:
+            return {**update, "crossover_source": "", "crossover_batch_size": None, "above_crossover": None,
+                    "predicted_speedup_ratio": None}
+        positions = self.acceptance.positions(obs.k)
+        if not positions and obs.k and obs.window_acceptance.get("5m") is not None:
+            positions = positions_from_rate(obs.window_acceptance["5m"], obs.k)
+        engines = max(1, len(obs.running_per_engine))
+        live = LiveInputs(positions=positions, batch=batch, kv_usage=obs.kv_usage,
+                          gpus_per_engine=max(1, len(obs.gpus) // engines))
+        try:
+            answer = self.source.answer(live)
+        except (ValueError, ArithmeticError) as exc:  # bad input never takes the daemon down
+            log.warning("route %s: crossover %s failed: %s", obs.route, self.source.name, exc)
+            return {**update, "crossover_source": self.source.name, "crossover_batch_size": None,
+                    "above_crossover": None, "predicted_speedup_ratio": None}
+        update.update(crossover_source=self.source.name, crossover_batch_size=answer.batch_size,
+                      predicted_speedup_ratio=answer.speedup)
+        if batch is None or not answer.known:
+            update["above_crossover"] = None
+        else:
+            update["above_crossover"] = self.flag.update(obs.ts, batch, answer.batch_size)
+        return update
+
+    def _batch(self, obs: RouteObservation) -> float | None:
+        for engine, running in obs.running_per_engine.items():
+            if running is not None and running == running:  # skip NaN
+                self.batches.setdefault(engine, TimeWeightedMean(BATCH_WINDOW_SECONDS)).add(obs.ts, float(running))
+        means = [self.batches[e].mean(obs.ts) for e in obs.running_per_engine if e in self.batches]
+        means = [m for m in means if m is not None]
+        return sum(means) / len(means) if means else None
+
+    def close(self) -> None:
+        pass
+
+
+def build_source(cfg: CrossoverConfig) -> CrossoverSource:
+    """Raises ValueError with a message naming what is wrong (unreadable sweep, unknown GPU, ...)."""
+    if cfg.kind == "batch_size":
+        return FixedCrossover(float(cfg.batch_size))
+    if cfg.kind == "sweep":
+        return SweptCrossover(load_sweep(cfg.sweep_file))
+    e = cfg.estimate
+    inputs = EstimateInputs(gpu=e.gpu, params=e.params, dtype=e.dtype, layers=e.layers, hidden_size=e.hidden_size,
+                            kv_heads=e.kv_heads, head_dim=e.head_dim, hf_config=e.hf_config, draft=e.draft)
+    return EstimatedCrossover(build_step_model(inputs), e.context)
+
+
+def build_evaluator(ctx: EvaluatorContext, route_cfg: RouteConfig) -> AboveCrossoverEvaluator | None:
+    """None for routes without a `crossover:` section. A source that cannot be built still gives an
+    evaluator (batch size and compute-bound are exported; B* and the flag are absent) and logs why."""
+    cfg = route_cfg.crossover
+    if cfg is None:
+        return None
+    try:
+        return AboveCrossoverEvaluator(build_source(cfg), cfg.hold_seconds)
+    except (ValueError, OSError) as exc:
+        log.error("route %s: crossover %s unusable, flag disabled: %s", route_cfg.name, cfg.kind, exc)
+        return AboveCrossoverEvaluator(None, cfg.hold_seconds)
