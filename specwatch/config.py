@@ -44,16 +44,19 @@ class DetectionConfig:
     warmup_drafted_tokens: int = 20_000
     warmup_seconds: float = 1800.0
     min_drafted_tokens: int = 2_000  # never page on less evidence than this
-    min_duration_seconds: float = 600.0  # the drop must have lasted this long
+    min_duration_seconds: float = 180.0  # the CUSUM excursion must have lasted this long
     cusum_threshold: float = 20.0  # h
     adopt_after_seconds: float = 3600.0  # clean period before a bumped model's own baseline is adopted
+    confirm_window_seconds: float = 300.0  # short window that confirms a drop is ongoing and resolves it
+    pin_drafted_tokens: int = 1_000_000  # a learned baseline keeps refining until this many tokens ...
+    pin_seconds: float = 86400.0  # ... or this long, then it is pinned
 
 
 @dataclass(frozen=True)
 class PinnedBaseline:
     acceptance_ratio: float
     position_acceptance: tuple[float, ...] = ()
-    overdispersion: float = 2.5
+    overdispersion: float | None = None  # None: estimated from the warm-up traffic
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,7 @@ def _http_url(c: _Checker, value: Any, path: str) -> str:
 
 
 _DETECTION_KEYS = {"drop", "warmup_drafted_tokens", "warmup_duration", "min_drafted_tokens", "min_duration",
-                   "cusum_threshold", "adopt_after"}
+                   "cusum_threshold", "adopt_after", "confirm_window", "pin_drafted_tokens", "pin_duration"}
 
 
 def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> DetectionConfig:
@@ -245,6 +248,11 @@ def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> Detec
         cusum_threshold=c.number(d.get("cusum_threshold"), f"{path}.cusum_threshold", base.cusum_threshold,
                                  lo=0.0, lo_open=True),
         adopt_after_seconds=c.duration(d.get("adopt_after"), f"{path}.adopt_after", base.adopt_after_seconds, -1),
+        confirm_window_seconds=c.duration(d.get("confirm_window"), f"{path}.confirm_window",
+                                          base.confirm_window_seconds),
+        pin_drafted_tokens=c.number(d.get("pin_drafted_tokens"), f"{path}.pin_drafted_tokens",
+                                    base.pin_drafted_tokens, lo=0, integer=True),
+        pin_seconds=c.duration(d.get("pin_duration"), f"{path}.pin_duration", base.pin_seconds, -1),
     )
 
 
@@ -264,7 +272,7 @@ def _baseline(c: _Checker, raw: Any, path: str) -> PinnedBaseline | None:
             v = c.number(p, f"{path}.position_acceptance[{i}]", None, lo=0.0, hi=1.0)
             if v is not None:
                 positions.append(v)
-    phi = c.number(d.get("overdispersion"), f"{path}.overdispersion", 2.5, lo=1.0)
+    phi = c.number(d.get("overdispersion"), f"{path}.overdispersion", None, lo=1.0)
     if ratio is None:
         return None
     return PinnedBaseline(acceptance_ratio=ratio, position_acceptance=tuple(positions), overdispersion=phi)
