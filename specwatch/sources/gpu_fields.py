@@ -28,9 +28,8 @@ class NvmlField:
 class GpmField:
     """A GPM metric (Hopper and later), computed by NVML between two samples one evaluation interval apart."""
 
-    metric: str
+    metric: str  # catalog name without the specwatch_ prefix; NVML's percent is exported as a 0-1 ratio
     metric_id: str  # pynvml NVML_GPM_METRIC_* constant name
-    scale: float = 0.01  # NVML reports percent; exported as a 0-1 ratio
 
 
 NVML_FIELDS: tuple[NvmlField, ...] = (
