@@ -155,9 +155,9 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
             f"increase(specwatch_state_errors_total{sel}[{s.state_errors_window}]) > 0",
             s.state_errors_for, TICKET,
             "specwatch's baseline store failed.",
-            "specwatch on {{ $labels.instance }} hit {{ $value | humanize }} baseline state store error(s) in "
-            f"the last {s.state_errors_window}: a corrupt store is moved aside and rebuilt, so learned baselines "
-            "may be gone and routes back in warm-up.",
+            "specwatch on {{ $labels.instance }} failed to read or write its baseline state store in the last "
+            f"{s.state_errors_window}: a corrupt store is moved aside and rebuilt, so learned baselines may be "
+            "gone and routes back in warm-up.",
         ),
         _alert(
             "SpecwatchConfigReloadFailed",

@@ -7,11 +7,13 @@ same bytes (sorted JSON keys, fixed YAML layout), which is what lets CI fail on 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from specwatch import catalog
 from specwatch.mixin import alerts, dashboards, rules
 from specwatch.mixin.settings import DEFAULT, Settings
 
@@ -81,13 +83,38 @@ def dashboard_json(dashboard: dict[str, Any]) -> str:
     return json.dumps(dashboard, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+_RECORDED_RE = re.compile(r"\b[a-z_]+:specwatch_\w+:\w+")
+_METRIC_RE = re.compile(r"\bspecwatch_\w+")
+
+
+def referenced_names(text: str) -> tuple[set[str], set[str]]:
+    """(recorded series, raw specwatch metrics) that appear in a generated file."""
+    recorded = set(_RECORDED_RE.findall(text))
+    return recorded, set(_METRIC_RE.findall(_RECORDED_RE.sub(" ", text)))
+
+
+def unknown_names(files: dict[str, str], s: Settings = DEFAULT) -> list[str]:
+    """Metrics used anywhere that the catalog does not define, and recorded series no rule records."""
+    defined = {r["record"] for g in rules.recording_groups(s) for r in g["rules"]}
+    problems = []
+    for rel, text in sorted(files.items()):
+        recorded, raw = referenced_names(text)
+        problems += [f"{rel}: {name} is not in specwatch/catalog.py" for name in sorted(raw - set(catalog.BY_NAME))]
+        problems += [f"{rel}: {name} is not a recording rule" for name in sorted(recorded - defined)]
+    return problems
+
+
 def render_all(s: Settings = DEFAULT) -> dict[str, str]:
+    """Every generated file; raises ValueError if any of them uses a metric the catalog does not define."""
     files = {
         RULES_PATH: to_yaml(rules_document(s)),
         ALERTMANAGER_PATH: to_yaml(alertmanager_document(s)),
     }
     for name, dashboard in dashboards.all_dashboards(s).items():
         files[f"{DASHBOARD_DIR}/{name}.json"] = dashboard_json(dashboard)
+    problems = unknown_names(files, s)
+    if problems:
+        raise ValueError("generated files use undefined names:\n  " + "\n  ".join(problems))
     return files
 
 
