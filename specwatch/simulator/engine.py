@@ -1,0 +1,331 @@
+"""One simulated engine (a vLLM DP engine or an SGLang DP rank): continuous batching on a simulated clock.
+
+Every step the engine admits waiting requests up to `max_num_seqs`, runs one decode step over the whole
+running batch, and charges it the step-time model's cost for that batch (plus prefill for the newcomers).
+With speculation on (k > 0) each running request drafts k tokens and accepts X of them (drawn from the
+acceptance profile), emitting X + 1 tokens; with k == 0 it emits one.
+
+Cost: a step is O(batch) arithmetic, and the thread sleeps only when simulated time has run ahead of
+`clock.now()` by more than a millisecond of real time, so many short steps run back to back between
+sleeps; a CPU-starved engine simply falls behind real time, its simulated accounting stays exact.
+
+Nothing here knows a metric format: the engine reports steps and finished requests to a `Recorder`
+(`metrics_vllm`, `metrics_sglang`), and streams tokens to waiting HTTP handlers through `SimRequest`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from specwatch.simulator.clock import SimClock
+from specwatch.simulator.speculation import AcceptanceProfile, AcceptanceSampler
+from specwatch.simulator.steptime import StepTimeModel, step_seconds
+
+log = logging.getLogger(__name__)
+
+_MIN_SLEEP_REAL_SECONDS = 0.001  # below this, run the next step now rather than pay a thread wake-up
+_IDLE_POLL_REAL_SECONDS = 0.05
+_request_ids = itertools.count(1)
+
+
+@dataclass
+class EngineSettings:
+    model_name: str
+    step_time: StepTimeModel
+    k: int = 0  # draft tokens per step; 0 = speculation off
+    profile: AcceptanceProfile | None = None  # required when k > 0
+    max_num_seqs: int = 256
+    kv_capacity_tokens: int = 400_000
+    prefill_seconds_per_token: float = 2.0e-5
+    internal_prompt_tokens: tuple[int, int] = (128, 1024)  # uniform range for the built-in load generator
+    internal_output_tokens: tuple[int, int] = (64, 512)
+
+    def __post_init__(self) -> None:
+        if self.k > 0 and (self.profile is None or self.profile.k != self.k):
+            raise ValueError(f"speculation with k={self.k} needs an acceptance profile of {self.k} positions")
+
+
+class SimRequest:
+    """One request. External requests (HTTP) are streamed: the engine bumps `generated` and sets `ready`."""
+
+    __slots__ = ("id", "prompt_tokens", "max_tokens", "internal", "generated", "verify_steps", "arrival",
+                 "first_token_at", "finished_at", "finish_reason", "ready")
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, *, internal: bool = False) -> None:
+        self.id = next(_request_ids)
+        self.prompt_tokens = max(1, int(prompt_tokens))
+        self.max_tokens = max(1, int(max_tokens))
+        self.internal = internal
+        self.generated = 0
+        self.verify_steps = 0
+        self.arrival = 0.0  # simulated times
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason = ""  # "length" | "stop" | "abort"
+        self.ready = None if internal else threading.Event()
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+
+@dataclass
+class StepRecord:
+    """What one step did, summed over the batch; handed to the recorder."""
+
+    now: float  # simulated time at the end of the step
+    duration: float
+    running: int
+    waiting: int
+    kv_usage: float
+    prompt_tokens: int = 0  # prefilled this step
+    emitted_tokens: int = 0
+    drafts: int = 0  # requests that verified drafts this step
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
+class Recorder(Protocol):
+    def on_step(self, engine: int, step: StepRecord) -> None: ...
+
+    def on_finish(self, engine: int, request: SimRequest, now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    index: int
+    sim_time: float
+    running: int
+    waiting: int
+    kv_usage: float
+    generated_tokens: int  # since the engine (re)started
+    steps: int
+    busy_seconds: float  # simulated time spent stepping
+    batch_seconds: float  # integral of the running batch over simulated time (mean batch = / busy_seconds)
+    offered_concurrency: float
+
+
+class SimEngine:
+    def __init__(self, index: int, settings: EngineSettings, clock: SimClock, recorder: Recorder,
+                 seed: int | None = None) -> None:
+        self.index = index
+        self.clock = clock
+        self.recorder = recorder
+        self._settings = settings
+        self._rng = random.Random(seed)
+        self._sampler = self._new_sampler(settings.profile)
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._waiting: deque[SimRequest] = deque()
+        self._running: list[SimRequest] = []
+        self._internal_in_flight = 0
+        self._offered = 0.0
+        self._paused = False
+        self._t = 0.0
+        self._reset_stats()
+
+    # ------------------------------------------------------------------ control (any thread)
+    @property
+    def settings(self) -> EngineSettings:
+        return self._settings
+
+    def start(self) -> None:
+        self._t = self.clock.now()
+        self._thread = threading.Thread(target=self._loop, name=f"sim-engine-{self.index}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.abort_all()
+
+    def submit(self, request: SimRequest) -> None:
+        with self._cond:
+            request.arrival = max(self._t, self.clock.now())
+            self._waiting.append(request)
+            self._cond.notify()
+
+    def set_offered_concurrency(self, concurrency: float) -> None:
+        """Closed-loop built-in load: keep this many internal requests in flight."""
+        with self._cond:
+            self._offered = max(0.0, float(concurrency))
+            self._cond.notify()
+
+    def set_profile(self, profile: AcceptanceProfile) -> None:
+        with self._cond:
+            if self._settings.k == 0:
+                return
+            if profile.k != self._settings.k:
+                raise ValueError(f"engine {self.index}: profile has {profile.k} positions, k is {self._settings.k}")
+            self._settings.profile = profile
+            self._sampler = self._new_sampler(profile)
+
+    def restart(self, settings: EngineSettings | None = None, *, paused: bool = False) -> None:
+        """Abort everything in flight and start from zero (new settings if given), like a process restart."""
+        with self._cond:
+            self._abort_locked()
+            if settings is not None:
+                self._settings = settings
+                self._sampler = self._new_sampler(settings.profile)
+            self._reset_stats()
+            self._paused = paused
+            self._t = self.clock.now()
+            self._cond.notify()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._t = self.clock.now()
+            self._cond.notify()
+
+    def abort_all(self) -> None:
+        with self._cond:
+            self._abort_locked()
+
+    def cancel(self, request: SimRequest) -> None:
+        """The client went away: drop the request wherever it is."""
+        with self._cond:
+            if request in self._running:
+                self._running.remove(request)
+            elif request in self._waiting:
+                self._waiting.remove(request)
+            else:
+                return
+            self._finish(request, "abort")
+
+    def status(self) -> EngineStatus:
+        with self._cond:
+            return EngineStatus(self.index, self._t, len(self._running), len(self._waiting), self._kv_usage(),
+                                self._generated, self._steps, self._busy, self._batch_integral, self._offered)
+
+    @property
+    def load(self) -> int:
+        """Requests in flight, for the dispatcher."""
+        return len(self._running) + len(self._waiting)
+
+    # ------------------------------------------------------------------ the step loop (engine thread)
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                if self._paused:
+                    self._cond.wait(_IDLE_POLL_REAL_SECONDS)
+                    continue
+                self._top_up_internal_load()
+                admitted = self._admit()
+                if not self._running:
+                    self._t = max(self._t, self.clock.now())  # idle: simulated time just passes
+                    self._cond.wait(_IDLE_POLL_REAL_SECONDS)
+                    continue
+                settings = self._settings
+                batch = len(self._running)
+                duration = step_seconds(settings.step_time, batch, settings.k) + \
+                    settings.prefill_seconds_per_token * sum(r.prompt_tokens for r in admitted)
+                end = self._t + duration
+            lag = self.clock.real_seconds(end - self.clock.now())
+            if lag > _MIN_SLEEP_REAL_SECONDS and self._stop.wait(lag):
+                return
+            with self._cond:
+                if self._paused or not self._running:  # restarted or cancelled while we slept
+                    continue
+                self._step(end, duration, admitted)
+
+    def _admit(self) -> list[SimRequest]:
+        admitted = []
+        limit = self._settings.max_num_seqs
+        while self._waiting and len(self._running) < limit:
+            req = self._waiting.popleft()
+            self._running.append(req)
+            admitted.append(req)
+        return admitted
+
+    def _top_up_internal_load(self) -> None:
+        lo_p, hi_p = self._settings.internal_prompt_tokens
+        lo_o, hi_o = self._settings.internal_output_tokens
+        while self._internal_in_flight < round(self._offered):
+            req = SimRequest(self._rng.randint(lo_p, hi_p), self._rng.randint(lo_o, hi_o), internal=True)
+            req.arrival = self._t
+            self._waiting.append(req)
+            self._internal_in_flight += 1
+
+    def _step(self, end: float, duration: float, admitted: list[SimRequest]) -> None:
+        settings, k, sampler = self._settings, self._settings.k, self._sampler
+        fresh = {id(r) for r in admitted}
+        rec = StepRecord(now=end, duration=duration, running=len(self._running), waiting=len(self._waiting),
+                         kv_usage=0.0, prompt_tokens=sum(r.prompt_tokens for r in admitted),
+                         accepted_per_pos=[0] * k)
+        finished = []
+        for req in self._running:
+            if id(req) in fresh or k == 0 or sampler is None:
+                emitted = 1  # a prefill (or plain decode) step samples one token and verifies nothing
+            else:
+                accepted = sampler.draw()
+                emitted = accepted + 1
+                req.verify_steps += 1
+                rec.drafts += 1
+                rec.draft_tokens += k
+                rec.accepted_tokens += accepted
+                for j in range(accepted):
+                    rec.accepted_per_pos[j] += 1
+            emitted = min(emitted, req.max_tokens - req.generated)
+            if req.first_token_at is None:
+                req.first_token_at = end
+            req.generated += emitted
+            rec.emitted_tokens += emitted
+            if req.generated >= req.max_tokens:
+                finished.append(req)
+            if req.ready is not None:
+                req.ready.set()
+        self._t = end
+        self._steps += 1
+        self._busy += duration
+        self._batch_integral += duration * len(self._running)
+        self._generated += rec.emitted_tokens
+        if finished:
+            done = {id(r) for r in finished}
+            self._running = [r for r in self._running if id(r) not in done]
+        rec.kv_usage = self._kv_usage()
+        self.recorder.on_step(self.index, rec)
+        for req in finished:
+            # Internal requests draw their own length, so they end with "stop"; clients ask for max_tokens.
+            self._finish(req, "stop" if req.internal else "length")
+
+    # ------------------------------------------------------------------ helpers (lock held)
+    def _finish(self, req: SimRequest, reason: str) -> None:
+        req.finish_reason = reason
+        req.finished_at = self._t
+        if req.internal:
+            self._internal_in_flight -= 1
+        self.recorder.on_finish(self.index, req, self._t)
+        if req.ready is not None:
+            req.ready.set()
+
+    def _abort_locked(self) -> None:
+        for req in list(self._running) + list(self._waiting):
+            self._finish(req, "abort")
+        self._running.clear()
+        self._waiting.clear()
+        self._internal_in_flight = 0
+
+    def _kv_usage(self) -> float:
+        used = sum(r.prompt_tokens + r.generated for r in self._running)
+        return min(1.0, used / self._settings.kv_capacity_tokens)
+
+    def _reset_stats(self) -> None:
+        self._generated = 0
+        self._steps = 0
+        self._busy = 0.0
+        self._batch_integral = 0.0
+
+    def _new_sampler(self, profile: AcceptanceProfile | None) -> AcceptanceSampler | None:
+        return AcceptanceSampler(profile, self._rng) if profile is not None else None

@@ -1,0 +1,209 @@
+"""vLLM V1 `/metrics` for a simulated server: the families, labels, HELP and `_created` series of vLLM 0.33.0.
+
+Like vLLM's own `PrometheusStatLogger`, one registry serves all DP engines of an API server, every series
+labelled `model_name` and `engine`; it is rendered single-process style (counters and histograms followed
+by `_created` gauges). Real `prometheus_client` metric objects do the rendering, so the text format is the
+library's, exactly as vLLM's. The registry is private (never the global one), and a restart or model bump
+builds a fresh one, so counters restart at 0 with new `_created` timestamps, as after a process restart.
+
+The family table is data: name, type, HELP, extra label names and buckets, as declared in
+`vllm/v1/metrics/loggers.py` and `vllm/v1/spec_decode/metrics.py`; `tests/test_simulator_formats.py`
+checks it against the fixture captured from vLLM's own code.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specwatch.simulator.engine import SimRequest, StepRecord
+
+ENGINE_VERSION = "0.33.0"
+LABELS = ("model_name", "engine")
+_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+            480.0, 960.0, 1920.0, 7680.0)
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+         80.0, 160.0, 640.0, 2560.0)
+_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITERATION = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as declared (prometheus_client appends _total to counters)
+    kind: str  # counter | gauge | histogram
+    help: str
+    extra_labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | str = ()  # "1-2-5" = vLLM's build_1_2_5_buckets(max_model_len)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
+    Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    Family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+    Family("vllm:prefix_cache_queries", "counter",
+           "Prefix cache queries, in terms of number of queried tokens."),
+    Family("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+    Family("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
+    Family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
+    Family("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
+    Family("vllm:request_success", "counter", "Count of successfully processed requests.", ("finished_reason",)),
+    Family("vllm:request_prompt_tokens", "histogram", "Number of prefill tokens processed.", buckets="1-2-5"),
+    Family("vllm:request_generation_tokens", "histogram", "Number of generation tokens processed.",
+           buckets="1-2-5"),
+    Family("vllm:iteration_tokens_total", "histogram", "Histogram of number of tokens per engine_step.",
+           buckets=_ITERATION),
+    Family("vllm:request_max_num_generation_tokens", "histogram",
+           "Histogram of maximum number of requested generation tokens.", buckets="1-2-5"),
+    Family("vllm:request_params_n", "histogram", "Histogram of the n request parameter.", buckets=(1, 2, 5, 10, 20)),
+    Family("vllm:request_params_max_tokens", "histogram", "Histogram of the max_tokens request parameter.",
+           buckets="1-2-5"),
+    Family("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.",
+           buckets=_TTFT),
+    Family("vllm:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.",
+           buckets=_ITL),
+    Family("vllm:request_time_per_output_token_seconds", "histogram",
+           "Histogram of time_per_output_token_seconds per request.", buckets=_ITL),
+    Family("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds.",
+           buckets=_LATENCY),
+    Family("vllm:request_queue_time_seconds", "histogram", "Histogram of time spent in WAITING phase for request.",
+           buckets=_LATENCY),
+    Family("vllm:request_inference_time_seconds", "histogram",
+           "Histogram of time spent in RUNNING phase for request.", buckets=_LATENCY),
+    Family("vllm:request_prefill_time_seconds", "histogram", "Histogram of time spent in PREFILL phase for request.",
+           buckets=_LATENCY),
+    Family("vllm:request_decode_time_seconds", "histogram", "Histogram of time spent in DECODE phase for request.",
+           buckets=_LATENCY),
+)
+
+SPEC_FAMILIES: tuple[Family, ...] = (
+    Family("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts."),
+    Family("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens."),
+    Family("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens."),
+    Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.",
+           ("position",)),
+)
+
+CACHE_CONFIG_INFO = Family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's request-size buckets: 1, 2, 5, 10, 20, 50, ... up to max_value."""
+    out, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10 ** exponent
+            if value > max_value:
+                return out
+            out.append(value)
+        exponent += 1
+
+
+class VllmMetrics:
+    """The `Recorder` of a simulated vLLM API server with `engines` DP engines. Thread-safe."""
+
+    def __init__(self, model_name: str, engines: int, k: int, *, max_model_len: int = 8192,
+                 block_size: int = 16, num_gpu_blocks: int = 25_000) -> None:
+        self.model_name = model_name
+        self.engines = engines
+        self.k = k
+        self._max_model_len = max_model_len
+        self._cache_info = {"block_size": str(block_size), "cache_dtype": "auto", "enable_prefix_caching": "True",
+                            "gpu_memory_utilization": "0.9", "num_cpu_blocks": "None",
+                            "num_gpu_blocks": str(num_gpu_blocks), "num_gpu_blocks_override": "None",
+                            "sliding_window": "None", "swap_space_bytes": "4294967296"}
+        self._lock = threading.Lock()
+        self.registry = self._build()
+
+    def reset(self, model_name: str | None = None, k: int | None = None) -> None:
+        """A restart: fresh registry, counters at 0, new `_created` timestamps."""
+        with self._lock:
+            if model_name is not None:
+                self.model_name = model_name
+            if k is not None:
+                self.k = k
+            self.registry = self._build()
+
+    def render(self) -> bytes:
+        with self._lock:
+            registry = self.registry
+        return generate_latest(registry)
+
+    # ------------------------------------------------------------------ Recorder
+    def on_step(self, engine: int, step: StepRecord) -> None:
+        m = self._series(engine)
+        m["vllm:num_requests_running"].set(step.running)
+        m["vllm:num_requests_waiting"].set(step.waiting)
+        m["vllm:kv_cache_usage_perc"].set(step.kv_usage)
+        m["vllm:prefix_cache_queries"].inc(step.prompt_tokens)
+        m["vllm:prompt_tokens"].inc(step.prompt_tokens)
+        m["vllm:generation_tokens"].inc(step.emitted_tokens)
+        m["vllm:iteration_tokens_total"].observe(step.prompt_tokens + step.emitted_tokens)
+        m["vllm:inter_token_latency_seconds"].observe(step.duration)
+        if self.k and step.drafts:
+            m["vllm:spec_decode_num_drafts"].inc(step.drafts)
+            m["vllm:spec_decode_num_draft_tokens"].inc(step.draft_tokens)
+            m["vllm:spec_decode_num_accepted_tokens"].inc(step.accepted_tokens)
+            for pos, count in enumerate(step.accepted_per_pos):
+                m[f"vllm:spec_decode_num_accepted_tokens_per_pos/{pos}"].inc(count)
+
+    def on_finish(self, engine: int, request: SimRequest, now: float) -> None:
+        m = self._series(engine)
+        m[f"vllm:request_success/{request.finish_reason}"].inc()
+        if request.finish_reason == "abort":
+            return
+        first = request.first_token_at if request.first_token_at is not None else now
+        e2e = now - request.arrival
+        m["vllm:time_to_first_token_seconds"].observe(first - request.arrival)
+        m["vllm:e2e_request_latency_seconds"].observe(e2e)
+        m["vllm:request_queue_time_seconds"].observe(0.0)
+        m["vllm:request_inference_time_seconds"].observe(e2e)
+        m["vllm:request_prefill_time_seconds"].observe(first - request.arrival)
+        m["vllm:request_decode_time_seconds"].observe(now - first)
+        if request.generated > 1:
+            m["vllm:request_time_per_output_token_seconds"].observe((now - first) / (request.generated - 1))
+        m["vllm:request_prompt_tokens"].observe(request.prompt_tokens)
+        m["vllm:request_generation_tokens"].observe(request.generated)
+        m["vllm:request_max_num_generation_tokens"].observe(request.max_tokens)
+        m["vllm:request_params_n"].observe(1)
+        m["vllm:request_params_max_tokens"].observe(request.max_tokens)
+
+    # ------------------------------------------------------------------ building
+    def _series(self, engine: int) -> dict:
+        with self._lock:
+            return self._per_engine[engine]
+
+    def _build(self) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=True)
+        per_engine: dict[int, dict] = {e: {} for e in range(self.engines)}
+        families = FAMILIES + (SPEC_FAMILIES if self.k else ())
+        for fam in families:
+            metric = self._declare(fam, registry)
+            for e in range(self.engines):
+                base = (self.model_name, str(e))
+                if fam.name == "vllm:request_success":
+                    for reason in FINISH_REASONS:
+                        per_engine[e][f"{fam.name}/{reason}"] = metric.labels(*base, reason)
+                elif fam.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                    for pos in range(self.k):  # created at 0 for every position, as vLLM does
+                        per_engine[e][f"{fam.name}/{pos}"] = metric.labels(*base, str(pos))
+                else:
+                    per_engine[e][fam.name] = metric.labels(*base)
+        info = Gauge(CACHE_CONFIG_INFO.name, CACHE_CONFIG_INFO.help, labelnames=[*self._cache_info, "engine"],
+                     registry=registry)
+        for e in range(self.engines):
+            info.labels(**self._cache_info, engine=str(e)).set(1)
+        self._per_engine = per_engine
+        return registry
+
+    def _declare(self, fam: Family, registry: CollectorRegistry):
+        labels = [*LABELS, *fam.extra_labels]
+        if fam.kind == "counter":
+            return Counter(fam.name, fam.help, labelnames=labels, registry=registry)
+        if fam.kind == "gauge":
+            return Gauge(fam.name, fam.help, labelnames=labels, registry=registry)
+        buckets = build_1_2_5_buckets(self._max_model_len) if fam.buckets == "1-2-5" else list(fam.buckets)
+        return Histogram(fam.name, fam.help, labelnames=labels, buckets=buckets, registry=registry)

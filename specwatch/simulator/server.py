@@ -1,0 +1,301 @@
+"""HTTP front of a simulated engine: `/metrics`, OpenAI-compatible streaming completions, `/v1/models`,
+`/version` (vLLM) or `/get_server_info` (SGLang), `/health`, and a `/` page that says what this is.
+
+Every response carries `X-Specwatch-Simulator: 1`; `/version` says `<version>-simulated`; models are
+`owned_by` "specwatch-simulator". The `/metrics` body itself is the engine's exact format, nothing added.
+
+Streaming: a handler thread waits on its request's `ready` event and writes everything generated since its
+last write as one SSE event, then pauses `flush_interval` (real seconds) so that 128 concurrent streams
+cost a few thousand writes a second, not one per token. The final event carries `finish_reason`, then a
+`usage` chunk (`choices: []`), then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from specwatch.simulator.simulation import Simulation
+
+log = logging.getLogger(__name__)
+
+SIMULATOR_HEADER = "X-Specwatch-Simulator"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_WORDS = ("simulated", "tokens", "from", "the", "specwatch", "engine", "simulator", "flow", "through", "a",
+          "continuous", "batch", "while", "drafts", "are", "verified", "and", "accepted", "or", "rejected")
+_MAX_BODY = 1 << 20
+
+
+class SimulatorHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024  # 128+ clients connect at once; the default backlog of 5 would drop SYNs
+
+    def __init__(self, address: tuple[str, int], simulation: Simulation, flush_interval: float = 0.02) -> None:
+        self.simulation = simulation
+        self.flush_interval = flush_interval
+        super().__init__(address, _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class RunningSimulator:
+    """A started simulation and its HTTP server on a background thread; `stop()` ends both."""
+
+    def __init__(self, simulation: Simulation, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.simulation = simulation
+        self.httpd = SimulatorHTTPServer((host, port), simulation)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=f"sim-http-{self.httpd.server_address[1]}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.httpd.url
+
+    def start(self) -> "RunningSimulator":
+        self.simulation.start()
+        self._thread.start()
+        sim = self.simulation
+        log.info("SIMULATED %s %s (%d engine(s), model %s, k=%d, time scale %g) serving on %s; "
+                 "this is the specwatch simulator, not a real engine", sim.kind, sim.version, len(sim.engines),
+                 sim.model_name, sim.k, sim.clock.time_scale, self.url)
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.simulation.stop()  # aborts streams in flight, so their handler threads finish
+        self.httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: SimulatorHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+    # ------------------------------------------------------------------ routing
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        sim = self.server.simulation
+        path = self.path.split("?", 1)[0]
+        if path == "/":
+            return self._send(200, _index_page(sim).encode(), "text/plain; charset=utf-8")
+        if path == "/simulator/status":
+            return self._json(200, sim.status())
+        if sim.down:
+            return self._error(503, "simulated outage: the engine is down", "ServiceUnavailable")
+        if path == "/metrics":
+            return self._send(200, sim.render_metrics(), METRICS_CONTENT_TYPE)
+        if path == "/health":
+            return self._send(200, b"", "text/plain")
+        if path == "/v1/models":
+            return self._json(200, _models(sim))
+        if path == "/version":
+            return self._json(200, {"version": f"{sim.version}-simulated", "simulator": "specwatch"})
+        if sim.kind == "sglang" and path in ("/get_server_info", "/server_info"):
+            return self._json(200, _server_info(sim))
+        if sim.kind == "sglang" and path == "/get_model_info":
+            return self._json(200, {"model_path": sim.model_name, "tokenizer_path": sim.model_name,
+                                    "is_generation": True})
+        return self._error(404, f"no route {path} on the simulated {sim.kind} server", "NotFound")
+
+    def do_POST(self) -> None:  # noqa: N802
+        sim = self.server.simulation
+        path = self.path.split("?", 1)[0]
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            return self._error(404, f"no route {path} on the simulated {sim.kind} server", "NotFound")
+        body = self._read_json()
+        if body is None:
+            return None
+        if sim.down:
+            return self._error(503, "simulated outage: the engine is down", "ServiceUnavailable")
+        chat = path == "/v1/chat/completions"
+        try:
+            prompt_tokens, max_tokens, stream = _parse_request(body, chat)
+        except ValueError as exc:
+            return self._error(400, str(exc), "BadRequestError")
+        model = body.get("model") or sim.model_name
+        if model != sim.model_name:
+            return self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        engine, request = sim.submit(prompt_tokens, max_tokens)
+        try:
+            if stream:
+                self._stream(request, chat, model)
+            else:
+                self._complete(request, chat, model)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            engine.cancel(request)  # the client went away: free its slot in the batch
+
+    # ------------------------------------------------------------------ completions
+    def _stream(self, request, chat: bool, model: str) -> None:
+        rid, created = _ids(chat)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.send_header(SIMULATOR_HEADER, "1")
+        self.end_headers()
+        self.close_connection = True
+        if chat:
+            self._event(_chunk(rid, created, model, chat, {"role": "assistant", "content": ""}, None))
+        sent = 0
+        while True:
+            request.ready.wait(timeout=1.0)
+            request.ready.clear()
+            generated, done = request.generated, request.done
+            if generated > sent:
+                text = _text(sent, generated)
+                sent = generated
+                reason = request.finish_reason if done else None
+                self._event(_chunk(rid, created, model, chat, text, reason))
+            elif done:
+                self._event(_chunk(rid, created, model, chat, "", request.finish_reason))
+            if done:
+                break
+            time.sleep(self.server.flush_interval)
+        usage = _usage(request)
+        self._event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": model, "choices": [], "usage": usage})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _complete(self, request, chat: bool, model: str) -> None:
+        while not request.done:
+            request.ready.wait(timeout=1.0)
+            request.ready.clear()
+        rid, created = _ids(chat)
+        text = _text(0, request.generated)
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": request.finish_reason, "stop_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": request.finish_reason,
+                      "stop_reason": None}
+        self._json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                         "created": created, "model": model, "choices": [choice], "usage": _usage(request)})
+
+    # ------------------------------------------------------------------ plumbing
+    def _event(self, payload: dict[str, Any]) -> None:
+        self.wfile.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+        self.wfile.flush()
+
+    def _read_json(self) -> dict[str, Any] | None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 < length <= _MAX_BODY:
+            self._error(400, "a JSON body with a Content-Length up to 1 MiB is required", "BadRequestError")
+            return None
+        try:
+            body = json.loads(self.rfile.read(length))
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._error(400, f"body is not valid JSON: {exc}", "BadRequestError")
+            return None
+        if not isinstance(body, dict):
+            self._error(400, "body must be a JSON object", "BadRequestError")
+            return None
+        return body
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _error(self, status: int, message: str, kind: str) -> None:
+        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status, HTTPStatus(status).phrase)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header(SIMULATOR_HEADER, "1")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _parse_request(body: dict[str, Any], chat: bool) -> tuple[int, int, bool]:
+    """(prompt tokens, max tokens, stream) from an OpenAI request; prompt tokens are estimated from text."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages: a non-empty list is required")
+        text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        prompt_tokens = _count_tokens(text) + 4 * len(messages)  # chat template overhead
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            prompt_tokens = len(prompt)
+        elif isinstance(prompt, str):
+            prompt_tokens = _count_tokens(prompt)
+        else:
+            raise ValueError("prompt: a string or a list of token ids is required")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = 256 if chat else 16  # vLLM's completions default is 16, like OpenAI's
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens: must be a positive integer, got {max_tokens!r}")
+    if body.get("n", 1) != 1:
+        raise ValueError("n: the simulator serves n=1 only")
+    return max(1, prompt_tokens), max_tokens, bool(body.get("stream", False))
+
+
+def _count_tokens(text: str) -> int:
+    return max(1, round(len(text) / 4))  # ~4 characters per token for English text
+
+
+def _text(start: int, end: int) -> str:
+    return "".join(" " + _WORDS[i % len(_WORDS)] for i in range(start, end))
+
+
+def _ids(chat: bool) -> tuple[str, int]:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+
+
+def _chunk(rid: str, created: int, model: str, chat: bool, content: Any, finish: str | None) -> dict[str, Any]:
+    if chat:
+        delta = content if isinstance(content, dict) else {"content": content}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [choice]}
+    choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+
+
+def _usage(request) -> dict[str, int]:
+    return {"prompt_tokens": request.prompt_tokens, "total_tokens": request.prompt_tokens + request.generated,
+            "completion_tokens": request.generated}
+
+
+def _models(sim: Simulation) -> dict[str, Any]:
+    return {"object": "list", "data": [{
+        "id": sim.model_name, "object": "model", "created": int(time.time()), "owned_by": "specwatch-simulator",
+        "root": sim.model_name, "parent": None, "max_model_len": sim.spec.max_model_len}]}
+
+
+def _server_info(sim: Simulation) -> dict[str, Any]:
+    version = f"{sim.version}-simulated"
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": sim.k, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": sim.k + 1} if sim.k else {"speculative_algorithm": None}
+    return {"version": version, "simulator": "specwatch", "model_path": sim.model_name,
+            "served_model_name": sim.model_name, "dp_size": len(sim.engines), "enable_metrics": True,
+            "decode_log_interval": 40, **spec}
+
+
+def _index_page(sim: Simulation) -> str:
+    return (f"SIMULATED {sim.kind} {sim.version} engine: this is the specwatch simulator, not a real engine.\n"
+            f"model {sim.model_name}, {len(sim.engines)} DP engine(s), speculation "
+            f"{'k=' + str(sim.k) if sim.k else 'off'}, time scale {sim.clock.time_scale:g}\n\n"
+            "GET  /metrics              engine metrics, exact engine format\n"
+            "POST /v1/completions       OpenAI-compatible, stream=true for SSE\n"
+            "POST /v1/chat/completions  OpenAI-compatible, stream=true for SSE\n"
+            "GET  /v1/models\n"
+            "GET  /version" + ("\nGET  /get_server_info" if sim.kind == "sglang" else "") + "\n"
+            "GET  /simulator/status     simulated clock, batch and token counts per engine (JSON)\n")
