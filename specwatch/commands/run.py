@@ -1,0 +1,149 @@
+"""`specwatch run`: the daemon. Loads the config, serves HTTP, runs the evaluation loop, handles signals.
+
+SIGHUP reloads the config (a bad file is rejected whole: the old config keeps running and
+`specwatch_config_last_reload_successful` drops to 0); SIGTERM and SIGINT finish the current cycle, flush
+state and exit 0. Under systemd (Type=notify) READY=1 follows the first completed cycle, and WATCHDOG=1 is
+sent only after cycles that really completed, so a hung loop stops petting the watchdog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import threading
+from typing import Any
+
+from specwatch import __version__, systemd_notify
+from specwatch.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
+from specwatch.daemon import Daemon
+from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, serve
+from specwatch.scheduler import schedule, start_scheduler
+
+log = logging.getLogger("specwatch")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config.file", dest="config_file", default=DEFAULT_CONFIG_PATH, metavar="FILE",
+                        help=f"configuration file (default {DEFAULT_CONFIG_PATH})")
+    parser.add_argument("--web.listen-address", dest="listen_address", default=DEFAULT_LISTEN_ADDRESS,
+                        metavar="HOST:PORT", help=f"address for /metrics and the API (default {DEFAULT_LISTEN_ADDRESS})")
+    parser.add_argument("--web.config.file", dest="web_config_file", default="", metavar="FILE",
+                        help="TLS and basic auth settings, in the Prometheus exporter-toolkit format")
+
+
+def log_config_error(exc: ConfigError, what: str) -> None:
+    log.error("%s: %s has %d problem(s)", what, exc.source or "config", len(exc.problems))
+    for problem in exc.problems:
+        log.error("  %s", problem)
+
+
+def start_otlp(config: Config, daemon: Daemon) -> Any:
+    """Start OTLP export when configured; None when not configured or not available."""
+    if config.otlp is None:
+        return None
+    try:
+        otel = importlib.import_module("specwatch.export.otel")
+    except ModuleNotFoundError as exc:
+        log.warning("otlp is configured but OTLP export is not available in this build (%s); skipping it", exc)
+        return None
+    try:
+        return otel.start_otlp(config.otlp, lambda: daemon.snapshot)
+    except Exception:  # noqa: BLE001 - a broken collector endpoint must not stop /metrics
+        log.exception("starting OTLP export to %s failed; continuing without it", config.otlp.endpoint)
+        return None
+
+
+class Service:
+    """The running daemon: owns the Daemon, HTTP server, scheduler and OTLP export, and reacts to signals."""
+
+    def __init__(self, config: Config, config_file: str, listen_address: str, web_config: Any) -> None:
+        self.config = config
+        self.config_file = config_file
+        self.listen_address = listen_address
+        self.web_config = web_config
+        self._wake = threading.Event()
+        self._stop = False
+        self._reload = False
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop = True
+        self._wake.set()
+
+    def request_reload(self, *_: Any) -> None:
+        self._reload = True
+        self._wake.set()
+
+    def run(self) -> int:
+        daemon = Daemon(self.config)
+        try:
+            server = serve(self.listen_address, lambda: daemon.snapshot, self.web_config)
+        except (OSError, ValueError) as exc:
+            log.error("cannot listen on %s: %s", self.listen_address, exc)
+            daemon.close()
+            return 1
+        log.info("specwatch %s listening on %s, %d route(s), every %gs", __version__, server.url,
+                 len(self.config.routes), self.config.interval_seconds)
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)
+
+        daemon.tick()
+        systemd_notify.ready()
+        systemd_notify.watchdog()
+        watchdog_every = systemd_notify.watchdog_interval_seconds()
+        if watchdog_every is not None and watchdog_every < self.config.interval_seconds:
+            log.warning("WatchdogSec/2 (%gs) is shorter than the interval (%gs): systemd will kill a healthy "
+                        "daemon; raise WatchdogSec", watchdog_every, self.config.interval_seconds)
+        pet = lambda _snapshot: systemd_notify.watchdog()  # noqa: E731
+        scheduler = start_scheduler(daemon, self.config.interval_seconds, on_tick=pet)
+        otlp = start_otlp(self.config, daemon)
+
+        while not self._stop:
+            self._wake.wait()
+            self._wake.clear()
+            if self._reload and not self._stop:
+                self._reload = False
+                otlp = self._do_reload(daemon, scheduler, pet, otlp)
+
+        log.info("stopping: finishing the current cycle")
+        systemd_notify.stopping()
+        scheduler.shutdown(wait=True)
+        if otlp is not None:
+            otlp.shutdown()
+        daemon.close()
+        server.shutdown()
+        log.info("stopped")
+        return 0
+
+    def _do_reload(self, daemon: Daemon, scheduler: Any, pet: Any, otlp: Any) -> Any:
+        systemd_notify.reloading()
+        try:
+            new = load_config(self.config_file)
+        except ConfigError as exc:
+            log_config_error(exc, "reload rejected, the previous configuration keeps running")
+            daemon.reload_failed()
+            systemd_notify.ready()
+            return otlp
+        old, self.config = self.config, new
+        daemon.reload(new)
+        if new.interval_seconds != old.interval_seconds:
+            schedule(scheduler, daemon, new.interval_seconds, on_tick=pet)
+        if new.otlp != old.otlp:
+            if otlp is not None:
+                otlp.shutdown()
+            otlp = start_otlp(new, daemon)
+        log.info("configuration reloaded from %s: %d route(s)", self.config_file, len(new.routes))
+        systemd_notify.ready()
+        return otlp
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config_file)
+        web_config = load_web_config(args.web_config_file)
+    except ConfigError as exc:
+        log_config_error(exc, "cannot start")
+        return 1
+    return Service(config, args.config_file, args.listen_address, web_config).run()

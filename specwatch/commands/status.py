@@ -1,0 +1,152 @@
+"""`specwatch status`: a running daemon's routes as a table (from its /api/v1/routes).
+
+`render_status_table()` is reusable: the demo renders the same table from the same JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, Mapping, Sequence
+
+import requests
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from specwatch.export.http import DEFAULT_LISTEN_ADDRESS
+
+DEFAULT_URL = f"http://{DEFAULT_LISTEN_ADDRESS}"
+_DASH = "–"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL,
+                        help=f"the daemon's base URL; user:password@ in it for basic auth (default {DEFAULT_URL})")
+    parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    parser.add_argument("--interval", type=float, default=2.0, help="refresh interval with --watch, seconds")
+    parser.add_argument("--timeout", type=float, default=3.0, help="HTTP timeout, seconds")
+
+
+class Unreachable(Exception):
+    """The daemon did not answer usefully; the message says what to check."""
+
+
+def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | None = None) -> dict[str, Any]:
+    api = url.rstrip("/") + "/api/v1/routes"
+    try:
+        response = (session or requests).get(api, timeout=timeout, headers={"Accept": "application/json"})
+    except requests.RequestException as exc:
+        raise Unreachable(f"cannot reach specwatch at {url}: {exc.__class__.__name__}. Is `specwatch run` "
+                          f"running and listening there (--web.listen-address)?") from exc
+    if response.status_code == 401:
+        raise Unreachable(f"{api}: 401 unauthorized; put user:password@ in --url")
+    if response.status_code != 200:
+        raise Unreachable(f"{api}: HTTP {response.status_code}")
+    try:
+        doc = response.json()
+    except ValueError as exc:
+        raise Unreachable(f"{api}: not JSON; is this a specwatch daemon?") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("routes"), list):
+        raise Unreachable(f"{api}: unexpected JSON; is this a specwatch daemon?")
+    return doc
+
+
+def _ratio(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else _DASH
+
+
+def _number(value: Any, digits: int = 1) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else _DASH
+
+
+def _flag(value: Any, yes: str, style: str) -> Text:
+    if value is None:
+        return Text(_DASH)
+    return Text(yes, style=style) if value else Text("no", style="green")
+
+
+def _any(routes: Sequence[Mapping[str, Any]], *keys: str) -> bool:
+    return any(r.get(k) is not None for r in routes for k in keys)
+
+
+def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Table:
+    """A rich Table of routes, from the /api/v1/routes document (or its `routes` list).
+
+    Detection columns appear when any route has a baseline or a verdict, crossover columns when any has a
+    crossover or a batch size.
+    """
+    doc = routes_json if isinstance(routes_json, Mapping) else {"routes": list(routes_json)}
+    routes: list[Mapping[str, Any]] = [r for r in doc.get("routes", []) if isinstance(r, Mapping)]
+    ts = doc.get("timestamp")
+    caption = (f"as of {time.strftime('%H:%M:%S', time.localtime(ts))}" if isinstance(ts, (int, float)) and ts > 0
+               else "no evaluation yet")
+    detection = _any(routes, "baseline_ratio", "drop_ratio", "degraded")
+    crossover = _any(routes, "crossover_batch_size", "batch_size", "above_crossover")
+
+    table = Table(title="specwatch routes", caption=caption, header_style="bold")
+    table.add_column("route", style="bold")
+    table.add_column("up")
+    table.add_column("engine")
+    table.add_column("model", overflow="fold", max_width=32)
+    for window in ("1m", "5m", "1h"):
+        table.add_column(f"accept {window}", justify="right")
+    table.add_column("mean len", justify="right")
+    table.add_column("k", justify="right")
+    table.add_column("run/wait", justify="right")
+    if detection:
+        table.add_column("baseline", justify="right")
+        table.add_column("drop", justify="right")
+        table.add_column("degraded")
+    if crossover:
+        table.add_column("batch", justify="right")
+        table.add_column("crossover", justify="right")
+        table.add_column("above")
+
+    for r in routes:
+        ratios = r.get("acceptance_ratio") or {}
+        lengths = r.get("mean_acceptance_length") or {}
+        up = Text("up", style="green") if r.get("up") else Text(f"DOWN {r.get('error_reason') or ''}".strip(),
+                                                                   style="bold red")
+        engine = " ".join(x for x in (r.get("engine_kind"), r.get("engine_version")) if x) or _DASH
+        source = r.get("acceptance_source")
+        accept = [_ratio(ratios.get(w)) for w in ("1m", "5m", "1h")]
+        if source in ("gauge", "lifetime_gauge") and ratios:
+            accept = [f"{a}*" if a != _DASH else a for a in accept]  # * = from gauges, not counters
+        row: list[Any] = [
+            str(r.get("name", "?")), up, engine, r.get("model_name") or _DASH, *accept,
+            _number(lengths.get("5m", lengths.get("1m")), 2), _number(r.get("draft_length"), 1),
+            f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
+        ]
+        if detection:
+            drop = r.get("drop_ratio")
+            row += [_ratio(r.get("baseline_ratio")),
+                    f"{drop * 100:.1f}%" if isinstance(drop, (int, float)) else _DASH,
+                    _flag(r.get("degraded"), "DEGRADED", "bold red")]
+        if crossover:
+            row += [_number(r.get("batch_size"), 1), _number(r.get("crossover_batch_size"), 1),
+                    _flag(r.get("above_crossover"), "ABOVE", "bold yellow")]
+        table.add_row(*row)
+    return table
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console()
+    session = requests.Session()
+    try:
+        if not args.watch:
+            console.print(render_status_table(fetch_routes(args.url, args.timeout, session)))
+            return 0
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                try:
+                    live.update(render_status_table(fetch_routes(args.url, args.timeout, session)), refresh=True)
+                except Unreachable as exc:
+                    live.update(Text(str(exc), style="bold red"), refresh=True)
+                time.sleep(max(0.2, args.interval))
+    except Unreachable as exc:
+        console.print(f"[bold red]{exc}[/]")
+        return 1
+    except KeyboardInterrupt:
+        return 0
