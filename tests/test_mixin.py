@@ -1,0 +1,260 @@
+"""The generated alerts, rules and dashboards: committed output is current, names exist, conventions hold, and
+promtool / amtool accept and test them (skipped, with the reason, only where those binaries are missing)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specwatch import catalog
+from specwatch.cli import main as cli_main
+from specwatch.mixin import alerts, dashboards, render, rules
+from specwatch.mixin.settings import DEFAULT
+
+REPO = Path(__file__).resolve().parents[1]
+RUNBOOK = REPO / "docs" / "runbook.md"
+PROMTOOL = shutil.which("promtool")
+AMTOOL = shutil.which("amtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/ensure_prometheus.sh)")
+needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (scripts/ensure_prometheus.sh)")
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, str]:
+    return render.render_all(DEFAULT)
+
+
+@pytest.fixture(scope="module")
+def rule_groups(files) -> list[dict]:
+    return yaml.safe_load(files[render.RULES_PATH])["groups"]
+
+
+def all_alerts(groups: list[dict]) -> list[dict]:
+    return [r for g in groups for r in g["rules"] if "alert" in r]
+
+
+# --------------------------------------------------------------------------- generation
+def test_committed_files_are_current():
+    assert cli_main(["generate", "--out-dir", str(REPO), "--check"]) == 0
+
+
+def test_render_is_deterministic(files):
+    assert render.render_all(DEFAULT) == files
+
+
+def test_generate_writes_then_check_catches_edits_and_leftovers(tmp_path, capsys):
+    assert cli_main(["generate", "--out-dir", str(tmp_path)]) == 0
+    assert cli_main(["generate", "--out-dir", str(tmp_path), "--check"]) == 0
+    rules_file = tmp_path / render.RULES_PATH
+    rules_file.write_text(rules_file.read_text() + "# hand edit\n")
+    (tmp_path / "dashboards" / "old.json").write_text("{}")
+    (tmp_path / render.ALERTMANAGER_PATH).unlink()
+    capsys.readouterr()
+    assert cli_main(["generate", "--out-dir", str(tmp_path), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"{render.RULES_PATH}: differs" in err
+    assert "dashboards/old.json: not generated" in err
+    assert f"{render.ALERTMANAGER_PATH}: missing" in err
+    # A second plain run rewrites only what changed.
+    assert render.write(tmp_path, render.render_all(DEFAULT)) == [render.ALERTMANAGER_PATH, render.RULES_PATH]
+
+
+# --------------------------------------------------------------------------- names
+def test_every_referenced_metric_is_in_the_catalog(files):
+    assert render.unknown_names(files) == []
+    used: set[str] = set()
+    for text in files.values():
+        used |= render.referenced_names(text)[1]
+    # Not vacuous: the checks below would catch a typo such as specwatch_route_acceptance_ratios.
+    assert {"specwatch_route_acceptance_degraded", "specwatch_gpu_tensor_active_ratio"} <= used
+    assert render.unknown_names({"x": "rate(specwatch_route_acceptance_ratios[5m])"}) == [
+        "x: specwatch_route_acceptance_ratios is not in specwatch/catalog.py"]
+    assert render.unknown_names({"x": "route:specwatch_nope:rate5m"}) == [
+        "x: route:specwatch_nope:rate5m is not a recording rule"]
+
+
+def test_render_refuses_a_metric_missing_from_the_catalog(monkeypatch):
+    monkeypatch.delitem(catalog.BY_NAME, "specwatch_route_above_crossover")
+    with pytest.raises(ValueError, match="specwatch_route_above_crossover is not in specwatch/catalog.py"):
+        render.render_all(DEFAULT)
+
+
+def test_recording_rules_follow_level_metric_operations(rule_groups):
+    records = [r["record"] for g in rule_groups for r in g["rules"] if "record" in r]
+    assert len(records) == len(set(records))
+    for name in records:
+        assert re.fullmatch(r"route:specwatch_[a-z_]+:[a-z0-9_]+", name), name
+        assert not name.split(":")[1].endswith("_total"), f"{name}: drop _total after rate()"
+    for template in (rules.ACCEPTANCE, rules.ACCEPTANCE_DROP, rules.MEAN_ACCEPTANCE_LENGTH):
+        assert {template.format(w=w) for w in DEFAULT.fleet_windows} <= set(records)
+
+
+# --------------------------------------------------------------------------- alerts
+def test_alerts_follow_the_conventions(rule_groups):
+    found = all_alerts(rule_groups)
+    assert len(found) >= 10
+    runbook_headings = set(re.findall(r"^## (\w+)$", RUNBOOK.read_text(), flags=re.M))
+    for a in found:
+        name = a["alert"]
+        assert re.fullmatch(r"Specwatch[A-Z][A-Za-z]+", name), name
+        assert a["labels"]["severity"] in ("critical", "warning"), name
+        assert re.fullmatch(r"\d+[smh]", a["for"]), f"{name}: explicit for"
+        annotations = a["annotations"]
+        assert set(annotations) == {"summary", "description", "runbook_url"}, name
+        assert "{{" not in annotations["summary"], f"{name}: summary is static"
+        assert "{{ $labels.instance }}" in annotations["description"], f"{name}: description is templated"
+        assert annotations["runbook_url"] == f"{DEFAULT.runbook_url}#{name.lower()}"
+        assert name in runbook_headings, f"docs/runbook.md lacks '## {name}'"
+
+
+def test_pages_are_only_acceptance_regressions(rule_groups):
+    pages = {a["alert"] for a in all_alerts(rule_groups) if a["labels"]["severity"] == "critical"}
+    assert pages == {"SpecwatchAcceptanceDegraded", "SpecwatchAcceptanceDegradedAfterModelChange"}
+    names = {a["alert"] for a in all_alerts(rule_groups)}
+    assert {"SpecwatchRouteAboveCrossover", "SpecwatchSourceDown", "SpecwatchTargetDown", "SpecwatchStale",
+            "SpecwatchGpuLost", "SpecwatchGpuThrottling", "SpecwatchStateStoreErrors"} <= names
+
+
+def test_self_monitoring_expressions(rule_groups):
+    by_name = {a["alert"]: a for a in all_alerts(rule_groups)}
+    assert by_name["SpecwatchTargetDown"]["expr"] == 'up{job="specwatch"} == 0'
+    stale = by_name["SpecwatchStale"]["expr"]
+    assert "specwatch_last_evaluation_timestamp_seconds" in stale
+    assert f"> {DEFAULT.stale_intervals * DEFAULT.evaluation_interval_seconds:g}" in stale
+    after_change = by_name["SpecwatchAcceptanceDegradedAfterModelChange"]["expr"]
+    assert "specwatch_route_last_model_change_timestamp_seconds" in after_change
+    assert "group_left(model_name, engine_version)" in after_change
+
+
+def test_with_all_for_shortens_every_alert():
+    groups = alerts.alert_groups(DEFAULT.with_all_for("2s"))
+    assert {r["for"] for g in groups for r in g["rules"]} == {"2s"}
+
+
+def test_runbook_has_no_orphan_sections(rule_groups):
+    headings = set(re.findall(r"^## (\w+)$", RUNBOOK.read_text(), flags=re.M))
+    assert headings == {a["alert"] for a in all_alerts(rule_groups)}
+
+
+# --------------------------------------------------------------------------- Alertmanager example
+def test_alertmanager_example_routes_and_inhibits(files):
+    am = yaml.safe_load(files[render.ALERTMANAGER_PATH])
+    assert am["route"]["group_by"] == ["route"]
+    receivers = {r["name"] for r in am["receivers"]}
+    assert {DEFAULT.page_receiver, DEFAULT.ticket_receiver} == receivers
+    blind = am["inhibit_rules"][0]
+    assert "SpecwatchTargetDown" in blind["source_matchers"][0] and "SpecwatchStale" in blind["source_matchers"][0]
+    assert "SpecwatchAcceptanceDegraded" in blind["target_matchers"][0]
+    assert blind["equal"] == ["job", "instance"]
+
+
+@needs_amtool
+def test_amtool_accepts_the_example_and_routes_pages_and_tickets_apart():
+    config = str(REPO / render.ALERTMANAGER_PATH)
+    subprocess.run([AMTOOL, "check-config", config], check=True, capture_output=True)
+
+    def receiver(*labels: str) -> str:
+        out = subprocess.run([AMTOOL, "config", "routes", "test", f"--config.file={config}", *labels],
+                             check=True, capture_output=True, text=True).stdout
+        return out.strip()
+
+    assert receiver("alertname=SpecwatchAcceptanceDegraded", "severity=critical", "route=chat") == \
+        DEFAULT.page_receiver
+    assert receiver("alertname=SpecwatchRouteAboveCrossover", "severity=warning", "route=chat") == \
+        DEFAULT.ticket_receiver
+
+
+# --------------------------------------------------------------------------- dashboards
+@pytest.fixture(scope="module")
+def boards() -> dict[str, dict]:
+    return dashboards.all_dashboards(DEFAULT)
+
+
+def test_dashboards_have_variables_and_use_them(boards):
+    assert set(boards) == {"specwatch-fleet", "specwatch-route", "specwatch-gpus"}
+    assert len({b["uid"] for b in boards.values()}) == 3
+    for name, board in boards.items():
+        variables = [v["name"] for v in board["templating"]["list"]]
+        assert variables == ["datasource", "job", "instance", "route"], name
+        ids = [p["id"] for p in board["panels"]]
+        assert len(ids) == len(set(ids)), name
+        for panel in board["panels"]:
+            assert panel["datasource"] == "${datasource}", (name, panel["title"])
+            assert panel.get("description"), (name, panel["title"])
+            assert panel["targets"], (name, panel["title"])
+        for title, expr in dashboards.iter_queries(board):
+            # Raw specwatch series are filtered by job and instance; recorded fleet series by route.
+            for selector in re.findall(r"\bspecwatch_\w+\{([^}]*)\}", expr):
+                assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, (name, title, expr)
+            for selector in re.findall(r"\broute:specwatch_\w+:\w+(\{[^}]*\})?", expr):
+                assert selector == '{route=~"$route"}', (name, title, expr)
+
+
+def test_dashboards_cover_the_required_views(boards):
+    def exprs(name: str) -> str:
+        return "\n".join(e for _, e in dashboards.iter_queries(boards[name]))
+
+    fleet, route, gpu = exprs("specwatch-fleet"), exprs("specwatch-route"), exprs("specwatch-gpus")
+    for needed in (rules.ACCEPTANCE.format(w="5m"), rules.BASELINE, rules.ACCEPTANCE_DROP.format(w="1h"),
+                   rules.NODES_ABOVE_CROSSOVER, rules.BATCH_MAX, rules.CROSSOVER_MIN):
+        assert needed in fleet
+    for needed in ("specwatch_route_acceptance_ratio", "specwatch_route_acceptance_baseline_ratio",
+                   "specwatch_route_position_acceptance_ratio", "specwatch_route_mean_acceptance_length",
+                   "specwatch_route_draft_length", "specwatch_route_batch_size", "specwatch_route_crossover_batch_size",
+                   "specwatch_route_predicted_speedup_ratio", "specwatch_gpu_tensor_active_ratio",
+                   "specwatch_gpu_dram_bandwidth_utilization_ratio", "specwatch_route_model_changes_total"):
+        assert needed in route
+    assert "specwatch_gpu_up" in gpu and "specwatch_gpu_clock_throttle_reasons" in gpu
+
+
+def test_dashboard_panels_do_not_overlap(boards):
+    for name, board in boards.items():
+        cells: set[tuple[int, int]] = set()
+        for panel in board["panels"]:
+            pos = panel["gridPos"]
+            assert pos["x"] + pos["w"] <= 24, (name, panel["title"])
+            area = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+            assert not cells & area, (name, panel["title"])
+            cells |= area
+
+
+# --------------------------------------------------------------------------- module boundaries
+def test_mixin_imports_only_the_catalog_and_itself():
+    for path in sorted((REPO / "specwatch" / "mixin").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                if module == "specwatch":  # `from specwatch import catalog`
+                    assert [a.name for a in node.names] == ["catalog"], path.name
+                elif module.startswith("specwatch."):
+                    assert module == "specwatch.catalog" or module.startswith("specwatch.mixin"), (path.name, module)
+                if module.startswith("grafanalib"):
+                    assert path.name == "dashboards.py", f"{path.name} imports grafanalib"
+
+
+# --------------------------------------------------------------------------- promtool
+@needs_promtool
+def test_promtool_check_rules():
+    result = subprocess.run([PROMTOOL, "check", "rules", str(REPO / render.RULES_PATH)], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_promtool_rule_unit_tests():
+    tests = sorted(str(p) for p in (REPO / "tests" / "alerts").glob("*_test.yaml"))
+    assert len(tests) >= 3
+    result = subprocess.run([PROMTOOL, "test", "rules", *tests], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
