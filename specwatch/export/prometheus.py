@@ -30,8 +30,9 @@ class _Families:
         self._families: dict[str, Metric] = {}
         self._labels: dict[str, tuple[str, ...]] = {}
 
-    def add(self, name: str, value: float | bool | None, **labels: str) -> None:
-        """Add one sample; None, NaN and infinities are omitted, booleans are 1/0."""
+    def add(self, name: str, value: float | bool | None, /, **labels: str) -> None:
+        """Add one sample; None, NaN and infinities are omitted, booleans are 1/0. (Positional-only
+        parameters, so `name` is free as a label: gpu_info has one.)"""
         if value is None:
             return
         value = float(value)

@@ -1,0 +1,300 @@
+"""The daemon loop with fake sources and a fake clock: isolation of failing sources, evaluators, GPUs, reload."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+import requests
+
+from specwatch import daemon as daemon_module
+from specwatch.config import parse_config
+from specwatch.daemon import Daemon, run_source
+from specwatch.export.http import serve
+from specwatch.scheduler import run_tick, start_scheduler
+from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
+from specwatch.sources.base import NoData, SourceError
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+class CountingSource:
+    """A healthy vLLM route: 100 drafts of k=2 per call, 1.5 accepted per draft."""
+
+    def __init__(self) -> None:
+        self.drafts = 0.0
+        self.closed = False
+
+    def sample(self, now: float) -> EngineSample:
+        self.drafts += 100
+        e = EngineCounters(engine="0", drafts=self.drafts, draft_tokens=2 * self.drafts,
+                           accepted_tokens=1.5 * self.drafts, accepted_per_pos=(0.8 * self.drafts, 0.7 * self.drafts),
+                           running=4.0)
+        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name="m",
+                            engine_version="0.33.0", num_speculative_tokens=2, engines=(e,))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RaisingSource:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def sample(self, now: float) -> EngineSample:
+        raise self.exc
+
+    def close(self) -> None:
+        pass
+
+
+class HangingSource:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def sample(self, now: float) -> EngineSample:
+        self.calls += 1
+        self.release.wait(10)
+        raise SourceError("timeout", "released")
+
+    def close(self) -> None:
+        self.release.set()
+
+
+def make_config(*names: str, **top: Any) -> Any:
+    raw = {"interval": "1s", "scrape": {"timeout": "100ms"}, "gpu": {"enabled": "false"},
+           "routes": [{"name": n, "url": f"http://127.0.0.1:9/{n}"} for n in names], **top}
+    return parse_config(raw)
+
+
+@pytest.fixture
+def no_evaluators(monkeypatch):
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
+
+
+def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evaluators, caplog):
+    hanging = HangingSource()
+    sources = {
+        "good": CountingSource(),
+        "dead": RaisingSource(SourceError("connection", "connection refused")),
+        "hang": hanging,
+        "garbage": RaisingSource(SourceError("parse", "line 3: not a number")),
+        "huge": RaisingSource(SourceError("too_large", "body over 16777216 bytes")),
+        "buggy": RaisingSource(ZeroDivisionError("oops")),
+        "nomatch": RaisingSource(NoData("no series match route=x")),
+        "wrongtype": CountingSource(),
+    }
+    sources["wrongtype"].sample = lambda now: {"not": "a sample"}
+    clock = FakeClock()
+    d = Daemon(make_config(*sources), source_factory=lambda r, c: sources[r.name], clock=clock)
+    server = serve("127.0.0.1:0", lambda: d.snapshot)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="specwatch.daemon"):
+            for _ in range(3):
+                begin = time.monotonic()
+                snap = d.tick(clock.advance(5))
+                assert time.monotonic() - begin < 1.0  # the hung source costs 1.5 x 100 ms, not 10 s
+        good = snap.route("good")
+        assert good.up and good.drafts_total == 300 and good.acceptance_ratio["1m"] == pytest.approx(0.75)
+        expected = {"dead": "connection", "hang": "timeout", "garbage": "parse", "huge": "too_large",
+                    "buggy": "internal", "nomatch": "no_match", "wrongtype": "internal"}
+        for name, reason in expected.items():
+            state = snap.route(name)
+            assert not state.up and state.error_reason == reason, name
+            assert state.errors_total[reason] == 3, name
+        assert hanging.calls == 1  # never stacked a second call on the hung one
+        # logged once per state change, not once per cycle
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "route dead" in r.getMessage()]
+        assert len(warnings) == 1
+        assert sum("route buggy" in r.getMessage() and r.exc_info is not None for r in caplog.records) == 1
+
+        response = requests.get(server.url + "/metrics", timeout=5)
+        assert response.status_code == 200
+        assert 'specwatch_route_up{route="good"} 1.0' in response.text
+        assert 'specwatch_route_up{route="hang"} 0.0' in response.text
+        assert 'specwatch_source_errors_total{reason="too_large",route="huge"} 3.0' in response.text
+        assert 'specwatch_route_drafts_total{route="good"} 300.0' in response.text
+    finally:
+        server.shutdown()
+        hanging.release.set()
+        d.close()
+
+
+def test_recovery_is_logged_and_counters_continue(no_evaluators, caplog):
+    good = CountingSource()
+    flaky = {"fail": False}
+
+    def sample(now):
+        if flaky["fail"]:
+            raise SourceError("http_status", "HTTP 503")
+        return good.sample(now)
+
+    source = RaisingSource(Exception())
+    source.sample = sample
+    clock = FakeClock()
+    d = Daemon(make_config("r"), source_factory=lambda r, c: source, clock=clock)
+    d.tick(clock.advance(5))
+    flaky["fail"] = True
+    snap = d.tick(clock.advance(5))
+    assert not snap.route("r").up and snap.route("r").drafts_total == 100
+    flaky["fail"] = False
+    with caplog.at_level(logging.INFO, logger="specwatch.daemon"):
+        snap = d.tick(clock.advance(5))
+    assert snap.route("r").up and snap.route("r").drafts_total == 200
+    assert any("works again" in r.getMessage() for r in caplog.records)
+
+
+def test_source_factory_failure_is_a_failed_scrape_and_is_retried(no_evaluators):
+    attempts = []
+
+    def factory(route, config):
+        attempts.append(route.name)
+        if len(attempts) == 1:
+            raise SourceError("connection", "cannot resolve host")
+        return CountingSource()
+
+    clock = FakeClock()
+    d = Daemon(make_config("r"), source_factory=factory, clock=clock)
+    assert d.tick(clock.advance(5)).route("r").error_reason == "connection"
+    assert d.tick(clock.advance(5)).route("r").up
+    assert attempts == ["r", "r"]
+
+
+class RecordingEvaluator:
+    def __init__(self, updates: dict | None = None, fail: bool = False) -> None:
+        self.updates, self.fail = updates or {}, fail
+        self.seen: list[tuple[Any, Any]] = []
+        self.closed = False
+
+    def evaluate(self, obs, gpus):
+        self.seen.append((obs, list(gpus)))
+        if self.fail:
+            raise RuntimeError("detector bug")
+        return self.updates
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeGpuSource:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def sample(self, now):
+        return True, (GpuSample(index=0, up=True, uuid="GPU-0", name="H200", fields={"gpu_power_watts": 300.0}),
+                      GpuSample(index=1, up=False))
+
+    def route_gpus(self, route_cfg):
+        return (0,)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_evaluators_merge_their_fields_and_a_failing_one_is_skipped(monkeypatch, caplog):
+    good = RecordingEvaluator({"baseline_ratio": 0.8, "degraded": False})
+    bad = RecordingEvaluator(fail=True)
+    wrong_field = RecordingEvaluator({"no_such_field": 1})
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [good, bad, wrong_field])
+    gpu = FakeGpuSource()
+    clock = FakeClock()
+    d = Daemon(make_config("r"), source_factory=lambda r, c: CountingSource(), gpu_source_factory=lambda g: gpu,
+               clock=clock)
+    with caplog.at_level(logging.ERROR, logger="specwatch.daemon"):
+        d.tick(clock.advance(5))
+        snap = d.tick(clock.advance(5))
+    route = snap.route("r")
+    assert route.up and route.baseline_ratio == 0.8 and route.degraded is False
+    assert len([r for r in caplog.records if "evaluator" in r.getMessage()]) == 2  # once each, not per cycle
+    obs, gpus = good.seen[-1]
+    assert obs.route == "r" and obs.up and obs.d_drafts == 100 and obs.window_acceptance["1m"] == 0.75
+    assert obs.gpus == (0,) and [g.index for g in gpus] == [0]
+    assert snap.nvml_up is True and [g.index for g in snap.gpus] == [0, 1] and route.gpus == (0,)
+    d.close()
+    assert good.closed and bad.closed and gpu.closed
+
+
+def test_reload_keeps_state_of_unchanged_routes_and_closes_removed_ones(monkeypatch):
+    built: dict[str, list[RecordingEvaluator]] = {}
+
+    def build(ctx, route):
+        built.setdefault(route.name, []).append(RecordingEvaluator())
+        return [built[route.name][-1]]
+
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", build)
+    sources: dict[str, list[CountingSource]] = {}
+
+    def factory(route, config):
+        sources.setdefault(route.name, []).append(CountingSource())
+        return sources[route.name][-1]
+
+    clock = FakeClock()
+    d = Daemon(make_config("keep", "change", "drop"), source_factory=factory, clock=clock)
+    d.tick(clock.advance(5))
+    d.tick(clock.advance(5))
+    new = parse_config({"interval": "1s", "scrape": {"timeout": "100ms"}, "gpu": {"enabled": "false"},
+                        "routes": [{"name": "keep", "url": "http://127.0.0.1:9/keep"},
+                                   {"name": "change", "url": "http://127.0.0.1:9/change", "drop": 0.3},
+                                   {"name": "added", "url": "http://127.0.0.1:9/added"}]})
+    clock.advance(1)
+    d.reload(new)
+    assert d.snapshot.config_last_reload_successful and d.snapshot.config_last_reload_success_timestamp == clock.now
+    assert sources["drop"][0].closed and built["drop"][0].closed
+    assert sources["change"][0].closed and built["change"][0].closed and len(built["change"]) == 2
+    assert not sources["keep"][0].closed and len(built["keep"]) == 1
+    snap = d.tick(clock.advance(5))
+    assert [r.name for r in snap.routes] == ["keep", "change", "added"]
+    assert snap.route("keep").drafts_total == 300  # same source, counters continue
+    # a new source, seen as an engine restart (100 < 200): the tracker keeps the corrected total going
+    assert snap.route("change").drafts_total == 300
+    assert snap.route("added").drafts_total == 100
+    d.reload_failed()
+    assert d.snapshot.config_last_reload_successful is False
+    assert d.tick(clock.advance(5)).config_last_reload_successful is False
+    d.close()
+
+
+def test_run_source_never_raises():
+    assert run_source(lambda: 1 / 0).reason == "internal"
+    assert run_source(lambda: (_ for _ in ()).throw(SourceError("parse", "x"))).reason == "parse"
+    outcome = run_source(lambda: "sample")
+    assert outcome.ok and outcome.sample == "sample" and outcome.duration_seconds >= 0
+
+
+def test_run_tick_counts_overruns_and_only_pets_after_a_completed_tick(no_evaluators):
+    clock = FakeClock()
+    d = Daemon(make_config("r"), source_factory=lambda r, c: CountingSource(), clock=clock)
+    petted = []
+    run_tick(d, interval_seconds=0.0, on_tick=petted.append)  # any tick is longer than 0 s
+    assert d.snapshot.evaluation_overruns_total == 1 and len(petted) == 1
+    d.tick = lambda now=None: (_ for _ in ()).throw(RuntimeError("hung loop"))
+    run_tick(d, interval_seconds=60.0, on_tick=petted.append)
+    assert len(petted) == 1
+
+
+def test_scheduler_smoke(no_evaluators):
+    d = Daemon(make_config("r"), source_factory=lambda r, c: CountingSource())
+    ticked = threading.Event()
+    scheduler = start_scheduler(d, 0.2, on_tick=lambda snap: ticked.set(), first_run_in=0.0)
+    try:
+        assert ticked.wait(5)
+        job = scheduler.get_jobs()[0]
+        assert job.max_instances == 1 and job.coalesce is True and job.misfire_grace_time >= 1
+    finally:
+        scheduler.shutdown(wait=True)
+        d.close()
+    assert d.snapshot.timestamp > 0 and d.snapshot.route("r").up

@@ -1,0 +1,217 @@
+"""The Prometheus collector and the HTTP endpoint, on hand-built snapshots.
+
+The golden file is regenerated with `SPECWATCH_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_export.py`;
+review its diff like code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch import catalog
+from specwatch.export import prometheus as prom_export
+from specwatch.export.http import parse_listen_address, serve
+from specwatch.export.prometheus import SnapshotCollector, render_families
+from specwatch.snapshot import EMPTY_SNAPSHOT, GpuSample, RouteState, Snapshot
+
+GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
+CORE_GPU = {"specwatch_gpu_up", "specwatch_gpu_info", "specwatch_nvml_up", "specwatch_route_gpu_info"}
+
+
+def gpu_field_keys() -> list[str]:
+    """Every per-GPU field metric registered in the catalog, as a GpuSample.fields key."""
+    return sorted(m.name[len(catalog.PREFIX):] for m in catalog.METRICS
+                  if m.labels == ("gpu",) and m.name not in CORE_GPU)
+
+
+def full_snapshot() -> Snapshot:
+    chat = RouteState(
+        name="chat", up=True, engine_kind="vllm", model_name="meta-llama/Llama-3.1-8B-Instruct",
+        engine_version="0.33.0", acceptance_source="counter", drafts_total=120000.0, draft_tokens_total=360000.0,
+        accepted_tokens_total=216000.0, acceptance_ratio={"1m": 0.58, "5m": 0.6, "1h": 0.62},
+        mean_acceptance_length={"1m": 2.74, "5m": 2.8, "1h": 2.86}, position_acceptance_ratio=(0.8, 0.6, 0.4),
+        draft_length=3.0, running_requests=24.0, waiting_requests=2.0, kv_usage_ratio=0.41,
+        scrape_duration_seconds=0.012, errors_total={"connection": 0.0, "timeout": 2.0}, gpus=(0, 1),
+        baseline_ratio=0.7, drop_ratio=0.142857, degraded=False, cusum_statistic=3.5, model_changes_total=1.0,
+        last_model_change_timestamp=1764400000.0, crossover_batch_size=32.0, crossover_source="sweep",
+        batch_size=12.0, above_crossover=False, predicted_speedup_ratio=1.35, compute_bound=False,
+    )
+    code = RouteState(
+        name="code", up=False, engine_kind="sglang", model_name="Qwen/Qwen3-8B", engine_version="0.5.10",
+        acceptance_source="gauge", error_reason="connection", errors_total={"connection": 7.0},
+        scrape_duration_seconds=0.001, degraded=True, baseline_ratio=float("nan"),  # NaN must never be exported
+    )
+    fields = {key: 0.25 if key.endswith("_ratio") else float(100 * (i + 1)) for i, key in enumerate(gpu_field_keys())}
+    gpus = (GpuSample(index=0, up=True, uuid="GPU-aaaa", name="NVIDIA H200", driver="570.86.15", fields=fields),
+            GpuSample(index=1, up=False, uuid="GPU-bbbb", name="NVIDIA H200", driver="570.86.15"))
+    return Snapshot(timestamp=1764403200.0, routes=(chat, code), gpus=gpus, nvml_up=True,
+                    evaluation_duration_seconds=0.0315, evaluation_overruns_total=1.0, state_errors_total=0.0,
+                    config_last_reload_successful=True, config_last_reload_success_timestamp=1764400000.0)
+
+
+def render(snapshot: Snapshot) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
+
+
+def test_golden_metrics():
+    text = render(full_snapshot())
+    if os.environ.get("SPECWATCH_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "rendering changed: review, then SPECWATCH_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH")
+def test_golden_passes_promtool_lint():
+    result = subprocess.run(["promtool", "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_catalog_coverage_both_directions():
+    families = list(text_string_to_metric_families(render(full_snapshot())))
+    rendered = {f.name + ("_total" if f.type == "counter" else "") for f in families}
+    assert rendered - set(catalog.BY_NAME) == set()  # every name rendered is in the catalog
+    assert set(catalog.BY_NAME) - rendered == set()  # every catalog entry is rendered when its data is present
+    for f in families:  # HELP and TYPE come from the catalog
+        spec = catalog.BY_NAME[f.name + ("_total" if f.type == "counter" else "")]
+        assert f.documentation == spec.help and f.type == spec.type
+        for sample in f.samples:
+            assert set(sample.labels) == set(spec.labels), sample
+            assert math.isfinite(sample.value), sample
+
+
+def test_absent_values_are_omitted():
+    text = render(full_snapshot())
+    assert 'baseline_ratio{route="code"}' not in text  # NaN in the snapshot
+    assert 'specwatch_route_acceptance_ratio{route="code"' not in text
+    assert 'specwatch_route_drafts_total{route="code"}' not in text  # gauge route: no counters
+    assert 'specwatch_route_acceptance_degraded{route="code"} 1.0' in text
+    empty = render(EMPTY_SNAPSHOT)
+    assert "specwatch_build_info" in empty and "last_evaluation_timestamp" not in empty and "nvml_up" not in empty
+
+
+def test_a_failing_section_costs_only_itself(monkeypatch, caplog):
+    def broken(snapshot, families):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(prom_export, "_SECTIONS", (broken, *prom_export._SECTIONS))
+    names = {f.name for f in render_families(full_snapshot())}
+    assert "specwatch_route_up" in names and "specwatch_gpu_up" in names
+    assert any("rendering broken failed" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_gpu_field_is_not_exported():
+    snap = Snapshot(timestamp=1.0, nvml_up=True, gpus=(GpuSample(index=0, up=True, fields={"gpu_bogus_thing": 1.0}),))
+    text = render(snap)
+    assert "bogus" not in text and 'specwatch_gpu_up{gpu="0"} 1.0' in text
+
+
+def test_collector_survives_a_failing_snapshot_getter():
+    def boom():
+        raise RuntimeError("no snapshot")
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(boom))
+    assert generate_latest(registry) == b""
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+@pytest.fixture
+def server():
+    state = {"snapshot": EMPTY_SNAPSHOT}
+    srv = serve("127.0.0.1:0", lambda: state["snapshot"])
+    srv.state = state
+    yield srv
+    srv.shutdown()
+
+
+def test_http_endpoints(server):
+    url = server.url
+    assert requests.get(url + "/-/healthy", timeout=5).status_code == 200
+    assert requests.get(url + "/-/ready", timeout=5).status_code == 503
+    server.state["snapshot"] = full_snapshot()
+    assert requests.get(url + "/-/ready", timeout=5).status_code == 200
+    r = requests.get(url + "/metrics", timeout=5, headers={"Accept-Encoding": "identity"})
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert r.text == render(full_snapshot())
+    raw = requests.get(url + "/metrics", timeout=5, headers={"Accept-Encoding": "gzip"}, stream=True).raw
+    assert raw.headers["Content-Encoding"] == "gzip" and gzip.decompress(raw.read()).decode() == r.text
+    om = requests.get(url + "/metrics", timeout=5, headers={"Accept": "application/openmetrics-text"})
+    assert om.headers["Content-Type"].startswith("application/openmetrics-text") and om.text.endswith("# EOF\n")
+    doc = requests.get(url + "/api/v1/routes", timeout=5).json()
+    assert doc["timestamp"] == 1764403200.0 and [r["name"] for r in doc["routes"]] == ["chat", "code"]
+    assert doc["routes"][0]["acceptance_ratio"]["5m"] == 0.6 and doc["routes"][1]["baseline_ratio"] is None
+    index = requests.get(url + "/", timeout=5)
+    assert index.status_code == 200 and 'href="metrics"' in index.text
+    assert requests.get(url + "/nope", timeout=5).status_code == 404
+
+
+class FakeWebConfig:
+    def __init__(self, context=None) -> None:
+        self.context = context
+
+    def ssl_context(self):
+        return self.context
+
+    def authorize(self, headers) -> bool:
+        return headers.get("Authorization") == "Basic dTpw"  # u:p
+
+
+def test_http_basic_auth_refuses_without_detail():
+    srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig())
+    try:
+        for path in ("/metrics", "/api/v1/routes", "/"):
+            r = requests.get(srv.url + path, timeout=5)
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
+            assert "specwatch_" not in r.text
+        assert requests.get(srv.url + "/metrics", auth=("u", "p"), timeout=5).status_code == 200
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not on PATH")
+def test_http_tls(tmp_path):
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=30)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig(context))
+    try:
+        assert srv.url.startswith("https://")
+        r = requests.get(srv.url + "/metrics", auth=("u", "p"), verify=str(cert), timeout=5)
+        assert r.status_code == 200 and "specwatch_route_up" in r.text
+    finally:
+        srv.shutdown()
+
+
+def test_parse_listen_address():
+    assert parse_listen_address("127.0.0.1:9448") == ("127.0.0.1", 9448)
+    assert parse_listen_address("[::1]:9448") == ("::1", 9448)
+    assert parse_listen_address(":9448") == ("", 9448)
+    for bad in ("9448", "host:", "host:http", "h:70000"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            parse_listen_address(bad)
+
+
+def test_routes_json_is_strict_json(server):
+    server.state["snapshot"] = full_snapshot()
+    body = requests.get(server.url + "/api/v1/routes", timeout=5).text
+    assert "NaN" not in body
+    json.loads(body)
