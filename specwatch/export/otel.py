@@ -3,8 +3,8 @@
 One observable instrument per catalog metric, with the Prometheus name, a unit derived from the name's unit
 suffix and the catalog's labels as attributes; catalog counters become observable counters (cumulative
 monotonic sums), everything else observable gauges. A `PeriodicExportingMetricReader` collects every
-`otlp.interval`; the callbacks read the current Snapshot, rendered once per Snapshot however many
-instruments ask, and never mutate anything the loop owns.
+`otlp.interval`; the callbacks read the current Snapshot, rendered once per Snapshot (by the Prometheus
+collector's `render_families`, so the two exports cannot drift apart) however many instruments ask.
 
     otlp:
       endpoint: https://otel-collector:4318     # a bare host gets /v1/metrics appended
@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from specwatch import __version__, catalog
 from specwatch.config import ConfigError, OtlpConfig
+from specwatch.export.prometheus import render_families
 from specwatch.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -58,66 +59,13 @@ def metrics_endpoint(endpoint: str, protocol: str) -> str:
 
 # --------------------------------------------------------------------------- Snapshot -> samples
 def render(snap: Snapshot) -> dict[str, list[Sample]]:
-    """Every sample of `snap`, keyed by metric name, with the labels the Prometheus exposition carries.
-    Absent values (None) are omitted, never sent as 0; booleans are 0/1."""
+    """Every sample of `snap` keyed by catalog name, taken from the Prometheus collector's own rendering, so
+    both exports carry the same names, labels and values by construction (absent values stay absent)."""
     out: dict[str, list[Sample]] = defaultdict(list)
-
-    def add(metric: str, value: float | bool | None, /, **labels: str) -> None:
-        if value is not None:
-            out[catalog.PREFIX + metric].append((float(value), labels))
-
-    add("build_info", 1, version=__version__)
-    if snap.timestamp > 0:
-        add("last_evaluation_timestamp_seconds", snap.timestamp)
-    add("evaluation_duration_seconds", snap.evaluation_duration_seconds)
-    add("evaluation_overruns_total", snap.evaluation_overruns_total)
-    add("config_last_reload_successful", snap.config_last_reload_successful)
-    add("config_last_reload_success_timestamp_seconds", snap.config_last_reload_success_timestamp)
-    add("state_errors_total", snap.state_errors_total)
-
-    for r in snap.routes:
-        route = r.name
-        add("route_up", r.up, route=route)
-        add("route_info", 1, route=route, engine_kind=r.engine_kind, model_name=r.model_name,
-            engine_version=r.engine_version, acceptance_source=r.acceptance_source)
-        add("source_scrape_duration_seconds", r.scrape_duration_seconds, route=route)
-        for reason, count in r.errors_total.items():
-            add("source_errors_total", count, route=route, reason=reason)
-        add("route_drafts_total", r.drafts_total, route=route)
-        add("route_draft_tokens_total", r.draft_tokens_total, route=route)
-        add("route_accepted_tokens_total", r.accepted_tokens_total, route=route)
-        for window, ratio in r.acceptance_ratio.items():
-            add("route_acceptance_ratio", ratio, route=route, window=window)
-        for window, tau in r.mean_acceptance_length.items():
-            add("route_mean_acceptance_length", tau, route=route, window=window)
-        for position, p in enumerate(r.position_acceptance_ratio):
-            add("route_position_acceptance_ratio", p, route=route, position=str(position), window="5m")
-        add("route_draft_length", r.draft_length, route=route)
-        add("route_running_requests", r.running_requests, route=route)
-        add("route_waiting_requests", r.waiting_requests, route=route)
-        add("route_kv_cache_usage_ratio", r.kv_usage_ratio, route=route)
-        add("route_acceptance_baseline_ratio", r.baseline_ratio, route=route)
-        add("route_acceptance_drop_ratio", r.drop_ratio, route=route)
-        add("route_acceptance_degraded", r.degraded, route=route)
-        add("route_acceptance_cusum", r.cusum_statistic, route=route)
-        add("route_model_changes_total", r.model_changes_total, route=route)
-        add("route_last_model_change_timestamp_seconds", r.last_model_change_timestamp, route=route)
-        if r.crossover_batch_size is not None:
-            add("route_crossover_batch_size", r.crossover_batch_size, route=route, source=r.crossover_source)
-        add("route_batch_size", r.batch_size, route=route)
-        add("route_above_crossover", r.above_crossover, route=route)
-        add("route_predicted_speedup_ratio", r.predicted_speedup_ratio, route=route)
-        add("route_compute_bound", r.compute_bound, route=route)
-        for gpu in r.gpus:
-            add("route_gpu_info", 1, route=route, gpu=str(gpu))
-
-    add("nvml_up", snap.nvml_up)
-    for g in snap.gpus:
-        gpu = str(g.index)
-        add("gpu_up", g.up, gpu=gpu)
-        add("gpu_info", 1, gpu=gpu, uuid=g.uuid, name=g.name, driver=g.driver)
-        for field_name, value in g.fields.items():
-            add(field_name, value, gpu=gpu)
+    for family in render_families(snap):
+        for sample in family.samples:
+            if sample.name in catalog.BY_NAME:  # counters' `_created` companions have no OTLP equivalent
+                out[sample.name].append((sample.value, sample.labels))
     return out
 
 
@@ -136,7 +84,6 @@ class OtlpExport:
         self._lock = threading.Lock()
         self._rendered_for: Snapshot | None = None
         self._rendered: dict[str, list[Sample]] = {}
-        self._unknown_logged: set[str] = set()
 
         self._reader = PeriodicExportingMetricReader(
             exporter if exporter is not None else _build_exporter(cfg),
@@ -163,9 +110,6 @@ class OtlpExport:
                     log.exception("otlp: cannot render the snapshot; exporting nothing this cycle")
                     self._rendered = {}
                 self._rendered_for = snap
-                for unknown in set(self._rendered) - set(catalog.BY_NAME) - self._unknown_logged:
-                    log.warning("otlp: %s is not in the catalog; not exported", unknown)
-                    self._unknown_logged.add(unknown)
             return self._rendered.get(name, [])
 
     def _callback_for(self, name: str):
