@@ -136,3 +136,24 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
         i = len(xs) - 1
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def crossover_batch(model: StepTimeModel, k: int, tokens_per_step: float, max_batch: float = 1024.0) -> float | None:
+    """The batch at which speculation stops paying: tokens_per_step x t(B, 1) = t_spec(B), by bisection.
+
+    `tokens_per_step` is the expected tokens one verify step emits (1 + E[accepted]). None when speculation
+    still wins at `max_batch`; 1.0 when it never wins.
+    """
+    def speedup(batch: float) -> float:
+        return tokens_per_step * model.target_seconds(batch, 1) / (
+            model.target_seconds(batch, k + 1) + k * model.draft_seconds(batch))
+
+    if k <= 0 or speedup(max_batch) >= 1.0:
+        return None
+    lo, hi = 1.0, max_batch
+    if speedup(lo) < 1.0:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speedup(mid) >= 1.0 else (lo, mid)
+    return (lo + hi) / 2

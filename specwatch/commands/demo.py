@@ -1,0 +1,134 @@
+"""`specwatch demo`: SIMULATED engines and a real specwatch daemon together, with a live status table.
+
+No config, no GPU, no network beyond loopback. Starts the engines of the packaged demo plan (a simulated
+vLLM with 2 DP engines and a simulated SGLang), runs the daemon in-process against them with a generated
+config (state in a temporary directory), prints the URLs, and refreshes the status table until Ctrl-C or
+`--duration` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from specwatch.commands.status import render_status_table
+from specwatch.config import ConfigError, parse_config
+from specwatch.daemon import Daemon
+from specwatch.export.http import routes_document, serve
+from specwatch.scheduler import start_scheduler
+from specwatch.simulator.demo import daemon_config, load_demo_plan, simulation_spec
+from specwatch.simulator.launch import start_inprocess
+from specwatch.simulator.server import RunningSimulator
+
+log = logging.getLogger(__name__)
+
+NON_TTY_PRINT_EVERY_SECONDS = 15.0  # scripted runs: a table every so often, not a redraw every second
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=0.0,
+                        help="stop after this many seconds (default: run until Ctrl-C)")
+    parser.add_argument("--time-scale", type=float, help="simulated engines run S x real time (default: the plan's, 10)")
+    parser.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:0",
+                        help="where the daemon serves /metrics and /api/v1/routes (default: a free loopback port)")
+    parser.add_argument("--refresh", type=float, default=1.0, help="status table refresh interval, seconds")
+    parser.add_argument("--state-dir", help="baseline state directory (default: a temporary one, removed at exit)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed of the simulated engines (default 1)")
+
+
+def main(args: argparse.Namespace) -> int:
+    plan = load_demo_plan()
+    time_scale = args.time_scale or plan.time_scale
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # logs and CI: room for every column
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per tick would drown the table
+    sims: dict[str, RunningSimulator] = {}
+    daemon = server = scheduler = None
+    final = None
+    tmp = None if args.state_dir else tempfile.TemporaryDirectory(prefix="specwatch-demo-")
+    try:
+        specs = {r.name: simulation_spec(r, time_scale, seed=args.seed + 100 * i) for i, r in enumerate(plan.routes)}
+        for route in plan.routes:
+            sims[route.name] = start_inprocess(specs[route.name])
+        raw = daemon_config(plan, {n: s.url + "/metrics" for n, s in sims.items()}, specs,
+                            args.state_dir or tmp.name)
+        config = parse_config(raw, "demo config")
+        daemon = Daemon(config)
+        server = serve(args.listen_address, lambda: daemon.snapshot)
+        daemon.tick()
+        scheduler = start_scheduler(daemon, config.interval_seconds)
+        _banner(console, plan.description, sims, server.url, time_scale)
+        _watch(console, daemon, sims, args.duration, args.refresh)
+    except KeyboardInterrupt:
+        pass
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"specwatch demo: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if scheduler is not None:
+            scheduler.shutdown(wait=True)
+        if daemon is not None:
+            final = daemon.snapshot
+        for sim in sims.values():
+            sim.stop()
+        if server is not None:
+            server.shutdown()
+        if daemon is not None:
+            daemon.close()
+        if tmp is not None:
+            tmp.cleanup()
+    if final is not None:
+        console.print(_frame(routes_document(final), sims, final=True))
+    return 0
+
+
+def _banner(console: Console, description: str, sims: dict[str, RunningSimulator], daemon_url: str,
+            time_scale: float) -> None:
+    console.print(Text("specwatch demo: SIMULATED engines (specwatch simulator), no GPU involved", style="bold"))
+    if description:
+        console.print(description)
+    for name, sim in sims.items():
+        s = sim.simulation
+        console.print(f"  route {name}: SIMULATED {s.kind} {s.version}, {len(s.engines)} engine(s), "
+                      f"{sim.url}/metrics")
+    console.print(f"  daemon: {daemon_url}/metrics  {daemon_url}/api/v1/routes  "
+                  f"(engines run {time_scale:g}x real time; Ctrl-C to stop)")
+
+
+def _watch(console: Console, daemon: Daemon, sims: dict[str, RunningSimulator], duration: float,
+           refresh: float) -> None:
+    deadline = time.monotonic() + duration if duration > 0 else None
+    if console.is_terminal:
+        with Live(_frame(routes_document(daemon.snapshot), sims), console=console, auto_refresh=False) as live:
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(_nap(refresh, deadline))
+                live.update(_frame(routes_document(daemon.snapshot), sims), refresh=True)
+        return
+    next_print = time.monotonic() + NON_TTY_PRINT_EVERY_SECONDS
+    while deadline is None or time.monotonic() < deadline:
+        time.sleep(_nap(refresh, deadline))
+        if time.monotonic() >= next_print:
+            console.print(_frame(routes_document(daemon.snapshot), sims))
+            next_print += NON_TTY_PRINT_EVERY_SECONDS
+
+
+def _nap(refresh: float, deadline: float | None) -> float:
+    if deadline is None:
+        return refresh
+    return max(0.0, min(refresh, deadline - time.monotonic()))
+
+
+def _frame(doc: dict[str, Any], sims: dict[str, RunningSimulator], final: bool = False) -> Group:
+    clocks = ", ".join(f"{name} t={sim.simulation.clock.now() / 60:.1f} min offered "
+                       f"{sim.simulation.status()['offered_concurrency']:.0f}" for name, sim in sims.items())
+    head = Text(("final state" if final else "live") + f" (simulated engines: {clocks})", style="dim")
+    return Group(render_status_table(doc), head)
