@@ -1,0 +1,354 @@
+"""Acceptance-drop detector: has a route's draft acceptance fallen to (1 - drop) x its baseline?
+
+Per route and cycle (docs/detection.md has the reasoning and the tuning guide):
+
+1. Learn: the first `warmup` tokens of a (model, engine version, k) key give a provisional baseline r0 with
+   its overdispersion φ. It keeps refining on quiet traffic until `pin_drafted_tokens` or `pin_duration`,
+   then it is pinned. A baseline pinned in the config is used as is.
+2. Evidence: a one-sided Bernoulli CUSUM between r_ok = (1 - drop/3) r0 and r_bad = (1 - drop) r0 (0.95 and
+   0.85 for drop 0.15), each interval's log-likelihood ratio divided by φ. r0 is first lowered by two of its
+   own standard errors, so a baseline learned from little traffic cannot page on its own noise.
+3. Page (`degraded`) when S >= h, the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
+   and the short-window Wilson upper bound is below r_ok (the drop is still going on).
+4. Resolve when the short-window Wilson lower bound is above (1 - 2 drop/3) r0 (0.90 r0); S restarts at 0.
+5. Model change (new model, engine version or k): the old baseline stays the reference, a Wald SPRT on the
+   same likelihood ratio gives a verdict ("regressed" pages like the CUSUM), the new key learns its own
+   baseline, adopted after `adopt_after` with a "no_regression" verdict and no page.
+
+Cost per cycle: a few float operations; the store writes only on learning events and every persist period.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Mapping, Sequence
+
+from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
+from specwatch.detection.cusum import Cusum, LogLikelihoodRatio, Sprt
+from specwatch.detection.wilson import wilson_bounds
+from specwatch.detectors.base import EvaluatorContext
+from specwatch.snapshot import GpuSample, RouteObservation
+from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineLearner, BaselineStore
+
+log = logging.getLogger(__name__)
+
+STORE_KEY = "baseline_store"
+STATE_VERSION = 1
+BASELINE_STDERR_DISCOUNT = 2.0  # r0 is lowered by this many standard errors before testing
+CUSUM_CAP_FACTOR = 2.0  # S is capped at this x h so that it drains quickly after a recovery
+MAX_WINDOW_SECONDS = 6 * 3600.0  # the short window never reaches further back, however quiet the route
+REFRESH_GROWTH = 1.25  # a provisional baseline is recomputed when its sample has grown by this factor
+
+
+def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDropEvaluator":
+    store = ctx.shared.get(STORE_KEY)
+    if store is None:
+        store = BaselineStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
+        ctx.shared[STORE_KEY] = store
+    return AcceptanceDropEvaluator(route, store)
+
+
+class ShortWindow:
+    """Accepted/drafted sums over the last `seconds`, stretched back to hold at least `min_tokens`."""
+
+    def __init__(self, seconds: float, min_tokens: float) -> None:
+        self.seconds, self.min_tokens = seconds, min_tokens
+        self._items: deque[tuple[float, float, float]] = deque()
+        self.accepted = 0.0
+        self.drafted = 0.0
+
+    def add(self, now: float, accepted: float, drafted: float) -> None:
+        if drafted > 0:
+            self._items.append((now, accepted, drafted))
+            self.accepted += accepted
+            self.drafted += drafted
+        items = self._items
+        while len(items) > 1:
+            ts, a, d = items[0]
+            age = now - ts
+            if age > MAX_WINDOW_SECONDS or (age > self.seconds and self.drafted - d >= self.min_tokens):
+                items.popleft()
+                self.accepted -= a
+                self.drafted -= d
+            else:
+                break
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.accepted = self.drafted = 0.0
+
+    def ratio(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted > 0 else None
+
+
+class AcceptanceDropEvaluator:
+    """RouteEvaluator for one route (see module docstring). Not thread-safe: the daemon loop owns it."""
+
+    def __init__(self, route: RouteConfig, store: BaselineStore) -> None:
+        self.route = route.name
+        self.cfg: DetectionConfig = route.detection
+        self.pinned: PinnedBaseline | None = route.baseline
+        self.store = store
+        self.key: BaselineKey | None = None
+        self.reference: Baseline | None = None
+        self.learner = BaselineLearner()  # the current key's traffic
+        self.cusum = Cusum(cap=CUSUM_CAP_FACTOR * self.cfg.cusum_threshold)
+        self.sprt: Sprt | None = None  # running while a changed model is judged against the old baseline
+        self.change_ts: float | None = None
+        self.degraded = False
+        self.model_changes_total = 0
+        self.last_model_change: float | None = None
+        self.window = ShortWindow(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
+        self._test: tuple[LogLikelihoodRatio, float, float, float, float] | None = None
+        self._restore()
+        store.register(self.route, self.persisted_state)
+
+    # ------------------------------------------------------------------ RouteEvaluator
+    def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample] = ()) -> Mapping[str, Any]:
+        now = obs.ts
+        self.store.tick(now)
+        for action in self.store.take_commands(self.route):
+            self._apply_command(action, now)
+        if obs.up:
+            key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0))
+            if self.key is None:
+                self._enter_key(key)
+            elif key != self.key:
+                self._model_changed(key, now)
+            elif obs.reset:
+                self._count_change(now)  # a restart may have swapped weights under the same name
+            self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos)
+        return self.fields()
+
+    def close(self) -> None:
+        self.store.unregister(self.route)
+
+    def fields(self) -> dict[str, Any]:
+        ref = self.reference
+        out: dict[str, Any] = {"model_changes_total": float(self.model_changes_total),
+                               "last_model_change_timestamp": self.last_model_change}
+        if ref is None or self._test is None:
+            return out
+        current = self.window.ratio()
+        out.update(baseline_ratio=ref.acceptance_ratio, degraded=self.degraded,
+                   cusum_statistic=self.cusum.statistic,
+                   drop_ratio=None if current is None else 1.0 - current / ref.acceptance_ratio)
+        return out
+
+    @property
+    def sprt_verdict(self) -> str:
+        return self.sprt.verdict if self.sprt is not None else ""
+
+    # ------------------------------------------------------------------ the cycle
+    def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float]) -> None:
+        self.window.add(now, accepted, drafted)
+        if drafted <= 0:
+            return
+        if self.reference is None:
+            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            self._maybe_set_first_reference(now)
+            return
+        if self._test is None:  # a baseline too close to 1 to test a drop against: only learn
+            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            return
+        llr_of, h, r_ok, r_resolve, phi = self._test
+        llr = llr_of(accepted, drafted)
+        self.cusum.update(llr, drafted, now)
+        if self.sprt is not None:
+            self.sprt.update(llr, drafted)
+        own_key = self.reference.key == self.key
+        # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
+        # after a model change the new key learns from everything, since that is what `accept` adopts.
+        if not own_key or (not self.degraded and self.cusum.statistic < h / 2):
+            self.learner.add(now, accepted, drafted, drafts, per_pos)
+        self._decide(now, h, r_ok, r_resolve, phi)
+        if own_key:
+            self._maybe_refine(now)
+        else:
+            self._maybe_adopt(now)
+
+    def _decide(self, now: float, h: float, r_ok: float, r_resolve: float, phi: float) -> None:
+        lower, upper = wilson_bounds(self.window.accepted / phi, self.window.drafted / phi)
+        if not self.degraded:
+            c, cfg = self.cusum, self.cfg
+            by_cusum = (c.statistic >= h and c.excursion_seconds(now) >= cfg.min_duration_seconds
+                        and c.excursion_tokens >= cfg.min_drafted_tokens)
+            by_sprt = (self.sprt is not None and self.sprt.verdict == "regressed"
+                       and self.sprt.tokens >= cfg.min_drafted_tokens)
+            if (by_cusum or by_sprt) and upper < r_ok:
+                self.degraded = True
+                log.warning("route %s: acceptance dropped: %.3f over the short window vs baseline %.3f (%s)",
+                            self.route, self.window.ratio() or 0.0, self.reference.acceptance_ratio,
+                            "CUSUM" if by_cusum else "SPRT after a model change")
+        elif lower > r_resolve:
+            self.degraded = False
+            self.cusum.reset()
+            if self.sprt is not None:
+                self.sprt = Sprt()  # judge the recovered model afresh before adopting it
+            log.info("route %s: acceptance back to baseline (%.3f vs %.3f)", self.route,
+                     self.window.ratio() or 0.0, self.reference.acceptance_ratio)
+
+    # ------------------------------------------------------------------ baselines
+    def _maybe_set_first_reference(self, now: float) -> None:
+        cfg, key = self.cfg, self.key
+        assert key is not None
+        if self.pinned is not None:
+            phi = self.pinned.overdispersion
+            if phi is None:
+                if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
+                    return
+                phi = self.learner.dispersion.conservative_estimate() or 1.0
+            self._set_reference(Baseline(
+                route=self.route, key=key, acceptance_ratio=self.pinned.acceptance_ratio,
+                position_acceptance=self.pinned.position_acceptance, overdispersion=phi, source="config",
+                created=now, updated=now), persist=False)
+        elif self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
+            self._set_reference(self._learned(now, "learned", created=None), persist=True)
+            log.info("route %s: learned baseline %.3f (φ %.1f) for %s", self.route,
+                     self.reference.acceptance_ratio, self.reference.overdispersion, key.label())
+
+    def _learned(self, now: float, source: str, created: float | None) -> Baseline:
+        assert self.key is not None
+        pinned = (self.learner.drafted >= self.cfg.pin_drafted_tokens
+                  or self.learner.seconds(now) >= self.cfg.pin_seconds)
+        return self.learner.baseline(self.route, self.key, now, source, pinned, created)
+
+    def _maybe_refine(self, now: float) -> None:
+        ref = self.reference
+        if ref is None or ref.pinned or ref.source == "config":
+            return
+        if self.learner.drafted < REFRESH_GROWTH * ref.drafted_tokens and not (
+                self.learner.drafted >= self.cfg.pin_drafted_tokens or self.learner.seconds(now) >= self.cfg.pin_seconds):
+            return
+        self._set_reference(self._learned(now, ref.source, created=ref.created), persist=True, keep_evidence=True)
+        if self.reference.pinned:
+            log.info("route %s: baseline %.3f pinned for %s after %.0f drafted tokens", self.route,
+                     self.reference.acceptance_ratio, self.reference.key.label(), self.reference.drafted_tokens)
+
+    def _maybe_adopt(self, now: float) -> None:
+        cfg = self.cfg
+        if (self.sprt is None or self.sprt.verdict != "no_regression" or self.degraded or self.change_ts is None
+                or now - self.change_ts < cfg.adopt_after_seconds
+                or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)):
+            return
+        old = self.reference
+        self._set_reference(self._learned(now, "adopted", created=None), persist=True)
+        self.sprt = None
+        log.info("route %s: adopted the baseline %.3f of %s after a clean period (was %.3f for %s)", self.route,
+                 self.reference.acceptance_ratio, self.reference.key.label(), old.acceptance_ratio if old else 0.0,
+                 old.key.label() if old else "-")
+
+    def _set_reference(self, baseline: Baseline, persist: bool, keep_evidence: bool = False) -> None:
+        self.reference = baseline
+        if persist:
+            self.store.put(baseline)
+        r0 = baseline.acceptance_ratio * max(0.5, 1.0 - BASELINE_STDERR_DISCOUNT * baseline.relative_stderr())
+        drop = self.cfg.drop
+        r_ok, r_bad, r_resolve = r0 * (1.0 - drop / 3.0), r0 * (1.0 - drop), r0 * (1.0 - 2.0 * drop / 3.0)
+        if not 0.0 < r_bad < r_ok < 1.0:
+            log.warning("route %s: baseline %.4f leaves no room to test a drop; detection is off", self.route,
+                        baseline.acceptance_ratio)
+            self._test = None
+            return
+        phi = max(1.0, baseline.overdispersion)
+        self._test = (LogLikelihoodRatio.between(r_ok, r_bad, phi), self.cfg.cusum_threshold, r_ok, r_resolve, phi)
+        if not keep_evidence:
+            self.cusum.reset()
+
+    # ------------------------------------------------------------------ model changes
+    def _count_change(self, now: float) -> None:
+        self.model_changes_total += 1
+        self.last_model_change = now
+
+    def _enter_key(self, key: BaselineKey) -> None:
+        self.key = key
+        self.learner = BaselineLearner()
+        if self.pinned is None:
+            stored = self.store.get(self.route, key)
+            if stored is not None:
+                self._set_reference(stored, persist=False)
+
+    def _model_changed(self, key: BaselineKey, now: float) -> None:
+        old_key = self.key
+        self._count_change(now)
+        self.change_ts = now
+        self.key = key
+        self.learner = BaselineLearner()
+        self.window.clear()
+        stored = self.store.get(self.route, key) if self.pinned is None else None
+        log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-",
+                 key.label())
+        if stored is not None:  # a known key (e.g. a rollback): its own baseline applies at once
+            self.sprt = None
+            self.degraded = False
+            self._set_reference(stored, persist=False)
+        elif self.reference is not None and self.pinned is None:
+            self.sprt = Sprt()  # the old baseline stays the reference until the new model earns its own
+
+    # ------------------------------------------------------------------ operator commands
+    def _apply_command(self, action: str, now: float) -> None:
+        log.info("route %s: operator %s", self.route, action)
+        self.reference, self._test, self.sprt, self.degraded = None, None, None, False
+        self.cusum.reset()
+        self.window.clear()
+        self.learner = BaselineLearner()
+        if action == "accept" and self.key is not None:
+            self._enter_key(self.key)  # the CLI has written the accepted baseline for the current key
+        # "reset": the CLI deleted the route's baselines; learn again from scratch
+
+    # ------------------------------------------------------------------ persistence
+    def persisted_state(self) -> dict[str, Any]:
+        c, s = self.cusum, self.sprt
+        return {
+            "version": STATE_VERSION,
+            "key": _key_json(self.key),
+            "reference_key": _key_json(self.reference.key) if self.reference is not None else None,
+            "learner": self.learner.to_json(),
+            "cusum": [c.statistic, c.excursion_start, c.excursion_tokens],
+            "sprt": [s.llr, s.tokens, s.verdict] if s is not None else None,
+            "change_ts": self.change_ts,
+            "degraded": self.degraded,
+            "model_changes_total": self.model_changes_total,
+            "last_model_change": self.last_model_change,
+        }
+
+    def _restore(self) -> None:
+        state = self.store.route_state(self.route)
+        if not state or state.get("version") != STATE_VERSION:
+            return
+        try:
+            key = _key_from(state["key"])
+            ref_key = _key_from(state["reference_key"])
+            learner = BaselineLearner.from_json(state["learner"])
+            statistic, start, tokens = state["cusum"]
+            sprt = Sprt(float(state["sprt"][0]), float(state["sprt"][1]), str(state["sprt"][2])) \
+                if state["sprt"] else None
+            changes, last_change = int(state["model_changes_total"]), state["last_model_change"]
+            degraded, change_ts = bool(state["degraded"]), state["change_ts"]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self.store.errors.append(f"route {self.route}: unreadable detector state ({exc!r}); starting afresh")
+            log.error("route %s: unreadable detector state (%r); starting afresh", self.route, exc)
+            return
+        self.key = key
+        self.model_changes_total, self.last_model_change, self.change_ts = changes, last_change, change_ts
+        self.learner = learner
+        if self.pinned is None and ref_key is not None:
+            ref = self.store.get(self.route, ref_key)
+            if ref is not None:
+                self._set_reference(ref, persist=False)
+        if self._test is not None:
+            self.cusum.statistic = min(float(statistic), self.cusum.cap)
+            self.cusum.excursion_start, self.cusum.excursion_tokens = start, float(tokens)
+            self.sprt, self.degraded = sprt, degraded
+
+
+def _key_json(key: BaselineKey | None) -> list[Any] | None:
+    return None if key is None else [key.model_name, key.engine_version, key.k]
+
+
+def _key_from(raw: Any) -> BaselineKey | None:
+    if raw is None:
+        return None
+    model, version, k = raw
+    return BaselineKey(str(model), str(version), int(k))

@@ -1,0 +1,245 @@
+"""SIMULATED acceptance traces: cumulative counters of one route, one scrape per `interval` (docs/detection.md §8).
+
+The model, per request: a scale s = u / m with u ~ Beta(κm, κ(1-m)) (request heterogeneity) multiplies the
+profile's conditional acceptance α_j; each verify step accepts a prefix (step j is tried only if j-1 was
+accepted), so the number of steps reaching position j is Binomial(steps reaching j-1, α_j). Output length
+is log-normal; the number of steps is tokens / (1 + accepted per step).
+
+Speed: an interval with few requests draws each request exactly. A busy interval (more than EXACT_MAX
+requests) draws the interval's mean scale from its normal approximation and applies a linearised, Monte
+Carlo calibrated p_j(s) (mean and slope over the Beta), so 30 days at 2 req/s take a second or two.
+
+Traffic is Poisson with an optional daily swing; drops scale every α_j so that the mean acceptance ratio
+falls by the requested fraction; a model change renames the model and restarts the counters from zero.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterator
+
+from specwatch.replay import TraceSample
+
+# Unconditional per-position acceptance p_j (share of drafts whose j-th token is accepted).
+PROFILES: dict[str, tuple[float, ...]] = {
+    "eagle": (0.68, 0.39, 0.20, 0.10, 0.06, 0.03, 0.02),  # vLLM dynamic SD example, EAGLE-1
+    "eagle3": (0.76, 0.54, 0.39, 0.28, 0.21, 0.15, 0.12),  # vLLM dynamic SD example, EAGLE-3
+    "mtp": (0.92, 0.68, 0.38),  # arXiv 2601.11580
+    "ngram": (0.543, 0.357, 0.264),  # vllm-project/vllm#19254
+}
+BETA_MEAN = 0.7  # m: the mean of u; s = u / m has mean 1
+MAX_ALPHA = 0.98
+LENGTH_SIGMA = 0.5  # log-normal sigma of output lengths
+EXACT_MAX = 2  # intervals with at most this many requests are drawn request by request
+_MC_DRAWS = 2048
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Drop:
+    start: float  # seconds from the trace start
+    ratio: float  # relative fall of the mean acceptance ratio, e.g. 0.20
+    end: float | None = None  # None: until the end of the trace
+
+
+@dataclass(frozen=True)
+class ModelChange:
+    at: float  # seconds from the trace start
+    model_name: str
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    route: str = "chat"
+    model_name: str = "model-a"
+    profile: str = "eagle3"
+    k: int = 4
+    rate: float = 2.0  # requests per second, daily mean
+    start: float = 1_700_000_000.0  # unix seconds of the first scrape
+    duration: float = DAY
+    interval: float = 15.0  # scrape interval
+    kappa: float = 30.0  # Beta concentration: lower = more request heterogeneity
+    mean_tokens: float = 300.0  # mean output tokens per request
+    diurnal: float = 0.3  # relative amplitude of the daily traffic swing
+    step_seconds: float = 0.02  # one verify step, for the running-requests gauge
+    drops: tuple[Drop, ...] = ()
+    changes: tuple[ModelChange, ...] = ()
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class _Acceptance:
+    """p_j(s) for one profile, k, κ and drop scale: exact per request, or linearised around s = 1."""
+
+    alphas: tuple[float, ...]  # conditional α_j before the request scale
+    mean_p: tuple[float, ...]  # E[p_j] over s, weighted by steps per token (as drafted tokens weigh them)
+    slope_p: tuple[float, ...]  # weighted Cov(p_j, s) / Var(s)
+    scale_sd: float  # sd of s
+    steps_per_token: float = 1.0  # E[1 / (1 + Σ p_j(s))]
+
+    def positions(self, s: float) -> list[float]:
+        out, p = [], 1.0
+        for a in self.alphas:
+            p *= min(MAX_ALPHA, max(0.0, a * s))
+            out.append(p)
+        return out
+
+
+def conditional_alphas(profile: str, k: int) -> tuple[float, ...]:
+    """The profile's conditional α_j for j = 1..k (the last one repeats when k exceeds the profile)."""
+    try:
+        p = PROFILES[profile]
+    except KeyError:
+        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})") from None
+    alphas = [p[0]] + [p[j] / p[j - 1] for j in range(1, len(p))]
+    return tuple((alphas + [alphas[-1]] * k)[:k])
+
+
+@lru_cache(maxsize=64)
+def _acceptance(profile: str, k: int, kappa: float, scale: float) -> _Acceptance:
+    rng = random.Random(12345)  # fixed: the table is a property of the model, not of the trace
+    a, b = kappa * BETA_MEAN, kappa * (1.0 - BETA_MEAN)
+    draws = [rng.betavariate(a, b) / BETA_MEAN for _ in range(_MC_DRAWS)]
+    alphas = tuple(x * scale for x in conditional_alphas(profile, k))
+    acc = _Acceptance(alphas, (), (), 0.0)
+    rows = [acc.positions(s) for s in draws]
+    # A request of T tokens runs T / (1 + Σp) steps: low-acceptance requests draft more tokens.
+    weights = [1.0 / (1.0 + sum(r)) for r in rows]
+    total = sum(weights)
+    mean_s = sum(w * s for w, s in zip(weights, draws)) / total
+    var_s = sum(w * (s - mean_s) ** 2 for w, s in zip(weights, draws)) / total
+    mean_p = tuple(sum(w * r[j] for w, r in zip(weights, rows)) / total for j in range(k))
+    slope = tuple(sum(w * (s - mean_s) * (r[j] - mean_p[j]) for w, s, r in zip(weights, draws, rows)) / total
+                  / var_s for j in range(k))
+    return _Acceptance(alphas, mean_p, slope, math.sqrt(var_s), total / len(draws))
+
+
+def mean_acceptance_ratio(profile: str, k: int, kappa: float, scale: float = 1.0) -> float:
+    """Long-run accepted / drafted tokens of the model."""
+    return sum(_acceptance(profile, k, kappa, scale).mean_p) / k
+
+
+@lru_cache(maxsize=256)
+def drop_scale(profile: str, k: int, kappa: float, ratio: float) -> float:
+    """The factor on every α_j that lowers the mean acceptance ratio by `ratio` (bisection)."""
+    target = (1.0 - ratio) * mean_acceptance_ratio(profile, k, kappa)
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if mean_acceptance_ratio(profile, k, kappa, mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+class _Sampler:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def poisson(self, mean: float) -> int:
+        if mean <= 0:
+            return 0
+        if mean > 30:
+            return max(0, round(self.rng.gauss(mean, math.sqrt(mean))))
+        limit, n, p = math.exp(-mean), 0, self.rng.random()
+        while p > limit:
+            n += 1
+            p *= self.rng.random()
+        return n
+
+    def binomial(self, n: int, p: float) -> int:
+        if n <= 0 or p <= 0.0:
+            return 0
+        if p >= 1.0:
+            return n
+        mean, var = n * p, n * p * (1.0 - p)
+        if var > 9.0:
+            return min(n, max(0, round(self.rng.gauss(mean, math.sqrt(var)))))
+        if p > 0.5:
+            return n - self.binomial(n, 1.0 - p)
+        # waiting times between successes are geometric: about n·p draws
+        log_q, count, i = math.log(1.0 - p), 0, 0
+        rnd = self.rng.random
+        while True:
+            i += int(math.log(1.0 - rnd()) / log_q) + 1
+            if i > n:
+                return count
+            count += 1
+
+
+@dataclass
+class _Counters:
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    per_pos: list[int] = field(default_factory=list)
+
+
+def generate(spec: TraceSpec) -> Iterator[TraceSample]:
+    """Yield one cumulative sample per scrape interval."""
+    if spec.k < 1 or spec.rate < 0 or spec.interval <= 0 or spec.duration <= 0:
+        raise ValueError("need k >= 1, rate >= 0, interval > 0 and duration > 0")
+    rng = _Sampler(spec.seed)
+    gauss, betavariate = rng.rng.gauss, rng.rng.betavariate
+    k, model = spec.k, spec.model_name
+    counters = _Counters(per_pos=[0] * k)
+    sigma = LENGTH_SIGMA
+    mu = math.log(spec.mean_tokens) - sigma * sigma / 2
+    len_sd = spec.mean_tokens * math.sqrt(math.exp(sigma * sigma) - 1.0)
+    beta_a, beta_b = spec.kappa * BETA_MEAN, spec.kappa * (1.0 - BETA_MEAN)
+    changes = sorted(spec.changes, key=lambda c: c.at)
+    n_intervals = int(spec.duration // spec.interval)
+    for i in range(1, n_intervals + 1):
+        t = i * spec.interval
+        while changes and changes[0].at <= t:
+            model = changes.pop(0).model_name
+            counters = _Counters(per_pos=[0] * k)  # the engine restarted with the new model
+        scale = 1.0
+        for d in spec.drops:
+            if d.start <= t and (d.end is None or t < d.end):
+                scale *= drop_scale(spec.profile, k, spec.kappa, d.ratio)
+        acc = _acceptance(spec.profile, k, spec.kappa, round(scale, 6))
+        rate = spec.rate * (1.0 + spec.diurnal * math.sin(2 * math.pi * t / DAY))
+        n = rng.poisson(rate * spec.interval)
+        steps_total, reach = 0, [0] * k
+        if 0 < n <= EXACT_MAX:
+            for _ in range(n):
+                p = acc.positions(betavariate(beta_a, beta_b) / BETA_MEAN)
+                tokens = min(8192.0, max(8.0, math.exp(gauss(mu, sigma))))
+                steps = max(1, round(tokens / (1.0 + sum(p))))
+                _chain(rng, steps, p, reach)
+                steps_total += steps
+        elif n > EXACT_MAX:
+            # token-weighted mean of n scales: lengths are unequal, so its variance is e^σ² / n, not 1 / n
+            s_bar = 1.0 + acc.scale_sd * math.sqrt(math.exp(sigma * sigma) / n) * gauss(0.0, 1.0)
+            p = [min(1.0, max(0.0, m + g * (s_bar - 1.0))) for m, g in zip(acc.mean_p, acc.slope_p)]
+            for j in range(1, k):
+                p[j] = min(p[j], p[j - 1])
+            tokens = max(8.0 * n, n * spec.mean_tokens + math.sqrt(n) * len_sd * gauss(0.0, 1.0))
+            steps_total = max(n, round(tokens * acc.steps_per_token))
+            _chain(rng, steps_total, p, reach)
+        counters.drafts += steps_total
+        counters.draft_tokens += steps_total * k
+        counters.accepted += sum(reach)
+        for j in range(k):
+            counters.per_pos[j] += reach[j]
+        mean_steps = spec.mean_tokens * acc.steps_per_token
+        running = rng.poisson(rate * mean_steps * spec.step_seconds)
+        yield TraceSample(ts=spec.start + t, route=spec.route, model_name=model, drafts=counters.drafts,
+                          draft_tokens=counters.draft_tokens, accepted_tokens=counters.accepted,
+                          accepted_per_pos=tuple(counters.per_pos), running=running)
+
+
+def _chain(rng: _Sampler, steps: int, p: list[float], reach: list[int]) -> None:
+    """Add to `reach[j]` the steps whose first j+1 tokens were accepted (prefix acceptance)."""
+    prev_count, prev_p = steps, 1.0
+    for j, pj in enumerate(p):
+        if prev_count <= 0 or prev_p <= 0:
+            break
+        count = rng.binomial(prev_count, min(1.0, pj / prev_p))
+        reach[j] += count
+        prev_count, prev_p = count, pj
