@@ -1,0 +1,192 @@
+"""The sweep against two stub OpenAI-compatible SSE servers on loopback whose step time grows with load."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from specwatch.cli import main as cli_main
+from specwatch.crossover.sweep import load_prompts, percentile, run_sweep, SweepSettings
+from specwatch.crossover.sweepfile import load_sweep
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the default backlog of 5 resets connections at concurrency 32
+    daemon_threads = True
+
+
+class StubEngine:
+    """Streams tokens at a step time that depends on how many requests are in flight.
+
+    plain: one token per step of (4 + 0.1 B) ms. spec (k = 2, the first draft token always accepted, the
+    second never): tau = 2 tokens per step of (5 + 0.8 B) ms. Speedup 2(4 + 0.1B)/(5 + 0.8B) crosses 1 at
+    B = 5; small levels keep the stub's own CPU cost out of the timings on a 2-core box.
+    """
+
+    def __init__(self, spec: bool, fail_after: int | None = None) -> None:
+        self.spec = spec
+        self.active = 0
+        self.served = 0
+        self.fail_after = fail_after
+        self.lock = threading.Lock()
+        self.counters = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "pos0": 0.0, "pos1": 0.0}
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._send(200, json.dumps({"data": [{"id": "stub-8b"}]}), "application/json")
+                elif self.path == "/metrics":
+                    self._send(200, engine.metrics(), "text/plain")
+                else:
+                    self._send(404, "not found", "text/plain")
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with engine.lock:
+                    engine.served += 1
+                    failing = engine.fail_after is not None and engine.served > engine.fail_after
+                if failing:
+                    self._send(500, "boom", "text/plain")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                chat = self.path.endswith("/chat/completions")
+                with engine.lock:
+                    engine.active += 1
+                try:
+                    produced = 0
+                    while produced < body["max_tokens"]:
+                        with engine.lock:
+                            b = engine.active
+                        if engine.spec:
+                            time.sleep((5 + 0.8 * b) / 1000)
+                            n = min(2, body["max_tokens"] - produced)
+                            with engine.lock:
+                                c = engine.counters
+                                c["drafts"] += 1; c["draft_tokens"] += 2; c["accepted"] += 1; c["pos0"] += 1
+                        else:
+                            time.sleep((4 + 0.1 * b) / 1000)
+                            n = 1
+                        produced += n
+                        delta = {"delta": {"content": "x" * n}} if chat else {"text": "x" * n}
+                        self._event({"choices": [{"index": 0, **delta}]})
+                    self._event({"choices": [], "usage": {"completion_tokens": produced}})
+                    self.wfile.write(b"data: [DONE]\n\n")
+                finally:
+                    with engine.lock:
+                        engine.active -= 1
+
+            def _event(self, obj):
+                self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+                self.wfile.flush()
+
+            def _send(self, code, text, ctype):
+                data = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def metrics(self) -> str:
+        c = self.counters
+        lines = []
+        for name, key in (("drafts", "drafts"), ("draft_tokens", "draft_tokens"), ("accepted_tokens", "accepted")):
+            lines += [f"# TYPE vllm:spec_decode_num_{name} counter",
+                      f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="stub-8b"}} {c[key]}']
+        lines += ["# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+                  f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="0"}} {c["pos0"]}',
+                  f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="1"}} {c["pos1"]}']
+        return "\n".join(lines) + "\n"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def pair():
+    plain, spec = StubEngine(spec=False), StubEngine(spec=True)
+    yield plain, spec
+    plain.close()
+    spec.close()
+
+
+def test_sweep_finds_stub_crossover_and_writes_json_and_png(pair, tmp_path, capsys):
+    plain, spec = pair
+    out = tmp_path / "crossover.json"
+    rc = cli_main(["sweep", "--plain", plain.url, "--spec", spec.url + "/v1", "--concurrency", "1,4,16",
+                   "--max-tokens", "12", "--requests-per-client", "1", "--output", str(out), "--quiet"])
+    assert rc == 0, capsys.readouterr()
+    doc = load_sweep(out)
+    assert doc["complete"] and doc["failure"] is None and doc["model"] == "stub-8b"
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 4, 16]
+    first, last = doc["levels"][0], doc["levels"][-1]
+    assert first["speedup"] > 1.05 and last["speedup"] < 1.0  # stub: 1.41 and 0.63; loose for a busy box
+    assert 4 < doc["crossover_concurrency"] < 16
+    assert first["spec"]["acceptance_ratio"] == pytest.approx(0.5)
+    assert first["spec"]["position_acceptance"] == [1.0, 0.0]
+    assert doc["mean_acceptance_length"] == pytest.approx(2.0) and doc["num_speculative_tokens"] == 2
+    for lv in doc["levels"]:
+        for role in ("plain", "spec"):
+            r = lv[role]
+            assert r["failed"] == 0 and r["requests"] == lv["concurrency"] and r["output_tokens"] == 12 * lv["concurrency"]
+            assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] and 0 < r["tpot_p50_s"] <= r["tpot_p99_s"]
+    png = tmp_path / "crossover.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert "crossover: ~" in capsys.readouterr().out
+
+
+def test_server_failure_keeps_measured_levels(tmp_path):
+    plain, spec = StubEngine(spec=False), StubEngine(spec=True, fail_after=3)
+    try:
+        out = tmp_path / "c.json"
+        outcome = run_sweep(SweepSettings(plain.url, spec.url, concurrency=(1, 2, 4), max_tokens=4,
+                                          requests_per_client=1), out)
+    finally:
+        plain.close()
+        spec.close()
+    doc = load_sweep(out)
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
+    assert not doc["complete"] and "spec server" in doc["failure"] and "concurrency 4" in doc["failure"]
+    assert "HTTP 500" in outcome.failure
+
+
+def test_unreachable_server_reports_cleanly(tmp_path, capsys):
+    out = tmp_path / "c.json"
+    rc = cli_main(["sweep", "--plain", "http://127.0.0.1:9", "--spec", "http://127.0.0.1:9", "--output", str(out),
+                   "--quiet", "--timeout", "2"])
+    assert rc == 1
+    assert "plain server http://127.0.0.1:9: cannot list models" in capsys.readouterr().err
+    assert load_sweep(out)["levels"] == []
+
+
+def test_prompt_file(tmp_path):
+    p = tmp_path / "prompts.jsonl"
+    p.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "yo"}]}\n')
+    assert len(load_prompts(p)) == 2
+    p.write_text('{"text": "hi"}\n')
+    with pytest.raises(ValueError, match=":1: expected"):
+        load_prompts(p)
+
+
+def test_percentile_nearest_rank():
+    assert percentile([], 50) is None
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile(list(range(1, 101)), 99) == 99
