@@ -1,0 +1,197 @@
+"""`specwatch check-config`, `status` and `run` (the last as a real process with signals and sd_notify)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from rich.console import Console
+
+from specwatch.cli import main as cli_main
+from specwatch.commands.status import render_status_table
+from specwatch.export.http import serve
+from specwatch.export.http import routes_document
+from specwatch.snapshot import EMPTY_SNAPSHOT, RouteState, Snapshot
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "specwatch.yml"
+
+
+# ---------------------------------------------------------------------------------------------- check-config
+def test_check_config_lists_three_distinct_errors_and_exits_1(tmp_path, capsys):
+    path = tmp_path / "bad.yml"
+    path.write_text("interval: soon\n"
+                    "routes:\n"
+                    "  - name: chat\n"
+                    "    url: localhost:8000\n"
+                    "    colour: blue\n")
+    assert cli_main(["check-config", "--config.file", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"FAILED: {path}: 3 problem(s)" in err
+    assert "interval: not a duration like 5s, 10m, 1h: 'soon'" in err
+    assert "routes[0].url: not an http(s) URL: 'localhost:8000'" in err
+    assert "routes[0].colour: unknown key" in err
+
+
+def test_check_config_success_prints_a_summary(capsys):
+    assert cli_main(["check-config", "--config.file", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "SUCCESS" in out and "3 route(s)" in out and "chat: vllm" in out
+
+
+def test_check_config_missing_file(tmp_path, capsys):
+    assert cli_main(["check-config", "--config.file", str(tmp_path / "nope.yml")]) == 1
+    assert "cannot read file" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- status
+def route(name: str, **kw) -> RouteState:
+    return RouteState(name=name, **kw)
+
+
+def table_text(doc) -> str:
+    console = Console(width=250, record=True, file=open(os.devnull, "w"))
+    console.print(render_status_table(doc))
+    return console.export_text()
+
+
+def test_status_table_shows_optional_columns_only_when_present():
+    plain = Snapshot(timestamp=1.0, routes=(
+        route("chat", up=True, engine_kind="vllm", engine_version="0.33.0", model_name="llama",
+              acceptance_source="counter", acceptance_ratio={"1m": 0.61, "5m": 0.6}, draft_length=3.0,
+              mean_acceptance_length={"5m": 2.8}, running_requests=12.0, waiting_requests=0.0),
+        route("code", up=False, error_reason="timeout"),
+    ))
+    text = table_text(routes_document(plain))
+    assert "chat" in text and "0.610" in text and "2.80" in text and "12/0" in text
+    assert "DOWN timeout" in text
+    assert "baseline" not in text and "crossover" not in text
+    full = Snapshot(timestamp=1.0, routes=(
+        route("chat", up=True, acceptance_source="gauge", acceptance_ratio={"5m": 0.5}, baseline_ratio=0.7,
+              drop_ratio=0.2857, degraded=True, batch_size=40.0, crossover_batch_size=32.0, above_crossover=True),
+    ))
+    text = table_text(routes_document(full)["routes"])  # the bare list works too
+    assert "baseline" in text and "28.6%" in text and "DEGRADED" in text
+    assert "crossover" in text and "ABOVE" in text and "0.500*" in text
+
+
+def test_status_against_a_live_daemon(capsys):
+    snap = Snapshot(timestamp=time.time(), routes=(route("chat", up=True, acceptance_ratio={"1m": 0.7}),))
+    server = serve("127.0.0.1:0", lambda: snap)
+    try:
+        assert cli_main(["status", "--url", server.url]) == 0
+        assert "chat" in capsys.readouterr().out
+    finally:
+        server.shutdown()
+
+
+def test_status_unreachable_is_a_clear_message(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    assert cli_main(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"cannot reach specwatch at http://127.0.0.1:{port}" in out
+
+
+# ---------------------------------------------------------------------------------------------- run
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, *routes: str, interval: str = "1s") -> None:
+    lines = [f"interval: {interval}", "scrape: {timeout: 200ms}", "gpu: {enabled: false}",
+             f"state_dir: {path.parent / 'state'}", "routes:"]
+    lines += [f"  - {{name: {r}, url: 'http://127.0.0.1:9/metrics'}}" for r in routes]
+    path.write_text("\n".join(lines) + "\n" if routes else "\n".join(lines[:-1]) + "\n")
+
+
+def metric(url: str, name: str) -> float | None:
+    for line in requests.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_for(predicate, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="needs POSIX signals and AF_UNIX datagrams")
+def test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path):
+    config = tmp_path / "specwatch.yml"
+    write_config(config, "chat")
+    notify_path = str(tmp_path / "notify.sock")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    notify.settimeout(15)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "NOTIFY_SOCKET": notify_path}
+    proc = subprocess.Popen([sys.executable, "-m", "specwatch", "run", "--config.file", str(config),
+                             "--web.listen-address", f"127.0.0.1:{port}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        messages = [notify.recv(4096).decode()]
+        assert messages[0] == "READY=1"  # sent only after the first completed cycle
+        assert requests.get(url + "/-/ready", timeout=5).status_code == 200
+        assert metric(url, 'specwatch_route_up{route="chat"}') == 0.0  # nothing listens on port 9
+        assert metric(url, "specwatch_config_last_reload_successful") == 1.0
+
+        config.write_text("interval: [not, a, duration]\nroutes: 7\n")  # rejected whole
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: metric(url, "specwatch_config_last_reload_successful") == 0.0)
+        assert metric(url, 'specwatch_route_up{route="chat"}') == 0.0  # the old config keeps running
+
+        write_config(config, "chat", "code")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: metric(url, "specwatch_config_last_reload_successful") == 1.0)
+        wait_for(lambda: metric(url, 'specwatch_route_up{route="code"}') is not None)
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        while "STOPPING=1" not in messages:
+            messages.append(notify.recv(4096).decode())
+        output = proc.stdout.read()
+        assert "reload rejected" in output and "interval: not a duration" in output and "routes: must be a list" in output
+        assert "stopped" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        notify.close()
+
+
+def test_run_refuses_a_bad_config(tmp_path, caplog):
+    path = tmp_path / "bad.yml"
+    path.write_text("routes: [{name: x}]\n")
+    assert cli_main(["run", "--config.file", str(path), "--web.listen-address", "127.0.0.1:0"]) == 1
+    assert any("routes[0].url: required" in r.getMessage() for r in caplog.records)
+
+
+def test_run_refuses_an_address_in_use(tmp_path, caplog):
+    config = tmp_path / "ok.yml"
+    write_config(config)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli_main(["run", "--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"]) == 1
+    assert any("cannot listen on" in r.getMessage() for r in caplog.records)
+
+
+def test_empty_snapshot_document():
+    assert routes_document(EMPTY_SNAPSHOT)["routes"] == []

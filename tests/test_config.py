@@ -1,0 +1,178 @@
+"""Strict config: every problem reported at once with its path; nothing half-valid is returned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specwatch import config as config_module
+from specwatch.config import Config, ConfigError, load_config, parse_config, parse_duration, summarize
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "specwatch.yml"
+ROUTE = {"name": "chat", "url": "http://127.0.0.1:8000/metrics"}
+
+
+def problems(raw) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    return info.value.problems
+
+
+def test_minimal_and_empty_configs_use_defaults():
+    assert parse_config(None) == Config()
+    cfg = parse_config({"routes": [ROUTE]})
+    assert cfg.interval_seconds == 5.0 and cfg.scrape_timeout_seconds == 2.0 and cfg.gpu.enabled == "auto"
+    route = cfg.routes[0]
+    assert route.engine == "auto" and route.gpus is None and route.detection == cfg.detection
+    assert route.detection.drop == 0.15
+
+
+def test_example_config_is_valid():
+    cfg = load_config(EXAMPLE)
+    assert [r.name for r in cfg.routes] == ["chat", "code", "batch"]
+    chat = cfg.route("chat")
+    assert chat.detection.drop == 0.2 and chat.engines == ("0", "1") and chat.gpus == (0, 1)
+    assert {r.crossover.kind for r in cfg.routes} == {"sweep", "estimate", "batch_size"}
+    assert cfg.route("code").detection.cusum_threshold == 30
+    assert cfg.route("code").detection.min_drafted_tokens == cfg.detection.min_drafted_tokens  # inherited
+
+
+def test_example_config_shows_every_key(monkeypatch):
+    """Each mapping's allowed keys must all appear in the example (schemas shared by several paths, like
+    detection at the top and per route, may be covered by any of them)."""
+    seen: dict[frozenset, set[str]] = {}
+    original = config_module._Checker.mapping
+
+    def recording(self, value, path, allowed, required=frozenset()):
+        if isinstance(value, dict):
+            seen.setdefault(frozenset(allowed), set()).update(value)
+        else:
+            seen.setdefault(frozenset(allowed), set())
+        return original(self, value, path, allowed, required)
+
+    monkeypatch.setattr(config_module._Checker, "mapping", recording)
+    load_config(EXAMPLE)
+    missing = {key for allowed, present in seen.items() for key in allowed - present}
+    assert missing == set(), f"examples/specwatch.yml does not show: {sorted(missing)}"
+
+
+def test_all_problems_are_reported_together():
+    raw = {
+        "interval": "5 parsecs",
+        "bogus": 1,
+        "scrape": {"timeout": "10s", "max_body_bytes": 10},
+        "gpu": {"enabled": "maybe"},
+        "routes": [
+            {"name": "a b", "url": "ftp://x", "engine": "tgi"},
+            {"url": "http://h:1/metrics"},
+            {"name": "dup", "url": "http://h:1/metrics"},
+            {"name": "dup", "url": "http://h:2/metrics", "surprise": True},
+        ],
+    }
+    found = problems(raw)
+    expected = [
+        "interval: not a duration",
+        "bogus: unknown key",
+        "scrape.max_body_bytes: must be >= 1024",
+        "gpu.enabled: must be one of auto, true, false",
+        "routes[0].name: only letters, digits and _.:- are allowed",
+        "routes[0].url: not an http(s) URL",
+        "routes[0].engine: must be one of vllm, sglang, auto",
+        "routes[1].name: required",
+        "routes[3].surprise: unknown key",
+        "routes[3].name: duplicate route name 'dup' (first at routes[2])",
+    ]
+    for want in expected:
+        assert any(p.startswith(want) for p in found), (want, found)
+
+
+@pytest.mark.parametrize("raw, want", [
+    ([1, 2], ": must be a mapping, got list"),
+    ({"routes": {"name": "x"}}, "routes: must be a list"),
+    ({"routes": ["chat"]}, "routes[0]: must be a mapping, got str"),
+    ({"interval": "0s"}, "interval: must be more than 0s"),
+    ({"interval": True}, "interval: not a duration"),
+    ({"interval": "2s", "scrape": {"timeout": "2s"}}, "scrape.timeout: must be shorter than interval (2s)"),
+    ({"scrape": {"max_body_bytes": 2048.5}}, "scrape.max_body_bytes: must be a whole number"),
+    ({"state_dir": 5}, "state_dir: must be a string"),
+    ({"detection": {"drop": 0}}, "detection.drop: must be > 0"),
+    ({"detection": {"drop": 0.99}}, "detection.drop: must be <= 0.95"),
+    ({"detection": {"drop": "15%"}}, "detection.drop: must be a number"),
+    ({"detection": {"drop": float("nan")}}, "detection.drop: must be a number"),
+    ({"detection": {"cusum_threshold": 0}}, "detection.cusum_threshold: must be > 0"),
+    ({"detection": {"warmup_drafted_tokens": -1}}, "detection.warmup_drafted_tokens: must be >= 0"),
+    ({"detection": {"typo": 1}}, "detection.typo: unknown key"),
+    ({"otlp": {}}, "otlp.endpoint: required"),
+    ({"otlp": {"endpoint": "collector:4318"}}, "otlp.endpoint: not an http(s) URL"),
+    ({"otlp": {"endpoint": "http://c:4318", "protocol": "udp"}}, "otlp.protocol: must be one of"),
+    ({"otlp": {"endpoint": "http://c:4318", "headers": {"a": [1]}}}, "otlp.headers.a: must be a string"),
+    ({"routes": [{**ROUTE, "gpus": 0}]}, "routes[0].gpus: must be a list"),
+    ({"routes": [{**ROUTE, "gpus": [-1]}]}, "routes[0].gpus[0]: must be >= 0"),
+    ({"routes": [{**ROUTE, "engines": "0"}]}, "routes[0].engines: must be a list"),
+    ({"routes": [{**ROUTE, "engines": [True]}]}, "routes[0].engines[0]: must be an engine index"),
+    ({"routes": [{**ROUTE, "match": ["model"]}]}, "routes[0].match: must be a mapping of strings"),
+    ({"routes": [{**ROUTE, "version_url": "localhost/version"}]}, "routes[0].version_url: not an http(s) URL"),
+    ({"routes": [{**ROUTE, "drop": 2}]}, "routes[0].drop: must be <= 0.95"),
+    ({"routes": [{**ROUTE, "baseline": {}}]}, "routes[0].baseline.acceptance_ratio: required"),
+    ({"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 1.5}}]}, "routes[0].baseline.acceptance_ratio: must be <="),
+    ({"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 0.6, "position_acceptance": [0.9, 2]}}]},
+     "routes[0].baseline.position_acceptance[1]: must be <= 1"),
+    ({"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 0.6, "overdispersion": 0.5}}]},
+     "routes[0].baseline.overdispersion: must be >= 1"),
+    ({"routes": [{**ROUTE, "crossover": {}}]}, "routes[0].crossover: give exactly one of sweep, estimate, batch_size"),
+    ({"routes": [{**ROUTE, "crossover": {"batch_size": 8, "sweep": "s.json"}}]}, "routes[0].crossover: give exactly one"),
+    ({"routes": [{**ROUTE, "crossover": {"batch_size": 0}}]}, "routes[0].crossover.batch_size: must be > 0"),
+    ({"routes": [{**ROUTE, "crossover": {"estimate": {"draft": "medusa"}}}]},
+     "routes[0].crossover.estimate.draft: must be eagle, eagle3, mtp, ngram or model:<billions>"),
+    ({"routes": [{**ROUTE, "crossover": {"estimate": {"dtype": "fp64"}}}]}, "routes[0].crossover.estimate.dtype"),
+    ({"routes": [{**ROUTE, "crossover": {"estimate": {"layers": 1.5}}}]},
+     "routes[0].crossover.estimate.layers: must be a whole number"),
+])
+def test_each_problem_names_its_path(raw, want):
+    found = problems(raw)
+    assert any(p.startswith(want) for p in found), (want, found)
+
+
+def test_route_detection_inherits_and_overrides():
+    cfg = parse_config({"detection": {"drop": 0.1, "cusum_threshold": 12},
+                        "routes": [{**ROUTE, "detection": {"cusum_threshold": 30}}, {**ROUTE, "name": "b", "drop": 0.3}]})
+    a, b = cfg.routes
+    assert a.detection.drop == 0.1 and a.detection.cusum_threshold == 30
+    assert b.detection.drop == 0.3 and b.detection.cusum_threshold == 12
+
+
+def test_durations():
+    assert parse_duration("500ms") == 0.5 and parse_duration("10m") == 600 and parse_duration("1d") == 86400
+    assert parse_duration(3) == 3.0 and parse_duration(" 2 h ") == 7200
+    for bad in ("5 parsecs", "-1s", True, None, float("inf"), "1m30s"):
+        assert parse_duration(bad) is None
+
+
+def test_load_config_errors_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read file"):
+        load_config(tmp_path / "missing.yml")
+    bad_yaml = tmp_path / "bad.yml"
+    bad_yaml.write_text("routes: [\n  - name: x\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad_yaml)
+    binary = tmp_path / "bin.yml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="cannot read file"):
+        load_config(binary)
+
+
+def test_config_error_message_lists_every_problem_with_the_file(tmp_path):
+    path = tmp_path / "c.yml"
+    path.write_text(yaml.safe_dump({"interval": "x", "routes": [{"name": "r"}]}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: 2 problem(s)")
+    assert "interval: not a duration" in text and "routes[0].url: required" in text
+
+
+def test_summarize_names_every_route():
+    text = summarize(load_config(EXAMPLE))
+    assert "3 route(s)" in text and all(name in text for name in ("chat:", "code:", "batch:"))
