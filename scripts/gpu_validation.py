@@ -80,17 +80,19 @@ class Load:
 
 # --------------------------------------------------------------------------- rendering
 def exposition(nvml_up: bool | None, gpus, route_gpus: dict[str, tuple[int, ...]]) -> list[str]:
-    """The metric lines the exporter renders for these samples (same names, labels and values)."""
-    lines = [f"specwatch_nvml_up {int(bool(nvml_up))}"]
-    for g in gpus:
-        lines.append(f'specwatch_gpu_up{{gpu="{g.index}"}} {int(g.up)}')
-        lines.append(f'specwatch_gpu_info{{gpu="{g.index}",uuid="{g.uuid}",name="{g.name}",driver="{g.driver}"}} 1')
-        for key in sorted(g.fields):
-            lines.append(f'specwatch_{key}{{gpu="{g.index}"}} {g.fields[key]:.6g}')
-    for route, indexes in route_gpus.items():
-        for i in indexes:
-            lines.append(f'specwatch_route_gpu_info{{route="{route}",gpu="{i}"}} 1')
-    return lines
+    """The GPU part of /metrics for these samples, rendered by specwatch's own exporter."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from specwatch.export.prometheus import SnapshotCollector
+    from specwatch.snapshot import RouteState, Snapshot
+
+    snapshot = Snapshot(timestamp=time.time(), gpus=tuple(gpus), nvml_up=nvml_up,
+                        routes=tuple(RouteState(name=r, up=True, gpus=g) for r, g in route_gpus.items()))
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: snapshot))
+    text = generate_latest(registry).decode()
+    return [line for line in text.splitlines() if "specwatch_gpu_" in line or "specwatch_nvml_" in line
+            or "specwatch_route_gpu_info" in line]
 
 
 def nvidia_smi() -> str:
@@ -188,6 +190,52 @@ def call_costs(report: list[str], results: dict) -> None:
     results["call_costs"] = costs
 
 
+def gpm_costs(report: list[str], results: dict) -> None:
+    """CPU cost of GPM's two calls on their own, and of the energy counter both ways (where the cycle's time goes)."""
+    import pynvml
+
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    buffers = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 4
+    for i, mid in enumerate((2, 3, 5, 10)):
+        request.metrics[i].metricId = mid
+    out = {}
+    try:
+        for gap in (0.01, 0.1):
+            get, metrics = [], []
+            pynvml.nvmlGpmSampleGet(h, buffers[0])
+            for i in range(1, 101 if gap < 0.05 else 31):
+                time.sleep(gap)
+                c0 = time.thread_time()
+                pynvml.nvmlGpmSampleGet(h, buffers[i % 2])
+                c1 = time.thread_time()
+                request.sample1, request.sample2 = buffers[(i - 1) % 2], buffers[i % 2]
+                pynvml.nvmlGpmMetricsGet(request)
+                get.append((c1 - c0) * 1e3)
+                metrics.append((time.thread_time() - c1) * 1e3)
+            out[f"nvmlGpmSampleGet, {gap * 1e3:g} ms apart"] = statistics.mean(get)
+            out[f"nvmlGpmMetricsGet (4 metrics), {gap * 1e3:g} ms apart"] = statistics.mean(metrics)
+    finally:
+        for b in buffers:
+            pynvml.nvmlGpmSampleFree(b)
+    for label, call in (("nvmlDeviceGetTotalEnergyConsumption", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h)),
+                        ("nvmlDeviceGetFieldValues([TOTAL_ENERGY])", lambda: pynvml.nvmlDeviceGetFieldValues(
+                            h, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]))):
+        try:
+            call()
+            c0 = time.thread_time()
+            for _ in range(200):
+                call()
+            out[label] = (time.thread_time() - c0) / 200 * 1e3
+        except pynvml.NVMLError as exc:
+            out[label] = f"error: {exc}"
+    report.append("component CPU cost (ms, mean):")
+    report += [f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}" for k, v in out.items()]
+    results["component_costs_ms"] = out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--load", choices=("decode", "compute"), help=argparse.SUPPRESS)
@@ -231,6 +279,7 @@ def main() -> int:
             finally:
                 load.stop()
         call_costs(report, results)
+        gpm_costs(report, results)
     finally:
         source.close()
     text = "\n".join(report) + "\n"

@@ -101,7 +101,6 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("gpu_memory_total_bytes", "gauge", "GPU memory installed", ("gpu",), issue="gpu"),
     _m("gpu_power_watts", "gauge", "GPU power draw", ("gpu",), issue="gpu"),
     _m("gpu_power_limit_watts", "gauge", "GPU enforced power limit", ("gpu",), issue="gpu"),
-    _m("gpu_energy_joules_total", "counter", "GPU energy consumed since the driver was loaded", ("gpu",), issue="gpu"),
     _m("gpu_sm_clock_hertz", "gauge", "GPU SM clock frequency", ("gpu",), issue="gpu"),
     _m("gpu_memory_clock_hertz", "gauge", "GPU memory clock frequency", ("gpu",), issue="gpu"),
     _m("gpu_temperature_celsius", "gauge", "GPU die temperature", ("gpu",), issue="gpu"),

@@ -35,6 +35,8 @@ NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+nvmlMemory_v2 = 0x02000028
+DRIVER_RESERVED_BYTES = 644_940_000  # v1 counts it as used, v2 does not (as read on an H200)
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 
@@ -74,7 +76,6 @@ class FakeGpu:
     utilization: int = 100
     power_mw: int = 412_000
     power_limit_mw: int = 700_000
-    energy_mj: int = 9_000_000_000
     clocks_mhz: dict[int, int] = field(default_factory=lambda: {NVML_CLOCK_SM: 1980, NVML_CLOCK_MEM: 3201})
     temperature: int = 52
     clock_event_reasons: int = 0x4  # sw_power_cap
@@ -138,7 +139,7 @@ class FakeNvml:
     def __getattr__(self, name: str) -> Any:
         # Constants come from this module; anything else pynvml has but the fake lacks is an AttributeError,
         # which is what an older nvidia-ml-py without that function looks like.
-        if name.startswith("NVML_") or name == "c_nvmlGpmMetricsGet_t":
+        if name.startswith("NVML_") or name in ("c_nvmlGpmMetricsGet_t", "nvmlMemory_v2"):
             value = globals().get(name)
             if value is not None:
                 return value
@@ -201,18 +202,18 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(gpu=g.utilization, memory=40)
 
-    def nvmlDeviceGetMemoryInfo(self, h: _Handle) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: _Handle, version: int | None = None) -> SimpleNamespace:
         g = self._gpu("nvmlDeviceGetMemoryInfo", h)
-        return SimpleNamespace(total=g.memory_total, used=g.memory_used, free=g.memory_total - g.memory_used)
+        free = g.memory_total - g.memory_used - DRIVER_RESERVED_BYTES
+        if version == nvmlMemory_v2:
+            return SimpleNamespace(total=g.memory_total, reserved=DRIVER_RESERVED_BYTES, used=g.memory_used, free=free)
+        return SimpleNamespace(total=g.memory_total, used=g.memory_used + DRIVER_RESERVED_BYTES, free=free)  # v1
 
     def nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
         return self._gpu("nvmlDeviceGetPowerUsage", h).power_mw
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: _Handle) -> int:
         return self._gpu("nvmlDeviceGetEnforcedPowerLimit", h).power_limit_mw
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: _Handle) -> int:
-        return self._gpu("nvmlDeviceGetTotalEnergyConsumption", h).energy_mj
 
     def nvmlDeviceGetClockInfo(self, h: _Handle, clock: int) -> int:
         return self._gpu("nvmlDeviceGetClockInfo", h).clocks_mhz[clock]

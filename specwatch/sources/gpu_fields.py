@@ -34,11 +34,14 @@ class GpmField:
 
 NVML_FIELDS: tuple[NvmlField, ...] = (
     NvmlField("gpu_utilization_ratio", "nvmlDeviceGetUtilizationRates", attribute="gpu", scale=0.01),
-    NvmlField("gpu_memory_used_bytes", "nvmlDeviceGetMemoryInfo", attribute="used"),
-    NvmlField("gpu_memory_total_bytes", "nvmlDeviceGetMemoryInfo", attribute="total"),
+    # v2: `used` excludes the driver's reservation (~615 MiB on an H200), as nvidia-smi reports it.
+    NvmlField("gpu_memory_used_bytes", "nvmlDeviceGetMemoryInfo", ("nvmlMemory_v2",), attribute="used"),
+    NvmlField("gpu_memory_total_bytes", "nvmlDeviceGetMemoryInfo", ("nvmlMemory_v2",), attribute="total"),
     NvmlField("gpu_power_watts", "nvmlDeviceGetPowerUsage", scale=0.001),  # mW
     NvmlField("gpu_power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", scale=0.001),  # mW
-    NvmlField("gpu_energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption", scale=0.001),  # mJ
+    # Off: nvmlDeviceGetTotalEnergyConsumption cost 3.9 ms of CPU per call on an H200 (docs/benchmarks.md),
+    # 65x the rest of this table; power x time gives energy closely enough for dashboards.
+    # NvmlField("gpu_energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption", scale=0.001),  # mJ
     NvmlField("gpu_sm_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), scale=1e6),  # MHz
     NvmlField("gpu_memory_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), scale=1e6),  # MHz
     NvmlField("gpu_temperature_celsius", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",)),
