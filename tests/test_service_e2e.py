@@ -1,0 +1,207 @@
+"""The service end to end: a real `specwatch run` subprocess, driven by signals and scraped over HTTP(S).
+
+- SIGHUP with a broken config: still serving, the old routes still there, reload metric 0;
+  SIGHUP with a good config: reload metric 1 and the new route visible.
+- SIGTERM: exit status 0, with a clean log.
+- With a web config: /metrics answers 401 without credentials and 200 with them, over TLS.
+
+Routes point at a closed loopback port and NVML is off, so each test needs nothing but loopback; the
+interval is 300ms so cycles, and therefore reloads, are visible within a second.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_webconfig import make_pki
+
+STARTUP_TIMEOUT = 20.0
+CLOSED_PORT_URL = "http://127.0.0.1:9/metrics"  # discard port: connection refused, instantly
+
+
+def write_config(path: Path, routes: list[str], extra: str = "") -> Path:
+    lines = ["interval: 300ms", "scrape: {timeout: 200ms}", f"state_dir: {path.parent / 'state'}",
+             "gpu: {enabled: false}", "routes:"]
+    lines += [f"  - {{name: {name}, engine: vllm, url: '{CLOSED_PORT_URL}'}}" for name in routes]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+class Daemon:
+    """`specwatch run` in a subprocess; its log is collected line by line as it runs."""
+
+    def __init__(self, config: Path, *extra_args: str, env: dict | None = None,
+                 python_prelude: str = "") -> None:
+        args = ["run", f"--config.file={config}", "--web.listen-address=127.0.0.1:0", *extra_args]
+        # The prelude lets a test instrument the daemon in-process (e.g. block a tick) before the CLI starts.
+        code = python_prelude + "\nimport sys\nfrom specwatch.cli import main\nsys.exit(main(sys.argv[1:]))"
+        self.proc = subprocess.Popen([sys.executable, "-c", code, "--log.level=debug", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        self.log: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.url = self.wait_for_log(r"listening on (https?://[^\s,]+)").group(1)
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip("\n"))
+
+    def wait_for_log(self, pattern: str, timeout: float = STARTUP_TIMEOUT, start: int = 0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log[start:]:
+                if m := re.search(pattern, line):
+                    return m
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no log line matching {pattern!r}; log:\n" + "\n".join(self.log))
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._reader.join(timeout=5)
+
+
+@pytest.fixture
+def daemons():
+    started: list[Daemon] = []
+
+    def start(*args, **kwargs) -> Daemon:
+        d = Daemon(*args, **kwargs)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def scrape(url: str, **kwargs) -> dict[tuple[str, tuple], float]:
+    response = requests.get(url + "/metrics", timeout=5, **kwargs)
+    response.raise_for_status()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def routes_in(metrics: dict) -> set[str]:
+    return {dict(labels)["route"] for (name, labels) in metrics if name == "specwatch_route_up"}
+
+
+# --------------------------------------------------------------------------- reload
+def test_sighup_rejects_a_broken_config_and_applies_a_good_one(tmp_path, daemons):
+    config = write_config(tmp_path / "specwatch.yml", ["chat"])
+    d = daemons(config)
+    wait_until(lambda: requests.get(d.url + "/-/ready", timeout=5).ok, what="/-/ready")
+    before = scrape(d.url)
+    assert routes_in(before) == {"chat"}
+    assert before[("specwatch_config_last_reload_successful", ())] == 1
+    loaded_at = before[("specwatch_config_last_reload_success_timestamp_seconds", ())]
+
+    config.write_text("interval: fast\nroutes: [{name: code}]\nsurprise: 1\n")
+    mark = len(d.log)
+    d.signal(signal.SIGHUP)
+    d.wait_for_log(r"reload rejected", start=mark)
+    after_bad = wait_until(lambda: (m := scrape(d.url))[("specwatch_config_last_reload_successful", ())] == 0 and m,
+                           what="reload metric 0")
+    assert d.proc.poll() is None
+    assert routes_in(after_bad) == {"chat"}  # the old config keeps running
+    assert after_bad[("specwatch_config_last_reload_success_timestamp_seconds", ())] == loaded_at
+    problems = "\n".join(d.log[mark:])
+    for problem in ("interval", "routes[0].url: required", "surprise: unknown key"):
+        assert problem in problems  # every problem is logged, not just the first
+
+    write_config(config, ["chat", "code"])
+    d.signal(signal.SIGHUP)
+    after_good = wait_until(lambda: (m := scrape(d.url))[("specwatch_config_last_reload_successful", ())] == 1
+                            and "code" in routes_in(m) and m, what="reload metric 1 and route code")
+    assert routes_in(after_good) == {"chat", "code"}
+    assert after_good[("specwatch_config_last_reload_success_timestamp_seconds", ())] > loaded_at
+
+
+# --------------------------------------------------------------------------- shutdown
+def test_sigterm_finishes_the_cycle_and_exits_0(tmp_path, daemons):
+    d = daemons(write_config(tmp_path / "specwatch.yml", ["chat"]))
+    wait_until(lambda: requests.get(d.url + "/-/ready", timeout=5).ok, what="/-/ready")
+    assert requests.get(d.url + "/-/healthy", timeout=5).status_code == 200
+    d.signal(signal.SIGTERM)
+    assert d.stop() == 0
+    assert any("stopped" in line for line in d.log)
+    assert not any("Traceback" in line for line in d.log), "\n".join(d.log)
+
+
+def test_a_bad_config_at_start_exits_1_with_every_problem(tmp_path):
+    config = tmp_path / "specwatch.yml"
+    config.write_text("routes: [{name: 'bad name'}]\nbogus: 1\n")
+    result = subprocess.run([sys.executable, "-m", "specwatch", "run", f"--config.file={config}",
+                             "--web.listen-address=127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "bogus: unknown key" in result.stderr and "routes[0].url: required" in result.stderr
+
+
+# --------------------------------------------------------------------------- TLS and basic auth
+def test_tls_and_basic_auth_on_a_running_daemon(tmp_path, daemons):
+    pki = make_pki(tmp_path)
+    password = "scrape-me"
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config: {{cert_file: server.crt, key_file: server.key}}\n"
+                   f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}'}}\n")
+    d = daemons(write_config(tmp_path / "specwatch.yml", ["chat"]), f"--web.config.file={web}")
+    assert d.url.startswith("https://127.0.0.1:")
+    ca = str(pki["ca.crt"])
+
+    anonymous = requests.get(d.url + "/metrics", verify=ca, timeout=5)
+    assert anonymous.status_code == 401
+    assert anonymous.headers["WWW-Authenticate"].startswith("Basic")
+    assert b"specwatch_" not in anonymous.content
+    wrong = requests.get(d.url + "/metrics", verify=ca, auth=("prometheus", "guess"), timeout=5)
+    assert wrong.status_code == 401
+    assert wrong.content == anonymous.content  # a wrong password reads exactly like no password
+    unknown = requests.get(d.url + "/metrics", verify=ca, auth=("root", password), timeout=5)
+    assert unknown.status_code == 401 and unknown.content == anonymous.content
+
+    metrics = scrape(d.url, verify=ca, auth=("prometheus", password))
+    assert routes_in(metrics) == {"chat"}
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(d.url.replace("https://", "http://") + "/metrics", timeout=5)  # no plaintext fallback
+
+
+def test_a_bad_web_config_stops_the_start(tmp_path):
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config: {cert_file: missing.crt, key_file: missing.key}\n")
+    result = subprocess.run([sys.executable, "-m", "specwatch", "run",
+                             f"--config.file={write_config(tmp_path / 'specwatch.yml', ['chat'])}",
+                             "--web.listen-address=127.0.0.1:0", f"--web.config.file={web}"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "cannot load certificate" in result.stderr
