@@ -46,6 +46,9 @@ def run_tick(daemon: Daemon, interval_seconds: float, on_tick: Callable[[Snapsho
 def start_scheduler(daemon: Daemon, interval_seconds: float, on_tick: Callable[[Snapshot], None] | None = None,
                     first_run_in: float | None = None) -> BackgroundScheduler:
     """Start the loop in a background thread; the first run is one interval from now unless `first_run_in`."""
+    aps_log = logging.getLogger("apscheduler")
+    if aps_log.level == logging.NOTSET:  # it logs every run at INFO; keep its warnings (skipped runs)
+        aps_log.setLevel(logging.WARNING)
     scheduler = BackgroundScheduler(timezone="UTC")
     schedule(scheduler, daemon, interval_seconds, on_tick, first_run_in)
     scheduler.start()
