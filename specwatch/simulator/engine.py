@@ -215,23 +215,34 @@ class SimEngine:
         return len(self._running) + len(self._waiting)
 
     # ------------------------------------------------------------------ the step loop (engine thread)
+    def advance(self, until: float) -> None:
+        """Run steps back to back on the calling thread until simulated time `until`, ignoring the clock.
+
+        For tests and offline use, on an engine whose thread was never started.
+        """
+        while True:
+            with self._cond:
+                planned = self._plan_step()
+                if planned is None:
+                    self._t = max(self._t, until)
+                    return
+                end, duration, admitted = planned
+                self._step(end, duration, admitted)
+                if self._t >= until:
+                    return
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             with self._cond:
                 if self._paused:
                     self._cond.wait(_IDLE_POLL_REAL_SECONDS)
                     continue
-                self._top_up_internal_load()
-                admitted = self._admit()
-                if not self._running:
+                planned = self._plan_step()
+                if planned is None:
                     self._t = max(self._t, self.clock.now())  # idle: simulated time just passes
                     self._cond.wait(_IDLE_POLL_REAL_SECONDS)
                     continue
-                settings = self._settings
-                batch = len(self._running)
-                duration = step_seconds(settings.step_time, batch, settings.k) + \
-                    settings.prefill_seconds_per_token * sum(r.prompt_tokens for r in admitted)
-                end = self._t + duration
+                end, duration, admitted = planned
             lag = self.clock.real_seconds(end - self.clock.now())
             if lag > _MIN_SLEEP_REAL_SECONDS and self._stop.wait(lag):
                 return
@@ -239,6 +250,17 @@ class SimEngine:
                 if self._paused or not self._running:  # restarted or cancelled while we slept
                     continue
                 self._step(end, duration, admitted)
+
+    def _plan_step(self) -> tuple[float, float, list[SimRequest]] | None:
+        """Admit what fits and price the next step: (end time, duration, newly admitted), None when idle."""
+        self._top_up_internal_load()
+        admitted = self._admit()
+        if not self._running:
+            return None
+        settings = self._settings
+        duration = step_seconds(settings.step_time, len(self._running), settings.k) + \
+            settings.prefill_seconds_per_token * sum(r.prompt_tokens for r in admitted)
+        return self._t + duration, duration, admitted
 
     def _admit(self) -> list[SimRequest]:
         admitted = []
