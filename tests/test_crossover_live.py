@@ -129,7 +129,7 @@ def test_sweep_source_rescales_by_live_tau(tmp_path):
     doc = sweep_doc([(1, 2.0), (16, 1.5), (32, 1.1), (64, 0.9), (128, 0.7)])
     swept = SweptCrossover(doc)
     as_measured = swept.answer(LiveInputs(positions=(), batch=16))
-    assert as_measured.batch_size == pytest.approx(32 + 0.1 / 0.2 * 32)
+    assert as_measured.batch_size == pytest.approx(32 * 2 ** 0.5)  # halfway in log batch
     assert as_measured.speedup == pytest.approx(1.5)
     worse = swept.answer(LiveInputs(positions=(0.5, 0.25, 0.0), batch=16))  # tau 1.75 vs 2.5 swept
     assert worse.speedup == pytest.approx(1.5 * 1.75 / 2.5)

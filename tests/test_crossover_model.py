@@ -68,6 +68,7 @@ def test_interpolate_crossover_edges():
     assert interpolate_crossover([(1, 2.0), (8, 1.5)]) is None
     assert interpolate_crossover([(1, 0.9), (8, 0.5)]) == 1
     assert interpolate_crossover([(8, 0.5), (4, 1.5)]) == pytest.approx(6.0)
+    assert interpolate_crossover([(4, 1.5), (16, 0.5)], log_x=True) == pytest.approx(8.0)
 
 
 @pytest.mark.parametrize("gamma", [2, 4])

@@ -148,6 +148,8 @@ def test_sweep_finds_stub_crossover_and_writes_json_and_png(pair, tmp_path, caps
             r = lv[role]
             assert r["failed"] == 0 and r["requests"] == lv["concurrency"] and r["output_tokens"] == 12 * lv["concurrency"]
             assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] and 0 < r["tpot_p50_s"] <= r["tpot_p99_s"]
+    # Tokens are timed as they arrive, not when the buffered stream ends: the stub sleeps >= 4.1 ms a token.
+    assert first["plain"]["tpot_p50_s"] > 0.0035
     png = tmp_path / "crossover.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert "crossover: ~" in capsys.readouterr().out

@@ -106,7 +106,7 @@ class SweptCrossover:
     def answer(self, live: LiveInputs) -> CrossoverAnswer:
         scale = self._scale(live)
         curve = [(b, s * scale) for b, s in self.points]
-        return CrossoverAnswer(interpolate_crossover(curve), _at(curve, live.batch))
+        return CrossoverAnswer(interpolate_crossover(curve, log_x=True), _at(curve, live.batch))
 
 
 def _at(curve: Sequence[tuple[float, float]], batch: float | None) -> float | None:

@@ -11,6 +11,7 @@ and the crossover B* is the smallest batch where that falls below 1 (`docs/cross
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -233,9 +234,10 @@ def closed_form_crossover(shape: ModelShape, hardware: Hardware, efficiency: Eff
     return (t - gamma * draft_cost) * ridge / denominator
 
 
-def interpolate_crossover(points: Sequence[tuple[float, float]]) -> float | None:
-    """Crossover from measured (batch, speedup) points: linear between the last point >= 1 and the
-    first point < 1 after it; None when no point is below 1; the first batch if all are."""
+def interpolate_crossover(points: Sequence[tuple[float, float]], log_x: bool = False) -> float | None:
+    """Crossover from measured (batch, speedup) points: linear between the last point >= 1 and the first
+    point < 1 after it (in log batch with `log_x`, for geometrically spaced levels drawn on a log axis);
+    None when no point is below 1; the first batch if all are."""
     pts = sorted(points)
     if not pts:
         return None
@@ -243,6 +245,8 @@ def interpolate_crossover(points: Sequence[tuple[float, float]]) -> float | None
         return pts[0][0]
     for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
         if s1 < 1.0 <= s0:
-            return b0 + (s0 - 1.0) / (s0 - s1) * (b1 - b0)
+            share = (s0 - 1.0) / (s0 - s1)
+            if log_x:
+                return math.exp(math.log(b0) + share * (math.log(b1) - math.log(b0)))
+            return b0 + share * (b1 - b0)
     return None
-

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -125,8 +125,8 @@ def stream_one(session: requests.Session, url: str, model: str, prompt: dict[str
         with session.post(base_url(url) + endpoint, json=body, stream=True, timeout=timeout) as resp:
             if resp.status_code != 200:
                 return RequestResult(False, error=f"HTTP {resp.status_code} from {endpoint}")
-            for raw in resp.iter_lines(chunk_size=None):  # None: hand over bytes as they arrive, for TTFT/TPOT
-                line = raw.decode("utf-8", "replace").strip() if raw else ""
+            for raw in _lines_as_they_arrive(resp):
+                line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -148,6 +148,22 @@ def stream_one(session: requests.Session, url: str, model: str, prompt: dict[str
         return RequestResult(False, error="stream ended without any token")
     tpot = (last - first) / (tokens - 1) if tokens > 1 else None
     return RequestResult(True, tokens, first - start, tpot)
+
+
+def _lines_as_they_arrive(resp: requests.Response) -> Iterator[bytes]:
+    """SSE lines the moment their bytes arrive. requests' iter_lines either waits for a full chunk_size or,
+    with chunk_size=None on a response without chunked encoding, for the end of the body: both ruin TTFT and
+    TPOT. urllib3's read1 returns whatever one read of the socket brings."""
+    pending = b""
+    while True:
+        data = resp.raw.read1(65536)
+        if not data:
+            break
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        yield from lines
+    if pending:
+        yield pending
 
 
 def _chunk_text(event: dict[str, Any]) -> str:

@@ -53,5 +53,6 @@ def speedup_points(levels: list[dict[str, Any]]) -> list[tuple[float, float]]:
 
 
 def crossover_concurrency(levels: list[dict[str, Any]]) -> float | None:
-    """Where spec throughput falls below plain, interpolated between the bracketing levels."""
-    return interpolate_crossover(speedup_points(levels))
+    """Where spec throughput falls below plain, interpolated in log concurrency between the bracketing
+    levels (levels are spaced geometrically and plotted on a log axis)."""
+    return interpolate_crossover(speedup_points(levels), log_x=True)
