@@ -373,27 +373,29 @@ class Daemon:
             old, self.config = self.config, new
             rebuild_all = (old.scrape_timeout_seconds, old.max_body_bytes, old.state_dir) != (
                 new.scrape_timeout_seconds, new.max_body_bytes, new.state_dir)
-            if old.state_dir != new.state_dir:
-                for route in self._routes:  # flush into the old state directory before switching
-                    route.close_evaluators()
+            by_key = {(r.cfg.name, r.cfg.url): r for r in self._routes}
+            kept = [by_key.pop((cfg.name, cfg.url), None) for cfg in new.routes]
+            for route in by_key.values():
+                route.close()
+                log.info("reload: route %s removed", route.cfg.name)
+            # Close every evaluator to be replaced before building any: each flushes its state first, and
+            # shared resources (the state store) close with their last user, so rebuilding starts clean.
+            changed = [r for r, cfg in zip(kept, new.routes) if r is not None and (r.cfg != cfg or rebuild_all)]
+            for route in changed:
+                route.close_evaluators()
+            if not any(r.evaluators for r in kept if r is not None):
                 self._ctx = EvaluatorContext(config=new, clock=self._clock)
             self._ctx.config = new
-            by_key = {(r.cfg.name, r.cfg.url): r for r in self._routes}
             routes = []
-            for cfg in new.routes:
-                route = by_key.pop((cfg.name, cfg.url), None)
+            for route, cfg in zip(kept, new.routes):
                 if route is None:
                     route = self._new_route(cfg)
                     log.info("reload: route %s added (%s)", cfg.name, cfg.url)
-                elif route.cfg != cfg or rebuild_all:
-                    route.close_evaluators()  # flush state before the new evaluators read it
+                elif route in changed:
                     route.rebuild(cfg, new)
                     self._build_evaluators(route)
                     log.info("reload: route %s updated", cfg.name)
                 routes.append(route)
-            for route in by_key.values():
-                route.close()
-                log.info("reload: route %s removed", route.cfg.name)
             self._routes = routes
             if old.gpu != new.gpu:
                 self._close_gpu_source()

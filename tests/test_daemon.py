@@ -298,3 +298,24 @@ def test_scheduler_smoke(no_evaluators):
         scheduler.shutdown(wait=True)
         d.close()
     assert d.snapshot.timestamp > 0 and d.snapshot.route("r").up
+
+
+def test_reload_with_the_real_evaluators_keeps_their_shared_state_store_usable(tmp_path, caplog):
+    """The state store closes with its last user: a reload that replaces every evaluator must start a fresh
+    context instead of handing the new evaluators a closed store."""
+    def config(drop: float):
+        return parse_config({"state_dir": str(tmp_path), "gpu": {"enabled": "false"},
+                             "routes": [{"name": "r", "url": "http://127.0.0.1:9/r", "drop": drop,
+                                         "crossover": {"batch_size": 2}}]})
+
+    clock = FakeClock()
+    d = Daemon(config(0.15), source_factory=lambda r, c: CountingSource(), clock=clock)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            d.tick(clock.advance(5))
+        d.reload(config(0.2))
+        for _ in range(3):
+            snap = d.tick(clock.advance(5))
+        d.close()
+    assert [r.getMessage() for r in caplog.records] == []
+    assert snap.state_errors_total == 0 and snap.route("r").above_crossover is True
