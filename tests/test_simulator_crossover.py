@@ -50,6 +50,7 @@ class _Clients:
                     if not data or b"[DONE]" in data:
                         self.completed += 1
                         break
+                resp.close()
             except OSError as exc:
                 self.errors.append(repr(exc))
                 return

@@ -78,6 +78,7 @@ class RunningSimulator:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = 60  # a client that stops reading times out a blocked write, and its request is cancelled
     server: SimulatorHTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
