@@ -244,7 +244,7 @@ class Daemon:
     def _result(self, future: Future | None, deadline: float) -> ScrapeOutcome:
         timeout = self.config.scrape_timeout_seconds
         if future is None:
-            return ScrapeOutcome(reason="timeout", message=f"the previous scrape is still running after {timeout:g}s")
+            return ScrapeOutcome(reason="timeout", message="the previous scrape has still not returned")
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
