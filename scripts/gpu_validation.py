@@ -96,7 +96,8 @@ def exposition(nvml_up: bool | None, gpus, route_gpus: dict[str, tuple[int, ...]
 
 
 def nvidia_smi() -> str:
-    query = "utilization.gpu,memory.used,memory.total,power.draw,clocks.sm,clocks.mem,temperature.gpu,clocks_event_reasons.active"
+    query = ("utilization.gpu,memory.used,memory.total,power.draw,clocks.sm,clocks.mem,temperature.gpu,"
+             "clocks_event_reasons.active")
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True, text=True,
                              timeout=20)
@@ -153,7 +154,8 @@ def cost(source, cycles: int, label: str, report: list[str], results: dict) -> N
     q = statistics.quantiles(cpu_ms, n=100)
     per_gpu = statistics.mean(cpu_ms) / max(n_gpus, 1)
     line = (f"{label}: {cycles} cycles, {n_gpus} GPU(s): CPU per cycle mean {statistics.mean(cpu_ms):.3f} ms, "
-            f"median {statistics.median(cpu_ms):.3f} ms, p99 {q[98]:.3f} ms; wall mean {statistics.mean(wall_ms):.3f} ms; "
+            f"median {statistics.median(cpu_ms):.3f} ms, p99 {q[98]:.3f} ms; "
+            f"wall mean {statistics.mean(wall_ms):.3f} ms; "
             f"per GPU {per_gpu:.3f} ms CPU -> 8 GPUs ~ {8 * per_gpu:.2f} ms (extrapolated, linear in GPUs)")
     report.append(line)
     results[f"cost_{label}"] = {"cycles": cycles, "gpus": n_gpus, "cpu_ms_mean": statistics.mean(cpu_ms),

@@ -233,7 +233,8 @@ class FakeNvml:
 
     # -------------------------------------------------------------- GPM
     def nvmlGpmQueryDeviceSupport(self, h: _Handle) -> SimpleNamespace:
-        return SimpleNamespace(version=1, isSupportedDevice=int(self._gpu("nvmlGpmQueryDeviceSupport", h).gpm_supported))
+        gpu = self._gpu("nvmlGpmQueryDeviceSupport", h)
+        return SimpleNamespace(version=1, isSupportedDevice=int(gpu.gpm_supported))
 
     def nvmlGpmSampleAlloc(self) -> _GpmSample:
         self._enter("nvmlGpmSampleAlloc")

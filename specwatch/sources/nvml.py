@@ -38,7 +38,8 @@ ROUTE_MAP_RETRY_SECONDS = 10.0  # while a route maps to no GPU yet (its engine m
 # NVML return codes by meaning; names resolved against the bindings (a fake NVML provides the same names).
 _ABSENT_ERRORS = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND")
 _LOST_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_GPU_NOT_FOUND", "NVML_ERROR_RESET_REQUIRED")
-_LIBRARY_DOWN_ERRORS = ("NVML_ERROR_UNINITIALIZED", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIB_RM_VERSION_MISMATCH")
+_LIBRARY_DOWN_ERRORS = ("NVML_ERROR_UNINITIALIZED", "NVML_ERROR_DRIVER_NOT_LOADED",
+                        "NVML_ERROR_LIB_RM_VERSION_MISMATCH")
 
 
 class _GpuLost(Exception):
@@ -75,7 +76,8 @@ def _bind_fields(nvml: Any, rows: Iterable[NvmlField]) -> tuple[_BoundField, ...
         fn = getattr(nvml, row.call, None)
         missing = [a for a in row.args if not hasattr(nvml, a)]
         if fn is None or missing:
-            log.debug("GPU field %s off: these bindings lack %s", row.metric, ", ".join([row.call] * (fn is None) + missing))
+            lacking = ([row.call] if fn is None else []) + missing
+            log.debug("GPU field %s off: these bindings lack %s", row.metric, ", ".join(lacking))
             continue
         bound.append(_BoundField(row.metric, fn, row.call, tuple(getattr(nvml, a) for a in row.args), row.attribute,
                                  row.scale))
@@ -194,12 +196,36 @@ class _Gpu:
         self._nvml = nvml
         self._driver = driver
         self._fields = fields
+        self._gpm_rows = gpm_rows
         self._calls = _Calls(nvml, index)
-        self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        self.uuid = self._text(self._calls("UUID", nvml.nvmlDeviceGetUUID, self.handle))
-        self.name = self._text(self._calls("name", nvml.nvmlDeviceGetName, self.handle))
-        self.gpm = self._open_gpm(gpm_rows)
+        self.handle: Any = None
+        self.uuid = ""
+        self.name = ""
+        self.gpm: _Gpm | None = None
         self._lost = False
+        try:
+            self._open()
+        except _GpuLost as exc:
+            self._went_down(exc)
+
+    def _open(self) -> None:
+        """Handle, facts and GPM, read once; a GPU lost already at start is retried each cycle until it answers.
+
+        Raises _GpuLost while no handle can be had; _LibraryDown propagates."""
+        handle = self._calls("handle", self._nvml.nvmlDeviceGetHandleByIndex, self.index)
+        if handle is None:
+            raise _GpuLost("no handle")
+        self.uuid = self._text(self._calls("UUID", self._nvml.nvmlDeviceGetUUID, handle))
+        self.name = self._text(self._calls("name", self._nvml.nvmlDeviceGetName, handle))
+        self.gpm = self._open_gpm(handle)
+        self.handle = handle
+
+    def _went_down(self, exc: Exception) -> None:
+        if not self._lost:
+            self._lost = True
+            log.warning("GPU %d lost (%s): exporting gpu_up 0 for it, the other GPUs carry on", self.index, exc)
+        if self.gpm is not None:
+            self.gpm.reset()
 
     @staticmethod
     def _text(value: Any) -> str:
@@ -207,21 +233,21 @@ class _Gpu:
             return value.decode("utf-8", "replace")
         return "" if value is None else str(value)
 
-    def _open_gpm(self, rows: tuple[GpmField, ...]) -> _Gpm | None:
-        nvml = self._nvml
+    def _open_gpm(self, handle: Any) -> _Gpm | None:
+        nvml, rows = self._nvml, self._gpm_rows
         if not rows or not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
             return None
-        mig = self._calls("MIG mode", getattr(nvml, "nvmlDeviceGetMigMode", lambda h: None), self.handle)
+        mig = self._calls("MIG mode", getattr(nvml, "nvmlDeviceGetMigMode", lambda h: None), handle)
         if mig and mig[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
             log.info("GPU %d is in MIG mode: GPM activity metrics are left out for it", self.index)
             return None
-        support = self._calls("GPM support", nvml.nvmlGpmQueryDeviceSupport, self.handle)
+        support = self._calls("GPM support", nvml.nvmlGpmQueryDeviceSupport, handle)
         if support is None or not support.isSupportedDevice:
             log.info("GPU %d (%s) has no GPM (before Hopper): SM/tensor/DRAM activity metrics are left out",
                      self.index, self.name)
             return None
         try:
-            return _Gpm(nvml, self.handle, rows)
+            return _Gpm(nvml, handle, rows)
         except Exception as exc:
             log.warning("GPU %d: GPM setup failed, activity metrics left out: %s", self.index, exc)
             return None
@@ -229,21 +255,19 @@ class _Gpu:
     def sample(self) -> GpuSample:
         """Never raises _GpuLost: a lost GPU comes back as up=False. _LibraryDown propagates."""
         try:
+            if self.handle is None:
+                self._open()
             fields = self._read_fields()
             if self.gpm is not None:
                 fields.update(self.gpm.sample(self._calls))
             processes = self._calls("compute processes", self._nvml.nvmlDeviceGetComputeRunningProcesses,
                                     self.handle)
         except _GpuLost as exc:
-            if not self._lost:
-                self._lost = True
-                log.warning("GPU %d lost (%s): exporting gpu_up 0 for it, the other GPUs carry on", self.index, exc)
-            if self.gpm is not None:
-                self.gpm.reset()
+            self._went_down(exc)
             return GpuSample(index=self.index, up=False, uuid=self.uuid, name=self.name, driver=self._driver)
         if self._lost:
             self._lost = False
-            log.warning("GPU %d answers again", self.index)
+            log.info("GPU %d answers again", self.index)
         pids = tuple(sorted({p.pid for p in processes or () if getattr(p, "pid", None) is not None}))
         return GpuSample(index=self.index, up=True, uuid=self.uuid, name=self.name, driver=self._driver,
                          fields=fields, pids=pids)
@@ -322,14 +346,19 @@ class GpuSource:
         except Exception as exc:
             self._down(now, f"NVML did not load: {exc}")
             return False
+        gpus: list[_Gpu] = []
         try:
             driver = _Gpu._text(nvml.nvmlSystemGetDriverVersion())
             fields = _bind_fields(nvml, NVML_FIELDS)
-            self._gpus = tuple(_Gpu(nvml, i, driver, fields, GPM_FIELDS) for i in range(nvml.nvmlDeviceGetCount()))
+            for index in range(nvml.nvmlDeviceGetCount()):
+                gpus.append(_Gpu(nvml, index, driver, fields, GPM_FIELDS))
         except Exception as exc:
-            self._unload()
+            for gpu in gpus:
+                gpu.close()
+            self._shutdown()
             self._down(now, f"NVML loaded but could not list the GPUs: {exc}")
             return False
+        self._gpus = tuple(gpus)
         self._loaded = True
         self._reported_down = False
         log.info("NVML loaded: driver %s, %d GPU(s): %s", driver, len(self._gpus),
@@ -352,11 +381,14 @@ class GpuSource:
         self._gpus = ()
         self._pid_gpus = {}
         if self._loaded:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception as exc:
-                log.debug("nvmlShutdown: %s", exc)
+            self._shutdown()
         self._loaded = False
+
+    def _shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:  # already gone; nothing left to release
+            log.debug("nvmlShutdown: %s", exc)
 
     def close(self) -> None:
         self._unload()
