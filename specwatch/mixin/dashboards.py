@@ -63,10 +63,12 @@ def _table(title: str, description: str, columns: list[tuple[str, str]], rename:
                                                                    "renameByName": renames}}])
 
 
-def _band_override(series: str, fill_below_to: str) -> dict[str, Any]:
-    return {"matcher": {"id": "byName", "options": series},
-            "properties": [{"id": "custom.fillBelowTo", "value": fill_below_to},
-                           {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}]}
+def _dashed(name_regex: str, color: str = "") -> dict[str, Any]:
+    """Draw the series whose display name matches as a dashed reference line."""
+    properties: list[dict[str, Any]] = [{"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}]
+    if color:
+        properties.append({"id": "color", "value": {"mode": "fixed", "fixedColor": color}})
+    return {"matcher": {"id": "byRegexp", "options": name_regex}, "properties": properties}
 
 
 def _layout(rows: list[list[tuple[Any, int, int]]]) -> list[Any]:
@@ -139,16 +141,13 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
             (_timeseries("Acceptance vs baseline", f"Draft-token acceptance over {short}, summed over the route's "
                          "nodes (solid), and its pinned baseline (dashed).",
                          [(acceptance, "{{route}}"), (baseline, "{{route}} baseline")], "percentunit",
-                         overrides=[{"matcher": {"id": "byRegexp", "options": ".* baseline"},
-                                     "properties": [{"id": "custom.lineStyle",
-                                                     "value": {"dash": [10, 10], "fill": "dash"}}]}],
-                         minimum=0), 12, 9),
+                         overrides=[_dashed(".* baseline")], minimum=0), 12, 9),
             (_timeseries("Acceptance drop", f"1 - acceptance / baseline over {long_} and {short}; the detector "
-                         "pages near the red line (default drop 15%).",
+                         f"pages near the red line (default drop {s.default_drop:.0%}).",
                          [(drop_long, "{{route}} " + long_),
                           (rules.ACCEPTANCE_DROP.format(w=short) + FLEET_ROUTE, "{{route}} " + short)],
                          "percentunit", thresholds=[{"color": "green", "value": None},
-                                                    {"color": "red", "value": 0.15}]), 12, 9),
+                                                    {"color": "red", "value": s.default_drop}]), 12, 9),
         ],
         [
             (_timeseries("Batch vs crossover", "Largest per-engine batch of the route over its nodes, and the "
@@ -174,17 +173,15 @@ def _route_gpu(metric: str) -> str:
 def route_detail(s: Settings) -> dict[str, Any]:
     rows = [
         [(_timeseries("Acceptance per window and baseline band",
-                      "Draft-token acceptance per window; the shaded band runs from the pinned baseline down to "
-                      "the default page threshold (baseline x 0.85).",
+                      "Draft-token acceptance per window (solid) inside the baseline band (dashed): the pinned "
+                      f"baseline and the page threshold below it, baseline x {1 - s.default_drop:g} for the "
+                      "default drop.",
                       [(f"specwatch_route_acceptance_ratio{{{ROUTE}}}", "{{instance}} {{route}} {{window}}"),
                        (f"specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}", "{{instance}} {{route}} baseline"),
-                       (f"0.85 * specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}",
+                       (f"{1 - s.default_drop:g} * specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}",
                         "{{instance}} {{route}} page threshold")],
                       "percentunit", minimum=0,
-                      overrides=[{"matcher": {"id": "byRegexp", "options": ".* baseline"},
-                                  "properties": [{"id": "custom.fillBelowTo", "value": "page threshold"},
-                                                 {"id": "custom.lineStyle",
-                                                  "value": {"dash": [10, 10], "fill": "dash"}}]}]),
+                      overrides=[_dashed(".* baseline"), _dashed(".* page threshold", color="red")]),
            16, 9),
          (_timeseries("Drop and detector evidence", "Relative drop 1 - current / baseline, and the CUSUM evidence "
                       "statistic (alarms at its threshold, 20 by default).",

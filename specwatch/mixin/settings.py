@@ -52,7 +52,9 @@ class Settings:
     page_webhook_url: str = "http://pager.example.internal/specwatch"
     ticket_webhook_url: str = "http://tickets.example.internal/specwatch"
 
-    # Dashboards
+    # Dashboards. The page threshold line is drawn at baseline x (1 - drop) for the detector's default drop
+    # (config `detection.drop`); routes with their own `drop` page at their own threshold.
+    default_drop: float = 0.15
     dashboard_uid_prefix: str = "specwatch"
     dashboard_tags: tuple[str, ...] = ("specwatch", "speculative-decoding")
     dashboard_refresh: str = "30s"
