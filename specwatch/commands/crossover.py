@@ -18,7 +18,7 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="crossover_command", metavar="ACTION")
     est = sub.add_parser("estimate", help="predict B* and the speedup per batch from a calibrated roofline")
-    _add_model_arguments(est)
+    add_model_arguments(est)
     est.add_argument("--gamma", type=int, default=4, help="draft tokens per step, k (default 4)")
     rates = est.add_mutually_exclusive_group()
     rates.add_argument("--alpha", type=float, default=0.7, help="iid per-token acceptance (default 0.7)")
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     est.add_argument("--json", action="store_true", help='print {"crossover_batch_size": ..., "speedup": {...}}')
 
     cal = sub.add_parser("calibrate", help="fit achieved efficiencies to measured step times")
-    _add_model_arguments(cal)
+    add_model_arguments(cal)
     src = cal.add_mutually_exclusive_group(required=True)
     src.add_argument("--reference", nargs="?", const="", metavar="PATH",
                      help="the H200 reference table (default: the packaged copy)")
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cal.add_argument("--context", type=int, default=1024, help="reference run to fit (default 1024)")
 
 
-def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="", help="GPU name (H200, H100-SXM, ...); default: detected through NVML")
     p.add_argument("--params", type=float, help="target parameters in billions")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"))
@@ -73,7 +73,7 @@ def _batches(text: str) -> tuple[int, ...]:
     return values
 
 
-def _inputs(args: argparse.Namespace) -> EstimateInputs:
+def estimate_inputs(args: argparse.Namespace) -> EstimateInputs:
     return EstimateInputs(gpu=args.gpu, params=args.params, dtype=args.dtype, layers=args.layers,
                           hidden_size=args.hidden_size, kv_heads=args.kv_heads, head_dim=args.head_dim,
                           hf_config=args.hf_config, draft=args.draft)
@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    model = build_step_model(_inputs(args))
+    model = build_step_model(estimate_inputs(args))
     positions = args.positions or positions_from_alpha(args.alpha, args.gamma)
     gamma = len(positions)
     if args.calibrate_from:
@@ -123,7 +123,7 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    inputs = _inputs(args)
+    inputs = estimate_inputs(args)
     if args.reference is not None:  # the reference table is an H200 running a Llama-3-8B shape, EAGLE-3 head
         inputs = replace(inputs, gpu=inputs.gpu or "H200", draft="eagle3")
     model = build_step_model(inputs, default_shape=LLAMA3_8B)
