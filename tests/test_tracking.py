@@ -248,3 +248,21 @@ def test_parse_version():
     assert parse_version("v0.5.13.post2") == (0, 5, 13)
     assert parse_version("0.5.13rc1") == (0, 5, 13)
     assert parse_version("dev") is None
+
+
+def test_nan_and_infinite_values_never_poison_the_sums():
+    nan, inf = float("nan"), float("inf")
+    tracker = RouteTracker("r")
+    good = lambda d: EngineCounters(engine="0", drafts=d, draft_tokens=2 * d, accepted_tokens=d, running=2.0)
+    bad = EngineCounters(engine="0", drafts=nan, draft_tokens=inf, accepted_tokens=-1.0, running=nan, kv_usage=inf)
+    tracker.observe(vllm_sample(0.0, good(100)))
+    tracker.observe(vllm_sample(5.0, bad))
+    tracker.observe(vllm_sample(10.0, good(200)))
+    state = tracker.state()
+    assert state.drafts_total == 200 and state.acceptance_ratio["1m"] == pytest.approx(0.5)
+    gauge = RouteTracker("g")
+    e = lambda rate, running: EngineCounters(engine="0", spec_accept_rate=rate, spec_num_draft_tokens=4.0,
+                                             running=running)
+    for ts, engine in ((0.0, e(0.6, 10)), (5.0, e(nan, 10)), (10.0, e(0.9, inf)), (15.0, e(0.6, 10))):
+        gauge.observe(sglang_sample(ts, "0.5.23", "gauge", engine))
+    assert gauge.state().acceptance_ratio["1m"] == pytest.approx(0.6)

@@ -21,6 +21,7 @@ tracking, so an engine appearing mid-way does not pour its whole history into th
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -51,9 +52,9 @@ def sglang_acceptance_ratio(e: EngineCounters, version: tuple[int, ...] | None, 
       k from the route (server info) or, failing that, n = tau / rate_old;
     - no rate gauge (< 0.5.4): (tau - 1) / k when k is known.
     """
-    n = e.spec_num_draft_tokens
+    n = _finite(e.spec_num_draft_tokens)
     k: float | None = (n - 1) if n is not None and n > 1 else (k_hint if k_hint else None)
-    rate, tau = e.spec_accept_rate, e.spec_accept_length
+    rate, tau = _finite(e.spec_accept_rate), _finite(e.spec_accept_length)
     if rate is not None:
         if n is not None or (version is not None and version >= _SGLANG_NEW_RATE_SINCE):
             return _clamp01(rate)
@@ -66,9 +67,12 @@ def sglang_acceptance_ratio(e: EngineCounters, version: tuple[int, ...] | None, 
 
 
 def _clamp01(x: float) -> float | None:
-    if x != x:  # NaN
-        return None
-    return min(1.0, max(0.0, x))
+    return min(1.0, max(0.0, x)) if math.isfinite(x) else None
+
+
+def _finite(x: float | None) -> float | None:
+    """The value, or None for a missing, NaN or infinite one (which would poison every later sum)."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 @dataclass
@@ -79,7 +83,7 @@ class _Engine:
 
     def update(self, key: str, value: float | None, created: float | None) -> tuple[float, float, bool]:
         """(increase, value adopted at first sight, reset seen) for one counter; zeros when value is None."""
-        if value is None:
+        if _finite(value) is None:
             return 0.0, 0.0, False
         counter = self.counters.setdefault(key, ResetSafeCounter())
         first, resets = counter.last_value is None, counter.resets
@@ -119,13 +123,13 @@ def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None) -> tu
 
 
 def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int | None) -> Sums:
-    weight = e.running or 0.0
+    weight = _finite(e.running) or 0.0
     # An idle engine's interval gauges keep their last value, and an adaptive tier at step 0 runs a
     # 1-token verify that drags the length toward 1: neither says anything about acceptance.
     if weight <= 0 or (e.spec_num_steps is not None and e.spec_num_steps <= 0):
         return Sums()
     ratio = sglang_acceptance_ratio(e, version, k_hint)
-    tau = e.spec_accept_length
+    tau = _finite(e.spec_accept_length)
     return Sums(gauge_ratio_weight=weight if ratio is not None else 0.0,
                 gauge_ratio_weighted=weight * ratio if ratio is not None else 0.0,
                 gauge_length_weight=weight if tau is not None else 0.0,
@@ -133,7 +137,7 @@ def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int 
 
 
 def _sum_present(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
+    present = [v for v in values if _finite(v) is not None]
     return sum(present) if present else None
 
 
@@ -175,7 +179,7 @@ class RouteTracker:
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
         elif sample.acceptance_source == "lifetime_gauge":
-            rates = [e.lifetime_acceptance_rate for e in sample.engines if e.lifetime_acceptance_rate is not None]
+            rates = [e.lifetime_acceptance_rate for e in sample.engines if _finite(e.lifetime_acceptance_rate) is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
 
         self._observed = self._observed.plus(inc).plus(gauge_now)
@@ -191,7 +195,7 @@ class RouteTracker:
             d_accepted_per_pos=inc.per_pos,
             gauge_acceptance_ratio=(self._lifetime_ratio if sample.acceptance_source == "lifetime_gauge"
                                     else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
-            running_per_engine={e.engine: e.running for e in sample.engines if e.running is not None},
+            running_per_engine={e.engine: e.running for e in sample.engines if _finite(e.running) is not None},
             kv_usage=self._kv_usage(sample),
             window_acceptance=self._window_acceptance(),
             gpus=gpus,
@@ -291,6 +295,6 @@ class RouteTracker:
 
     @staticmethod
     def _kv_usage(sample: EngineSample) -> float | None:
-        values = [e.kv_usage for e in sample.engines if e.kv_usage is not None]
+        values = [e.kv_usage for e in sample.engines if _finite(e.kv_usage) is not None]
         return sum(values) / len(values) if values else None
 
