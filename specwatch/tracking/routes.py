@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from specwatch.snapshot import WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState
@@ -238,15 +238,11 @@ class RouteTracker:
         positions: tuple[float, ...] = ()
         if d5 is not None and d5.drafts > 0:
             positions = tuple(max(0.0, p) / d5.drafts for p in d5.per_pos)
-        return RouteState(
-            **{**base.__dict__,
-               "acceptance_ratio": obs.window_acceptance,
-               "mean_acceptance_length": self._windowed(self._mean_length),
-               "position_acceptance_ratio": positions,
-               "draft_length": _div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
-               "running_requests": _sum_present([e.running for e in last.engines]),
-               "waiting_requests": _sum_present([e.waiting for e in last.engines]),
-               "kv_usage_ratio": obs.kv_usage},
+        return replace(
+            base, acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._windowed(self._mean_length),
+            position_acceptance_ratio=positions, draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
+            running_requests=_sum_present([e.running for e in last.engines]),
+            waiting_requests=_sum_present([e.waiting for e in last.engines]), kv_usage_ratio=obs.kv_usage,
         )
 
     # ------------------------------------------------------------------ helpers

@@ -11,7 +11,7 @@ ratio over a shorter span is still a true ratio, and the 1h window is not left e
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Mapping
 
 from specwatch.snapshot import WINDOW_SECONDS
@@ -39,28 +39,15 @@ class Sums:
     gauge_length_weighted: float = 0.0
 
     def plus(self, other: "Sums") -> "Sums":
-        return Sums(
-            drafts=self.drafts + other.drafts,
-            draft_tokens=self.draft_tokens + other.draft_tokens,
-            accepted=self.accepted + other.accepted,
-            per_pos=_add_positions(self.per_pos, other.per_pos, 1.0),
-            gauge_ratio_weight=self.gauge_ratio_weight + other.gauge_ratio_weight,
-            gauge_ratio_weighted=self.gauge_ratio_weighted + other.gauge_ratio_weighted,
-            gauge_length_weight=self.gauge_length_weight + other.gauge_length_weight,
-            gauge_length_weighted=self.gauge_length_weighted + other.gauge_length_weighted,
-        )
+        return _combine(self, other, 1.0)
 
     def minus(self, other: "Sums") -> "Sums":
-        return Sums(
-            drafts=self.drafts - other.drafts,
-            draft_tokens=self.draft_tokens - other.draft_tokens,
-            accepted=self.accepted - other.accepted,
-            per_pos=_add_positions(self.per_pos, other.per_pos, -1.0),
-            gauge_ratio_weight=self.gauge_ratio_weight - other.gauge_ratio_weight,
-            gauge_ratio_weighted=self.gauge_ratio_weighted - other.gauge_ratio_weighted,
-            gauge_length_weight=self.gauge_length_weight - other.gauge_length_weight,
-            gauge_length_weighted=self.gauge_length_weighted - other.gauge_length_weighted,
-        )
+        return _combine(self, other, -1.0)
+
+
+def _combine(a: Sums, b: Sums, sign: float) -> Sums:
+    return Sums(**{f.name: _add_positions(a.per_pos, b.per_pos, sign) if f.name == "per_pos"
+                   else getattr(a, f.name) + sign * getattr(b, f.name) for f in fields(Sums)})
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:
