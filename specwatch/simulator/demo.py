@@ -73,12 +73,16 @@ def load_demo_plan(text: str | None = None) -> DemoPlan:
         if r.get("engine") not in ENGINE_KINDS:
             problems.append(f"routes[{i}].engine: must be one of {', '.join(ENGINE_KINDS)}")
             continue
+        dp = r.get("dp", 1)
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+            problems.append(f"routes[{i}].dp: must be a whole number >= 1, got {dp!r}")
+            continue
         try:
             scenario = parse_scenario(r.get("scenario"), f"routes[{i}].scenario")
         except ScenarioError as exc:
             problems.extend(exc.problems)
             continue
-        routes.append(DemoRoute(str(r.get("name")), r["engine"], int(r.get("dp", 1)), scenario))
+        routes.append(DemoRoute(str(r.get("name")), r["engine"], dp, scenario))
     if problems:
         raise ScenarioError(problems, DEMO_FILE)
     return DemoPlan(float(scale), float(interval), tuple(routes), str(raw.get("description", "")))

@@ -1,0 +1,109 @@
+"""`specwatch demo`: the packaged plan, the daemon config it generates, and (e2e) the whole story on a
+real run: both routes up, the acceptance drop after the model bump, the ramped route above its crossover,
+and a clean exit on Ctrl-C."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from specwatch.config import parse_config
+from specwatch.simulator.demo import daemon_config, load_demo_plan, route_crossover, simulation_spec
+from specwatch.simulator.launch import free_port
+from specwatch.simulator.scenario import ScenarioError
+from specwatch.simulator.speculation import parse_profile
+
+
+def _specs(plan):
+    return {r.name: simulation_spec(r, plan.time_scale) for r in plan.routes}
+
+
+def test_packaged_plan_tells_the_story_within_two_minutes():
+    plan = load_demo_plan()
+    by_name = {r.name: r for r in plan.routes}
+    assert (by_name["chat"].engine, by_name["chat"].dp) == ("vllm", 2)
+    assert by_name["code"].engine == "sglang"
+    specs = _specs(plan)
+    real = lambda sim_seconds: sim_seconds / plan.time_scale  # noqa: E731
+
+    bump = next(e for e in by_name["chat"].scenario.events if e.type == "model_bump")
+    assert bump.params["acceptance_factor"] == pytest.approx(0.8)  # a ~20% acceptance drop
+    assert 20 <= real(bump.at) <= 45  # "after a few minutes" of simulated time, early in a 120 s demo
+
+    code = by_name["code"].scenario
+    b_star = route_crossover(specs["code"])
+    assert code.concurrency_at(0) / by_name["code"].dp < b_star  # starts below its crossover ...
+    ramp_end = next(e.at + e.params["over"] for e in code.events if e.type == "load")
+    assert code.concurrency_at(ramp_end) / by_name["code"].dp > 1.5 * b_star  # ... and ends well above it
+    assert real(ramp_end) <= 75
+
+
+def test_generated_config_is_valid_and_uses_each_engines_own_crossover(tmp_path):
+    plan = load_demo_plan()
+    specs = _specs(plan)
+    urls = {r.name: f"http://127.0.0.1:{9000 + i}/metrics" for i, r in enumerate(plan.routes)}
+    config = parse_config(daemon_config(plan, urls, specs, str(tmp_path)), "demo")
+    assert config.state_dir == str(tmp_path) and config.gpu.enabled == "false"
+    code = config.route("code")
+    assert code.url == urls["code"] and code.engine == "sglang"
+    assert 64 < code.crossover.batch_size < 96  # k=4, alpha 0.7 on the H200 table: the reference's bracket
+    assert code.detection.min_duration_seconds <= 15 and code.detection.warmup_seconds <= 30
+    chat_profile = parse_profile(specs["chat"].acceptance, specs["chat"].k)
+    assert chat_profile.acceptance_rate() > 0.5
+
+
+def test_a_broken_plan_is_reported_not_crashed():
+    with pytest.raises(ScenarioError) as err:
+        load_demo_plan("time_scale: -1\nroutes:\n  - {name: x, engine: tgi}\n  - {name: y, engine: vllm, "
+                       "scenario: {events: [{at: 1m, type: nope}]}}\n")
+    text = str(err.value)
+    assert "time_scale" in text and "routes[0].engine" in text and "events[0].type" in text
+
+
+# ----------------------------------------------------------------------------------------- end to end
+def _routes(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/routes", timeout=3) as resp:
+        return {r["name"]: r for r in json.load(resp)["routes"]}
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(importlib.util.find_spec("specwatch.sources.engines") is None,
+                    reason="the engine sources are not in this build yet")
+def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specwatch", "demo", "--duration", "120",
+                             "--web.listen-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = {"both_up": False, "first_model": None, "bumped": False, "degraded_after_bump": False,
+            "above_crossover": False}
+    deadline = time.monotonic() + 115
+    try:
+        while time.monotonic() < deadline and not all(seen.values()):
+            time.sleep(1.0)
+            try:
+                routes = _routes(port)
+            except OSError:
+                continue
+            chat, code = routes.get("chat"), routes.get("code")
+            if not chat or not code:
+                continue
+            seen["both_up"] = seen["both_up"] or (chat["up"] and code["up"])
+            if chat["up"] and chat.get("model_name"):
+                seen["first_model"] = seen["first_model"] or chat["model_name"]
+                seen["bumped"] = seen["bumped"] or chat["model_name"] != seen["first_model"]
+            seen["degraded_after_bump"] = seen["degraded_after_bump"] or (seen["bumped"] and bool(chat["degraded"]))
+            seen["above_crossover"] = seen["above_crossover"] or bool(
+                code["above_crossover"] and code["batch_size"] > code["crossover_batch_size"])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert all(seen.values()), (seen, out[-3000:])
+    assert proc.returncode == 0, out[-3000:]
+    assert "SIMULATED" in out and "final state" in out
