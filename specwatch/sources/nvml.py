@@ -20,7 +20,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Callable, Iterable
 from urllib.parse import urlparse
 
@@ -132,8 +131,12 @@ class _Gpm:
         self._rows = tuple(r for r in rows if hasattr(nvml, r.metric_id))
         self._success = nvml.NVML_SUCCESS
         self._buffers: list[Any] = []
-        for _ in range(2):
-            self._buffers.append(nvml.nvmlGpmSampleAlloc())
+        try:
+            for _ in range(2):
+                self._buffers.append(nvml.nvmlGpmSampleAlloc())
+        except Exception:
+            self.close()
+            raise
         request = nvml.c_nvmlGpmMetricsGet_t()
         request.version = nvml.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(self._rows)
@@ -409,7 +412,7 @@ class GpuSource:
         except Exception as exc:  # /proc surprises must not stop the loop
             log.warning("route %s: GPU auto-mapping failed (%s); set gpus: on the route", route_cfg.name, exc)
             gpus = ()
-        if cached is None or cached[0] != gpus:
+        if gpus != (cached[0] if cached else ()):  # log changes only: a CPU host would log "none" forever
             log.info("route %s: mapped to GPU(s) %s through the processes behind %s", route_cfg.name,
                      ", ".join(map(str, gpus)) or "none yet", route_cfg.url)
         self._route_cache[key] = (gpus, now + (ROUTE_MAP_REFRESH_SECONDS if gpus else ROUTE_MAP_RETRY_SECONDS))
@@ -428,8 +431,9 @@ class GpuSource:
         return tuple(sorted({gpu for pid in serving for gpu in self._pid_gpus[pid]}))
 
 
-def make_gpu_source(gpu_cfg: GpuConfig, nvml: ModuleType | Any | None = None, **kwargs: Any) -> GpuSource | None:
-    """The daemon's entry point: None when `gpu.enabled` is false; pynvml is imported here, lazily."""
+def make_gpu_source(gpu_cfg: GpuConfig, nvml: Any = None, **kwargs: Any) -> GpuSource | None:
+    """The daemon's entry point: None when `gpu.enabled` is false. `nvml` is the pynvml module (imported here,
+    lazily, when not given) or a stand-in such as tests' FakeNvml; kwargs go to GpuSource."""
     if gpu_cfg.enabled == "false":
         return None
     import_error = ""
