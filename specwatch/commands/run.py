@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config.file", dest="config_file", default=DEFAULT_CONFIG_PATH, metavar="FILE",
                         help=f"configuration file (default {DEFAULT_CONFIG_PATH})")
     parser.add_argument("--web.listen-address", dest="listen_address", default=DEFAULT_LISTEN_ADDRESS,
-                        metavar="HOST:PORT", help=f"address for /metrics and the API (default {DEFAULT_LISTEN_ADDRESS})")
+                        metavar="HOST:PORT",
+                        help=f"address for /metrics and the API (default {DEFAULT_LISTEN_ADDRESS})")
     parser.add_argument("--web.config.file", dest="web_config_file", default="", metavar="FILE",
                         help="TLS and basic auth settings, in the Prometheus exporter-toolkit format")
 

@@ -179,7 +179,7 @@ class RouteTracker:
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
         elif sample.acceptance_source == "lifetime_gauge":
-            rates = [e.lifetime_acceptance_rate for e in sample.engines if _finite(e.lifetime_acceptance_rate) is not None]
+            rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
 
         self._observed = self._observed.plus(inc).plus(gauge_now)
@@ -240,7 +240,8 @@ class RouteTracker:
             positions = tuple(max(0.0, p) / d5.drafts for p in d5.per_pos)
         return replace(
             base, acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._windowed(self._mean_length),
-            position_acceptance_ratio=positions, draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
+            position_acceptance_ratio=positions,
+            draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
             running_requests=_sum_present([e.running for e in last.engines]),
             waiting_requests=_sum_present([e.waiting for e in last.engines]), kv_usage_ratio=obs.kv_usage,
         )
