@@ -24,6 +24,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from test_otel import receiver  # noqa: F401 (fixture)
 from test_webconfig import make_pki
 
 STARTUP_TIMEOUT = 20.0
@@ -205,3 +206,19 @@ def test_a_bad_web_config_stops_the_start(tmp_path):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert "cannot load certificate" in result.stderr
+
+
+# --------------------------------------------------------------------------- OTLP
+def test_otlp_push_from_a_running_daemon(tmp_path, daemons, receiver):
+    from test_otel import points
+
+    base, received = receiver
+    config = write_config(tmp_path / "specwatch.yml", ["chat"], extra=f"otlp: {{endpoint: '{base}', interval: 1s}}\n")
+    d = daemons(config)
+    wait_until(lambda: any("specwatch_route_up" in points(r) for _, _, r in received), what="an OTLP export")
+    exported = next(points(r) for _, _, r in received if "specwatch_route_up" in points(r))
+    assert exported["specwatch_route_up"] == [(0.0, {"route": "chat"})]  # the route's engine is unreachable
+    assert exported["specwatch_config_last_reload_successful"] == [(1.0, {})]
+    count = len(received)
+    assert d.stop() == 0
+    assert len(received) > count  # the last snapshot is flushed on SIGTERM
