@@ -119,6 +119,7 @@ class SimEngine:
         self.clock = clock
         self.recorder = recorder
         self._settings = settings
+        self._step_costs: dict[tuple[int, int], float] = {}
         self._rng = random.Random(seed)
         self._sampler = self._new_sampler(settings.profile)
         self._cond = threading.Condition()
@@ -177,6 +178,7 @@ class SimEngine:
             self._abort_locked()
             if settings is not None:
                 self._settings = settings
+                self._step_costs.clear()
                 self._sampler = self._new_sampler(settings.profile)
             self._reset_stats()
             self._paused = paused
@@ -258,9 +260,17 @@ class SimEngine:
         if not self._running:
             return None
         settings = self._settings
-        duration = step_seconds(settings.step_time, len(self._running), settings.k) + \
-            settings.prefill_seconds_per_token * sum(r.prompt_tokens for r in admitted)
+        duration = self._step_cost(len(self._running), settings.k)
+        if admitted:
+            duration += settings.prefill_seconds_per_token * sum(r.prompt_tokens for r in admitted)
         return self._t + duration, duration, admitted
+
+    def _step_cost(self, batch: int, k: int) -> float:
+        key = (batch, k)
+        cost = self._step_costs.get(key)
+        if cost is None:  # the table interpolation is pure: price each (batch, k) once
+            cost = self._step_costs[key] = step_seconds(self._settings.step_time, batch, k)
+        return cost
 
     def _admit(self) -> list[SimRequest]:
         admitted = []

@@ -138,8 +138,9 @@ class VllmMetrics:
         m["vllm:num_requests_running"].set(step.running)
         m["vllm:num_requests_waiting"].set(step.waiting)
         m["vllm:kv_cache_usage_perc"].set(step.kv_usage)
-        m["vllm:prefix_cache_queries"].inc(step.prompt_tokens)
-        m["vllm:prompt_tokens"].inc(step.prompt_tokens)
+        if step.prompt_tokens:
+            m["vllm:prefix_cache_queries"].inc(step.prompt_tokens)
+            m["vllm:prompt_tokens"].inc(step.prompt_tokens)
         m["vllm:generation_tokens"].inc(step.emitted_tokens)
         m["vllm:iteration_tokens_total"].observe(step.prompt_tokens + step.emitted_tokens)
         m["vllm:inter_token_latency_seconds"].observe(step.duration)
@@ -148,7 +149,8 @@ class VllmMetrics:
             m["vllm:spec_decode_num_draft_tokens"].inc(step.draft_tokens)
             m["vllm:spec_decode_num_accepted_tokens"].inc(step.accepted_tokens)
             for pos, count in enumerate(step.accepted_per_pos):
-                m[f"vllm:spec_decode_num_accepted_tokens_per_pos/{pos}"].inc(count)
+                if count:
+                    m[self._per_pos_keys[pos]].inc(count)
 
     def on_finish(self, engine: int, request: SimRequest, now: float) -> None:
         m = self._series(engine)
@@ -197,6 +199,7 @@ class VllmMetrics:
         for e in range(self.engines):
             info.labels(**self._cache_info, engine=str(e)).set(1)
         self._per_engine = per_engine
+        self._per_pos_keys = [f"vllm:spec_decode_num_accepted_tokens_per_pos/{pos}" for pos in range(self.k)]
         return registry
 
     def _declare(self, fam: Family, registry: CollectorRegistry):
