@@ -27,6 +27,7 @@ DEMO_FILE = "demo.yaml"
 DEMO_DETECTION = {
     "warmup_drafted_tokens": 5_000,
     "warmup_duration": "15s",
+    "pin_duration": "20s",  # pin the learned baseline before the bump at 30 s
     "min_drafted_tokens": 2_000,
     "min_duration": "10s",
     "confirm_window": "20s",
