@@ -16,11 +16,14 @@ from specwatch.simulator.steptime import AnalyticStepTime, StepTimeModel, load_t
 
 log = logging.getLogger(__name__)
 
+DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}  # the engines' own defaults
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINE_KINDS, default="vllm", help="engine to imitate (default vllm)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    parser.add_argument("--port", type=int,
+                        help="port to listen on; 0 picks a free one (default: 8000 for vllm, 30000 for sglang)")
     parser.add_argument("--scenario", metavar="FILE", help="YAML/JSON scenario: starting setup and timed events")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel engines (vLLM `engine`, SGLang `dp_rank`)")
     parser.add_argument("--model", help=f"served model name (default: the scenario's, else {DEFAULT_MODEL})")
@@ -61,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario) if args.scenario else Scenario()
         spec = build_spec(args, scenario)
-        running = RunningSimulator(Simulation(spec), host=args.host, port=args.port)
+        port = args.port if args.port is not None else DEFAULT_PORTS[args.engine]
+        running = RunningSimulator(Simulation(spec), host=args.host, port=port)
     except (ScenarioError, ValueError, OSError) as exc:
         print(f"specwatch simulate: {exc}", file=sys.stderr)
         return 2

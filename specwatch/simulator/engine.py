@@ -55,7 +55,7 @@ class SimRequest:
     """One request. External requests (HTTP) are streamed: the engine bumps `generated` and sets `ready`."""
 
     __slots__ = ("id", "prompt_tokens", "max_tokens", "internal", "generated", "verify_steps", "arrival",
-                 "first_token_at", "finished_at", "finish_reason", "ready")
+                 "scheduled_at", "first_token_at", "finished_at", "finish_reason", "ready")
 
     def __init__(self, prompt_tokens: int, max_tokens: int, *, internal: bool = False) -> None:
         self.id = next(_request_ids)
@@ -65,6 +65,7 @@ class SimRequest:
         self.generated = 0
         self.verify_steps = 0
         self.arrival = 0.0  # simulated times
+        self.scheduled_at: float | None = None  # left the waiting queue
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.finish_reason = ""  # "length" | "stop" | "abort"
@@ -277,6 +278,7 @@ class SimEngine:
         limit = self._settings.max_num_seqs
         while self._waiting and len(self._running) < limit:
             req = self._waiting.popleft()
+            req.scheduled_at = self._t
             self._running.append(req)
             admitted.append(req)
         return admitted

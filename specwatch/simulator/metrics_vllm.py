@@ -158,12 +158,12 @@ class VllmMetrics:
         if request.finish_reason == "abort":
             return
         first = request.first_token_at if request.first_token_at is not None else now
-        e2e = now - request.arrival
+        scheduled = request.scheduled_at if request.scheduled_at is not None else request.arrival
         m["vllm:time_to_first_token_seconds"].observe(first - request.arrival)
-        m["vllm:e2e_request_latency_seconds"].observe(e2e)
-        m["vllm:request_queue_time_seconds"].observe(0.0)
-        m["vllm:request_inference_time_seconds"].observe(e2e)
-        m["vllm:request_prefill_time_seconds"].observe(first - request.arrival)
+        m["vllm:e2e_request_latency_seconds"].observe(now - request.arrival)
+        m["vllm:request_queue_time_seconds"].observe(scheduled - request.arrival)
+        m["vllm:request_inference_time_seconds"].observe(now - scheduled)
+        m["vllm:request_prefill_time_seconds"].observe(first - scheduled)
         m["vllm:request_decode_time_seconds"].observe(now - first)
         if request.generated > 1:
             m["vllm:request_time_per_output_token_seconds"].observe((now - first) / (request.generated - 1))
