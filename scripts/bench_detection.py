@@ -17,6 +17,7 @@ ratio <= 0.85 x baseline for 10 minutes", with the baseline specwatch learned, s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import platform
 import random
@@ -234,12 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kappa", type=float, default=30.0, help="request heterogeneity (Beta concentration)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tier", action="append", choices=list(TIERS), help="only these tiers (repeatable)")
+    p.add_argument("--cusum-threshold", type=float, help="override detection.cusum_threshold (tuning)")
     p.add_argument("--write", type=Path, help="replace the Detection section of this markdown file")
     args = p.parse_args(argv)
     if args.quick:
         args.route_days, args.drops = 3.0, 5
     logging.basicConfig(level=logging.ERROR)
     config = Config()
+    if args.cusum_threshold is not None:
+        config = Config(detection=dataclasses.replace(config.detection, cusum_threshold=args.cusum_threshold))
     started = time.perf_counter()
     results = []
     for tier in args.tier or list(TIERS):

@@ -39,6 +39,11 @@ BASELINE_STDERR_DISCOUNT = 2.0  # r0 is lowered by this many standard errors bef
 CUSUM_CAP_FACTOR = 2.0  # S is capped at this x h so that it drains quickly after a recovery
 MAX_WINDOW_SECONDS = 6 * 3600.0  # the short window never reaches further back, however quiet the route
 REFRESH_GROWTH = 1.25  # a provisional baseline is recomputed when its sample has grown by this factor
+# φ is a variance estimate with heavy tails: pinning on tokens alone needs this many 1-minute blocks too
+PIN_MIN_BLOCKS = 240
+# The confirmation window stretches back until it holds this many effective (drafted / φ) tokens, so that
+# on a quiet route it has the power to confirm a real drop instead of vetoing it on noise.
+CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
 
 
 def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDropEvaluator":
@@ -210,16 +215,18 @@ class AcceptanceDropEvaluator:
 
     def _learned(self, now: float, source: str, created: float | None) -> Baseline:
         assert self.key is not None
-        pinned = (self.learner.drafted >= self.cfg.pin_drafted_tokens
-                  or self.learner.seconds(now) >= self.cfg.pin_seconds)
-        return self.learner.baseline(self.route, self.key, now, source, pinned, created)
+        return self.learner.baseline(self.route, self.key, now, source, self._pin_due(now), created)
+
+    def _pin_due(self, now: float) -> bool:
+        learner = self.learner
+        return learner.seconds(now) >= self.cfg.pin_seconds or (
+            learner.drafted >= self.cfg.pin_drafted_tokens and learner.dispersion.blocks >= PIN_MIN_BLOCKS)
 
     def _maybe_refine(self, now: float) -> None:
         ref = self.reference
         if ref is None or ref.pinned or ref.source == "config":
             return
-        if self.learner.drafted < REFRESH_GROWTH * ref.drafted_tokens and not (
-                self.learner.drafted >= self.cfg.pin_drafted_tokens or self.learner.seconds(now) >= self.cfg.pin_seconds):
+        if self.learner.drafted < REFRESH_GROWTH * ref.drafted_tokens and not self._pin_due(now):
             return
         self._set_reference(self._learned(now, ref.source, created=ref.created), persist=True, keep_evidence=True)
         if self.reference.pinned:
@@ -252,6 +259,7 @@ class AcceptanceDropEvaluator:
             self._test = None
             return
         phi = max(1.0, baseline.overdispersion)
+        self.window.min_tokens = max(self.cfg.min_drafted_tokens, CONFIRM_MIN_EFFECTIVE_TOKENS * phi)
         self._test = (LogLikelihoodRatio.between(r_ok, r_bad, phi), self.cfg.cusum_threshold, r_ok, r_resolve, phi)
         if not keep_evidence:
             self.cusum.reset()

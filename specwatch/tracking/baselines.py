@@ -276,6 +276,11 @@ class BaselineStore:
              json.dumps(list(b.position_acceptance)), b.mean_acceptance_length, b.overdispersion,
              b.drafted_tokens, b.source, int(b.pinned), b.created, b.updated)))
 
+    def delete(self, route: str, key: BaselineKey) -> bool:
+        return self._transaction("deleting a baseline", lambda c: c.execute(
+            "DELETE FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=?",
+            (route, key.model_name, key.engine_version, key.k)))
+
     def delete_route(self, route: str) -> bool:
         def statements(c: sqlite3.Connection) -> None:
             c.execute("DELETE FROM baselines WHERE route=?", (route,))

@@ -1,0 +1,187 @@
+"""`specwatch baseline list | show ROUTE | reset ROUTE | accept ROUTE`: operate on the baseline state file.
+
+Works on the SQLite file directly, beside a running daemon (WAL) or with the daemon stopped. `reset` and
+`accept` also queue a command that a running daemon picks up within ~10 s (`COMMAND_POLL_SECONDS`); a
+stopped daemon applies the written state when it starts.
+
+- reset ROUTE: forget every baseline and the detector state of ROUTE; it learns again from scratch.
+- accept ROUTE: adopt the current model's acceptance after a deliberate change. When the model changed
+  and the daemon has seen at least `warmup_drafted_tokens` of it, that traffic becomes the baseline at once;
+  otherwise the current model's baseline is relearned from now on (detection resumes after the warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from specwatch.config import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR, ConfigError, DetectionConfig, load_config
+from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config.file", dest="config_file", default=None,
+                        help=f"config file whose state_dir to use (default {DEFAULT_CONFIG_PATH} when it exists)")
+    parser.add_argument("--state-dir", default=None, help=f"state directory (default: the config's state_dir, "
+                        f"else {DEFAULT_STATE_DIR})")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    sub.add_parser("list", help="list every route's baselines")
+    for name, help_ in (("show", "show one route's baselines and detector state"),
+                        ("reset", "forget a route's baselines; it relearns from scratch"),
+                        ("accept", "adopt the current model's acceptance as the route's baseline")):
+        sub.add_parser(name, help=help_).add_argument("route", metavar="ROUTE")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        state_dir, detection = _resolve(args)
+    except ConfigError as exc:
+        print(f"specwatch baseline: {exc}", file=sys.stderr)
+        return 2
+    path = Path(state_dir) / DB_NAME
+    if args.action in ("list", "show") and not path.exists():
+        print(f"specwatch baseline: no state file at {path} (is --state-dir right?)", file=sys.stderr)
+        return 1
+    errors: list[str] = []
+    store = BaselineStore(str(path), errors)
+    try:
+        if args.action == "list":
+            rc = _list(store)
+        elif args.action == "show":
+            rc = _show(store, args.route)
+        elif args.action == "reset":
+            rc = _reset(store, args.route)
+        else:
+            rc = _accept(store, args.route, detection(args.route))
+    finally:
+        store.close()
+    for e in errors:
+        print(f"specwatch baseline: state error: {e}", file=sys.stderr)
+    return rc or (1 if errors else 0)
+
+
+def _resolve(args: argparse.Namespace):
+    """(state dir, route name -> DetectionConfig) from the flags and the config file."""
+    config_path = args.config_file or (DEFAULT_CONFIG_PATH if Path(DEFAULT_CONFIG_PATH).exists() else None)
+    config = load_config(config_path) if config_path else None
+    state_dir = args.state_dir or (config.state_dir if config else DEFAULT_STATE_DIR)
+
+    def detection(route: str) -> DetectionConfig:
+        if config is None:
+            return DetectionConfig()
+        r = config.route(route)
+        return r.detection if r else config.detection
+    return state_dir, detection
+
+
+def _when(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _baseline_row(b: Baseline) -> list[str]:
+    return [b.route, b.key.model_name or "-", b.key.engine_version or "-", str(b.key.k or "?"),
+            f"{b.acceptance_ratio:.4f}", f"{b.mean_acceptance_length:.3f}" if b.mean_acceptance_length else "-",
+            f"{b.overdispersion:.1f}", f"{b.drafted_tokens:.0f}", b.source, "pinned" if b.pinned else "refining",
+            _when(b.updated)]
+
+
+_HEADER = ["ROUTE", "MODEL", "VERSION", "K", "RATIO", "TAU", "PHI", "TOKENS", "SOURCE", "STATE", "UPDATED"]
+
+
+def _list(store: BaselineStore) -> int:
+    rows = [_HEADER]
+    with_baseline = set()
+    for b in store.baselines():
+        rows.append(_baseline_row(b))
+        with_baseline.add(b.route)
+    for route in store.routes():
+        if route not in with_baseline:
+            rows.append([route] + ["-"] * 8 + ["learning", "-"])
+    if len(rows) == 1:
+        print("no baselines yet")
+        return 0
+    print(_table(rows))
+    return 0
+
+
+def _show(store: BaselineStore, route: str) -> int:
+    baselines = store.baselines(route)
+    state = store.route_state(route)
+    if not baselines and state is None:
+        print(f"specwatch baseline: no baseline or state for route {route!r}", file=sys.stderr)
+        return 1
+    if baselines:
+        print(_table([_HEADER] + [_baseline_row(b) for b in baselines]))
+        for b in baselines:
+            if b.position_acceptance:
+                print(f"  {b.key.label()}: per-position acceptance "
+                      + ", ".join(f"p{j + 1}={p:.3f}" for j, p in enumerate(b.position_acceptance)))
+    if state:
+        key = state.get("key")
+        ref = state.get("reference_key")
+        learner = state.get("learner") or {}
+        cusum = state.get("cusum") or [0.0, None, 0.0]
+        sprt = state.get("sprt")
+        print(f"current model:     {_key_label(key)}")
+        print(f"reference:         {_key_label(ref) if ref else 'none (learning)'}")
+        print(f"degraded:          {'yes' if state.get('degraded') else 'no'}")
+        print(f"cusum statistic:   {float(cusum[0]):.2f}")
+        if sprt:
+            print(f"after model change: SPRT {sprt[2]} (llr {float(sprt[0]):.2f} over {float(sprt[1]):.0f} tokens)")
+        print(f"model changes:     {state.get('model_changes_total', 0)} (last {_when(state.get('last_model_change'))})")
+        print(f"learning sample:   {float(learner.get('drafted', 0.0)):.0f} drafted tokens of the current model")
+    return 0
+
+
+def _key_label(raw) -> str:
+    try:
+        return BaselineKey(str(raw[0]), str(raw[1]), int(raw[2])).label()
+    except (TypeError, ValueError, IndexError):
+        return "?"
+
+
+def _reset(store: BaselineStore, route: str) -> int:
+    if not store.delete_route(route) or not store.append_command(route, "reset"):
+        return 1
+    print(f"route {route}: baselines and detector state deleted; it relearns from scratch "
+          f"(a running daemon within ~10 s)")
+    return 0
+
+
+def _accept(store: BaselineStore, route: str, detection: DetectionConfig) -> int:
+    state = store.route_state(route)
+    if state is None or not state.get("key"):
+        print(f"specwatch baseline: route {route!r} has no detector state yet (has the daemon seen it?)",
+              file=sys.stderr)
+        return 1
+    key = BaselineKey(str(state["key"][0]), str(state["key"][1]), int(state["key"][2]))
+    ref = state.get("reference_key")
+    try:
+        learner = BaselineLearner.from_json(state["learner"])
+    except (KeyError, TypeError, ValueError) as exc:
+        print(f"specwatch baseline: unreadable detector state of {route!r}: {exc!r}", file=sys.stderr)
+        return 1
+    now = store.clock()
+    changed = ref is not None and list(ref) != list(state["key"])
+    if changed and learner.has(now, detection.warmup_drafted_tokens, 0.0):
+        baseline = learner.baseline(route, key, now, "accepted", pinned=False)
+        ok = store.put(baseline)
+        message = (f"route {route}: accepted {baseline.acceptance_ratio:.4f} for {key.label()} from "
+                   f"{baseline.drafted_tokens:.0f} drafted tokens since the change")
+    else:
+        ok = store.delete(route, key)
+        message = (f"route {route}: {key.label()} will relearn its baseline from now on "
+                   f"({detection.warmup_drafted_tokens} drafted tokens and {detection.warmup_seconds:g}s of warm-up)")
+    if not ok or not store.append_command(route, "accept"):
+        return 1
+    print(message + " (a running daemon applies it within ~10 s)")
+    return 0
