@@ -48,6 +48,7 @@ class RequestResult:
     output_tokens: int = 0
     ttft_s: float | None = None
     tpot_s: float | None = None
+    latency_s: float | None = None
     error: str = ""
 
 
@@ -147,7 +148,7 @@ def stream_one(session: requests.Session, url: str, model: str, prompt: dict[str
     if first is None:
         return RequestResult(False, error="stream ended without any token")
     tpot = (last - first) / (tokens - 1) if tokens > 1 else None
-    return RequestResult(True, tokens, first - start, tpot)
+    return RequestResult(True, tokens, first - start, tpot, clock() - start)
 
 
 def _lines_as_they_arrive(resp: requests.Response) -> Iterator[bytes]:
@@ -258,19 +259,26 @@ def run_level(url: str, model: str, settings: SweepSettings, concurrency: int,
         while t.is_alive():
             t.join(0.2)  # short joins keep Ctrl-C responsive in the main thread
     elapsed = time.perf_counter() - start
-    return summarize(results, elapsed)
+    return summarize(results, elapsed, concurrency)
 
 
-def summarize(results: Sequence[RequestResult], elapsed: float) -> dict[str, Any]:
+def summarize(results: Sequence[RequestResult], elapsed: float, concurrency: int) -> dict[str, Any]:
+    """Throughput by Little's law: `concurrency` requests always in flight, each lasting the mean latency.
+    Wall-clock throughput (tokens / level duration) is kept beside it; it undercounts by the ramp-up and the
+    tail, when fewer than `concurrency` requests are in flight."""
     ok = [r for r in results if r.ok]
     tokens = sum(r.output_tokens for r in ok)
+    latencies = [r.latency_s for r in ok if r.latency_s]
+    mean_latency = sum(latencies) / len(latencies) if latencies else 0.0
+    tokens_per_request = tokens / len(ok) if ok else 0.0
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
     errors = [r.error for r in results if not r.ok]
     out = {"requests": len(results), "failed": len(errors), "output_tokens": tokens,
            "duration_s": round(elapsed, 4),
-           "output_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-           "requests_per_s": len(ok) / elapsed if elapsed > 0 else 0.0,
+           "output_tokens_per_s": concurrency * tokens_per_request / mean_latency if mean_latency else 0.0,
+           "requests_per_s": concurrency / mean_latency if mean_latency else 0.0,
+           "wall_output_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99)}
     if errors:

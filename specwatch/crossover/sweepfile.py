@@ -5,7 +5,8 @@
      "crossover_concurrency": float | null,
      "mean_acceptance_length", "position_acceptance": [p_1, ...],
      "levels": [{"concurrency", "duration_s", "speedup",
-                 "plain": {"requests", "failed", "output_tokens", "output_tokens_per_s", "requests_per_s",
+                 "plain": {"requests", "failed", "output_tokens", "output_tokens_per_s" (Little's law),
+                           "wall_output_tokens_per_s", "requests_per_s",
                            "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"},
                  "spec":  {... the same, + "acceptance_ratio", "mean_acceptance_length",
                            "position_acceptance", "draft_length"}}, ...]}
