@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.simulator.launch import start_inprocess
+from specwatch.simulator.launch import free_port, spawn, start_inprocess, wait_ready
 from specwatch.simulator.scenario import Event
 from specwatch.simulator.simulation import SimulationSpec
 
@@ -185,3 +187,25 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.02)
+
+
+# ----------------------------------------------------------------------------------------- the command
+def test_simulate_command_serves_until_sigterm():
+    port = free_port()
+    proc = spawn(port, "--engine", "sglang", "--dp", "2", "--time-scale", "5", "--load", "4")
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/version", process=proc)
+        assert requests.get(f"http://127.0.0.1:{port}/version").json()["version"] == "0.5.23-simulated"
+        _wait_for(lambda: "sglang:num_running_reqs" in requests.get(f"http://127.0.0.1:{port}/metrics").text)
+    finally:
+        proc.terminate()
+    assert proc.wait(timeout=10) == 0
+
+
+def test_simulate_command_rejects_a_bad_scenario(tmp_path):
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text("events: [{at: 1m, type: nope}]\n")
+    result = subprocess.run([sys.executable, "-m", "specwatch", "simulate", "--port", "0", "--scenario",
+                             str(scenario)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "events[0].type" in result.stderr
