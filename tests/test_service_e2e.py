@@ -27,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_otel import receiver  # noqa: F401 (fixture)
 from test_webconfig import make_pki
 
+pytestmark = pytest.mark.e2e  # real daemon processes: about 15 s for the module on a busy 2-core box
+
 STARTUP_TIMEOUT = 20.0
 CLOSED_PORT_URL = "http://127.0.0.1:9/metrics"  # discard port: connection refused, instantly
 

@@ -129,6 +129,7 @@ _daemon.Daemon.tick = _hanging_tick
 """
 
 
+@pytest.mark.e2e
 def test_ready_watchdog_only_while_evaluating_and_stopping(tmp_path, notify_socket):
     block = tmp_path / "hang"
     env = dict(os.environ, WATCHDOG_USEC="20000000")  # 20s: pets at cycle pace, far below it

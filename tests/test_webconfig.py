@@ -211,7 +211,7 @@ def serve():
         ctx = cfg.ssl_context()
         if ctx is not None:
             server.socket = ctx.wrap_socket(server.socket, server_side=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
         return f"{'https' if ctx else 'http'}://127.0.0.1:{server.server_address[1]}/metrics"
 

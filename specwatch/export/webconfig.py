@@ -146,7 +146,9 @@ class _BasicAuth:
         known = hashed is not None
         if not known:
             hashed = self._dummy_hash
-        digest = hmac.new(self._cache_key, b"\0".join((user.encode(), hashed, password.encode())),
+        # length-prefixed parts, so no (user, password) pair can collide with another's encoding
+        parts = (user.encode(), hashed, password.encode())
+        digest = hmac.new(self._cache_key, b"".join(len(p).to_bytes(4, "big") + p for p in parts),
                           hashlib.sha256).digest()
         with self._lock:
             now = self._clock()
