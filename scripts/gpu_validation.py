@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Validate the NVML/GPM source on a real GPU: idle, decode-like and compute-bound load, and sampling cost.
 
-Run on the GPU machine from the repository root (needs torch, nvidia-ml-py and PyYAML; nothing else of
-specwatch's dependencies):
+Run on the GPU machine from the repository root (needs torch, nvidia-ml-py, prometheus-client and PyYAML;
+nothing else of specwatch's dependencies):
 
     PYTHONPATH=. python3 scripts/gpu_validation.py --out gpu_validation.txt
 

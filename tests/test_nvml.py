@@ -425,3 +425,10 @@ def test_a_gpu_lost_before_start_is_down_and_opened_when_it_answers():
     assert "gpu_tensor_active_ratio" in src.sample(10.0)[1][1].fields
     src.close()
     assert nvml.gpm_live == 0
+
+
+def test_localhost_is_served_by_loopback_and_wildcard_listeners_only(tmp_path):
+    root = fake_proc(tmp_path, tcp=[_tcp_line(0, "0100007F:1F40", "0A", 1), _tcp_line(1, "0302010A:1F40", "0A", 2),
+                                    _tcp_line(2, "00000000:1F40", "0A", 3)])
+    assert procmap.listening_inodes(8000, "localhost", root) == {1, 3}
+    assert procmap.listening_inodes(8000, "10.1.2.3", root) == {2, 3}

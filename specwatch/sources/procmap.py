@@ -70,10 +70,13 @@ def is_local_host(host: str) -> bool:
 def listening_inodes(port: int, host: str, proc_root: str = "/proc") -> set[int]:
     """Inodes of LISTEN sockets on `port` that accept connections addressed to `host`."""
     wanted: ipaddress.IPv4Address | ipaddress.IPv6Address | None
-    try:
-        wanted = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        wanted = None  # localhost or this host's name: any local address serves it
+    if host == "localhost":
+        wanted = ipaddress.IPv4Address("127.0.0.1")  # any loopback address matches below
+    else:
+        try:
+            wanted = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            wanted = None  # this host's name: any local address serves it
     inodes = set()
     for table in ("tcp", "tcp6"):
         try:
