@@ -209,3 +209,31 @@ def test_config_section_reaches_start_otlp():
                                  "headers": {"authorization": "Bearer t"}}})
     assert cfg.otlp == OtlpConfig(endpoint="http://127.0.0.1:4318", protocol="http/protobuf",
                                   interval_seconds=15.0, headers={"authorization": "Bearer t"})
+
+
+def test_a_failing_snapshot_source_exports_nothing_then_recovers():
+    exported = []
+
+    class _Capture(_NullExporter):
+        def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+            exported.append({m.name for rm in metrics_data.resource_metrics for sm in rm.scope_metrics
+                             for m in sm.metrics if m.data.data_points})
+            return MetricExportResult.SUCCESS
+
+    state = {"fail": True}
+
+    def get_snapshot():
+        if state["fail"]:
+            raise RuntimeError("snapshot unavailable")
+        return SNAPSHOT
+
+    export = otel.OtlpExport(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), get_snapshot,
+                             exporter=_Capture())
+    try:
+        export.force_flush()
+        state["fail"] = False
+        export.force_flush()
+    finally:
+        export.shutdown()
+    assert not exported or exported[0] == set()
+    assert "specwatch_route_acceptance_ratio" in exported[-1]

@@ -19,7 +19,7 @@ import importlib.util
 import logging
 import threading
 from collections import defaultdict
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlparse
 
 from specwatch import __version__, catalog
@@ -44,10 +44,17 @@ def unit_for(name: str) -> str:
 
 def otlp_config_problems(cfg: OtlpConfig) -> list[str]:
     """What would stop `start_otlp` for this config; for config validation before a (re)load is accepted."""
-    if cfg.protocol == "grpc" and importlib.util.find_spec(GRPC_EXPORTER_MODULE.rsplit(".", 1)[0]) is None:
+    if cfg.protocol == "grpc" and not _module_available(GRPC_EXPORTER_MODULE):
         return ["otlp.protocol: grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
                 "installed; install it or use protocol: http/protobuf"]
     return []
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def metrics_endpoint(endpoint: str, protocol: str) -> str:
@@ -73,7 +80,8 @@ def render(snap: Snapshot) -> dict[str, list[Sample]]:
 class OtlpExport:
     """A running OTLP export. `force_flush()` exports now; `shutdown()` exports once more and stops."""
 
-    def __init__(self, cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], exporter=None) -> None:
+    def __init__(self, cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], exporter: Any = None) -> None:
+        """`exporter` replaces the OTLP exporter the config describes (tests)."""
         from opentelemetry.metrics import Observation
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -98,22 +106,20 @@ class OtlpExport:
             create = meter.create_observable_counter if spec.type == "counter" else meter.create_observable_gauge
             create(spec.name, callbacks=[self._callback_for(spec.name)], unit=unit_for(spec.name),
                    description=spec.help)
-        self.endpoint = cfg.endpoint
 
     def _samples(self, name: str) -> list[Sample]:
         with self._lock:
-            snap = self._get_snapshot()
-            if snap is not self._rendered_for:
-                try:
+            try:
+                snap = self._get_snapshot()
+                if snap is not self._rendered_for:
+                    self._rendered_for, self._rendered = snap, {}
                     self._rendered = render(snap)
-                except Exception:  # a malformed Snapshot must not stop the export of later ones
-                    log.exception("otlp: cannot render the snapshot; exporting nothing this cycle")
-                    self._rendered = {}
-                self._rendered_for = snap
+            except Exception:  # a bad Snapshot must not stop the export of later ones
+                log.exception("otlp: cannot render the snapshot; exporting nothing for it")
             return self._rendered.get(name, [])
 
-    def _callback_for(self, name: str):
-        def callback(_options) -> Iterable:
+    def _callback_for(self, name: str) -> Callable[[Any], Iterable[Any]]:
+        def callback(_options: Any) -> Iterable[Any]:
             return [self._Observation(value, dict(attrs)) for value, attrs in self._samples(name)]
         return callback
 
@@ -127,7 +133,7 @@ class OtlpExport:
             log.exception("otlp: shutdown failed")
 
 
-def _build_exporter(cfg: OtlpConfig):
+def _build_exporter(cfg: OtlpConfig) -> Any:
     problems = otlp_config_problems(cfg)
     if problems:
         raise ConfigError(problems)
