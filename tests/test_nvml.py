@@ -406,11 +406,16 @@ def test_route_gpus_auto_maps_through_the_engine_process_tree_and_caches(tmp_pat
     assert src.route_gpus(remote) == ()
 
 
-def test_route_mapping_failure_is_empty_not_an_exception(tmp_path, monkeypatch):
-    src = source_for(fake_nvml.basic_h200(1), proc_root=str(tmp_path))
+def test_route_mapping_failure_is_empty_not_an_exception_and_logged_once(tmp_path, monkeypatch, caplog):
+    clock = Clock()
+    src = source_for(fake_nvml.basic_h200(1), proc_root=str(tmp_path), clock=clock)
     src.sample(0.0)
     monkeypatch.setattr(procmap, "listening_inodes", lambda *a: 1 / 0)
-    assert src.route_gpus(RouteConfig(name="r", url="http://127.0.0.1:8000/")) == ()
+    with caplog.at_level(logging.WARNING, logger="specwatch.sources.nvml"):
+        for _ in range(3):
+            assert src.route_gpus(RouteConfig(name="r", url="http://127.0.0.1:8000/")) == ()
+            clock.now += nvml_source.ROUTE_MAP_RETRY_SECONDS
+    assert len(caplog.records) == 1 and "set gpus:" in caplog.records[0].getMessage()
 
 
 def test_a_gpu_lost_before_start_is_down_and_opened_when_it_answers():

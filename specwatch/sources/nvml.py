@@ -315,6 +315,7 @@ class GpuSource:
         self._reported_down = False
         self._pid_gpus: dict[int, set[int]] = {}
         self._route_cache: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}
+        self._route_map_failing: set[str] = set()
 
     # ------------------------------------------------------------------ sampling
     def sample(self, now: float) -> tuple[bool | None, tuple[GpuSample, ...]]:
@@ -409,12 +410,15 @@ class GpuSource:
             return cached[0]
         try:
             gpus = self._map_url(route_cfg.url)
+            self._route_map_failing.discard(route_cfg.name)
         except Exception as exc:  # /proc surprises must not stop the loop
-            log.warning("route %s: GPU auto-mapping failed (%s); set gpus: on the route", route_cfg.name, exc)
+            if route_cfg.name not in self._route_map_failing:
+                self._route_map_failing.add(route_cfg.name)
+                log.warning("route %s: GPU auto-mapping failed (%s); set gpus: on the route", route_cfg.name, exc)
             gpus = ()
         if gpus != (cached[0] if cached else ()):  # log changes only: a CPU host would log "none" forever
             log.info("route %s: mapped to GPU(s) %s through the processes behind %s", route_cfg.name,
-                     ", ".join(map(str, gpus)) or "none yet", route_cfg.url)
+                     ", ".join(map(str, gpus)) or "none", route_cfg.url)
         self._route_cache[key] = (gpus, now + (ROUTE_MAP_REFRESH_SECONDS if gpus else ROUTE_MAP_RETRY_SECONDS))
         return gpus
 
