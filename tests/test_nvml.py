@@ -22,6 +22,14 @@ GPM_METRICS = {f.metric for f in GPM_FIELDS}
 NVML_METRICS = {f.metric for f in NVML_FIELDS}
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def source_for(nvml, enabled="true", **kwargs):
     return make_gpu_source(GpuConfig(enabled=enabled), nvml=nvml, **kwargs)
 
@@ -170,20 +178,35 @@ def test_lost_gpu_is_down_while_the_others_continue_and_comes_back(caplog):
 @pytest.mark.parametrize("enabled, level", [("true", logging.WARNING), ("auto", logging.INFO)])
 def test_library_missing_exports_down_logs_once_and_retries_every_minute(caplog, enabled, level):
     nvml = fake_nvml.library_missing()
-    src = source_for(nvml, enabled=enabled)
+    clock = Clock()
+    src = source_for(nvml, enabled=enabled, clock=clock)
     with caplog.at_level(logging.INFO, logger="specwatch.sources.nvml"):
-        for t in (0.0, 5.0, 30.0, 59.0):
-            assert src.sample(t) == (False, ())
+        for step in (0.0, 5.0, 25.0, 29.0):
+            clock.now += step
+            assert src.sample(0.0) == (False, ())
         assert nvml.calls["nvmlInit"] == 1
-        assert src.sample(60.0) == (False, ())
+        clock.now += 1.0  # 60 s after the first try
+        assert src.sample(0.0) == (False, ())
         assert nvml.calls["nvmlInit"] == 2
     records = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert len(records) == 1 and records[0].levelno == level
     assert "nvml_up 0" in records[0].getMessage() and "Library Not Found" in records[0].getMessage()
     nvml.library_present = True  # the driver was installed meanwhile
-    assert src.sample(90.0) == (False, ())  # not before the next retry
-    up, gpus = src.sample(120.0)
+    clock.now += 30.0
+    assert src.sample(0.0) == (False, ())  # not before the next retry
+    clock.now += 30.0
+    up, gpus = src.sample(0.0)
     assert up is True and len(gpus) == 1
+
+
+def test_retries_follow_the_monotonic_clock_not_the_wall_clock_passed_in():
+    nvml = fake_nvml.library_missing()
+    clock = Clock()
+    src = source_for(nvml, clock=clock)
+    src.sample(1_800_000_000.0)
+    nvml.library_present = True
+    clock.now += 60.0
+    assert src.sample(1_700_000_000.0)[0] is True  # the wall clock stepped back; the retry still ran
 
 
 def test_pynvml_not_installed(monkeypatch, caplog):
@@ -221,14 +244,17 @@ def test_real_pynvml_on_a_host_without_a_driver_exports_nvml_down_and_no_gpu_sam
 
 def test_library_gone_mid_run_frees_buffers_and_reloads_later():
     nvml = fake_nvml.basic_h200(1)
-    src = source_for(nvml)
+    clock = Clock()
+    src = source_for(nvml, clock=clock)
     two_cycles(src)
     nvml.gpus[0].errors["nvmlDeviceGetUtilizationRates"] = fake_nvml.NVML_ERROR_DRIVER_NOT_LOADED
-    assert src.sample(10.0) == (False, ())
+    assert src.sample(0.0) == (False, ())
     assert nvml.gpm_live == 0
     del nvml.gpus[0].errors["nvmlDeviceGetUtilizationRates"]
-    assert src.sample(30.0) == (False, ())  # waits for the retry
-    assert src.sample(70.0)[0] is True
+    clock.now += 30.0
+    assert src.sample(0.0) == (False, ())  # waits for the retry
+    clock.now += 30.0
+    assert src.sample(0.0)[0] is True
 
 
 def test_listing_gpus_failing_after_init_is_nvml_down_not_a_crash():
@@ -368,14 +394,6 @@ def test_real_proc_finds_this_process_listening():
 
 
 # --------------------------------------------------------------------------- route -> GPU mapping
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_route_gpus_from_config_win_over_auto_mapping():
     src = source_for(fake_nvml.basic_h200(2))
     assert src.route_gpus(RouteConfig(name="r", url="http://127.0.0.1:8000/metrics", gpus=(1, 0))) == (1, 0)

@@ -319,14 +319,18 @@ class GpuSource:
 
     # ------------------------------------------------------------------ sampling
     def sample(self, now: float) -> tuple[bool | None, tuple[GpuSample, ...]]:
-        """(nvml_up, one GpuSample per GPU). nvml_up is False while NVML cannot be loaded."""
+        """(nvml_up, one GpuSample per GPU). nvml_up is False while NVML cannot be loaded.
+
+        `now` (the daemon's wall clock) is not needed: load retries run on the injected monotonic clock, so a
+        clock step cannot stall them, and NVML times GPM intervals itself."""
+        monotonic_now = self._clock()
         try:
-            if not self._loaded and not self._load(now):
+            if not self._loaded and not self._load(monotonic_now):
                 return False, ()
             samples = tuple(gpu.sample() for gpu in self._gpus)
         except _LibraryDown as exc:
             self._unload()
-            self._down(now, f"NVML stopped answering ({exc})")
+            self._down(monotonic_now, f"NVML stopped answering ({exc})")
             return False, ()
         except Exception:  # a bug here must cost the GPU metrics, never the daemon's loop
             log.exception("GPU sampling failed")
