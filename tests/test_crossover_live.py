@@ -178,3 +178,12 @@ def test_compute_bound_thresholds_and_gpu_selection():
     ev = evaluator({"batch_size": 8})
     out = ev.evaluate(obs(0, {"0": 1}, gpus=(1,)), mixed)
     assert out["compute_bound"] is False
+
+
+def test_short_hold_shortens_the_batch_window():
+    ev = evaluator({"batch_size": 64, "hold": "5s"})
+    drive(ev, 0, 60, running=10, step=1.0)
+    out = drive(ev, 60, 70, running=100, step=1.0)  # a 60 s average would still read ~25
+    assert out["batch_size"] == pytest.approx(100) and out["above_crossover"] is True
+    out = drive(ev, 70, 80, running=10, step=1.0)
+    assert out["above_crossover"] is False

@@ -1,9 +1,10 @@
 """The live above-crossover flag: is this route's batch past the point where speculation costs throughput?
 
-Per cycle: the batch is the time-weighted mean of running requests per engine over the last minute (each DP
-engine schedules its own batch, so per engine is the unit B* is about); B* comes from the route's crossover
-source re-solved for the live per-position acceptance; the flag enters above B*, leaves below 0.9 B*, and
-keeps each state at least `crossover.hold` (10 minutes) so a batch hovering at B* cannot flap it.
+Per cycle: the batch is the time-weighted mean of running requests per engine over the last minute (or the
+hold, if shorter); each DP engine schedules its own batch, so per engine is the unit B* is about. B* comes
+from the route's crossover source re-solved for the live per-position acceptance. The flag enters above B*,
+leaves below 0.9 B*, and keeps each state at least `crossover.hold` (10 minutes) so a batch hovering at B*
+cannot flap it.
 `compute_bound` reads the route's GPUs' GPM tensor activity and DRAM utilization.
 """
 
@@ -130,6 +131,8 @@ class AboveCrossoverEvaluator:
         self.batches: dict[str, TimeWeightedMean] = {}
         self.acceptance = PositionWindow(ACCEPTANCE_WINDOW_SECONDS)
         self.flag = Hysteresis(hold_seconds)
+        # Averaging longer than the hold would only delay the flag (and a short demo hold must stay short).
+        self.batch_window = min(BATCH_WINDOW_SECONDS, hold_seconds)
 
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
         update: dict[str, Any] = {"compute_bound": compute_bound(gpus, obs.gpus)}
@@ -166,7 +169,7 @@ class AboveCrossoverEvaluator:
     def _batch(self, obs: RouteObservation) -> float | None:
         for engine, running in obs.running_per_engine.items():
             if running is not None and running == running:  # skip NaN
-                self.batches.setdefault(engine, TimeWeightedMean(BATCH_WINDOW_SECONDS)).add(obs.ts, float(running))
+                self.batches.setdefault(engine, TimeWeightedMean(self.batch_window)).add(obs.ts, float(running))
         means = [self.batches[e].mean(obs.ts) for e in obs.running_per_engine if e in self.batches]
         means = [m for m in means if m is not None]
         return sum(means) / len(means) if means else None
