@@ -157,3 +157,22 @@ def test_cli_errors(daemon, capsys):
     assert "step times needed" in capsys.readouterr().err
     assert cli_main(["recommend", "chat", "--url", "http://127.0.0.1:9", "--gpu", "H200", "--params", "8"]) == 2
     assert "cannot reach specwatch" in capsys.readouterr().err
+
+
+def test_sweep_of_the_h200_table_stops_drafting_at_its_crossover():
+    from specwatch.crossover.model import expected_tokens
+    from specwatch.crossover.reference import load_reference
+
+    run = load_reference().run(1024)
+    tau = expected_tokens(0.7, 4)
+    levels = [{"concurrency": b,
+               "plain": {"tpot_p50_s": run.target_s[(b, 1)]},
+               "spec": {"tpot_p50_s": (run.target_s[(b, 5)] + 4 * run.draft_s[b]) / tau, "mean_acceptance_length": tau}}
+              for b in run.batches]
+    doc = {"format": FORMAT, "levels": levels, "num_speculative_tokens": 4}
+    rec = recommend(positions_from_alpha(0.7, 4), SweepStepTimes(doc), batch_now=1, max_batch=256)
+    check_vllm_schedule([list(r) for r in rec.ranges])
+    stop = next(start for start, _, k in rec.ranges if k == 0)
+    # The table's own gamma 2 and gamma 4 crossovers (alpha 0.7) lie at 60 and 65: drafting must stop near there,
+    # not linger at k = 1 far beyond (what a cost linear in k would predict).
+    assert 48 <= stop <= 96, rec.ranges
