@@ -45,7 +45,7 @@ class DetectionConfig:
     warmup_seconds: float = 1800.0
     min_drafted_tokens: int = 2_000  # never page on less evidence than this
     min_duration_seconds: float = 180.0  # the CUSUM excursion must have lasted this long
-    cusum_threshold: float = 12.0  # h, in φ-scaled nats (docs/detection.md: how to tune)
+    cusum_threshold: float = 10.0  # h, in φ-scaled nats (docs/detection.md: how to tune)
     adopt_after_seconds: float = 3600.0  # clean period before a bumped model's own baseline is adopted
     confirm_window_seconds: float = 300.0  # short window that confirms a drop is ongoing and resolves it
     pin_drafted_tokens: int = 1_000_000  # a learned baseline keeps refining until this many tokens ...

@@ -52,8 +52,8 @@ class DispersionEstimator:
         return min(PHI_MAX, max(PHI_MIN, spread / ((self.blocks - 1) * r * (1.0 - r))))
 
     def conservative_estimate(self) -> float | None:
-        """φ̂ inflated by two standard errors of a variance estimate (√(2/(n-1))), so few blocks err high."""
+        """φ̂ inflated by one standard error of a variance estimate (√(2/(n-1))): few blocks err high."""
         phi = self.estimate()
         if phi is None:
             return None
-        return min(PHI_MAX, phi * (1.0 + 2.0 * math.sqrt(2.0 / (self.blocks - 1))))
+        return min(PHI_MAX, phi * (1.0 + math.sqrt(2.0 / (self.blocks - 1))))

@@ -1,0 +1,235 @@
+"""Acceptance-drop detection: the statistics, the evaluator's life cycle, and a small benchmark run."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig
+from specwatch.detection.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRatio, Sprt
+from specwatch.detection.overdispersion import DispersionEstimator
+from specwatch.detection.wilson import wilson_bounds
+from specwatch.detectors.acceptance_drop import STORE_KEY, AcceptanceDropEvaluator, build_evaluator
+from specwatch.detectors.base import EvaluatorContext
+from specwatch.replay import ObservationBuilder
+from specwatch.snapshot import RouteObservation
+from specwatch.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
+from specwatch.tracking.baselines import BaselineKey, BaselineStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- statistics
+def test_wilson_bounds_match_reference_values() -> None:
+    lo, hi = wilson_bounds(50, 100, z=1.96)
+    assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
+    assert wilson_bounds(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_bounds(0, 10)
+    assert lo == 0.0 and 0 < hi < 0.3
+
+
+def test_sprt_thresholds_are_walds() -> None:
+    assert SPRT_UPPER == pytest.approx(6.86, abs=0.01) and SPRT_LOWER == pytest.approx(-2.99, abs=0.01)
+    s = Sprt()
+    assert s.update(7.0, 100.0) == "regressed" and s.update(-100.0, 1.0) == "regressed"  # sticky
+
+
+def test_llr_sign_and_overdispersion_scaling() -> None:
+    llr = LogLikelihoodRatio.between(0.475, 0.425, phi=1.0)
+    assert llr(47.5, 100) < 0 < llr(40, 100)
+    assert LogLikelihoodRatio.between(0.475, 0.425, phi=10.0)(40, 100) == pytest.approx(llr(40, 100) / 10)
+    with pytest.raises(ValueError):
+        LogLikelihoodRatio.between(0.4, 0.5, 1.0)
+
+
+def test_cusum_tracks_its_excursion() -> None:
+    c = Cusum(cap=10.0)
+    c.update(-1.0, 100, now=0.0)
+    assert c.statistic == 0.0 and c.excursion_start is None
+    c.update(2.0, 100, now=15.0)
+    c.update(20.0, 100, now=30.0)
+    assert c.statistic == 10.0 and c.excursion_seconds(45.0) == 30.0 and c.excursion_tokens == 200
+    c.update(-11.0, 100, now=60.0)
+    assert c.statistic == 0.0 and c.excursion_start is None
+
+
+def test_dispersion_is_one_for_binomial_and_large_for_clustered_traffic() -> None:
+    rng = random.Random(3)
+    binomial, clustered = DispersionEstimator(block_seconds=0), DispersionEstimator(block_seconds=0)
+    for t in range(400):
+        binomial.add(t, sum(rng.random() < 0.5 for _ in range(400)), 400)
+        # 4 requests of 100 tokens, each with its own acceptance rate
+        rates = [min(0.95, max(0.05, rng.gauss(0.5, 0.15))) for _ in range(4)]
+        clustered.add(t, sum(sum(rng.random() < r for _ in range(100)) for r in rates), 400)
+    assert binomial.estimate() == pytest.approx(1.0, abs=0.3)
+    assert clustered.estimate() > 5  # 1 + (100 - 1) x ICC (≈ 0.09): about 10
+
+
+# --------------------------------------------------------------------------- the evaluator
+FAST = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0, pin_drafted_tokens=200_000,
+                       pin_seconds=4 * 3600.0)
+
+
+def _ctx(tmp_path: Path, detection: DetectionConfig = FAST) -> EvaluatorContext:
+    return EvaluatorContext(config=Config(state_dir=str(tmp_path), detection=detection), clock=lambda: 0.0)
+
+
+def _route(detection: DetectionConfig = FAST, **kw) -> RouteConfig:
+    return RouteConfig(name="chat", url="http://127.0.0.1:8000/metrics", detection=detection, **kw)
+
+
+def _run(ev: AcceptanceDropEvaluator, spec: TraceSpec, builder: ObservationBuilder | None = None):
+    """Feed a generated trace; return [(seconds from start, degraded)] transitions and the builder."""
+    builder = builder or ObservationBuilder("chat")
+    transitions, last = [], False
+    for sample in generate(spec):
+        fields = ev.evaluate(builder.observe(sample), ())
+        if bool(fields.get("degraded")) != last:
+            last = bool(fields.get("degraded"))
+            transitions.append((sample.ts - spec.start, last))
+    return transitions, builder
+
+
+def test_learns_then_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
+    ev = build_evaluator(_ctx(tmp_path), _route())
+    assert ev.evaluate(RouteObservation(route="chat", ts=0.0, up=True, model_name="m", k=4), ()).get(
+        "baseline_ratio") is None  # nothing learned yet
+    spec = TraceSpec(rate=0.5, duration=14 * 3600.0, seed=5,
+                     drops=(Drop(start=8 * 3600.0, ratio=0.25, end=11 * 3600.0),))
+    transitions, _ = _run(ev, spec)
+    assert [d for _, d in transitions] == [True, False]
+    fired, resolved = transitions[0][0], transitions[1][0]
+    assert 8 * 3600 < fired < 8 * 3600 + 900  # within 15 minutes at 0.5 req/s
+    assert 11 * 3600 < resolved < 11 * 3600 + 1800
+    fields = ev.fields()
+    assert fields["baseline_ratio"] == pytest.approx(0.487, abs=0.02)
+    assert fields["degraded"] is False and abs(fields["drop_ratio"]) < 0.1
+    assert ev.reference is not None and ev.reference.pinned  # pinned after pin_duration
+    ev.close()
+
+
+def test_small_drop_inside_the_zone_does_not_page(tmp_path: Path) -> None:
+    ev = build_evaluator(_ctx(tmp_path), _route())
+    spec = TraceSpec(rate=2.0, duration=2 * DAY, seed=9, drops=(Drop(start=6 * 3600.0, ratio=0.05),))
+    transitions, _ = _run(ev, spec)
+    assert transitions == []
+    assert 0.02 < ev.fields()["drop_ratio"] < 0.09
+    ev.close()
+
+
+def test_model_change_counts_keeps_old_baseline_and_adopts_after_clean_period(tmp_path: Path) -> None:
+    detection = dataclasses.replace(FAST, adopt_after_seconds=1800.0)
+    ev = build_evaluator(_ctx(tmp_path, detection), _route(detection))
+    spec = TraceSpec(rate=1.0, duration=10 * 3600.0, seed=2, changes=(ModelChange(at=5 * 3600.0, model_name="m2"),))
+    transitions, _ = _run(ev, spec)
+    assert transitions == []
+    fields = ev.fields()
+    assert fields["model_changes_total"] == 1.0
+    assert fields["last_model_change_timestamp"] == spec.start + 5 * 3600.0
+    assert ev.reference is not None and ev.reference.key.model_name == "m2" and ev.reference.source == "adopted"
+    ev.close()
+
+
+def test_model_change_with_a_regression_pages_through_the_sprt(tmp_path: Path) -> None:
+    ev = build_evaluator(_ctx(tmp_path), _route())
+    spec = TraceSpec(rate=1.0, duration=8 * 3600.0, seed=4, changes=(ModelChange(at=5 * 3600.0, model_name="m2"),),
+                     drops=(Drop(start=5 * 3600.0, ratio=0.25),))
+    transitions, _ = _run(ev, spec)
+    assert transitions and transitions[0][1] is True and transitions[0][0] - 5 * 3600.0 < 600
+    assert ev.sprt_verdict == "regressed"
+    assert ev.reference.key.model_name == "model-a"  # the old baseline is still the reference
+    ev.close()
+
+
+def test_state_survives_a_restart(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    ev = build_evaluator(ctx, _route())
+    spec = TraceSpec(rate=1.0, duration=3.5 * 3600.0, seed=6,  # ends before adopt_after (1 h)
+                     changes=(ModelChange(at=3 * 3600.0, model_name="m2"),))
+    _, builder = _run(ev, spec)
+    before = ev.fields()
+    ev.close()  # flushes the state and closes the shared store
+    ev2 = build_evaluator(_ctx(tmp_path), _route())
+    assert ev2.key == BaselineKey("m2", "", 4) and ev2.reference.key.model_name == "model-a"
+    assert ev2.fields()["model_changes_total"] == before["model_changes_total"] == 1.0
+    assert ev2.fields()["baseline_ratio"] == before["baseline_ratio"]
+    ev2.close()
+
+
+def test_operator_reset_and_accept_reach_the_evaluator(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    ev = build_evaluator(ctx, _route())
+    _run(ev, TraceSpec(rate=1.0, duration=3 * 3600.0, seed=7))
+    assert ev.reference is not None
+    cli = BaselineStore.in_state_dir(str(tmp_path))
+    cli.delete_route("chat")
+    cli.append_command("chat", "reset")
+    cli.close()
+    t = TraceSpec().start + 3 * 3600.0 + 60
+    fields = ev.evaluate(RouteObservation(route="chat", ts=t, up=True, model_name="model-a", k=4), ())
+    assert ev.reference is None and "baseline_ratio" not in fields
+    ev.close()
+
+
+def test_configured_baseline_is_used_with_a_learned_overdispersion(tmp_path: Path) -> None:
+    route = _route(baseline=PinnedBaseline(acceptance_ratio=0.60))  # well above the trace's ~0.49
+    ev = build_evaluator(_ctx(tmp_path), route)
+    transitions, _ = _run(ev, TraceSpec(rate=1.0, duration=3 * 3600.0, seed=8))
+    assert ev.reference.source == "config" and ev.reference.acceptance_ratio == 0.60
+    assert ev.reference.overdispersion > 5  # learned from the warm-up
+    assert transitions and transitions[0][1] is True  # 0.49 is an 18% drop from 0.60
+    ev.close()
+
+
+def test_unreadable_detector_state_is_counted_not_fatal(tmp_path: Path) -> None:
+    store = BaselineStore.in_state_dir(str(tmp_path))
+    store.register("chat", lambda: {"version": 1, "key": "garbage"})
+    store.unregister("chat")
+    ctx = _ctx(tmp_path)
+    ev = build_evaluator(ctx, _route())
+    assert len(ctx.state_errors) == 1 and "unreadable detector state" in ctx.state_errors[0]
+    assert ev.evaluate(RouteObservation(route="chat", ts=1.0, up=True, model_name="m", k=4), ()) is not None
+    ev.close()
+
+
+def test_one_store_is_shared_per_daemon(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    a = build_evaluator(ctx, _route())
+    b = build_evaluator(ctx, dataclasses.replace(_route(), name="code"))
+    assert a.store is b.store is ctx.shared[STORE_KEY]
+    a.close()
+    b.close()
+
+
+def test_down_and_empty_cycles_change_nothing(tmp_path: Path) -> None:
+    ev = build_evaluator(_ctx(tmp_path), _route())
+    fields = ev.evaluate(RouteObservation(route="chat", ts=1.0, up=False), ())
+    assert fields == {"model_changes_total": 0.0, "last_model_change_timestamp": None}
+    assert math.isfinite(ev.cusum.statistic)
+    ev.close()
+
+
+# --------------------------------------------------------------------------- the benchmark, small
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_detection", ROOT / "scripts" / "bench_detection.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_detection", module)  # dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("tier", ["2 req/s", "0.2 req/s"])
+def test_small_benchmark_meets_the_acceptance_checks(tier: str) -> None:
+    bench = _bench()
+    rate, target = bench.TIERS[tier]
+    ours, naive = bench.bench_tier(rate, target, route_days=2.0, drops=3, seed=11, config=Config(), kappa=30.0)
+    assert ours.pages_clean == 0 and ours.pages_small == 0
+    assert ours.detected == ours.drops == 3 and ours.in_target == 3
+    assert ours.false_pages_drop == 0
+    assert naive.drops == 3  # the naive rule ran on the same traces

@@ -1,0 +1,158 @@
+"""Baseline store: round trips, kill -9 durability, corrupt and unwritable state, operator commands."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
+
+KEY = BaselineKey("llama", "0.11.0", 4)
+
+
+def _baseline(ratio: float = 0.5, tokens: float = 50_000.0, route: str = "chat") -> Baseline:
+    return Baseline(route=route, key=KEY, acceptance_ratio=ratio, position_acceptance=(0.7, 0.5, 0.4, 0.3),
+                    mean_acceptance_length=2.9, overdispersion=30.0, drafted_tokens=tokens, source="learned",
+                    pinned=True, created=100.0, updated=200.0)
+
+
+def test_round_trip_survives_reopen(tmp_path: Path) -> None:
+    store = BaselineStore.in_state_dir(str(tmp_path))
+    assert store.put(_baseline())
+    store.close()
+    again = BaselineStore.in_state_dir(str(tmp_path))
+    assert again.get("chat", KEY) == _baseline()
+    assert again.get("chat", BaselineKey("llama", "0.11.0", 5)) is None
+    assert [b.route for b in again.baselines()] == ["chat"]
+    again.close()
+
+
+def test_relative_stderr_follows_n_eff() -> None:
+    b = _baseline(ratio=0.5, tokens=30_000.0)  # φ 30 -> n_eff 1000 -> se 0.0158 -> relative 0.0316
+    assert b.relative_stderr() == pytest.approx(0.0316, rel=0.01)
+    assert Baseline(route="r", key=KEY, acceptance_ratio=0.5).relative_stderr() == 0.0  # configured: exact
+
+
+def test_learner_json_round_trip() -> None:
+    learner = BaselineLearner()
+    for i in range(400):
+        learner.add(i * 15.0, 40.0 + (i % 7), 100.0, 25.0, [20.0, 12.0, 8.0, 5.0])
+    again = BaselineLearner.from_json(learner.to_json())
+    b1 = learner.baseline("chat", KEY, 9999.0, "learned", pinned=False)
+    b2 = again.baseline("chat", KEY, 9999.0, "learned", pinned=False)
+    assert b1.acceptance_ratio == b2.acceptance_ratio
+    assert b1.position_acceptance == pytest.approx((0.8, 0.48, 0.32, 0.2))
+    assert b1.mean_acceptance_length == pytest.approx(1 + learner.accepted / learner.drafts)
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineStore
+    store = BaselineStore.in_state_dir(sys.argv[1])
+    key = BaselineKey("llama", "0.11.0", 4)
+    i = 0
+    while True:
+        i += 1
+        b = Baseline(route="chat", key=key, acceptance_ratio=0.5, drafted_tokens=float(i), updated=float(i),
+                     position_acceptance=tuple(float(i % 10) / 10 for _ in range(64)))
+        assert store.put(b)
+        store.flush()
+        print(i, flush=True)
+""")
+
+
+def test_kill_minus_nine_mid_write_keeps_last_committed(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        committed = 0
+        for line in proc.stdout:  # let it commit a good number of transactions, then kill it mid-loop
+            committed = int(line)
+            if committed >= 300:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    errors: list[str] = []
+    store = BaselineStore.in_state_dir(str(tmp_path), errors)
+    b = store.get("chat", KEY)
+    assert errors == []
+    assert b is not None and b.drafted_tokens >= committed  # every printed (committed) write is there
+    assert b.acceptance_ratio == 0.5
+    store.close()
+
+
+def test_corrupt_file_is_moved_aside_and_counted(tmp_path: Path) -> None:
+    db = tmp_path / DB_NAME
+    db.write_bytes(b"this is not sqlite at all \x00\x01\x02" * 200)
+    errors: list[str] = []
+    store = BaselineStore.in_state_dir(str(tmp_path), errors, clock=lambda: 1234.0)
+    assert len(errors) == 1 and "corrupt" in errors[0] and "moved aside" in errors[0]
+    assert (tmp_path / f"{DB_NAME}.corrupt-1234").exists()
+    assert store.put(_baseline()) and store.get("chat", KEY) is not None  # the fresh store works
+    store.close()
+    assert BaselineStore.in_state_dir(str(tmp_path)).get("chat", KEY) is not None
+
+
+def test_truncated_database_is_recovered(tmp_path: Path) -> None:
+    store = BaselineStore.in_state_dir(str(tmp_path))
+    for i in range(50):
+        store.put(_baseline(route=f"r{i}"))
+    store.close()
+    db = tmp_path / DB_NAME
+    data = db.read_bytes()
+    db.write_bytes(data[:100] + b"\xff" * 3000 + data[3100:])  # clobber the header's tail and first pages
+    for suffix in ("-wal", "-shm"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    errors: list[str] = []
+    fresh = BaselineStore.in_state_dir(str(tmp_path), errors)
+    assert errors and fresh.put(_baseline()) and fresh.get("chat", KEY) is not None
+    fresh.close()
+
+
+def test_unwritable_state_dir_keeps_working_in_memory(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state directory should be")
+    errors: list[str] = []
+    store = BaselineStore.in_state_dir(str(blocker / "state"), errors)
+    assert len(errors) == 1 and "in memory" in errors[0]
+    assert store.put(_baseline()) and store.get("chat", KEY) is not None
+
+
+def test_commands_reach_a_running_store(tmp_path: Path) -> None:
+    daemon = BaselineStore.in_state_dir(str(tmp_path))
+    daemon.tick(0.0)
+    cli = BaselineStore.in_state_dir(str(tmp_path))
+    cli.append_command("chat", "accept")
+    cli.append_command("other", "reset")
+    cli.close()
+    daemon.tick(5.0)  # before the poll period: not seen yet
+    assert daemon.take_commands("chat") == []
+    daemon.tick(11.0)
+    assert daemon.take_commands("chat") == ["accept"]
+    assert daemon.take_commands("chat") == []
+    assert daemon.take_commands("other") == ["reset"]
+    daemon.close()
+
+
+def test_route_state_is_flushed_periodically_and_on_unregister(tmp_path: Path) -> None:
+    store = BaselineStore.in_state_dir(str(tmp_path), persist_seconds=60.0)
+    state = {"n": 0}
+    store.register("chat", lambda: dict(state))
+    store.tick(0.0)
+    state["n"] = 1
+    store.tick(30.0)
+    reader = BaselineStore.in_state_dir(str(tmp_path))
+    assert reader.route_state("chat") is None
+    store.tick(61.0)
+    assert reader.route_state("chat") == {"n": 1}
+    state["n"] = 2
+    store.unregister("chat")  # last user: flushes and closes
+    assert reader.route_state("chat") == {"n": 2}
+    reader.close()
