@@ -187,3 +187,65 @@ def test_short_hold_shortens_the_batch_window():
     assert out["batch_size"] == pytest.approx(100) and out["above_crossover"] is True
     out = drive(ev, 70, 80, running=10, step=1.0)
     assert out["above_crossover"] is False
+
+
+class RampSource:
+    """A vLLM route whose running requests follow `load` (per engine, 2 DP engines); p = 0.8, 0.6, 0.45, 0.35."""
+
+    def __init__(self) -> None:
+        self.drafts = 0.0
+        self.load = 10.0
+
+    def sample(self, now: float):
+        from specwatch.snapshot import EngineCounters, EngineSample
+        self.drafts += 500
+        engines = tuple(EngineCounters(engine=str(i), drafts=self.drafts, draft_tokens=4 * self.drafts,
+                                       accepted_tokens=2.2 * self.drafts,
+                                       accepted_per_pos=tuple(p * self.drafts for p in (0.8, 0.6, 0.45, 0.35)),
+                                       running=self.load) for i in range(2))
+        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name="m",
+                            engine_version="0.33.0", num_speculative_tokens=4, engines=engines)
+
+    def close(self) -> None:
+        pass
+
+
+def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
+    from prometheus_client.registry import CollectorRegistry
+
+    from specwatch.daemon import Daemon
+    from specwatch.export.prometheus import SnapshotCollector
+
+    cfg = parse_config({"interval": "5s", "gpu": {"enabled": "false"},
+                        "routes": [{"name": "chat", "url": "http://127.0.0.1:9/metrics",
+                                    "crossover": {"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3",
+                                                               "context": 1024}, "hold": "2m"}}]})
+    source = RampSource()
+    now = [1_700_000_000.0]
+    daemon = Daemon(cfg, source_factory=lambda r, c: source, clock=lambda: now[0])
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: daemon.snapshot))
+
+    def run(seconds: float, load: float) -> dict[str, float | None]:
+        source.load = load
+        for _ in range(int(seconds / 5)):
+            now[0] += 5
+            daemon.tick(now[0])
+        get = registry.get_sample_value
+        return {"above": get("specwatch_route_above_crossover", {"route": "chat"}),
+                "batch": get("specwatch_route_batch_size", {"route": "chat"}),
+                "bstar": get("specwatch_route_crossover_batch_size", {"route": "chat", "source": "estimate"}),
+                "speedup": get("specwatch_route_predicted_speedup_ratio", {"route": "chat"})}
+
+    try:
+        low = run(120, 10)
+        assert low["above"] == 0 and low["batch"] == pytest.approx(10) and 60 < low["bstar"] < 150
+        assert low["speedup"] > 1.5
+        high = run(120, 200)  # 400 running on the route, 200 per engine
+        assert high["above"] == 1 and high["batch"] == pytest.approx(200) and high["speedup"] < 1
+        hover = run(60, low["bstar"] * 0.95)  # between 0.9 B* and B*: stays above
+        assert hover["above"] == 1
+        back = run(180, 10)
+        assert back["above"] == 0
+    finally:
+        daemon.close()
