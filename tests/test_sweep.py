@@ -225,3 +225,15 @@ def test_sweep_recovers_h200_table_crossover_from_simulated_pair(tmp_path):
     assert lo <= doc["crossover_concurrency"] <= hi, (doc["crossover_concurrency"], table_bstar, measured)
     assert doc["num_speculative_tokens"] == 4
     assert doc["position_acceptance"][0] == pytest.approx(0.7, abs=0.05)
+
+
+def test_acceptance_from_sglang_counters():
+    from specwatch.crossover.sweep import acceptance_between
+
+    before = {"per_pos": {}, "sglang:spec_verify_calls_total": 100.0, "sglang:generation_tokens_total": 300.0}
+    after = {"per_pos": {}, "sglang:spec_verify_calls_total": 200.0, "sglang:generation_tokens_total": 580.0,
+             "sglang_num_draft_tokens": 5.0}
+    got = acceptance_between(before, after)
+    assert got["mean_acceptance_length"] == pytest.approx(2.8)
+    assert got["draft_length"] == 4 and got["acceptance_ratio"] == pytest.approx(0.45)
+    assert acceptance_between(None, after) == {} and acceptance_between(before, before) == {}

@@ -77,11 +77,14 @@ def _with_progress(settings: SweepSettings, output: str):
 
         def on_progress(label: str, done: int, total: int) -> None:
             if label != current["label"]:
-                if current["task"] is not None:
+                if current["task"] is not None:  # the previous server stopped early (it failed)
                     progress.remove_task(current["task"])
-                    progress.advance(overall)
                 current["label"], current["task"] = label, progress.add_task(label, total=total)
             progress.update(current["task"], completed=done)
+            if done >= total:
+                progress.remove_task(current["task"])
+                progress.advance(overall)
+                current["label"], current["task"] = None, None
 
         return run_sweep(settings, output, on_progress)
 

@@ -191,8 +191,10 @@ def read_spec_counters(session: requests.Session, url: str, timeout: float) -> d
                 elif name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
                               "vllm:spec_decode_num_accepted_tokens_total"):
                     out[name] = out.get(name, 0.0) + s.value
-                elif name == "sglang:spec_accept_length" and s.value > 0:
-                    out["sglang_accept_length"] = s.value
+                elif name in ("sglang:spec_verify_calls_total", "sglang:generation_tokens_total"):
+                    out[name] = out.get(name, 0.0) + s.value
+                elif name == "sglang:spec_num_draft_tokens" and s.value > 1:
+                    out["sglang_num_draft_tokens"] = s.value  # k + 1 for a chain draft
         return out
     except (requests.RequestException, ValueError):
         return None
@@ -213,8 +215,15 @@ def acceptance_between(before: dict[str, Any] | None, after: dict[str, Any] | No
                 "mean_acceptance_length": 1.0 + accepted / drafts,
                 "draft_length": d["vllm:spec_decode_num_draft_tokens_total"] / drafts,
                 "position_acceptance": [round(p, 4) for p in positions]}
-    if after.get("sglang_accept_length"):
-        return {"mean_acceptance_length": after["sglang_accept_length"]}
+    # SGLang >= 0.5.13: tokens per verify step from tokenizer counters (they move as requests finish).
+    verify = after.get("sglang:spec_verify_calls_total", 0.0) - before.get("sglang:spec_verify_calls_total", 0.0)
+    generated = after.get("sglang:generation_tokens_total", 0.0) - before.get("sglang:generation_tokens_total", 0.0)
+    if verify > 0 and generated > 0:
+        out = {"mean_acceptance_length": generated / verify}
+        if after.get("sglang_num_draft_tokens"):
+            k = after["sglang_num_draft_tokens"] - 1
+            out.update(draft_length=k, acceptance_ratio=(generated / verify - 1) / k)
+        return out
     return {}
 
 
