@@ -233,3 +233,12 @@ def test_small_benchmark_meets_the_acceptance_checks(tier: str) -> None:
     assert ours.detected == ours.drops == 3 and ours.in_target == 3
     assert ours.false_pages_drop == 0
     assert naive.drops == 3  # the naive rule ran on the same traces
+
+
+def test_a_reload_reopens_the_store_after_every_evaluator_closed(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    first = build_evaluator(ctx, _route())
+    first.close()
+    again = build_evaluator(ctx, _route())
+    assert not again.store.closed and again.store is not first.store
+    again.close()

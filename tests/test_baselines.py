@@ -156,3 +156,57 @@ def test_route_state_is_flushed_periodically_and_on_unregister(tmp_path: Path) -
     store.unregister("chat")  # last user: flushes and closes
     assert reader.route_state("chat") == {"n": 2}
     reader.close()
+
+
+# --------------------------------------------------------------------------- the operator CLI
+def _daemon_after_a_model_change(tmp_path: Path):
+    from specwatch.config import Config, DetectionConfig, RouteConfig
+    from specwatch.detectors.acceptance_drop import build_evaluator
+    from specwatch.detectors.base import EvaluatorContext
+    from specwatch.replay import ObservationBuilder
+    from specwatch.tracegen import ModelChange, TraceSpec, generate
+
+    detection = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0)
+    ctx = EvaluatorContext(config=Config(state_dir=str(tmp_path), detection=detection), clock=lambda: 0.0)
+    ev = build_evaluator(ctx, RouteConfig(name="chat", url="http://127.0.0.1:1/metrics", detection=detection))
+    spec = TraceSpec(rate=1.0, duration=2.75 * 3600.0, seed=3,  # ends before adopt_after (1 h)
+                     changes=(ModelChange(at=2 * 3600.0, model_name="m2"),))
+    builder = ObservationBuilder("chat")
+    for sample in generate(spec):
+        ev.evaluate(builder.observe(sample), ())
+    ev.store.flush()
+    return ev, spec.start + spec.duration
+
+
+def test_cli_list_show_accept_on_a_running_daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specwatch.cli import main as cli_main
+    from specwatch.snapshot import RouteObservation
+
+    ev, end = _daemon_after_a_model_change(tmp_path)
+    assert ev.reference.key.model_name == "model-a"  # the old baseline is still the reference
+    assert cli_main(["baseline", "--state-dir", str(tmp_path), "list"]) == 0
+    out = capsys.readouterr().out
+    assert "ROUTE" in out and "chat" in out and "model-a" in out
+    assert cli_main(["baseline", "--state-dir", str(tmp_path), "show", "chat"]) == 0
+    out = capsys.readouterr().out
+    assert "current model:     m2" in out and "SPRT" in out and "p1=" in out
+    assert cli_main(["baseline", "--state-dir", str(tmp_path), "accept", "chat"]) == 0
+    assert "accepted" in capsys.readouterr().out
+    ev.evaluate(RouteObservation(route="chat", ts=end + 15, up=True, model_name="m2", k=4), ())
+    assert ev.reference is not None and ev.reference.key.model_name == "m2" and ev.reference.source == "accepted"
+    assert ev.fields()["degraded"] is False
+    ev.close()
+
+
+def test_cli_reset_on_a_stopped_daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specwatch.cli import main as cli_main
+
+    ev, _ = _daemon_after_a_model_change(tmp_path)
+    ev.close()
+    assert cli_main(["baseline", "--state-dir", str(tmp_path), "reset", "chat"]) == 0
+    assert "relearns" in capsys.readouterr().out
+    store = BaselineStore.in_state_dir(str(tmp_path))
+    assert store.baselines("chat") == [] and store.route_state("chat") is None
+    store.close()
+    assert cli_main(["baseline", "--state-dir", str(tmp_path), "show", "chat"]) == 1
+    assert cli_main(["baseline", "--state-dir", str(tmp_path / "nowhere"), "list"]) == 1

@@ -48,7 +48,7 @@ CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
 
 def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDropEvaluator":
     store = ctx.shared.get(STORE_KEY)
-    if store is None:
+    if store is None or store.closed:  # closed: every evaluator of a previous config was closed
         store = BaselineStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
         ctx.shared[STORE_KEY] = store
     return AcceptanceDropEvaluator(route, store)

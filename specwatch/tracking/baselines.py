@@ -160,6 +160,7 @@ class BaselineStore:
         self._last_command_id = 0
         self._pending: dict[str, list[str]] = {}
         self._failing = False  # log a write failure once per state change, count every one
+        self.closed = False
         self._conn = self._open()
         self._last_command_id = self._max_command_id()
 
@@ -365,6 +366,7 @@ class BaselineStore:
             self._pending.setdefault(route, []).append(action)
 
     def close(self) -> None:
+        self.closed = True
         try:
             self._conn.close()
         except sqlite3.Error:
