@@ -101,9 +101,10 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.calibrate_from:
         from specwatch.crossover.sweepfile import load_sweep
         sweep = load_sweep(args.calibrate_from)
-        points = sweep_points(sweep["levels"], int(sweep.get("num_speculative_tokens") or gamma), args.context)
-        eff, rms = fit_efficiency(model, points, source=f"fitted: {args.calibrate_from}")
-        model = model.with_efficiency(eff)
+        points = sweep_points(sweep["levels"], int(sweep.get("num_speculative_tokens") or gamma),
+                              float(sweep.get("context_tokens") or args.context))
+        eff, rms = fit_efficiency(model, points, source="")
+        model = model.with_efficiency(replace(eff, source=f"fitted to {args.calibrate_from}, RMS {rms:.0%}"))
     bstar = model.crossover(positions, args.context)
     speedups = {str(b): round(model.speedup(b, positions, args.context), 3) for b in args.batches}
     if args.json:
