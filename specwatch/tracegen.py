@@ -69,6 +69,11 @@ class TraceSpec:
     changes: tuple[ModelChange, ...] = ()
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.rate < 0 or self.interval <= 0 or self.duration <= 0 or self.kappa <= 0:
+            raise ValueError("need k >= 1, rate >= 0, interval > 0, duration > 0 and kappa > 0")
+        conditional_alphas(self.profile, self.k)  # raises on an unknown profile
+
 
 @dataclass(frozen=True)
 class _Acceptance:
@@ -181,8 +186,6 @@ class _Counters:
 
 def generate(spec: TraceSpec) -> Iterator[TraceSample]:
     """Yield one cumulative sample per scrape interval."""
-    if spec.k < 1 or spec.rate < 0 or spec.interval <= 0 or spec.duration <= 0:
-        raise ValueError("need k >= 1, rate >= 0, interval > 0 and duration > 0")
     rng = _Sampler(spec.seed)
     gauss, betavariate = rng.rng.gauss, rng.rng.betavariate
     k, model = spec.k, spec.model_name

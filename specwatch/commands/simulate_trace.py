@@ -65,23 +65,16 @@ def main(args: argparse.Namespace) -> int:
                          rate=args.rate, start=args.start, duration=args.duration, interval=args.interval,
                          kappa=args.kappa, mean_tokens=args.mean_tokens, diurnal=args.diurnal,
                          drops=tuple(args.drop), changes=tuple(args.model_change), seed=args.seed)
-        samples = generate(spec)
         out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
     except (ValueError, OSError) as exc:
         print(f"specwatch simulate-trace: {exc}", file=sys.stderr)
         return 2
-    with out if out is not sys.stdout else _NoClose(out):
-        for sample in samples:
+    try:
+        for sample in generate(spec):
             out.write(sample.to_json() + "\n")
+    finally:
+        if out is sys.stdout:
+            out.flush()
+        else:
+            out.close()
     return 0
-
-
-class _NoClose:
-    def __init__(self, stream) -> None:
-        self.stream = stream
-
-    def __enter__(self):
-        return self.stream
-
-    def __exit__(self, *exc) -> None:
-        self.stream.flush()
