@@ -165,9 +165,12 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- Route detail
 def _route_gpu(metric: str) -> str:
-    """A GPU metric for the GPUs the selected routes run on, labelled with the route."""
-    return (f"{metric}{{{NODE}}}\n* on(job, instance, gpu) group_left(route)\n"
-            f"specwatch_route_gpu_info{{{ROUTE}}}")
+    """A GPU metric for the GPUs the selected routes run on, labelled with the route.
+
+    The route mapping is the "many" side: several routes may share one GPU.
+    """
+    return (f"specwatch_route_gpu_info{{{ROUTE}}}\n* on(job, instance, gpu) group_left()\n"
+            f"{metric}{{{NODE}}}")
 
 
 def route_detail(s: Settings) -> dict[str, Any]:

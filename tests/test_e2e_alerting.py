@@ -1,0 +1,340 @@
+"""End to end: simulated engines -> `specwatch run` -> real Prometheus (our generated rules) -> real Alertmanager
+(our example config) -> a webhook receiver run by this test.
+
+Two SIMULATED vLLM routes run side by side: `chat` gets an injected acceptance drop (x0.7, well past the 15%
+threshold), `code` stays undisturbed apart from a model bump that keeps its acceptance (a confounder that must
+not page). The test asserts that the drop reaches the page receiver as SpecwatchAcceptanceDegraded, grouped by
+route, and that nothing about `code` (and nothing before the drop) is ever paged. Then every query of every
+generated dashboard panel runs against the live Prometheus and must parse and return data.
+
+What is not the production path, and why:
+- Alert `for:` durations are shortened to seconds (`Settings.with_all_for`) and Prometheus scrapes and evaluates
+  every second; otherwise the rules are the generated ones.
+- Alertmanager runs `alerts/alertmanager.example.yml` with the receivers' URLs pointed at this test and
+  group_wait/group_interval of 1s.
+- The daemon runs with the fake NVML of tests/fake_nvml.py (one H200) in place of the `pynvml` module, so the
+  GPU panels have data on a machine without a GPU; everything else in the daemon is the real `specwatch run`.
+- Detection warm-up and guards are shortened in the daemon's config so the test takes about a minute.
+
+Everything listens on free loopback ports and the whole test is bounded (about 2 minutes at most).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from specwatch.mixin import dashboards, render
+from specwatch.mixin.settings import DEFAULT
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+DROP_AT_SECONDS = 45.0  # the injected drop, in simulated = wall seconds (time scale 1)
+PAGE_DEADLINE_SECONDS = 75.0  # after the drop: detector guards + `for` + Alertmanager grouping, with slack
+EVALUATION_INTERVAL_SECONDS = 1.0
+# Both simulated routes draft k=4 tokens with a conditional acceptance of 0.7 per position, an acceptance rate
+# of (0.7 + 0.7^2 + 0.7^3 + 0.7^4) / 4 = 0.443, pinned in the config (a learned baseline needs minutes of
+# warm-up for its overdispersion estimate); 2.45 is the overdispersion of that profile (docs/detection.md §3).
+PINNED_BASELINE = {"acceptance_ratio": 0.443, "overdispersion": 2.45}
+
+# The real `specwatch run`, with tests/fake_nvml.py standing in for the pynvml module (no GPU here).
+DAEMON_WITH_FAKE_NVML = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); import fake_nvml; "
+    "sys.modules['pynvml'] = fake_nvml.basic_h200(1); "
+    "from specwatch.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def _binaries() -> dict[str, str]:
+    """Paths of prometheus and alertmanager, installing them when missing; skips the module if that fails."""
+    names = {"prometheus": "prometheus", "alertmanager": "prometheus-alertmanager"}
+    if not all(shutil.which(n) for n in names.values()):
+        subprocess.run(["bash", str(REPO / "scripts" / "ensure_prometheus.sh")], capture_output=True, timeout=300)
+    found = {key: shutil.which(name) for key, name in names.items()}
+    missing = [names[key] for key, path in found.items() if path is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed and scripts/ensure_prometheus.sh could not install them")
+    return {key: str(path) for key, path in found.items()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until(what: str, predicate: Callable[[], Any], timeout: float, procs: "Processes") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{procs.logs()}")
+
+
+class Processes:
+    """Subprocesses of this test, each logging to its own file; all stopped at the end."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.running: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def start(self, name: str, argv: list[str]) -> None:
+        log = self.workdir / f"{name}.log"
+        proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.running.append((name, proc, log))
+
+    def check_alive(self) -> None:
+        for name, proc, _ in self.running:
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited with {proc.returncode}\n{self.logs()}")
+
+    def logs(self, tail: int = 25) -> str:
+        parts = []
+        for name, _, log in self.running:
+            # The scheduler's per-tick INFO lines would push everything useful out of the tail.
+            lines = [line for line in log.read_text(errors="replace").splitlines()
+                     if "apscheduler" not in line][-tail:]
+            parts.append(f"--- {name} (last {len(lines)} lines)\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def stop_all(self) -> None:
+        for _, proc, _ in reversed(self.running):
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc, _ in self.running:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: records (arrival time, path, payload) of every notification."""
+
+    def __init__(self) -> None:
+        self.notifications: list[tuple[float, str, dict]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with outer.lock:
+                    outer.notifications.append((time.monotonic(), self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, path: str) -> list[tuple[float, dict, dict]]:
+        """(arrival, alert, notification) for every alert posted to `path`."""
+        with self.lock:
+            return [(t, alert, body) for t, p, body in self.notifications if p == path for alert in body["alerts"]]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _scenarios(workdir: Path) -> tuple[Path, Path]:
+    drop = workdir / "chat-drop.yaml"
+    drop.write_text(yaml.safe_dump({
+        "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
+        "events": [{"at": f"{DROP_AT_SECONDS:g}s", "type": "acceptance", "factor": 0.7}],
+    }))
+    steady = workdir / "code-steady.yaml"
+    steady.write_text(yaml.safe_dump({
+        "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
+        # A model bump that keeps acceptance: a model change annotation, and no page.
+        "events": [{"at": "25s", "type": "model_bump", "model_name": "llama-3.1-8b-v2", "acceptance_factor": 1.0}],
+    }))
+    return drop, steady
+
+
+def _specwatch_config(workdir: Path, chat_port: int, code_port: int) -> Path:
+    config = {
+        "interval": f"{EVALUATION_INTERVAL_SECONDS:g}s",
+        "state_dir": str(workdir / "state"),
+        "scrape": {"timeout": "0.8s"},
+        "gpu": {"enabled": "true"},
+        # Short guards so the test runs in about a minute; the logic is the production detector's.
+        "detection": {"min_drafted_tokens": 1000, "min_duration": "5s", "confirm_window": "10s"},
+        "routes": [
+            {"name": "chat", "url": f"http://127.0.0.1:{chat_port}/metrics", "gpus": [0],
+             "baseline": PINNED_BASELINE, "crossover": {"batch_size": 64}},
+            {"name": "code", "url": f"http://127.0.0.1:{code_port}/metrics", "gpus": [0],
+             "baseline": PINNED_BASELINE,
+             "crossover": {"estimate": {"gpu": "H200", "params": 8, "layers": 32, "hidden_size": 4096,
+                                        "kv_heads": 8, "head_dim": 128}}},
+        ],
+    }
+    path = workdir / "specwatch.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _prometheus_config(workdir: Path, daemon_port: int, am_port: int) -> Path:
+    settings = replace(DEFAULT.with_all_for("5s"), evaluation_interval_seconds=EVALUATION_INTERVAL_SECONDS)
+    rules = workdir / "specwatch-rules.yaml"
+    rules.write_text(render.to_yaml(render.rules_document(settings)))
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+        "scrape_configs": [{"job_name": "specwatch", "static_configs": [{"targets": [f"127.0.0.1:{daemon_port}"]}]}],
+    }
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _alertmanager_config(workdir: Path, webhook: Webhook) -> Path:
+    config = yaml.safe_load((REPO / render.ALERTMANAGER_PATH).read_text())
+    urls = {DEFAULT.page_receiver: f"{webhook.url}/page", DEFAULT.ticket_receiver: f"{webhook.url}/ticket"}
+    for receiver in config["receivers"]:
+        for hook in receiver["webhook_configs"]:
+            hook["url"] = urls[receiver["name"]]
+    config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1m")
+    path = workdir / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    binaries = _binaries()
+    workdir = tmp_path_factory.mktemp("e2e")
+    ports = {name: _free_port() for name in ("chat", "code", "daemon", "prometheus", "alertmanager")}
+    webhook = Webhook()
+    procs = Processes(workdir)
+    try:
+        drop, steady = _scenarios(workdir)
+        cli = [sys.executable, "-m", "specwatch"]
+        procs.start("sim-chat", [*cli, "simulate", "--engine", "vllm", "--dp", "2", "--seed", "1",
+                                 "--port", str(ports["chat"]), "--scenario", str(drop), "--time-scale", "1"])
+        procs.start("sim-code", [*cli, "simulate", "--engine", "vllm", "--seed", "2",
+                                 "--port", str(ports["code"]), "--scenario", str(steady), "--time-scale", "1"])
+        started = time.monotonic()  # simulated time 0, within the start-up jitter of the two simulators
+        procs.start("specwatch", [sys.executable, "-c", DAEMON_WITH_FAKE_NVML, str(REPO / "tests"), "run",
+                                  "--config.file", str(_specwatch_config(workdir, ports["chat"], ports["code"])),
+                                  "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
+        procs.start("alertmanager", [binaries["alertmanager"],
+                                     f"--config.file={_alertmanager_config(workdir, webhook)}",
+                                     f"--storage.path={workdir / 'alertmanager-data'}",
+                                     f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+                                     "--cluster.listen-address="])
+        procs.start("prometheus", [binaries["prometheus"],
+                                   f"--config.file={_prometheus_config(workdir, ports['daemon'], ports['alertmanager'])}",
+                                   f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+                                   f"--web.listen-address=127.0.0.1:{ports['prometheus']}"])
+        prometheus = f"http://127.0.0.1:{ports['prometheus']}"
+        _wait_until("Prometheus to scrape specwatch", lambda: _query(prometheus, 'up{job="specwatch"} == 1'),
+                    60, procs)
+        yield {"prometheus": prometheus, "webhook": webhook, "procs": procs, "drop_at": started + DROP_AT_SECONDS}
+    finally:
+        procs.stop_all()
+        webhook.close()
+
+
+def _query_or_error(prometheus: str, expr: str) -> tuple[list[dict], str]:
+    """Instant query: (result vector, "") or ([], what went wrong)."""
+    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as exc:  # Prometheus answers 400/422 with a JSON error body
+        body = json.loads(exc.read() or b"{}")
+    except (OSError, ValueError) as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+    if body.get("status") != "success":
+        return [], f"{body.get('errorType', '?')}: {body.get('error', body)}"
+    return body["data"]["result"], ""
+
+
+def _query(prometheus: str, expr: str) -> list[dict]:
+    return _query_or_error(prometheus, expr)[0]
+
+
+def _pages_for(webhook: Webhook, route: str) -> list[tuple[float, dict, dict]]:
+    return [(t, a, n) for t, a, n in webhook.alerts("/page") if a["labels"].get("route") == route]
+
+
+def _wait_for_chat_page(stack) -> tuple[float, dict, dict]:
+    timeout = stack["drop_at"] + PAGE_DEADLINE_SECONDS - time.monotonic()
+    pages = _wait_until("the acceptance drop on route chat to be paged",
+                        lambda: [p for p in _pages_for(stack["webhook"], "chat") if p[1]["status"] == "firing"],
+                        timeout, stack["procs"])
+    return pages[0]
+
+
+def test_injected_drop_pages_through_alertmanager(stack):
+    arrival, alert, notification = _wait_for_chat_page(stack)
+    assert alert["labels"]["alertname"] == "SpecwatchAcceptanceDegraded"
+    assert alert["labels"]["severity"] == "critical"
+    assert alert["annotations"]["runbook_url"].endswith("#specwatchacceptancedegraded")
+    assert "Draft acceptance on route chat" in alert["annotations"]["description"]
+    assert notification["receiver"] == DEFAULT.page_receiver
+    assert notification["groupLabels"] == {"route": "chat"}  # one notification per route
+    assert arrival > stack["drop_at"], "paged before the drop was injected"
+
+
+def test_undisturbed_route_never_pages(stack):
+    webhook, procs = stack["webhook"], stack["procs"]
+    # Wait for the drop's page (or its deadline) so the undisturbed route has run through the same window,
+    # including its model bump.
+    deadline = stack["drop_at"] + PAGE_DEADLINE_SECONDS
+    while time.monotonic() < deadline and not _pages_for(webhook, "chat"):
+        procs.check_alive()
+        time.sleep(0.5)
+    assert _pages_for(webhook, "code") == []
+    assert all(t > stack["drop_at"] for t, _, _ in webhook.alerts("/page")), "a page arrived before the drop"
+    # The undisturbed route was really evaluated: it had a learned baseline and a verdict of "not degraded".
+    verdict = _query(stack["prometheus"], 'specwatch_route_acceptance_degraded{route="code"}')
+    assert verdict and verdict[0]["value"][1] == "0"
+
+
+def _concrete(expr: str) -> str:
+    """Grafana's variables as a dashboard with every job, instance and route selected would send them."""
+    return (expr.replace("$job", "specwatch").replace("$instance", ".+").replace("$route", ".+")
+            .replace("$__rate_interval", "1m").replace("$__interval", "5m"))
+
+
+def test_every_dashboard_query_returns_data(stack):
+    # By the time of the page, baseline, drop, CUSUM, crossover and model-change series all exist.
+    _wait_for_chat_page(stack)
+    failures = []
+    for name, board in sorted(dashboards.all_dashboards(DEFAULT).items()):
+        for title, expr in dashboards.iter_queries(board):
+            result, error = _query_or_error(stack["prometheus"], _concrete(expr))
+            if error:
+                failures.append(f"{name} / {title}: {error}: {expr}")
+            elif not result:
+                failures.append(f"{name} / {title}: no data: {expr}")
+    assert not failures, "\n".join(failures)
