@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kappa", type=float, default=30.0, help="request heterogeneity (Beta concentration)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tier", action="append", choices=list(TIERS), help="only these tiers (repeatable)")
+    p.add_argument("--sensitivity-kappa", type=float, default=100.0,
+                   help="also run the 1 req/min tier with this (less heterogeneous) κ; 0 to skip")
     p.add_argument("--cusum-threshold", type=float, help="override detection.cusum_threshold (tuning)")
     p.add_argument("--write", type=Path, help="replace the Detection section of this markdown file")
     args = p.parse_args(argv)
@@ -253,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append((tier, target, ours, naive))
         print(f"{tier}: {time.perf_counter() - t0:.0f} s  specwatch {ours.row()}  naive {naive.row()}",
               file=sys.stderr)
+    if args.sensitivity_kappa and (not args.tier or "1 req/min" in args.tier):
+        rate, target = TIERS["1 req/min"]
+        ours, naive = bench_tier(rate, target, args.route_days, args.drops, args.seed, config,
+                                 args.sensitivity_kappa)
+        results.append((f"1 req/min, κ={args.sensitivity_kappa:g}", target, ours, naive))
     body = markdown(results, args, time.perf_counter() - started)
     print(body)
     if args.write:

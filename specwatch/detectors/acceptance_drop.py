@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
@@ -52,6 +53,17 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDro
         store = BaselineStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
         ctx.shared[STORE_KEY] = store
     return AcceptanceDropEvaluator(route, store)
+
+
+@dataclass(frozen=True)
+class _Test:
+    """The hypotheses derived from one reference baseline."""
+
+    llr: LogLikelihoodRatio
+    h: float
+    r_ok: float  # still acceptable: (1 - drop/3) r0'
+    r_resolve: float  # back to normal: (1 - 2 drop/3) r0'
+    phi: float
 
 
 class ShortWindow:
@@ -105,7 +117,7 @@ class AcceptanceDropEvaluator:
         self.model_changes_total = 0
         self.last_model_change: float | None = None
         self.window = ShortWindow(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
-        self._test: tuple[LogLikelihoodRatio, float, float, float, float] | None = None
+        self._test: _Test | None = None
         self._restore()
         store.register(self.route, self.persisted_state)
 
@@ -114,7 +126,7 @@ class AcceptanceDropEvaluator:
         now = obs.ts
         self.store.tick(now)
         for action in self.store.take_commands(self.route):
-            self._apply_command(action, now)
+            self._apply_command(action)
         if obs.up:
             key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0))
             if self.key is None:
@@ -157,36 +169,36 @@ class AcceptanceDropEvaluator:
         if self._test is None:  # a baseline too close to 1 to test a drop against: only learn
             self.learner.add(now, accepted, drafted, drafts, per_pos)
             return
-        llr_of, h, r_ok, r_resolve, phi = self._test
-        llr = llr_of(accepted, drafted)
+        test = self._test
+        llr = test.llr(accepted, drafted)
         self.cusum.update(llr, drafted, now)
         if self.sprt is not None:
             self.sprt.update(llr, drafted)
         own_key = self.reference.key == self.key
         # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
         # after a model change the new key learns from everything, since that is what `accept` adopts.
-        if not own_key or (not self.degraded and self.cusum.statistic < h / 2):
+        if not own_key or (not self.degraded and self.cusum.statistic < test.h / 2):
             self.learner.add(now, accepted, drafted, drafts, per_pos)
-        self._decide(now, h, r_ok, r_resolve, phi)
+        self._decide(now, test)
         if own_key:
             self._maybe_refine(now)
         else:
             self._maybe_adopt(now)
 
-    def _decide(self, now: float, h: float, r_ok: float, r_resolve: float, phi: float) -> None:
-        lower, upper = wilson_bounds(self.window.accepted / phi, self.window.drafted / phi)
+    def _decide(self, now: float, test: _Test) -> None:
+        lower, upper = wilson_bounds(self.window.accepted / test.phi, self.window.drafted / test.phi)
         if not self.degraded:
             c, cfg = self.cusum, self.cfg
-            by_cusum = (c.statistic >= h and c.excursion_seconds(now) >= cfg.min_duration_seconds
+            by_cusum = (c.statistic >= test.h and c.excursion_seconds(now) >= cfg.min_duration_seconds
                         and c.excursion_tokens >= cfg.min_drafted_tokens)
             by_sprt = (self.sprt is not None and self.sprt.verdict == "regressed"
                        and self.sprt.tokens >= cfg.min_drafted_tokens)
-            if (by_cusum or by_sprt) and upper < r_ok:
+            if (by_cusum or by_sprt) and upper < test.r_ok:
                 self.degraded = True
                 log.warning("route %s: acceptance dropped: %.3f over the short window vs baseline %.3f (%s)",
                             self.route, self.window.ratio() or 0.0, self.reference.acceptance_ratio,
                             "CUSUM" if by_cusum else "SPRT after a model change")
-        elif lower > r_resolve:
+        elif lower > test.r_resolve:
             self.degraded = False
             self.cusum.reset()
             if self.sprt is not None:
@@ -260,7 +272,8 @@ class AcceptanceDropEvaluator:
             return
         phi = max(1.0, baseline.overdispersion)
         self.window.min_tokens = max(self.cfg.min_drafted_tokens, CONFIRM_MIN_EFFECTIVE_TOKENS * phi)
-        self._test = (LogLikelihoodRatio.between(r_ok, r_bad, phi), self.cfg.cusum_threshold, r_ok, r_resolve, phi)
+        self._test = _Test(LogLikelihoodRatio.between(r_ok, r_bad, phi), self.cfg.cusum_threshold, r_ok, r_resolve,
+                           phi)
         if not keep_evidence:
             self.cusum.reset()
 
@@ -295,7 +308,7 @@ class AcceptanceDropEvaluator:
             self.sprt = Sprt()  # the old baseline stays the reference until the new model earns its own
 
     # ------------------------------------------------------------------ operator commands
-    def _apply_command(self, action: str, now: float) -> None:
+    def _apply_command(self, action: str) -> None:
         log.info("route %s: operator %s", self.route, action)
         self.reference, self._test, self.sprt, self.degraded = None, None, None, False
         self.cusum.reset()
