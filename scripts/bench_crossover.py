@@ -6,8 +6,11 @@
    gamma 2 and 7 verify times are held out of the fit; gamma 4 is scored on data it was fitted on.
 2. Sweep: `specwatch sweep` against two simulated engines whose step times are the table (k 0 and k 4,
    alpha 0.7), in real time; its crossover vs the table's.
+3. With --gpm, on an NVIDIA GPU with torch: GPM tensor and DRAM activity of Llama-3-8B-shaped GEMMs at
+   growing tokens per forward, for the compute-bound thresholds (results: docs/crossover.md).
 
     .venv/bin/python scripts/bench_crossover.py [--skip-sweep] [--write-docs]
+    PYTHONPATH=. python3 scripts/bench_crossover.py --gpm
 
 Prints Markdown; --write-docs replaces the "Crossover estimator and sweep" section of docs/benchmarks.md and
 writes the sweep's plot to docs/img/crossover-sweep-simulated.png.
@@ -156,17 +159,94 @@ def sweep_section(write_plot: bool) -> list[str]:
     return out
 
 
+def gpm_section() -> list[str]:
+    """On an NVIDIA GPU: GPM tensor activity and DRAM utilization while Llama-3-8B-shaped weight GEMMs run at
+    growing tokens per forward (decode at small M, verify batches B x (k+1) at large M), and the verdict of
+    the daemon's `compute_bound()` at each. Needs torch and nvidia-ml-py; attention is not included."""
+    import threading
+
+    import torch
+
+    from specwatch.config import GpuConfig
+    from specwatch.detectors.above_crossover import DRAM_FIELD, TENSOR_FIELD, compute_bound
+    from specwatch.sources.nvml import make_gpu_source
+
+    dev = torch.device("cuda:0")
+    torch.cuda.init()  # the load thread needs the context current before its first cuBLAS call
+    shape = LLAMA3_8B
+    h, f, kv = shape.hidden_size, shape.intermediate_size, shape.kv_heads * shape.head_dim
+    # One layer's matrices x 32 distinct copies: ~14 GB streamed per forward, as a real 8B decode step.
+    layers = [[torch.randn(h, n, device=dev, dtype=torch.bfloat16) for n in (h + 2 * kv, h, 2 * f)]
+              + [torch.randn(f, h, device=dev, dtype=torch.bfloat16)] for _ in range(shape.layers)]
+    source = make_gpu_source(GpuConfig(enabled="true"))
+    name = gpus.detect_gpu_name()
+    out = ["### GPM during Llama-3-8B-shaped GEMMs (compute-bound thresholds)", "",
+           f"GPU: {name} (table row: {gpus.lookup(name)[0].name if name else '-'}). Tokens per forward M = "
+           "batch x (k+1); each forward multiplies M rows through 32 layers of distinct q/k/v, o, gate/up and "
+           "down weights (7.0 B parameters, no attention). GPM over 1.5 s per M.", "",
+           "| M (tokens per forward) | e.g. | forward ms | tensor active | DRAM utilization | compute_bound |",
+           "|---:|---|---:|---:|---:|:-:|"]
+    examples = {1: "decode B=1", 64: "decode B=64", 128: "verify B=32, k=3", 192: "verify B=48, k=3",
+                256: "verify B=64, k=3", 320: "verify B=64, k=4", 640: "verify B=128, k=4",
+                1280: "verify B=256, k=4", 2048: "verify B=256, k=7"}
+    for m in examples:
+        x = torch.randn(m, h, device=dev, dtype=torch.bfloat16)
+        xf = torch.randn(m, f, device=dev, dtype=torch.bfloat16)
+
+        def forward() -> None:
+            for qkv, o, gate_up, down in layers:
+                torch.matmul(x, qkv)
+                torch.matmul(x, o)
+                torch.matmul(x, gate_up)
+                torch.matmul(xf, down)
+
+        forward()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(5):
+            forward()
+        torch.cuda.synchronize()
+        forward_ms = (time.perf_counter() - start) / 5 * 1000
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                forward()
+                torch.cuda.synchronize()
+
+        worker = threading.Thread(target=load)
+        worker.start()
+        time.sleep(0.3)
+        source.sample(time.time())  # GPM values cover the interval up to the next sample
+        time.sleep(1.5)
+        _, samples = source.sample(time.time())
+        stop.set()
+        worker.join()
+        fields = samples[0].fields if samples else {}
+        verdict = compute_bound(samples, (0,))
+        out.append(f"| {m} | {examples[m]} | {forward_ms:.2f} | {fields.get(TENSOR_FIELD, float('nan')):.3f} | "
+                   f"{fields.get(DRAM_FIELD, float('nan')):.3f} | {verdict} |")
+    source.close()
+    return out + [""]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-sweep", action="store_true", help="estimator only (the sweep takes ~30 s)")
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md and the plot")
+    parser.add_argument("--gpm", action="store_true", help="only the GPM measurement (needs a GPU and torch)")
     args = parser.parse_args()
+    if args.gpm:
+        print("\n".join(gpm_section()))
+        return 0
     lines = [SECTION, "",
              f"Measured with `.venv/bin/python scripts/bench_crossover.py --write-docs` on {platform.node()} "
              f"({platform.processor() or platform.machine()}, Python {platform.python_version()}), "
              f"{time.strftime('%Y-%m-%d', time.gmtime())}. The reference table is "
              "`specwatch/data/h200-crossover-llama3-8b.json` (one H200, kernel-level step times).", ""]
     lines += estimator_section()
+    lines += ["GPM compute-bound thresholds were measured on the H200 with `--gpm` (needs the GPU); the table "
+              "and its reading are in `docs/crossover.md`.", ""]
     if not args.skip_sweep:
         lines += sweep_section(args.write_docs)
     text = "\n".join(lines).rstrip() + "\n"
