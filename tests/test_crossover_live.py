@@ -170,6 +170,9 @@ def test_compute_bound_thresholds_and_gpu_selection():
     matmul_h200 = [gpu(0, 0.765, 0.139)]  # bf16 8192^2 matmul loop
     assert compute_bound(decode_h200, (0,)) is False
     assert compute_bound(matmul_h200, (0,)) is True
+    # 8B-shaped GEMMs on the H200 either side of the ridge (docs/crossover.md): 192 and 256 tokens per forward
+    assert compute_bound([gpu(0, 0.630, 0.536)], (0,)) is False
+    assert compute_bound([gpu(0, 0.710, 0.466)], (0,)) is True
     assert compute_bound([gpu(0)], (0,)) is None  # CPU host / no GPM
     mixed = [gpu(0, 0.8, 0.1), gpu(1, 0.02, 0.65)]
     assert compute_bound(mixed, (0,)) is True

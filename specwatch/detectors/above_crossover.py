@@ -28,8 +28,9 @@ BATCH_WINDOW_SECONDS = 60.0
 ACCEPTANCE_WINDOW_SECONDS = 300.0
 EXIT_FRACTION = 0.9
 
-# GPM thresholds, from the H200 reference (docs/crossover.md §10.4): plain decode at every batch up to 256
-# read tensor <= 0.37 with DRAM >= 0.62; a bf16 8192^2 matmul loop read tensor 0.765, DRAM 0.139.
+# GPM thresholds measured on an H200 (docs/crossover.md, `bench_crossover.py --gpm`): Llama-3-8B-shaped GEMMs
+# read tensor 0.63 / DRAM 0.54 at 192 tokens per forward and 0.71 / 0.47 at 256, either side of the ~225-token
+# roofline ridge; plain decode with attention never exceeded tensor 0.37 (DRAM >= 0.62) up to batch 256.
 TENSOR_ACTIVE_MIN = 0.5
 DRAM_UTILIZATION_MAX = 0.5
 TENSOR_FIELD = "gpu_tensor_active_ratio"
