@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Soak test: the whole daemon over many routes for a long time; RSS, file descriptors and threads must stay flat.
+
+Two modes, both printing one line per report period and a JSON verdict at the end (exit 1 on a failed limit):
+
+  live         Real time. The daemon (APScheduler loop, real engine sources, the /metrics HTTP server scraped
+               every 15 s like Prometheus would, 8 fake-NVML GPUs) scrapes ROUTES simulated vLLM engines (2 DP
+               engines, k=4) served by a child process on loopback, at --interval, for --duration.
+                   .venv/bin/python scripts/soak.py live --routes 64 --interval 1 --duration 900
+  accelerated  Fake clock. The same daemon ticks through --duration of trace time (specwatch.tracegen, the
+               replay traces) as fast as it can, rendering /metrics every 15 trace seconds.
+                   .venv/bin/python scripts/soak.py accelerated --routes 64 --interval 5 --duration 86400
+
+Limits (issue 9): after --warmup, RSS grows by less than 5 MB and the fd and thread counts do not grow.
+`live` needs the engine sources (`specwatch.sources.engines`); without them it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # specwatch from this checkout; tests/fake_nvml.py for GPUs
+
+from specwatch.config import Config, parse_config  # noqa: E402
+from specwatch.daemon import Daemon  # noqa: E402
+from specwatch.snapshot import EngineCounters, EngineSample  # noqa: E402
+
+RSS_GROWTH_LIMIT_BYTES = 5 * 1024 * 1024
+K = 4
+POSITION_ACCEPTANCE = (0.78, 0.60, 0.45, 0.33)  # p_j: chance a draft's position j is accepted
+
+
+# ----------------------------------------------------------------------------------------- process figures
+@dataclass(frozen=True)
+class ProcessFigures:
+    at: float  # seconds since the start (trace seconds in accelerated mode)
+    rss_bytes: int
+    fds: int
+    threads: int
+
+
+def process_figures(at: float) -> ProcessFigures:
+    status = Path("/proc/self/status").read_text()
+    rss_kib = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))
+    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))
+    return ProcessFigures(at=at, rss_bytes=rss_kib * 1024, fds=len(os.listdir("/proc/self/fd")), threads=threads)
+
+
+def verdict(figures: list[ProcessFigures], warmup: float) -> dict[str, Any]:
+    """Growth from the first figure after warm-up to the last; max over the run for context."""
+    steady = [f for f in figures if f.at >= warmup]
+    if len(steady) < 2:
+        return {"ok": False, "problem": "the run ended before there were two figures after warm-up"}
+    first, last = steady[0], steady[-1]
+    result = {
+        "seconds_measured": last.at - first.at,
+        "rss_after_warmup_mib": round(first.rss_bytes / 2**20, 2),
+        "rss_end_mib": round(last.rss_bytes / 2**20, 2),
+        "rss_max_mib": round(max(f.rss_bytes for f in steady) / 2**20, 2),
+        "rss_growth_mib": round((last.rss_bytes - first.rss_bytes) / 2**20, 2),
+        "fds": [first.fds, last.fds], "threads": [first.threads, last.threads],
+    }
+    problems = []
+    if last.rss_bytes - first.rss_bytes >= RSS_GROWTH_LIMIT_BYTES:
+        problems.append("RSS grew by 5 MB or more after warm-up")
+    if last.fds > first.fds:
+        problems.append("file descriptors grew")
+    if last.threads > first.threads:
+        problems.append("threads grew")
+    result["ok"] = not problems
+    result["problems"] = problems
+    return result
+
+
+def daemon_config(routes: int, interval: float, state_dir: str, base_url: str, gpus: bool) -> Config:
+    return parse_config({
+        "interval": f"{interval:g}s", "state_dir": state_dir, "scrape": {"timeout": "2s"},
+        "gpu": {"enabled": "true" if gpus else "false"},
+        "routes": [{"name": f"r{i:02d}", "url": f"{base_url}/r{i:02d}/metrics", "engine": "vllm",
+                    "crossover": {"batch_size": 32}} for i in range(routes)]})
+
+
+def fake_gpu_factory(count: int = 8) -> Callable[[Any], Any]:
+    """8 H200s behind the fake pynvml of the test suite, through the real GPU source."""
+    import fake_nvml  # tests/fake_nvml.py
+    from specwatch.sources import nvml as nvml_source
+
+    nvml = fake_nvml.basic_h200(count)
+    return lambda gpu_cfg: nvml_source.make_gpu_source(gpu_cfg, nvml=nvml)
+
+
+# ----------------------------------------------------------------------------------------- simulated engines
+class SimulatedVllm:
+    """One simulated vLLM server (2 DP engines, k=4): the simulator's exposition, advanced lazily at scrape time
+    by the steps a busy engine would have run since the last scrape (cheap enough for 64 in one process)."""
+
+    STEPS_PER_SECOND = 40.0
+    BATCH = 24
+
+    def __init__(self, name: str, seed: int) -> None:
+        from specwatch.simulator.metrics_vllm import VllmMetrics
+
+        self.metrics = VllmMetrics(f"model-{name}", engines=2, k=K)
+        self.rng = random.Random(seed)
+        self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def render(self) -> bytes:
+        from specwatch.simulator.engine import StepRecord
+
+        with self.lock:
+            now = time.monotonic()
+            elapsed, self.last = now - self.last, now
+            steps = max(1, round(elapsed * self.STEPS_PER_SECOND))
+            for engine in (0, 1):
+                drafts = steps * self.BATCH
+                per_pos = [round(drafts * p * self.rng.uniform(0.97, 1.03)) for p in POSITION_ACCEPTANCE]
+                accepted = sum(per_pos)
+                self.metrics.on_step(engine, StepRecord(
+                    now=now, duration=0.025, running=self.BATCH, waiting=self.rng.randrange(4),
+                    kv_usage=self.rng.uniform(0.2, 0.6), prompt_tokens=steps * 40, emitted_tokens=drafts + accepted,
+                    drafts=drafts, draft_tokens=K * drafts, accepted_tokens=accepted, accepted_per_pos=per_pos))
+                for _ in range(self.rng.randrange(1, 4)):  # a few finished requests fill the latency histograms
+                    self.metrics.on_finish(engine, SimpleNamespace(
+                        finish_reason="stop", arrival=now - 3.0, scheduled_at=now - 2.9, first_token_at=now - 2.7,
+                        generated=self.rng.randrange(50, 800), prompt_tokens=self.rng.randrange(100, 2000),
+                        max_tokens=1024), now)
+        return self.metrics.render()
+
+
+def serve_engines(routes: int, port: int) -> None:
+    """The child process of `live`: ROUTES simulated servers on one loopback port, as /rNN/metrics."""
+    engines = {f"r{i:02d}": SimulatedVllm(f"r{i:02d}", seed=i) for i in range(routes)}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+            parts = self.path.strip("/").split("/")
+            engine = engines.get(parts[0]) if parts else None
+            if engine is None or parts[1:] != ["metrics"]:
+                self.send_error(404)
+                return
+            body = engine.render()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+def start_engine_farm(routes: int) -> tuple[subprocess.Popen, str]:
+    from specwatch.simulator.launch import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "serve-engines", "--routes", str(routes), "--port", str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError("the simulated engines did not start")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+# ----------------------------------------------------------------------------------------- trace sources
+class TraceSource:
+    """An engine source replaying one `specwatch.tracegen` trace: one sample per call."""
+
+    def __init__(self, samples: Iterator[Any]) -> None:
+        self.samples = samples
+
+    def sample(self, now: float) -> EngineSample:
+        s = next(self.samples)
+        engine = EngineCounters(engine="0", drafts=s.drafts, draft_tokens=s.draft_tokens,
+                                accepted_tokens=s.accepted_tokens, accepted_per_pos=tuple(s.accepted_per_pos),
+                                running=s.running)
+        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name=s.model_name,
+                            engine_version="0.33.0", num_speculative_tokens=K, engines=(engine,))
+
+    def close(self) -> None:
+        pass
+
+
+def trace_source_factory(start: float, interval: float, duration: float) -> Callable[[Any, Any], TraceSource]:
+    from specwatch.tracegen import TraceSpec, generate
+
+    def factory(route_cfg: Any, config: Any) -> TraceSource:
+        seed = int(route_cfg.name[1:])
+        spec = TraceSpec(route=route_cfg.name, start=start, interval=interval, duration=duration + 10 * interval,
+                         rate=2.0 + seed % 5, seed=seed)
+        return TraceSource(generate(spec))
+    return factory
+
+
+# ----------------------------------------------------------------------------------------- the two modes
+def report_line(f: ProcessFigures, extra: str = "") -> None:
+    print(f"t={f.at:8.0f}s rss={f.rss_bytes / 2**20:7.2f} MiB fds={f.fds:3d} threads={f.threads:3d} {extra}",
+          flush=True)
+
+
+def run_live(args: argparse.Namespace) -> dict[str, Any]:
+    import importlib.util
+
+    from specwatch.export.http import serve
+    from specwatch.scheduler import start_scheduler
+
+    if importlib.util.find_spec("specwatch.sources.engines") is None:
+        print("live soak needs the engine sources (specwatch.sources.engines), not in this build", file=sys.stderr)
+        raise SystemExit(2)
+    farm, base_url = start_engine_farm(args.routes)
+    state_dir = tempfile.mkdtemp(prefix="specwatch-soak-")
+    daemon = Daemon(daemon_config(args.routes, args.interval, state_dir, base_url, gpus=True),
+                    gpu_source_factory=fake_gpu_factory())
+    server = serve("127.0.0.1:0", lambda: daemon.snapshot)
+    metrics_url = f"{server.url}/metrics"
+    scheduler = start_scheduler(daemon, args.interval, first_run_in=0.1)
+    figures: list[ProcessFigures] = []
+    begin = time.monotonic()
+    next_scrape = next_report = begin
+    scrape_failures = 0
+    try:
+        while (now := time.monotonic()) - begin < args.duration:
+            if now >= next_scrape:  # a Prometheus scrape of our /metrics
+                try:
+                    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+                        resp.read()
+                except OSError:
+                    scrape_failures += 1
+                next_scrape += 15.0
+            if now >= next_report:
+                snap = daemon.snapshot
+                up = sum(r.up for r in snap.routes)
+                f = process_figures(now - begin)
+                figures.append(f)
+                report_line(f, f"routes_up={up}/{len(snap.routes)} eval={snap.evaluation_duration_seconds * 1e3:.1f}ms"
+                               f" overruns={snap.evaluation_overruns_total:g}")
+                next_report += args.report_every
+            time.sleep(0.2)
+    finally:
+        scheduler.shutdown(wait=True)
+        snap = daemon.snapshot
+        server.shutdown()
+        daemon.close()
+        farm.terminate()
+        farm.wait(timeout=10)
+    result = verdict(figures, args.warmup)
+    result.update(mode="live", routes=args.routes, interval=args.interval, duration=args.duration,
+                  metrics_scrape_failures=scrape_failures, overruns=snap.evaluation_overruns_total,
+                  routes_up_at_end=sum(r.up for r in snap.routes))
+    if scrape_failures or result["routes_up_at_end"] != args.routes:
+        result["ok"] = False
+        result.setdefault("problems", []).append("routes down or /metrics failing at the end")
+    return result
+
+
+def run_accelerated(args: argparse.Namespace) -> dict[str, Any]:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from specwatch.export.prometheus import SnapshotCollector
+
+    start = 1_700_000_000.0
+    clock = SimpleNamespace(now=start)
+    state_dir = tempfile.mkdtemp(prefix="specwatch-soak-")
+    daemon = Daemon(daemon_config(args.routes, args.interval, state_dir, "http://127.0.0.1:9", gpus=True),
+                    source_factory=trace_source_factory(start, args.interval, args.duration),
+                    gpu_source_factory=fake_gpu_factory(), clock=lambda: clock.now)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: daemon.snapshot))
+    figures: list[ProcessFigures] = []
+    ticks = int(args.duration // args.interval)
+    next_render = next_report = 0.0
+    wall = time.monotonic()
+    try:
+        for i in range(1, ticks + 1):
+            clock.now = start + i * args.interval
+            snap = daemon.tick(clock.now)
+            at = i * args.interval
+            if at >= next_render:
+                generate_latest(registry)
+                next_render += 15.0
+            if at >= next_report:
+                gc.collect()  # figures at comparable points, not wherever the collector happened to be
+                f = process_figures(at)
+                figures.append(f)
+                report_line(f, f"routes_up={sum(r.up for r in snap.routes)}/{len(snap.routes)} "
+                               f"wall={time.monotonic() - wall:.0f}s")
+                next_report += args.report_every
+    finally:
+        daemon.close()
+    result = verdict(figures, args.warmup)
+    result.update(mode="accelerated", routes=args.routes, interval=args.interval, trace_seconds=args.duration,
+                  wall_seconds=round(time.monotonic() - wall, 1), state_errors=snap.state_errors_total)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    for name, interval, duration, warmup, every in (("live", 1.0, 900.0, 120.0, 30.0),
+                                                     ("accelerated", 5.0, 86400.0, 7200.0, 3600.0)):
+        p = sub.add_parser(name)
+        p.add_argument("--routes", type=int, default=64)
+        p.add_argument("--interval", type=float, default=interval, help="seconds between cycles")
+        p.add_argument("--duration", type=float, default=duration, help="seconds (trace seconds if accelerated)")
+        p.add_argument("--warmup", type=float, default=warmup, help="growth is measured after this many seconds")
+        p.add_argument("--report-every", type=float, default=every)
+    p = sub.add_parser("serve-engines", help="internal: the simulated engines of `live`")
+    p.add_argument("--routes", type=int, required=True)
+    p.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.mode == "serve-engines":
+        serve_engines(args.routes, args.port)
+        return 0
+    result = run_live(args) if args.mode == "live" else run_accelerated(args)
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
