@@ -87,6 +87,13 @@ def test_batch_is_per_engine():
     assert out["above_crossover"] is False
 
 
+def test_engines_that_disappear_leave_the_batch():
+    ev = evaluator({"batch_size": 64})
+    drive(ev, 0, 60, running=40, engines=("0", "1"))
+    out = ev.evaluate(obs(60, {"0": 40}), ())
+    assert out["batch_size"] == pytest.approx(40) and set(ev.batches) == {"0"}
+
+
 def test_estimate_follows_live_acceptance():
     ev = evaluator({"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024}})
     good = ev.evaluate(obs(0, {"0": 32}, k=4, accepted=(90, 81, 73, 66), drafts=100), ())

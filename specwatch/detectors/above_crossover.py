@@ -168,6 +168,8 @@ class AboveCrossoverEvaluator:
         return update
 
     def _batch(self, obs: RouteObservation) -> float | None:
+        for gone in set(self.batches) - set(obs.running_per_engine):  # scaled down or filtered out
+            del self.batches[gone]
         for engine, running in obs.running_per_engine.items():
             if running is not None and running == running:  # skip NaN
                 self.batches.setdefault(engine, TimeWeightedMean(self.batch_window)).add(obs.ts, float(running))
