@@ -1,11 +1,14 @@
 """End to end: simulated engines -> `specwatch run` -> real Prometheus (our generated rules) -> real Alertmanager
 (our example config) -> a webhook receiver run by this test.
 
-Two SIMULATED vLLM routes run side by side: `chat` gets an injected acceptance drop (x0.7, well past the 15%
-threshold), `code` stays undisturbed apart from a model bump that keeps its acceptance (a confounder that must
-not page). The test asserts that the drop reaches the page receiver as SpecwatchAcceptanceDegraded, grouped by
-route, and that nothing about `code` (and nothing before the drop) is ever paged. Then every query of every
-generated dashboard panel runs against the live Prometheus and must parse and return data.
+Three SIMULATED vLLM routes run side by side, all with a pinned baseline:
+- `chat` gets an injected acceptance drop (x0.7, well past the 15% threshold): it must page as
+  SpecwatchAcceptanceDegraded, grouped by route, and not before the drop;
+- `rag` gets a model bump whose new model drafts worse: it must page as
+  SpecwatchAcceptanceDegradedAfterModelChange, naming the new model;
+- `code` stays undisturbed apart from a model bump that keeps its acceptance (a confounder): it must never page.
+Then every query of every generated dashboard (panels, annotations, template variables) runs against the live
+Prometheus and must parse and return data.
 
 What is not the production path, and why:
 - Alert `for:` durations are shortened to seconds (`Settings.with_all_for`) and Prometheus scrapes and evaluates
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -52,6 +56,8 @@ EVALUATION_INTERVAL_SECONDS = 1.0
 # Both simulated routes draft k=4 tokens with a conditional acceptance of 0.7 per position, an acceptance rate
 # of (0.7 + 0.7^2 + 0.7^3 + 0.7^4) / 4 = 0.443, pinned in the config (a learned baseline needs minutes of
 # warm-up for its overdispersion estimate); 2.45 is the overdispersion of that profile (docs/detection.md §3).
+BUMP_AT_SECONDS = 30.0
+BUMPED_MODEL = "llama-3.1-8b-draft-v3"
 PINNED_BASELINE = {"acceptance_ratio": 0.443, "overdispersion": 2.45}
 
 # The real `specwatch run`, with tests/fake_nvml.py standing in for the pynvml module (no GPU here).
@@ -163,7 +169,7 @@ class Webhook:
         self.server.server_close()
 
 
-def _scenarios(workdir: Path) -> tuple[Path, Path]:
+def _scenarios(workdir: Path) -> tuple[Path, Path, Path]:
     drop = workdir / "chat-drop.yaml"
     drop.write_text(yaml.safe_dump({
         "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
@@ -175,10 +181,17 @@ def _scenarios(workdir: Path) -> tuple[Path, Path]:
         # A model bump that keeps acceptance: a model change annotation, and no page.
         "events": [{"at": "25s", "type": "model_bump", "model_name": "llama-3.1-8b-v2", "acceptance_factor": 1.0}],
     }))
-    return drop, steady
+    bump = workdir / "rag-bump.yaml"
+    bump.write_text(yaml.safe_dump({
+        "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
+        # A model bump that makes drafting worse: pages as "after a model change", naming the new model.
+        "events": [{"at": f"{BUMP_AT_SECONDS:g}s", "type": "model_bump", "model_name": BUMPED_MODEL,
+                    "acceptance_factor": 0.7}],
+    }))
+    return drop, steady, bump
 
 
-def _specwatch_config(workdir: Path, chat_port: int, code_port: int) -> Path:
+def _specwatch_config(workdir: Path, ports: dict[str, int]) -> Path:
     config = {
         "interval": f"{EVALUATION_INTERVAL_SECONDS:g}s",
         "state_dir": str(workdir / "state"),
@@ -187,9 +200,11 @@ def _specwatch_config(workdir: Path, chat_port: int, code_port: int) -> Path:
         # Short guards so the test runs in about a minute; the logic is the production detector's.
         "detection": {"min_drafted_tokens": 1000, "min_duration": "5s", "confirm_window": "10s"},
         "routes": [
-            {"name": "chat", "url": f"http://127.0.0.1:{chat_port}/metrics", "gpus": [0],
+            {"name": "chat", "url": f"http://127.0.0.1:{ports['chat']}/metrics", "gpus": [0],
              "baseline": PINNED_BASELINE, "crossover": {"batch_size": 64}},
-            {"name": "code", "url": f"http://127.0.0.1:{code_port}/metrics", "gpus": [0],
+            {"name": "rag", "url": f"http://127.0.0.1:{ports['rag']}/metrics", "gpus": [0],
+             "baseline": PINNED_BASELINE},
+            {"name": "code", "url": f"http://127.0.0.1:{ports['code']}/metrics", "gpus": [0],
              "baseline": PINNED_BASELINE,
              "crossover": {"estimate": {"gpu": "H200", "params": 8, "layers": 32, "hidden_size": 4096,
                                         "kv_heads": 8, "head_dim": 128}}},
@@ -231,19 +246,21 @@ def _alertmanager_config(workdir: Path, webhook: Webhook) -> Path:
 def stack(tmp_path_factory):
     binaries = _binaries()
     workdir = tmp_path_factory.mktemp("e2e")
-    ports = {name: _free_port() for name in ("chat", "code", "daemon", "prometheus", "alertmanager")}
+    ports = {name: _free_port() for name in ("chat", "rag", "code", "daemon", "prometheus", "alertmanager")}
     webhook = Webhook()
     procs = Processes(workdir)
     try:
-        drop, steady = _scenarios(workdir)
+        drop, steady, bump = _scenarios(workdir)
         cli = [sys.executable, "-m", "specwatch"]
         procs.start("sim-chat", [*cli, "simulate", "--engine", "vllm", "--dp", "2", "--seed", "1",
                                  "--port", str(ports["chat"]), "--scenario", str(drop), "--time-scale", "1"])
         procs.start("sim-code", [*cli, "simulate", "--engine", "vllm", "--seed", "2",
                                  "--port", str(ports["code"]), "--scenario", str(steady), "--time-scale", "1"])
+        procs.start("sim-rag", [*cli, "simulate", "--engine", "vllm", "--seed", "3",
+                                "--port", str(ports["rag"]), "--scenario", str(bump), "--time-scale", "1"])
         started = time.monotonic()  # simulated time 0, within the start-up jitter of the two simulators
         procs.start("specwatch", [sys.executable, "-c", DAEMON_WITH_FAKE_NVML, str(REPO / "tests"), "run",
-                                  "--config.file", str(_specwatch_config(workdir, ports["chat"], ports["code"])),
+                                  "--config.file", str(_specwatch_config(workdir, ports)),
                                   "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
         procs.start("alertmanager", [binaries["alertmanager"],
                                      f"--config.file={_alertmanager_config(workdir, webhook)}",
@@ -257,7 +274,8 @@ def stack(tmp_path_factory):
         prometheus = f"http://127.0.0.1:{ports['prometheus']}"
         _wait_until("Prometheus to scrape specwatch", lambda: _query(prometheus, 'up{job="specwatch"} == 1'),
                     60, procs)
-        yield {"prometheus": prometheus, "webhook": webhook, "procs": procs, "drop_at": started + DROP_AT_SECONDS}
+        yield {"prometheus": prometheus, "webhook": webhook, "procs": procs, "drop_at": started + DROP_AT_SECONDS,
+               "bump_at": started + BUMP_AT_SECONDS}
     finally:
         procs.stop_all()
         webhook.close()
@@ -305,19 +323,37 @@ def test_injected_drop_pages_through_alertmanager(stack):
     assert arrival > stack["drop_at"], "paged before the drop was injected"
 
 
+def test_drop_after_a_model_bump_pages_naming_the_new_model(stack):
+    timeout = stack["bump_at"] + PAGE_DEADLINE_SECONDS - time.monotonic()
+    pages = _wait_until("the drop after the model bump on route rag to be paged",
+                        lambda: [p for p in _pages_for(stack["webhook"], "rag") if p[1]["status"] == "firing"],
+                        timeout, stack["procs"])
+    arrival, alert, notification = pages[0]
+    assert alert["labels"]["alertname"] == "SpecwatchAcceptanceDegradedAfterModelChange"
+    assert alert["labels"]["model_name"] == BUMPED_MODEL
+    assert f"now serves model {BUMPED_MODEL}" in alert["annotations"]["description"]
+    assert notification["receiver"] == DEFAULT.page_receiver
+    assert arrival > stack["bump_at"]
+    # One page per route and cause: never also the plain "degraded" page for the same drop.
+    assert {a["labels"]["alertname"] for _, a, _ in _pages_for(stack["webhook"], "rag")} == {
+        "SpecwatchAcceptanceDegradedAfterModelChange"}
+
+
 def test_undisturbed_route_never_pages(stack):
     webhook, procs = stack["webhook"], stack["procs"]
-    # Wait for the drop's page (or its deadline) so the undisturbed route has run through the same window,
-    # including its model bump.
-    deadline = stack["drop_at"] + PAGE_DEADLINE_SECONDS
-    while time.monotonic() < deadline and not _pages_for(webhook, "chat"):
+    # Run until both injected faults have paged (or their deadline passed), so the undisturbed route has been
+    # watched through the same window, its own benign model bump included.
+    deadline = max(stack["drop_at"], stack["bump_at"]) + PAGE_DEADLINE_SECONDS
+    while time.monotonic() < deadline and not (_pages_for(webhook, "chat") and _pages_for(webhook, "rag")):
         procs.check_alive()
         time.sleep(0.5)
     assert _pages_for(webhook, "code") == []
-    assert all(t > stack["drop_at"] for t, _, _ in webhook.alerts("/page")), "a page arrived before the drop"
-    # The undisturbed route was really evaluated: it had a learned baseline and a verdict of "not degraded".
+    assert {alert["labels"].get("route") for _, alert, _ in webhook.alerts("/page")} <= {"chat", "rag"}
+    # The undisturbed route was really evaluated: a baseline, and a verdict of "not degraded".
     verdict = _query(stack["prometheus"], 'specwatch_route_acceptance_degraded{route="code"}')
     assert verdict and verdict[0]["value"][1] == "0"
+    assert _query(stack["prometheus"], 'specwatch_route_model_changes_total{route="code"} > 0'), \
+        "the undisturbed route's model bump was not seen"
 
 
 def _concrete(expr: str) -> str:
@@ -337,4 +373,18 @@ def test_every_dashboard_query_returns_data(stack):
                 failures.append(f"{name} / {title}: {error}: {expr}")
             elif not result:
                 failures.append(f"{name} / {title}: no data: {expr}")
+        for variable in board["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            # Grafana turns label_values(selector, label) into a label values call with a series match.
+            selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()
+            values = _label_values(stack["prometheus"], label, _concrete(selector))
+            if not values:
+                failures.append(f"{name} / variable {variable['name']}: no values: {variable['query']}")
     assert not failures, "\n".join(failures)
+
+
+def _label_values(prometheus: str, label: str, selector: str) -> list[str]:
+    url = f"{prometheus}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": selector})
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)["data"]
