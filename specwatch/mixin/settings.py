@@ -59,16 +59,13 @@ class Settings:
     dashboard_tags: tuple[str, ...] = ("specwatch", "speculative-decoding")
     dashboard_refresh: str = "30s"
 
-    def sel(self, *extra: str) -> str:
-        """A full selector `{job="specwatch",route=~"x"}` from the base selector and extra matchers."""
-        return "{" + ",".join(m for m in (self.selector, *extra) if m) + "}"
-
-    @property
-    def on_node(self) -> str:
-        return ", ".join(self.node_labels)
+    def sel(self) -> str:
+        """The selector in braces, `{job="specwatch"}`, to append to a metric name."""
+        return "{" + self.selector + "}"
 
     @property
     def on_route(self) -> str:
+        """Labels that identify one route on one node, for `on(...)` joins."""
         return ", ".join((*self.node_labels, "route"))
 
     def with_all_for(self, duration: str) -> "Settings":
@@ -78,15 +75,6 @@ class Settings:
 
 
 DEFAULT = Settings()
-
-
-def duration_seconds(text: str) -> float:
-    """'15m' -> 900.0 for the simple single-unit durations used in this module."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-    for suffix in ("ms", "s", "m", "h", "d"):
-        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
-            return float(text[: -len(suffix)]) * units[suffix]
-    raise ValueError(f"not a simple duration like 5m: {text!r}")
 
 
 def prom_duration(seconds: float) -> str:
