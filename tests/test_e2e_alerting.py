@@ -274,7 +274,8 @@ def stack(tmp_path_factory):
         prometheus = f"http://127.0.0.1:{ports['prometheus']}"
         _wait_until("Prometheus to scrape specwatch", lambda: _query(prometheus, 'up{job="specwatch"} == 1'),
                     60, procs)
-        yield {"prometheus": prometheus, "webhook": webhook, "procs": procs, "drop_at": started + DROP_AT_SECONDS,
+        yield {"prometheus": prometheus, "alertmanager": f"http://127.0.0.1:{ports['alertmanager']}",
+               "webhook": webhook, "procs": procs, "drop_at": started + DROP_AT_SECONDS,
                "bump_at": started + BUMP_AT_SECONDS}
     finally:
         procs.stop_all()
@@ -348,12 +349,38 @@ def test_undisturbed_route_never_pages(stack):
         procs.check_alive()
         time.sleep(0.5)
     assert _pages_for(webhook, "code") == []
-    assert {alert["labels"].get("route") for _, alert, _ in webhook.alerts("/page")} <= {"chat", "rag"}
+    # (Routes the Alertmanager inhibition test posts directly are not from Prometheus.)
+    from_prometheus = {a["labels"].get("route") for _, a, _ in webhook.alerts("/page")} - {"inhibited", "not-inhibited"}
+    assert from_prometheus <= {"chat", "rag"}
     # The undisturbed route was really evaluated: a baseline, and a verdict of "not degraded".
     verdict = _query(stack["prometheus"], 'specwatch_route_acceptance_degraded{route="code"}')
     assert verdict and verdict[0]["value"][1] == "0"
     assert _query(stack["prometheus"], 'specwatch_route_model_changes_total{route="code"} > 0'), \
         "the undisturbed route's model bump was not seen"
+
+
+def test_alertmanager_inhibits_route_alerts_while_specwatch_is_down(stack):
+    """The example config's inhibition, on the real Alertmanager: alerts posted straight to its API."""
+    webhook, procs = stack["webhook"], stack["procs"]
+
+    def post(*alerts: dict) -> None:
+        request = urllib.request.Request(f"{stack['alertmanager']}/api/v2/alerts", method="POST",
+                                         data=json.dumps(list(alerts)).encode(),
+                                         headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=5).close()
+
+    def alert(name: str, severity: str, **labels: str) -> dict:
+        return {"labels": {"alertname": name, "severity": severity, "job": "specwatch", **labels},
+                "annotations": {"summary": "posted by the end-to-end test"}}
+
+    post(alert("SpecwatchTargetDown", "warning", instance="blind-node:9448"))
+    time.sleep(1.5)  # the source alert must be known before the target is flushed
+    post(alert("SpecwatchAcceptanceDegraded", "critical", instance="blind-node:9448", route="inhibited"),
+         alert("SpecwatchAcceptanceDegraded", "critical", instance="seeing-node:9448", route="not-inhibited"))
+    _wait_until("the control page from the node that is up", lambda: _pages_for(webhook, "not-inhibited"), 20, procs)
+    time.sleep(3)  # several group intervals: an inhibition failure would have been delivered by now
+    assert _pages_for(webhook, "inhibited") == []
+    assert any(a["labels"]["alertname"] == "SpecwatchTargetDown" for _, a, _ in webhook.alerts("/ticket"))
 
 
 def _concrete(expr: str) -> str:
