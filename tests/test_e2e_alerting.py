@@ -50,14 +50,15 @@ from specwatch.mixin.settings import DEFAULT
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
-DROP_AT_SECONDS = 45.0  # the injected drop, in simulated = wall seconds (time scale 1)
-PAGE_DEADLINE_SECONDS = 75.0  # after the drop: detector guards + `for` + Alertmanager grouping, with slack
+# Injected faults, in simulated seconds = wall seconds (time scale 1) since the simulators started.
+DROP_AT_SECONDS = 45.0  # chat: acceptance x0.7
+BUMP_AT_SECONDS = 30.0  # rag: model bump to BUMPED_MODEL, acceptance x0.7
+BUMPED_MODEL = "llama-3.1-8b-draft-v3"
+PAGE_DEADLINE_SECONDS = 75.0  # after a fault: detector guards + `for` + Alertmanager grouping, with slack
 EVALUATION_INTERVAL_SECONDS = 1.0
-# Both simulated routes draft k=4 tokens with a conditional acceptance of 0.7 per position, an acceptance rate
+# Every simulated route drafts k=4 tokens with a conditional acceptance of 0.7 per position, an acceptance rate
 # of (0.7 + 0.7^2 + 0.7^3 + 0.7^4) / 4 = 0.443, pinned in the config (a learned baseline needs minutes of
 # warm-up for its overdispersion estimate); 2.45 is the overdispersion of that profile (docs/detection.md §3).
-BUMP_AT_SECONDS = 30.0
-BUMPED_MODEL = "llama-3.1-8b-draft-v3"
 PINNED_BASELINE = {"acceptance_ratio": 0.443, "overdispersion": 2.45}
 
 # The real `specwatch run`, with tests/fake_nvml.py standing in for the pynvml module (no GPU here).
@@ -258,7 +259,9 @@ def stack(tmp_path_factory):
                                  "--port", str(ports["code"]), "--scenario", str(steady), "--time-scale", "1"])
         procs.start("sim-rag", [*cli, "simulate", "--engine", "vllm", "--seed", "3",
                                 "--port", str(ports["rag"]), "--scenario", str(bump), "--time-scale", "1"])
-        started = time.monotonic()  # simulated time 0, within the start-up jitter of the two simulators
+        # Simulated time 0, give or take the simulators' start-up (they start a second or so later, which only
+        # makes the "not paged before the fault" checks stricter).
+        started = time.monotonic()
         procs.start("specwatch", [sys.executable, "-c", DAEMON_WITH_FAKE_NVML, str(REPO / "tests"), "run",
                                   "--config.file", str(_specwatch_config(workdir, ports)),
                                   "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
