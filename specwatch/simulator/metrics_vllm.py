@@ -29,6 +29,7 @@ _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 
 _ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _ITERATION = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+SLEEP_STATES = {"awake": 1, "weights_offloaded": 0, "discard_all": 0}  # never asleep
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,21 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    Family("vllm:engine_sleep_state", "gauge",
+           "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+           "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.", ("sleep_state",)),
     Family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
     Family("vllm:prefix_cache_queries", "counter",
            "Prefix cache queries, in terms of number of queried tokens."),
     Family("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+    Family("vllm:external_prefix_cache_queries", "counter",
+           "External prefix cache queries from KV connector cross-instance cache sharing, "
+           "in terms of number of queried tokens."),
+    Family("vllm:external_prefix_cache_hits", "counter",
+           "External prefix cache hits from KV connector cross-instance cache sharing, "
+           "in terms of number of cached tokens."),
+    Family("vllm:mm_cache_queries", "counter", "Multi-modal cache queries, in terms of number of queried items."),
+    Family("vllm:mm_cache_hits", "counter", "Multi-modal cache hits, in terms of number of cached items."),
     Family("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
     Family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
     Family("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
@@ -189,6 +201,9 @@ class VllmMetrics:
                 if fam.name == "vllm:request_success":
                     for reason in FINISH_REASONS:
                         per_engine[e][f"{fam.name}/{reason}"] = metric.labels(*base, reason)
+                elif fam.name == "vllm:engine_sleep_state":
+                    for state, value in SLEEP_STATES.items():
+                        metric.labels(*base, state).set(value)
                 elif fam.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
                     for pos in range(self.k):  # created at 0 for every position, as vLLM does
                         per_engine[e][f"{fam.name}/{pos}"] = metric.labels(*base, str(pos))
