@@ -259,8 +259,10 @@ def stack(tmp_path_factory):
                                  "--port", str(ports["code"]), "--scenario", str(steady), "--time-scale", "1"])
         procs.start("sim-rag", [*cli, "simulate", "--engine", "vllm", "--seed", "3",
                                 "--port", str(ports["rag"]), "--scenario", str(bump), "--time-scale", "1"])
-        # Simulated time 0, give or take the simulators' start-up (they start a second or so later, which only
-        # makes the "not paged before the fault" checks stricter).
+        for route in ("chat", "code", "rag"):
+            _wait_until(f"the {route} simulator", lambda: _answers(f"http://127.0.0.1:{ports[route]}/metrics"),
+                        30, procs)
+        # No earlier than simulated time 0 of every simulator, so "not paged before the fault" is checked strictly.
         started = time.monotonic()
         procs.start("specwatch", [sys.executable, "-c", DAEMON_WITH_FAKE_NVML, str(REPO / "tests"), "run",
                                   "--config.file", str(_specwatch_config(workdir, ports)),
@@ -283,6 +285,14 @@ def stack(tmp_path_factory):
     finally:
         procs.stop_all()
         webhook.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def _query_or_error(prometheus: str, expr: str) -> tuple[list[dict], str]:
