@@ -10,6 +10,7 @@ ratio over a shorter span is still a true ratio, and the 1h window is not left e
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Mapping
@@ -48,6 +49,10 @@ class Sums:
 def _combine(a: Sums, b: Sums, sign: float) -> Sums:
     return Sums(**{f.name: _add_positions(a.per_pos, b.per_pos, sign) if f.name == "per_pos"
                    else getattr(a, f.name) + sign * getattr(b, f.name) for f in fields(Sums)})
+
+
+def _timestamp(point: tuple[float, "Sums"]) -> float:
+    return point[0]
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:
@@ -97,11 +102,9 @@ class WindowRing:
             return None
         end_ts, end = self._points[-1]
         start = end_ts - window_seconds
-        base_ts, base = self._points[0]
-        for ts, sums in self._points:  # newest point at or before the window start
-            if ts > start:
-                break
-            base_ts, base = ts, sums
+        # Newest point at or before the window start (the oldest when history is shorter). Points are in strictly
+        # increasing time order, so a binary search replaces a scan of up to an hour of points per window.
+        base_ts, base = self._points[max(0, bisect_right(self._points, start, key=_timestamp) - 1)]
         if base_ts == end_ts:
             return None
         return end.minus(base), end_ts - base_ts
