@@ -94,7 +94,9 @@ def daemon_config(routes: int, interval: float, state_dir: str, base_url: str, g
     return parse_config({
         "interval": f"{interval:g}s", "state_dir": state_dir, "scrape": {"timeout": "2s"},
         "gpu": {"enabled": "true" if gpus else "false"},
-        "routes": [{"name": f"r{i:02d}", "url": f"{base_url}/r{i:02d}/metrics", "engine": "vllm",
+        # Each route pinned to one of the 8 GPUs, as on a packed host (the fake GPUs' processes are not real
+        # PIDs, so auto-mapping would retry every 10 s forever and measure that instead).
+        "routes": [{"name": f"r{i:02d}", "url": f"{base_url}/r{i:02d}/metrics", "engine": "vllm", "gpus": [i % 8],
                     "crossover": {"batch_size": 32}} for i in range(routes)]})
 
 
