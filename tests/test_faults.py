@@ -31,26 +31,32 @@ servers; they are skipped, saying so, in a build without it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch import daemon as daemon_module
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon
 from specwatch.export.prometheus import render_families
 from specwatch.snapshot import EngineCounters, EngineSample, Snapshot
 from specwatch.sources import nvml as nvml_source
+from specwatch.sources.base import SourceError
 from specwatch.tracking.baselines import DB_NAME, BaselineStore
 import fake_nvml
 
@@ -399,3 +405,256 @@ def test_read_only_state_dir_keeps_detecting_in_memory(tmp_path):
     assert all(all(up) for up in report["during"])
     assert report["baselines"] == 8 and not report["degraded"]
     assert report["errors_during"] >= 1  # exported as specwatch_state_errors_total, so it can be alerted on
+
+
+# ============================================================================ HTTP-level faults (real engine source)
+HTTP_TIMEOUT = 0.5
+
+
+def vllm_text(drafts: float = 1000.0, engines: Sequence[str] = ("0",), per_pos: Sequence[float] = (0.8, 0.6, 0.45, 0.3),
+              value: str | None = None, duplicate: bool = False) -> str:
+    """A vLLM V1 exposition with the spec-decode families (k=4). `value` replaces every counter value verbatim
+    (e.g. "NaN"); `duplicate` repeats every sample line, as a broken multi-process merge would."""
+    families = {
+        "vllm:spec_decode_num_drafts": lambda d: [("", d)],
+        "vllm:spec_decode_num_draft_tokens": lambda d: [("", 4 * d)],
+        "vllm:spec_decode_num_accepted_tokens": lambda d: [("", d * sum(per_pos))],
+        "vllm:spec_decode_num_accepted_tokens_per_pos": lambda d: [(f',position="{j}"', d * p)
+                                                                   for j, p in enumerate(per_pos)],
+    }
+    lines = []
+    for name, series in families.items():
+        lines += [f"# HELP {name} {name}", f"# TYPE {name} counter"]
+        for engine in engines:
+            for extra, v in series(drafts):
+                line = f'{name}_total{{engine="{engine}",model_name="m"{extra}}} {value if value else repr(float(v))}'
+                lines += [line, line] if duplicate else [line]
+    lines += ["# HELP vllm:num_requests_running running", "# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="{e}",model_name="m"}} 4.0' for e in engines]
+    return "\n".join(lines) + "\n"
+
+
+class FaultServer:
+    """Loopback engine endpoints, one fault per path. `release` ends hanging and dripping handlers."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.bodies: dict[str, bytes] = {}
+        self.drafts = 1000.0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+                path = self.path.rstrip("/")
+                try:
+                    if path.endswith("/version"):
+                        self._send(404, b"no", "text/plain")
+                    elif path == "/hang":
+                        server.release.wait(30)
+                    elif path == "/drip":
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/plain")
+                        self.end_headers()
+                        for char in vllm_text().encode() * 100:  # one byte every 50 ms: each read makes progress
+                            if server.release.wait(0.05):
+                                return
+                            self.wfile.write(bytes([char]))
+                            self.wfile.flush()
+                    elif path == "/huge":
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/plain")
+                        self.send_header("Content-Length", str(100 * 2**20))
+                        self.end_headers()
+                        chunk = vllm_text().encode() * 64
+                        sent = 0
+                        while sent < 100 * 2**20 and not server.release.is_set():
+                            self.wfile.write(chunk)
+                            sent += len(chunk)
+                    elif path == "/ok":
+                        server.drafts += 500
+                        self._send(200, vllm_text(server.drafts).encode(), "text/plain; version=0.0.4")
+                    else:
+                        status, body, kind = server.bodies[path]
+                        self._send(status, body, kind)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up, which is what these faults are for
+
+            def _send(self, status: int, body: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def serve(self, path: str, body: bytes | str, status: int = 200, kind: str = "text/plain; version=0.0.4") -> str:
+        self.bodies[path] = (status, body.encode() if isinstance(body, str) else body, kind)
+        return self.url(path)
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def engines():
+    return pytest.importorskip("specwatch.sources.engines", reason="engine sources not in this build")
+
+
+@pytest.fixture
+def fault_server():
+    server = FaultServer()
+    yield server
+    server.close()
+
+
+def http_config(*urls: str, **scrape: Any) -> Any:
+    return parse_config({"interval": "5s", "state_dir": "/nonexistent-specwatch-test", "gpu": {"enabled": "false"},
+                         "scrape": {"timeout": f"{HTTP_TIMEOUT * 1000:g}ms", **scrape},
+                         "routes": [{"name": f"r{i}", "url": url, "engine": "vllm"} for i, url in enumerate(urls)]})
+
+
+def scrape_once(engines: Any, url: str, **scrape: Any) -> tuple[Any, float]:
+    """One sample through the real source: (EngineSample or the SourceError raised, seconds taken)."""
+    config = http_config(url, **scrape)
+    source = engines.make_source(config.routes[0], config)
+    begin = time.monotonic()
+    try:
+        result: Any = source.sample(START)
+    except SourceError as exc:
+        result = exc
+    finally:
+        source.close()
+    return result, time.monotonic() - begin
+
+
+def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_server, monkeypatch):
+    result, took = scrape_once(engines, fault_server.url("/hang"))
+    assert isinstance(result, SourceError) and result.reason == "timeout"
+    assert took < HTTP_TIMEOUT + 1.0
+    # Through the daemon: the healthy route beside it keeps counting, the hung one is down with reason timeout.
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
+    config = http_config(fault_server.url("/hang"), fault_server.url("/ok"))
+    clock = FakeClock()
+    daemon = Daemon(config, clock=clock)
+    try:
+        begin = time.monotonic()
+        snapshots = run_cycles(daemon, clock, 3)
+        took = time.monotonic() - begin
+    finally:
+        daemon.close()
+    assert took < 3 * (daemon_module.DEADLINE_FACTOR * HTTP_TIMEOUT + 1.0)
+    hung, ok = snapshots[-1].route("r0"), snapshots[-1].route("r1")
+    assert not hung.up and hung.error_reason == "timeout" and hung.errors_total["timeout"] == 3
+    assert ok.up and ok.drafts_total > snapshots[0].route("r1").drafts_total
+
+
+def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
+    """Every read makes progress, so only a deadline on the whole response stops it (not a per-read timeout)."""
+    result, took = scrape_once(engines, fault_server.url("/drip"))
+    assert isinstance(result, SourceError) and result.reason == "timeout"
+    assert took < HTTP_TIMEOUT + 1.0
+
+
+def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server):
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result, took = scrape_once(engines, fault_server.url("/huge"), max_body_bytes=1 << 20, timeout="2s")
+    assert isinstance(result, SourceError) and result.reason == "too_large"
+    assert took < 2.0
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
+    assert grown_mib < 32, f"the body must be streamed and cut at the cap, not read whole ({grown_mib:.0f} MiB)"
+
+
+@pytest.mark.parametrize("name, body, kind", [
+    ("garbage", random.Random(7).randbytes(64 * 1024), "application/octet-stream"),
+    ("html_200", "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body><h1>502</h1></body></html>",
+     "text/html"),
+    ("invalid_utf8", vllm_text().encode().replace(b'model_name="m"', b'model_name="\xff\xfe\xc3("', 1), "text/plain"),
+    ("truncated", vllm_text()[: len(vllm_text()) // 2 - 7], "text/plain"),
+])
+def test_http_bad_bodies_are_parse_errors(engines, fault_server, name, body, kind):
+    result, took = scrape_once(engines, fault_server.serve(f"/{name}", body, kind=kind))
+    assert isinstance(result, SourceError), f"{name}: {result!r}"
+    assert result.reason in ("parse", "no_spec_metrics"), f"{name}: {result.reason}: {result}"
+    assert str(result), "the message says what was wrong"
+    assert took < HTTP_TIMEOUT + 1.0
+
+
+def test_http_html_error_status_is_http_status(engines, fault_server):
+    url = fault_server.serve("/html_503", "<html><body>Service Unavailable</body></html>", status=503, kind="text/html")
+    result, _ = scrape_once(engines, url)
+    assert isinstance(result, SourceError) and result.reason == "http_status" and "503" in str(result)
+
+
+def test_http_duplicate_series_do_not_double_count(engines, fault_server):
+    result, _ = scrape_once(engines, fault_server.serve("/dup", vllm_text(1000.0, duplicate=True)))
+    if isinstance(result, SourceError):  # refusing the scrape, as Prometheus does, is acceptable
+        assert result.reason == "parse"
+        return
+    (engine,) = result.engines
+    assert engine.drafts == 1000.0 and engine.draft_tokens == 4000.0, "a duplicated series is not summed"
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-5.0"])
+class ScheduledSource:
+    """Scrapes `sources[schedule[i]]` on call i: one route whose engine answers well, then badly, then well."""
+
+    def __init__(self, sources: Sequence[Any], schedule: Sequence[int]) -> None:
+        self.sources, self.schedule = sources, iter(schedule)
+
+    def sample(self, now: float) -> EngineSample:
+        return self.sources[next(self.schedule)].sample(now)
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()
+
+
+def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value, monkeypatch):
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
+    good = fault_server.url("/ok")
+    bad = fault_server.serve("/bad", vllm_text(value=value))
+    config = http_config(good)
+    clock = FakeClock()
+    route = config.routes[0]
+    source = ScheduledSource([engines.make_source(route, config),
+                              engines.make_source(dataclasses.replace(route, url=bad), config)],
+                             schedule=[0, 0, 1, 1, 0, 0])
+    daemon = Daemon(config, clock=clock, source_factory=lambda r, c: source)
+    try:
+        snapshots = run_cycles(daemon, clock, 6)
+    finally:
+        daemon.close()
+    totals = [s.route("r0").drafts_total for s in snapshots]
+    assert totals == sorted(totals) and all(math.isfinite(t) for t in totals)
+    for snapshot in snapshots:
+        assert all(math.isfinite(v) for v in exported(snapshot).values())
+        assert_sane_route(snapshot.route("r0"))
+    assert snapshots[-1].route("r0").up
+
+
+def test_http_label_explosion_10000_series(engines, fault_server):
+    engine_labels = [str(i) for i in range(10_000)]
+    noise = "".join(f'vllm:unrelated_total{{engine="{i}",model_name="m",x="{i}"}} 1.0\n' for i in range(10_000))
+    for path, body in (("/many_engines", vllm_text(10.0, engines=engine_labels)),
+                       ("/many_unrelated", "# TYPE vllm:unrelated counter\n" + noise + vllm_text(10.0))):
+        result, took = scrape_once(engines, fault_server.serve(path, body), timeout="3s")
+        if isinstance(result, SourceError):
+            raise AssertionError(f"{path}: {result.reason}: {result}")
+        assert took < 3.0, f"{path}: {took:.2f}s"
+        expected = 10_000 if path == "/many_engines" else 1
+        assert len(result.engines) == expected
+        assert sum(e.drafts for e in result.engines) == 10.0 * expected
