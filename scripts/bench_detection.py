@@ -215,7 +215,7 @@ def markdown(results: list[tuple[str, float, Tally, Tally]], args: argparse.Name
             lines.append(f"| {tier} | {target / 60:g} min | {name} | " + " | ".join(row[c] for c in cols) + " |")
     lines += ["", "\"pages clean / 5%\" are all false pages; precision counts every page of the tier; recall is "
               "drops paged while ongoing; \"in target\" is drops paged within the tier's target; reset is drop end "
-              "to resolved."]
+              "to resolved. Where a target is missed, docs/detection.md (How to tune) shows the trade-off."]
     return "\n".join(lines)
 
 
