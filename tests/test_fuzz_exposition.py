@@ -105,7 +105,7 @@ def exposition_like_line(draw: Any) -> str:
     closer = draw(st.sampled_from(["}", "}", "", ",}"]))
     line = f"{name}{opener}{body}{closer} {draw(VALUE)}"
     if draw(st.booleans()):
-        line += f" {draw(st.sampled_from(['1700000000000', '-1', 'x', '# {a=\"1\"} 1.0']))}"
+        line += " " + draw(st.sampled_from(["1700000000000", "-1", "x", '# {a="1"} 1.0']))
     return line if kind != 5 else line[: draw(st.integers(0, len(line)))]
 
 
