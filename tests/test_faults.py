@@ -658,3 +658,14 @@ def test_http_label_explosion_10000_series(engines, fault_server):
         expected = 10_000 if path == "/many_engines" else 1
         assert len(result.engines) == expected
         assert sum(e.drafts for e in result.engines) == 10.0 * expected
+
+
+# ============================================================================ soak smoke (the soak is scripts/soak.py)
+@pytest.mark.slow
+def test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat():
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "soak.py"), "accelerated", "--routes", "8",
+                           "--duration", "7200", "--warmup", "3700", "--report-every", "500"],
+                          capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0 and result["ok"], proc.stdout + proc.stderr
+    assert result["state_errors"] == 0 and result["fds"][0] == result["fds"][1]
