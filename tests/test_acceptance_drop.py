@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.detection.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRatio, Sprt
@@ -242,3 +244,23 @@ def test_a_reload_reopens_the_store_after_every_evaluator_closed(tmp_path: Path)
     again = build_evaluator(ctx, _route())
     assert not again.store.closed and again.store is not first.store
     again.close()
+
+
+_values = st.floats(min_value=0, max_value=1e7, allow_nan=False) | st.just(0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "b", ""]), st.sampled_from([None, 0, 3, 4]),
+                          st.booleans(), _values, _values, _values), min_size=1, max_size=60))
+def test_odd_observations_never_raise(tmp_path_factory, cycles) -> None:
+    detection = DetectionConfig(warmup_drafted_tokens=10, warmup_seconds=0.0, min_drafted_tokens=0,
+                                min_duration_seconds=0.0)
+    ctx = _ctx(tmp_path_factory.mktemp("state"), detection)
+    ev = build_evaluator(ctx, _route(detection))
+    for i, (up, model, k, reset, drafts, tokens, accepted) in enumerate(cycles):
+        fields = ev.evaluate(RouteObservation(route="chat", ts=i * 61.0, up=up, model_name=model, k=k, reset=reset,
+                                              d_drafts=drafts, d_draft_tokens=tokens, d_accepted=accepted,
+                                              d_accepted_per_pos=(accepted / 2, accepted / 4)), ())
+        for value in fields.values():
+            assert value is None or isinstance(value, bool) or math.isfinite(value)
+    ev.close()

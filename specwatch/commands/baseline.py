@@ -136,7 +136,7 @@ def _show(store: BaselineStore, route: str) -> int:
         print(f"degraded:          {'yes' if state.get('degraded') else 'no'}")
         print(f"cusum statistic:   {float(cusum[0]):.2f}")
         if sprt:
-            print(f"after model change: SPRT {sprt[2]} (llr {float(sprt[0]):.2f} over {float(sprt[1]):.0f} tokens)")
+            print(f"change verdict:    SPRT {sprt[2]} (llr {float(sprt[0]):.2f} over {float(sprt[1]):.0f} tokens)")
         print(f"model changes:     {state.get('model_changes_total', 0)} (last {_when(state.get('last_model_change'))})")
         print(f"learning sample:   {float(learner.get('drafted', 0.0)):.0f} drafted tokens of the current model")
     return 0
