@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.config import parse_config
 from specwatch.simulator.clock import SimClock
 from specwatch.simulator.engine import EngineSettings, SimEngine
 from specwatch.simulator.metrics_sglang import DECODE_LOG_INTERVAL, SglangMetrics
@@ -129,7 +130,7 @@ def test_sglang_gauges_move_per_log_interval_and_counters_at_completion():
 # ----------------------------------------------------------------------------------------- real fixtures
 def _fixture_files(engine: str) -> list[Path]:
     folder = FIXTURES / engine
-    return sorted(p for p in folder.glob("*") if p.is_file() and p.suffix in (".txt", ".prom", ".metrics"))
+    return sorted(p for p in folder.glob("*") if p.is_file() and p.suffix in (".txt", ".prom", ""))
 
 
 def _shape(text: str, prefix: str) -> dict[str, tuple[str, str, frozenset]]:
@@ -176,7 +177,9 @@ def test_specwatch_sources_parse_the_simulator_like_the_fixture(engine):
     else:
         metrics = SglangMetrics("m", dp=2, k=3)
     _run(metrics, k=3, engines=2, until=20.0)
-    sample = sources.parse_engine_sample(metrics.render().decode(), engine_kind=engine, now=1.0)
+    route = parse_config({"gpu": {"enabled": "false"},
+                          "routes": [{"name": "r", "engine": engine, "url": "http://127.0.0.1:9/metrics"}]}).routes[0]
+    sample = sources.parse_engine_sample(engine, metrics.render(), route, 1.0)
     assert sample.model_name == "m"
     assert [e.engine for e in sample.engines] == ["0", "1"]
     if engine == "vllm":
