@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.logging import RichHandler
 from rich.text import Text
 
 from specwatch.commands.status import render_status_table
@@ -108,10 +109,17 @@ def _watch(console: Console, daemon: Daemon, sims: dict[str, RunningSimulator], 
            refresh: float) -> None:
     deadline = time.monotonic() + duration if duration > 0 else None
     if console.is_terminal:
-        with Live(_frame(routes_document(daemon.snapshot), sims), console=console, auto_refresh=False) as live:
-            while deadline is None or time.monotonic() < deadline:
-                time.sleep(_nap(refresh, deadline))
-                live.update(_frame(routes_document(daemon.snapshot), sims), refresh=True)
+        # Log lines (a detected drop, an engine restart) print above the live table instead of through it.
+        root = logging.getLogger()
+        saved = root.handlers[:]
+        root.handlers = [RichHandler(console=console, show_path=False)]
+        try:
+            with Live(_frame(routes_document(daemon.snapshot), sims), console=console, auto_refresh=False) as live:
+                while deadline is None or time.monotonic() < deadline:
+                    time.sleep(_nap(refresh, deadline))
+                    live.update(_frame(routes_document(daemon.snapshot), sims), refresh=True)
+        finally:
+            root.handlers = saved
         return
     next_print = time.monotonic() + NON_TTY_PRINT_EVERY_SECONDS
     while deadline is None or time.monotonic() < deadline:
