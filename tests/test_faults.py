@@ -2,31 +2,60 @@
 
 Each test asserts what the operator sees (route up/down, the error reason, totals that never go backwards, no
 acceptance page, a state file that survives), not merely that nothing raised. Faults already covered well
-elsewhere are referenced rather than duplicated; this table is the one place that maps each fault to its test.
+elsewhere are referenced rather than duplicated. This index is the one place that maps each fault to its tests
+(in this file unless another is named); `test_the_fault_index_names_only_existing_tests` keeps it honest.
 
-| Fault | Test |
-|---|---|
-| engine killed and restarted (counters reset) | `test_engine_restart_resets_counters_without_negative_rates_or_a_page` (daemon, real detectors); `test_tracking.py::test_two_engine_vllm_sequence_with_restart_sums_exactly_and_never_goes_backwards` |
-| engine hanging (timeout) | `test_http_hanging_engine_times_out_and_the_loop_goes_on`; `test_daemon.py::test_failing_sources_cost_only_their_route_and_metrics_still_answer` (hung call never stacked) |
-| slow-drip response | `test_http_slow_drip_is_cut_at_the_scrape_timeout` |
-| 100 MB body | `test_http_100mb_body_is_capped_and_the_route_is_down` |
-| binary garbage | `test_http_bad_bodies_are_parse_errors` (`garbage`) |
-| HTML error page | `test_http_bad_bodies_are_parse_errors` (`html_200`); `test_http_html_error_status_is_http_status` |
-| invalid UTF-8 | `test_http_bad_bodies_are_parse_errors` (`invalid_utf8`) |
-| duplicate series | `test_http_duplicate_series_do_not_double_count` |
-| NaN / Inf / negative counter values | `test_non_finite_and_negative_counters_never_poison_totals` (daemon); `test_http_nan_inf_negative_values_are_survived`; `test_tracking.py::test_nan_and_infinite_values_never_poison_the_sums` |
-| label explosion (10,000 series) | `test_label_explosion_is_bounded_in_output_and_time` (daemon); `test_http_label_explosion_10000_series` |
-| NVML GPU lost mid-run | `test_gpu_lost_mid_run_costs_only_that_gpu` (daemon + fake NVML); `test_nvml.py::test_lost_gpu_is_down_while_the_others_continue_and_comes_back` |
-| state database corrupted | `test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_start`; `test_baselines.py::test_corrupt_file_is_moved_aside_and_counted`, `::test_truncated_database_is_recovered` |
-| state directory read-only | `test_read_only_state_dir_keeps_detecting_in_memory`; `test_baselines.py::test_unwritable_state_dir_keeps_working_in_memory` |
-| state on a full disk | `test_full_disk_counts_state_errors_and_recovers_without_corruption` (RLIMIT_FSIZE in a child) |
-| `kill -9` during a baseline write, restart | `test_baselines.py::test_kill_minus_nine_mid_write_keeps_last_committed` |
-| `SIGHUP` with a broken config | `test_service_e2e.py::test_sighup_rejects_a_broken_config_and_applies_a_good_one`; `test_cli_core.py::test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm` |
-| wall clock jumping backwards | `test_wall_clock_jumping_backwards_never_rewinds_totals_or_pages`; `test_nvml.py::test_retries_follow_the_monotonic_clock_not_the_wall_clock_passed_in` |
-| fuzzed exposition bodies | `test_fuzz_exposition.py` |
+engine killed and restarted (counters reset, no negative rate, no acceptance page)
+    test_engine_restart_resets_counters_without_negative_rates_or_a_page
+    test_tracking.py::test_two_engine_vllm_sequence_with_restart_sums_exactly_and_never_goes_backwards
+engine hanging (timeout)
+    test_http_hanging_engine_times_out_and_the_loop_goes_on
+    test_daemon.py::test_failing_sources_cost_only_their_route_and_metrics_still_answer
+slow-drip response
+    test_http_slow_drip_is_cut_at_the_scrape_timeout
+100 MB body (capped, source down)
+    test_http_100mb_body_is_capped_and_the_route_is_down
+binary garbage, HTML error page, invalid UTF-8, truncated body
+    test_http_bad_bodies_are_parse_errors
+    test_http_html_error_status_is_http_status
+duplicate series
+    test_http_duplicate_series_do_not_double_count
+NaN / Inf / negative counter values
+    test_non_finite_and_negative_counters_never_poison_totals
+    test_http_nan_inf_negative_values_are_survived
+    test_tracking.py::test_nan_and_infinite_values_never_poison_the_sums
+label explosion (10,000 series)
+    test_label_explosion_is_bounded_in_output_and_time
+    test_http_label_explosion_10000_series
+NVML GPU lost mid-run
+    test_gpu_lost_mid_run_costs_only_that_gpu
+    test_nvml.py::test_lost_gpu_is_down_while_the_others_continue_and_comes_back
+state database corrupted
+    test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_start
+    test_baselines.py::test_corrupt_file_is_moved_aside_and_counted
+    test_baselines.py::test_truncated_database_is_recovered
+state directory read-only
+    test_read_only_state_dir_keeps_detecting_in_memory
+    test_baselines.py::test_unwritable_state_dir_keeps_working_in_memory
+state on a full disk
+    test_full_disk_counts_state_errors_and_recovers_without_corruption
+kill -9 during a baseline write, then restart (baseline intact)
+    test_baselines.py::test_kill_minus_nine_mid_write_keeps_last_committed
+SIGHUP with a broken config (old config keeps running, reload metric 0)
+    test_service_e2e.py::test_sighup_rejects_a_broken_config_and_applies_a_good_one
+    test_cli_core.py::test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm
+wall clock jumping backwards
+    test_wall_clock_jumping_backwards_never_rewinds_totals_or_pages
+    test_nvml.py::test_retries_follow_the_monotonic_clock_not_the_wall_clock_passed_in
+fuzzed exposition bodies (parses or raises one error type, never hangs)
+    test_fuzz_exposition.py::test_random_bytes_parse_or_raise_the_one_error
+    test_fuzz_exposition.py::test_mutated_real_captures_parse_or_raise_the_one_error
+    test_fuzz_exposition.py::test_the_engine_parse_path_raises_only_source_errors
+soak (no RSS, fd or thread growth; the full runs are scripts/soak.py)
+    test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat
 
 The HTTP-level tests drive the real engine source (`specwatch.sources.engines.make_source`) against loopback
-servers; they are skipped, saying so, in a build without it.
+servers; in a build without it they are skipped, saying so.
 """
 
 from __future__ import annotations
@@ -669,3 +698,13 @@ def test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0 and result["ok"], proc.stdout + proc.stderr
     assert result["state_errors"] == 0 and result["rss_growth_mib"] < 5
+
+
+def test_the_fault_index_names_only_existing_tests():
+    tests_dir = Path(__file__).parent
+    entries = [line.strip() for line in __doc__.splitlines() if line.startswith("    test")]
+    assert len(entries) >= 30
+    for entry in entries:
+        filename, _, name = entry.rpartition("::")
+        source = (tests_dir / filename).read_text() if filename else Path(__file__).read_text()
+        assert f"def {name}(" in source, f"the fault index names a test that does not exist: {entry}"
