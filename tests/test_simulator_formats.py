@@ -52,9 +52,10 @@ def test_vllm_exposition_shape():
     assert positions == ["0", "1", "2"]
     assert fams["vllm:iteration_tokens_total"].type == "histogram"
     assert fams["vllm:num_requests_running"].type == "gauge"
+    frontend = ("vllm:admission_rejections", "vllm:admission_rejections_created")  # the API server's, no engine
     for fam in fams.values():
         for s in fam.samples:
-            assert "engine" in s.labels, s.name
+            assert "engine" in s.labels or fam.name in frontend, s.name
             assert "model_name" in s.labels or fam.name == "vllm:cache_config_info", s.name
     # vLLM's own invariants: sum over positions = accepted; draft tokens = k x drafts
     for engine in ("0", "1"):
@@ -128,42 +129,50 @@ def test_sglang_gauges_move_per_log_interval_and_counters_at_completion():
 
 
 # ----------------------------------------------------------------------------------------- real fixtures
-def _fixture_files(engine: str) -> list[Path]:
-    folder = FIXTURES / engine
-    return sorted(p for p in folder.glob("*") if p.is_file() and p.suffix in (".txt", ".prom", ""))
+def _fixture_files() -> list[Path]:
+    return sorted(p for p in FIXTURES.glob("*/*.prom") if p.is_file())
 
 
-def _shape(text: str, prefix: str) -> dict[str, tuple[str, str, frozenset]]:
-    """family -> (type, HELP, label names over its samples), for the engine's own families."""
+def _capture_args(path: Path) -> dict[str, str]:
+    """The provenance header's `# args:` line: `engines=2 tp=1 k=4 ...` (`off` = speculation off)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("# args:"):
+            return dict(w.split("=", 1) if "=" in w else (w, "") for w in line[len("# args:"):].split())
+    return {}
+
+
+def _shape(text: str, prefix: str) -> dict[str, tuple[str, str, frozenset, frozenset]]:
+    """family -> (type, HELP, label names, label values other than model_name and pid, buckets included)."""
     out = {}
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith(prefix):
             continue
-        labels = frozenset(k for s in fam.samples for k in s.labels if k not in ("le", "quantile"))
-        out[fam.name] = (fam.type, fam.documentation, labels)
+        names = frozenset(k for s in fam.samples for k in s.labels if k != "le")
+        values = frozenset((k, v) for s in fam.samples for k, v in s.labels.items() if k not in ("model_name", "pid"))
+        out[fam.name] = (fam.type, fam.documentation, names, values)
     return out
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_simulator_matches_the_captured_fixture(engine):
-    files = [f for f in _fixture_files(engine) if "spec" in f.name or "eagle" in f.name] or _fixture_files(engine)
-    if not files:
-        pytest.skip(f"no captured {engine} fixture in {FIXTURES / engine}")
-    fixture = _shape(files[0].read_text(), f"{engine}:")
-    if engine == "vllm":
-        metrics = VllmMetrics("m", engines=2, k=3)
-        _run(metrics, k=3, engines=2)
-    else:
-        metrics = SglangMetrics("m", dp=2, k=3)
-        _run(metrics, k=3, engines=2)
+@pytest.mark.parametrize("fixture", _fixture_files() or [None], ids=lambda p: p.name if p else "none")
+def test_simulator_matches_the_captured_fixture(fixture):
+    """Same families, types, HELP, label names and label values (histogram buckets included) as the engine's
+    own metric code produced for the same setup (DP engines and k from the fixture's provenance header)."""
+    if fixture is None:
+        pytest.skip(f"no captured fixture under {FIXTURES}")
+    engine = fixture.parent.name
+    args = _capture_args(fixture)
+    engines = int(args.get("engines", args.get("dp", "1")))
+    k = 0 if "off" in args else int(args.get("k", "0"))
+    metrics = VllmMetrics("m", engines=engines, k=k) if engine == "vllm" else SglangMetrics("m", dp=engines, k=k)
+    _run(metrics, k=k, engines=engines, until=20.0)
+    expected = _shape(fixture.read_text(), f"{engine}:")
     simulated = _shape(metrics.render().decode(), f"{engine}:")
-    missing = sorted(set(fixture) - set(simulated))
-    assert not missing, f"families of {files[0].name} the simulator lacks: {missing}"
-    extra = sorted(set(simulated) - set(fixture))
-    assert not extra, f"simulated families absent from {files[0].name}: {extra}"
-    for name, (kind, help_, labels) in fixture.items():
-        assert simulated[name][:2] == (kind, help_), name
-        assert simulated[name][2] == labels, name
+    missing, extra = sorted(set(expected) - set(simulated)), sorted(set(simulated) - set(expected))
+    assert not missing, f"families of {fixture.name} the simulator lacks: {missing}"
+    assert not extra, f"simulated families absent from {fixture.name}: {extra}"
+    for name, (kind, help_, labels, values) in expected.items():
+        assert simulated[name][:3] == (kind, help_, labels), name
+        assert simulated[name][3] == values, (name, sorted(simulated[name][3] ^ values))
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -85,6 +85,7 @@ class StepRecord:
     running: int
     waiting: int
     kv_usage: float
+    kv_tokens: int = 0  # tokens in the running requests' KV cache after the step
     prompt_tokens: int = 0  # prefilled this step
     emitted_tokens: int = 0
     drafts: int = 0  # requests that verified drafts this step
@@ -328,7 +329,8 @@ class SimEngine:
         if finished:
             done = {id(r) for r in finished}
             self._running = [r for r in self._running if id(r) not in done]
-        rec.kv_usage = self._kv_usage()
+        rec.kv_tokens = self._kv_tokens()
+        rec.kv_usage = min(1.0, rec.kv_tokens / settings.kv_capacity_tokens)
         self.recorder.on_step(self.index, rec)
         for req in finished:
             # Internal requests draw their own length, so they end with "stop"; clients ask for max_tokens.
@@ -351,9 +353,11 @@ class SimEngine:
         self._waiting.clear()
         self._internal_in_flight = 0
 
+    def _kv_tokens(self) -> int:
+        return sum(r.prompt_tokens + r.generated for r in self._running)
+
     def _kv_usage(self) -> float:
-        used = sum(r.prompt_tokens + r.generated for r in self._running)
-        return min(1.0, used / self._settings.kv_capacity_tokens)
+        return min(1.0, self._kv_tokens() / self._settings.kv_capacity_tokens)
 
     def _reset_stats(self) -> None:
         self._generated = 0
