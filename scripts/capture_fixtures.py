@@ -33,7 +33,7 @@ SCRIPT = Path(__file__).resolve()
 @dataclass(frozen=True)
 class Fixture:
     name: str  # path under --out, without extension
-    engine: str  # "vllm" | "sglang"
+    engine: str  # "vllm" | "sglang" (captured from the installed engine) | "vllm-v0" | "sglang-legacy"
     engines: int
     k: int | None  # speculative tokens (vLLM) / speculative steps (SGLang); None = speculation off
     scrapes: int = 1  # a second scrape after more traffic gives tests counter deltas
@@ -44,6 +44,7 @@ class Fixture:
     seed: int = 1
     model: str = "llama-3.1-8b-instruct"
     routes: tuple[str, ...] = field(default=("chat", "code"))
+    version: str = ""  # sglang-legacy: the SGLang version whose name set is reproduced
 
 
 FIXTURES = {f.name: f for f in (
@@ -52,7 +53,12 @@ FIXTURES = {f.name: f for f in (
     Fixture("vllm/v1_nospec_1engine", "vllm", engines=1, k=None, scrapes=1, seed=15),
     Fixture("sglang/0.5.23_dp1_tp2", "sglang", engines=1, k=3, tp=2, scrapes=1, seed=21),
     Fixture("sglang/0.5.23_dp2", "sglang", engines=2, k=3, scrapes=2, seed=22, accept_p=0.75),
+    Fixture("vllm/v0_lifetime_gauges", "vllm-v0", engines=1, k=4, seed=31, steps=20),
+    Fixture("sglang/0.4.3_gauges", "sglang-legacy", engines=1, k=3, seed=41, version="0.4.3"),
+    Fixture("sglang/0.5.4_accept_rate", "sglang-legacy", engines=1, k=3, seed=42, version="0.5.4"),
 )}
+INVENTORY = Path(os.environ.get("SPECWATCH_SHARED", "/work/shared")) / "reference" / "sglang-metrics-inventory.tsv"
+_MULTIPROCESS = ("sglang", "sglang-legacy")
 
 
 def _version(dist: str) -> str:
@@ -62,21 +68,39 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+_DRIVERS = {
+    "vllm": "vllm.v1.metrics.loggers.PrometheusStatLogger fed SchedulerStats(SpecDecodingStats) + IterationStats",
+    "sglang": "sglang.srt.observability.metrics_collector SchedulerMetricsCollector.log_stats + "
+              "TokenizerMetricsCollector.observe_one_finished_request",
+    "vllm-v0": "scripts/capture/legacy.py: prometheus_client with the metric definitions of V0 "
+               "vllm/engine/metrics.py transcribed (NOT captured from an installed V0 engine)",
+    "sglang-legacy": "scripts/capture/legacy.py: prometheus_client with names/types/labels/HELP from "
+                     "sglang-metrics-inventory.tsv (NOT captured from an installed SGLang of this version)",
+}
+
+
+def _engine_line(fx: Fixture) -> str:
+    if fx.engine == "vllm-v0":
+        return "engine: vllm V0 engine name set (removed by v0.10.0); synthetic traffic"
+    if fx.engine == "sglang-legacy":
+        return f"engine: sglang {fx.version} name set; synthetic traffic"
+    return f"engine: {fx.engine} {_version(fx.engine)} (the engine's own metric code; synthetic traffic)"
+
+
 def _header(fx: Fixture, argv: list[str]) -> str:
     mode = ("multiprocess (PROMETHEUS_MULTIPROC_DIR + MultiProcessCollector, like the server)"
-            if fx.engine == "sglang" else "single-process (prometheus_client.generate_latest, default REGISTRY)")
-    spec = "off" if fx.k is None else (f"k={fx.k}" if fx.engine == "vllm" else f"steps={fx.k} draft_tokens={fx.k + 1}")
-    drivers = ("vllm.v1.metrics.loggers.PrometheusStatLogger fed SchedulerStats(SpecDecodingStats) + IterationStats"
-               if fx.engine == "vllm" else
-               "sglang.srt.observability.metrics_collector SchedulerMetricsCollector.log_stats + "
-               "TokenizerMetricsCollector.observe_one_finished_request")
+            if fx.engine in _MULTIPROCESS else "single-process (prometheus_client.generate_latest)")
+    spec = "off" if fx.k is None else (
+        f"k={fx.k}" if fx.engine.startswith("vllm") else f"steps={fx.k} draft_tokens={fx.k + 1}")
     lines = [
-        f"engine: {fx.engine} {_version(fx.engine)} (the engine's own metric code; synthetic traffic)",
+        _engine_line(fx),
         f"torch: {_version('torch')}, prometheus_client {_version('prometheus_client')}, python {sys.version.split()[0]}",
-        f"driver: {drivers}",
+        f"driver: {_DRIVERS[fx.engine]}",
         f"capture: scripts/capture_fixtures.py {' '.join(argv)}",
-        f"args: engines={fx.engines} tp={fx.tp} {spec} model_name={fx.model} steps={fx.steps} "
-        f"running<={fx.running} accept_p={fx.accept_p} seed={fx.seed}"
+        f"args: engines={fx.engines} tp={fx.tp} {spec} model_name={fx.model} "
+        + (f"finished_requests_per_scrape={fx.steps} " if fx.engine == "sglang" else f"scheduler_steps={fx.steps} ")
+        + f"
+f"running<={fx.running} accept_p={fx.accept_p} seed={fx.seed}"
         + (f" routes={','.join(fx.routes)} priority_scheduling=on" if fx.engine == "sglang" else ""),
         f"mode: {mode}",
         f"date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}",
@@ -87,11 +111,15 @@ def _header(fx: Fixture, argv: list[str]) -> str:
 
 def capture_one(fx: Fixture, out: Path, argv: list[str]) -> None:
     sys.path.insert(0, str(SCRIPT.parent))
-    args = SimpleNamespace(**{**fx.__dict__, "routes": list(fx.routes)})
+    args = SimpleNamespace(**{**fx.__dict__, "routes": list(fx.routes), "inventory": str(INVENTORY)})
     if fx.engine == "vllm":
         from capture.vllm_capture import capture
-    else:
+    elif fx.engine == "sglang":
         from capture.sglang_capture import capture
+    elif fx.engine == "vllm-v0":
+        from capture.legacy import capture_vllm_v0 as capture
+    else:
+        from capture.legacy import capture_sglang_legacy as capture
     header = _header(fx, argv)
     for suffix, text, truth in capture(args):
         path = out / f"{fx.name}{suffix}.prom"
@@ -118,7 +146,7 @@ def main() -> int:
     for name in names:
         env = dict(os.environ)
         with tempfile.TemporaryDirectory(prefix="specwatch-capture-") as multiproc_dir:
-            if FIXTURES[name].engine == "sglang":
+            if FIXTURES[name].engine in _MULTIPROCESS:
                 env["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
             else:
                 env.pop("PROMETHEUS_MULTIPROC_DIR", None)
