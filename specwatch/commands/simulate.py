@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load", type=float, help="built-in offered concurrency at start (default: scenario's, else 0)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="run S times faster than real time (default 1)")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="max running requests per engine (default 256)")
+    parser.add_argument("--custom-labels", metavar="NAME[,NAME...]", default="",
+                        help="SGLang: tokenizer metric labels requests may set with the x-custom-labels header "
+                             "(like --tokenizer-metrics-allowed-custom-labels), e.g. route")
     parser.add_argument("--seed", type=int, help="random seed for reproducible acceptance draws and load")
 
 
@@ -57,7 +60,8 @@ def build_spec(args: argparse.Namespace, scenario: Scenario) -> SimulationSpec:
         scenario = Scenario(**{**scenario.__dict__, "load": args.load})
     return SimulationSpec(engine_kind=args.engine, model_name=args.model or scenario.model_name or DEFAULT_MODEL,
                           dp=args.dp, k=k, acceptance=acceptance, step_time=step_time, time_scale=args.time_scale,
-                          scenario=scenario, max_num_seqs=args.max_num_seqs, seed=args.seed)
+                          scenario=scenario, max_num_seqs=args.max_num_seqs, seed=args.seed,
+                          custom_labels=tuple(n for n in args.custom_labels.split(",") if n))
 
 
 def main(args: argparse.Namespace) -> int:

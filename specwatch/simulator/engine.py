@@ -21,7 +21,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Mapping, Protocol
 
 from specwatch.simulator.clock import SimClock
 from specwatch.simulator.speculation import AcceptanceProfile, AcceptanceSampler
@@ -45,6 +45,7 @@ class EngineSettings:
     prefill_seconds_per_token: float = 2.0e-5
     internal_prompt_tokens: tuple[int, int] = (128, 1024)  # uniform range for the built-in load generator
     internal_output_tokens: tuple[int, int] = (64, 512)
+    internal_custom_labels: tuple[Mapping[str, str], ...] = ()  # cycled over built-in requests
 
     def __post_init__(self) -> None:
         if self.k > 0 and (self.profile is None or self.profile.k != self.k):
@@ -54,14 +55,17 @@ class EngineSettings:
 class SimRequest:
     """One request. External requests (HTTP) are streamed: the engine bumps `generated` and sets `ready`."""
 
-    __slots__ = ("id", "prompt_tokens", "max_tokens", "internal", "generated", "verify_steps", "arrival",
-                 "scheduled_at", "first_token_at", "finished_at", "finish_reason", "ready")
+    __slots__ = ("id", "prompt_tokens", "max_tokens", "internal", "streaming", "custom_labels", "generated",
+                 "verify_steps", "arrival", "scheduled_at", "first_token_at", "finished_at", "finish_reason", "ready")
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, *, internal: bool = False) -> None:
+    def __init__(self, prompt_tokens: int, max_tokens: int, *, internal: bool = False, streaming: bool = False,
+                 custom_labels: Mapping[str, str] | None = None) -> None:
         self.id = next(_request_ids)
         self.prompt_tokens = max(1, int(prompt_tokens))
         self.max_tokens = max(1, int(max_tokens))
         self.internal = internal
+        self.streaming = streaming
+        self.custom_labels = custom_labels  # SGLang's x-custom-labels (e.g. {"route": "chat"})
         self.generated = 0
         self.verify_steps = 0
         self.arrival = 0.0  # simulated times
@@ -122,6 +126,7 @@ class SimEngine:
         self.recorder = recorder
         self._settings = settings
         self._step_costs: dict[tuple[int, int], float] = {}
+        self._label_cycle = itertools.count()
         self._rng = random.Random(seed)
         self._sampler = self._new_sampler(settings.profile)
         self._cond = threading.Condition()
@@ -288,7 +293,9 @@ class SimEngine:
         lo_p, hi_p = self._settings.internal_prompt_tokens
         lo_o, hi_o = self._settings.internal_output_tokens
         while self._internal_in_flight < round(self._offered):
-            req = SimRequest(self._rng.randint(lo_p, hi_p), self._rng.randint(lo_o, hi_o), internal=True)
+            labels = self._settings.internal_custom_labels
+            req = SimRequest(self._rng.randint(lo_p, hi_p), self._rng.randint(lo_o, hi_o), internal=True,
+                             custom_labels=labels[next(self._label_cycle) % len(labels)] if labels else None)
             req.arrival = self._t
             self._waiting.append(req)
             self._internal_in_flight += 1

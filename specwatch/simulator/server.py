@@ -127,7 +127,8 @@ class _Handler(BaseHTTPRequestHandler):
         model = body.get("model") or sim.model_name
         if model != sim.model_name:
             return self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
-        engine, request = sim.submit(prompt_tokens, max_tokens)
+        engine, request = sim.submit(prompt_tokens, max_tokens, streaming=stream,
+                                     custom_labels=_custom_labels(self.headers.get("x-custom-labels")))
         try:
             if stream:
                 self._stream(request, chat, model)
@@ -246,6 +247,19 @@ def _parse_request(body: dict[str, Any], chat: bool) -> tuple[int, int, bool]:
     if body.get("n", 1) != 1:
         raise ValueError("n: the simulator serves n=1 only")
     return max(1, prompt_tokens), max_tokens, bool(body.get("stream", False))
+
+
+def _custom_labels(header: str | None) -> dict[str, str] | None:
+    """SGLang's per-request metric labels, `x-custom-labels: {"route": "chat"}`; malformed ones are ignored."""
+    if not header:
+        return None
+    try:
+        labels = json.loads(header)
+    except ValueError:
+        return None
+    if not isinstance(labels, dict):
+        return None
+    return {str(k): str(v) for k, v in labels.items() if isinstance(v, (str, int, float))}
 
 
 def _count_tokens(text: str) -> int:

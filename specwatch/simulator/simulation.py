@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from specwatch.simulator import metrics_sglang, metrics_vllm
 from specwatch.simulator.clock import SimClock
@@ -40,6 +40,7 @@ class SimulationSpec:
     max_num_seqs: int = 256
     kv_capacity_tokens: int = 400_000
     max_model_len: int = 8192
+    custom_labels: tuple[str, ...] = ()  # SGLang's --tokenizer-metrics-allowed-custom-labels
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -67,7 +68,9 @@ class Simulation:
                                                          max_model_len=spec.max_model_len)
         else:
             self.metrics = metrics_sglang.SglangMetrics(self.model_name, spec.dp, spec.k,
-                                                        kv_capacity_tokens=spec.kv_capacity_tokens)
+                                                        custom_labels=spec.custom_labels,
+                                                        kv_capacity_tokens=spec.kv_capacity_tokens,
+                                                        max_running_requests=spec.max_num_seqs)
         seed = spec.seed
         self.engines = [SimEngine(i, self._settings(), self.clock, self.metrics,
                                   seed=None if seed is None else seed + i) for i in range(spec.dp)]
@@ -99,9 +102,10 @@ class Simulation:
     def down(self) -> bool:
         return self._down_until is not None
 
-    def submit(self, prompt_tokens: int, max_tokens: int) -> tuple[SimEngine, SimRequest]:
+    def submit(self, prompt_tokens: int, max_tokens: int, *, streaming: bool = False,
+               custom_labels: Mapping[str, str] | None = None) -> tuple[SimEngine, SimRequest]:
         """Hand a request to the least-loaded engine (round-robin among equals)."""
-        request = SimRequest(prompt_tokens, max_tokens)
+        request = SimRequest(prompt_tokens, max_tokens, streaming=streaming, custom_labels=custom_labels)
         with self._lock:
             self._rr += 1
             order = self.engines[self._rr % len(self.engines):] + self.engines[:self._rr % len(self.engines)]
