@@ -99,8 +99,7 @@ def _header(fx: Fixture, argv: list[str]) -> str:
         f"capture: scripts/capture_fixtures.py {' '.join(argv)}",
         f"args: engines={fx.engines} tp={fx.tp} {spec} model_name={fx.model} "
         + (f"finished_requests_per_scrape={fx.steps} " if fx.engine == "sglang" else f"scheduler_steps={fx.steps} ")
-        + f"
-f"running<={fx.running} accept_p={fx.accept_p} seed={fx.seed}"
+        + f"running<={fx.running} accept_p={fx.accept_p} seed={fx.seed}"
         + (f" routes={','.join(fx.routes)} priority_scheduling=on" if fx.engine == "sglang" else ""),
         f"mode: {mode}",
         f"date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}",
