@@ -14,6 +14,8 @@ from specwatch.config import parse_config
 from specwatch.simulator.clock import SimClock
 from specwatch.simulator.engine import EngineSettings, SimEngine, SimRequest
 from specwatch.simulator.metrics_sglang import DECODE_LOG_INTERVAL, SglangMetrics
+from specwatch.simulator.metrics_sglang import ENGINE_VERSION as SGLANG_VERSION
+from specwatch.simulator.metrics_vllm import ENGINE_VERSION as VLLM_VERSION
 from specwatch.simulator.metrics_vllm import VllmMetrics
 from specwatch.simulator.speculation import AcceptanceProfile
 from specwatch.simulator.steptime import load_table
@@ -150,7 +152,10 @@ def test_sglang_gauges_move_per_log_interval_and_counters_at_completion():
 
 # ----------------------------------------------------------------------------------------- real fixtures
 def _fixture_files() -> list[Path]:
-    return sorted(p for p in FIXTURES.glob("*/*.prom") if p.is_file())
+    """Fixtures of the engine versions the simulator imitates (others document older formats)."""
+    simulated = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
+    return sorted(p for p in FIXTURES.glob("*/*.prom")
+                  if f"# engine: {p.parent.name} {simulated.get(p.parent.name)} " in p.read_text()[:500])
 
 
 def _capture_args(path: Path) -> dict[str, str]:

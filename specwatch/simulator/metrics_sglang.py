@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from specwatch.simulator.engine import SimRequest, StepRecord
 
@@ -205,7 +206,7 @@ class _Hist:
         out, running = [], 0
         for bound, count in zip((*self.bounds, float("inf")), self.counts):
             running += count
-            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(running)))
+            out.append((floatToGoString(bound), float(running)))  # "+Inf", "1e+06": prometheus_client's own
         return out
 
 
