@@ -8,6 +8,8 @@ elsewhere are referenced rather than duplicated. This index is the one place tha
 engine killed and restarted (counters reset, no negative rate, no acceptance page)
     test_engine_restart_resets_counters_without_negative_rates_or_a_page
     test_tracking.py::test_two_engine_vllm_sequence_with_restart_sums_exactly_and_never_goes_backwards
+engine killed mid-response (body shorter than its Content-Length)
+    test_http_response_cut_short_is_a_failed_scrape_not_a_partial_sample
 engine hanging (timeout)
     test_http_hanging_engine_times_out_and_the_loop_goes_on
     test_daemon.py::test_failing_sources_cost_only_their_route_and_metrics_still_answer
@@ -15,7 +17,7 @@ slow-drip response
     test_http_slow_drip_is_cut_at_the_scrape_timeout
 100 MB body (capped, source down)
     test_http_100mb_body_is_capped_and_the_route_is_down
-binary garbage, HTML error page, invalid UTF-8, truncated body
+binary garbage, HTML error page, invalid UTF-8
     test_http_bad_bodies_are_parse_errors
     test_http_html_error_status_is_http_status
 duplicate series
@@ -481,12 +483,13 @@ class FaultServer:
                     if path.endswith("/version"):
                         self._send(404, b"no", "text/plain")
                     elif path == "/hang":
-                        server.release.wait(30)
+                        server.release.wait(10)  # bounded, so a source without a timeout fails the test, not CI
                     elif path == "/drip":
                         self.send_response(200)
                         self.send_header("Content-Type", "text/plain")
                         self.end_headers()
-                        for char in vllm_text().encode() * 100:  # one byte every 50 ms: each read makes progress
+                        # One byte every 50 ms for 10 s: every read makes progress, only a total deadline helps.
+                        for char in vllm_text().encode()[:200]:
                             if server.release.wait(0.05):
                                 return
                             self.wfile.write(bytes([char]))
@@ -501,6 +504,14 @@ class FaultServer:
                         while sent < 100 * 2**20 and not server.release.is_set():
                             self.wfile.write(chunk)
                             sent += len(chunk)
+                    elif path == "/cut":  # the engine dies mid-response: fewer bytes than Content-Length
+                        body = vllm_text().encode()
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/plain")
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body[: len(body) // 2])
+                        self.close_connection = True
                     elif path == "/ok":
                         server.drafts += 500
                         self._send(200, vllm_text(server.drafts).encode(), "text/plain; version=0.0.4")
@@ -612,13 +623,18 @@ def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server):
     ("html_200", "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body><h1>502</h1></body></html>",
      "text/html"),
     ("invalid_utf8", vllm_text().encode().replace(b'model_name="m"', b'model_name="\xff\xfe\xc3("', 1), "text/plain"),
-    ("truncated", vllm_text()[: len(vllm_text()) // 2 - 7], "text/plain"),
 ])
 def test_http_bad_bodies_are_parse_errors(engines, fault_server, name, body, kind):
     result, took = scrape_once(engines, fault_server.serve(f"/{name}", body, kind=kind))
     assert isinstance(result, SourceError), f"{name}: {result!r}"
     assert result.reason in ("parse", "no_spec_metrics"), f"{name}: {result.reason}: {result}"
     assert str(result), "the message says what was wrong"
+    assert took < HTTP_TIMEOUT + 1.0
+
+
+def test_http_response_cut_short_is_a_failed_scrape_not_a_partial_sample(engines, fault_server):
+    result, took = scrape_once(engines, fault_server.url("/cut"))
+    assert isinstance(result, SourceError) and result.reason in ("connection", "parse"), repr(result)
     assert took < HTTP_TIMEOUT + 1.0
 
 
@@ -637,7 +653,6 @@ def test_http_duplicate_series_do_not_double_count(engines, fault_server):
     assert engine.drafts == 1000.0 and engine.draft_tokens == 4000.0, "a duplicated series is not summed"
 
 
-@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-5.0"])
 class ScheduledSource:
     """Scrapes `sources[schedule[i]]` on call i: one route whose engine answers well, then badly, then well."""
 
@@ -652,6 +667,7 @@ class ScheduledSource:
             source.close()
 
 
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-5.0"])
 def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value, monkeypatch):
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
     good = fault_server.url("/ok")
