@@ -60,6 +60,16 @@ class Family:
     help: str = ""
     samples: list[Sample] = field(default_factory=list)
 
+    def matching(self, match: Mapping[str, str]) -> list[Sample]:
+        """The samples that agree with `match` on every label they carry.
+
+        A label the series does not carry cannot tell routes apart, so it does not exclude it (SGLang's
+        scheduler gauges have no `route` label while its tokenizer counters do).
+        """
+        if not match:
+            return self.samples
+        return [s for s in self.samples if all(s.labels.get(k, v) == v for k, v in match.items())]
+
 
 def parse(text: str | bytes, wanted: Iterable[str]) -> dict[str, Family]:
     """Parse the families named in `wanted` (exact names) out of `text`.

@@ -1,0 +1,128 @@
+"""Engine sources: one route's engine /metrics endpoint -> EngineSample.
+
+`make_source(route, config)` is what the daemon calls; `parse_engine_sample()` is the same extraction
+without HTTP, for the simulator, replay and benchmarks. Engine `auto` is resolved from the first
+exposition (`vllm:` vs `sglang:` families) and then kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import replace
+from typing import Callable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+from specwatch.config import Config, RouteConfig
+from specwatch.snapshot import EngineSample
+from specwatch.sources import sglang, vllm
+from specwatch.sources.base import SourceError
+from specwatch.sources.exposition import ExpositionError, Family, parse
+from specwatch.sources.http import HttpFetcher
+
+log = logging.getLogger(__name__)
+
+# kind -> (the families to parse, the extraction, the version endpoint path and its JSON key)
+ENGINES: Mapping[str, tuple[frozenset[str], Callable[..., EngineSample], tuple[tuple[str, str], ...]]] = {
+    "vllm": (vllm.WANTED, vllm.extract, (("/version", "version"),)),
+    "sglang": (sglang.WANTED, sglang.extract, (("/get_server_info", "version"), ("/server_info", "version"))),
+}
+_KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(vllm|sglang)[:_]", re.M)
+
+
+def detect_kind(body: str | bytes) -> str | None:
+    """"vllm" or "sglang" from the first engine-prefixed line; None when neither appears."""
+    data = body.encode("utf-8", "replace") if isinstance(body, str) else bytes(body)
+    m = _KIND_RE.search(data)
+    return m.group(1).decode() if m else None
+
+
+def parse_engine_sample(kind: str, body: str | bytes, route: RouteConfig, now: float,
+                        version: str = "") -> EngineSample:
+    """Parse one /metrics body for `route` (its `match` and `engines` filters). Raises SourceError only.
+
+    `kind` is "vllm", "sglang" or "auto" (detected from the body).
+    """
+    if kind == "auto":
+        detected = detect_kind(body)
+        if detected is None:
+            _parse_or_raise(body, frozenset())  # garbage is a parse error, not "no metrics"
+            raise SourceError("no_spec_metrics", "neither vllm: nor sglang: families in the exposition")
+        kind = detected
+    if kind not in ENGINES:
+        raise SourceError("internal", f"unknown engine kind {kind!r}")
+    wanted, extract, _ = ENGINES[kind]
+    families = _parse_or_raise(body, wanted)
+    _reject_duplicates(families)
+    return extract(families, route.match, route.engines, now, version)
+
+
+def _parse_or_raise(body: str | bytes, wanted: frozenset[str]) -> dict[str, Family]:
+    try:
+        return parse(body, wanted)
+    except ExpositionError as exc:
+        raise SourceError("parse", f"invalid exposition: {exc}") from None
+
+
+def _reject_duplicates(families: Mapping[str, Family]) -> None:
+    """Two samples with one name and label set: refuse the scrape, as Prometheus does, rather than sum."""
+    for fam in families.values():
+        seen = set()
+        for s in fam.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            if key in seen:
+                raise SourceError("parse", f"duplicate series {s.name}{dict(s.labels)}")
+            seen.add(key)
+
+
+class HttpEngineSource:
+    """The EngineSource for one route: GET /metrics, parse, extract; the engine version fetched rarely."""
+
+    def __init__(self, route: RouteConfig, fetcher: HttpFetcher) -> None:
+        self.route = route
+        self.fetcher = fetcher
+        self.kind = route.engine if route.engine != "auto" else ""
+        self.version: str | None = None  # None: fetch on the next success
+
+    def sample(self, now: float) -> EngineSample:
+        try:
+            body = self.fetcher.get(self.route.url)
+            kind = self.kind or detect_kind(body) or "auto"
+            if kind != "auto":
+                self.kind = kind
+            result = parse_engine_sample(kind, body, self.route, now, self.version or "")
+        except SourceError:
+            self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
+            raise
+        if self.version is None:
+            self.version = self._fetch_version(result.engine_kind)
+            if self.version:
+                result = replace(result, engine_version=self.version)
+        return result
+
+    def _fetch_version(self, engine_kind: str) -> str:
+        """The engine's version from its info endpoint; "" when unavailable (never fails the scrape)."""
+        endpoints = ENGINES["vllm" if engine_kind.startswith("vllm") else "sglang"][2]
+        for path, key in endpoints:
+            url = self.route.version_url or _sibling_url(self.route.url, path)
+            try:
+                return self.fetcher.get_json_field(url, key)
+            except SourceError as exc:
+                log.debug("route %s: engine version from %s: %s", self.route.name, url, exc)
+            if self.route.version_url:
+                break
+        return ""
+
+    def close(self) -> None:
+        self.fetcher.close()
+
+
+def _sibling_url(metrics_url: str, path: str) -> str:
+    """http://h:8000/metrics -> http://h:8000/version (the path replaced, query dropped)."""
+    parts = urlsplit(metrics_url)
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def make_source(route: RouteConfig, config: Config) -> HttpEngineSource:
+    """The daemon's factory: an HTTP source with the configured scrape timeout and body cap."""
+    return HttpEngineSource(route, HttpFetcher(config.scrape_timeout_seconds, config.max_body_bytes))

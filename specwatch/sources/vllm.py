@@ -1,0 +1,158 @@
+"""vLLM /metrics -> EngineSample. The maps below are the whole contract with vLLM; comments give versions.
+
+V1 (the only engine since v0.10.0) exports per-engine counters; the legacy V0 engine exported lifetime
+gauges and counters that were sums of sums, so for V0 only the gauges are read (engine-metrics.md §1.3).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from specwatch.snapshot import EngineCounters, EngineSample
+from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.exposition import Family, Sample
+
+# V1 counters: exposed family -> EngineCounters field. Declared without `_total` in vLLM's code.
+COUNTERS: Mapping[str, str] = {
+    "vllm:spec_decode_num_drafts_total": "drafts",  # ≈v0.8.5 (PR #16665)
+    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",  # ≈v0.8.3 (PR #15151); same name in V0, wrong there
+    "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",  # excludes the bonus token
+    "vllm:generation_tokens_total": "generation_tokens",  # accepted + bonus under SD
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"  # ≈v0.8.5, label `position` = 0..k-1
+# The `_created` gauge single-process vLLM exposes beside each counter; a change marks an engine restart.
+# Absent in multiprocess mode (--api-server-count > 1).
+CREATED = "vllm:spec_decode_num_drafts_created"
+GAUGES: Mapping[str, str] = {
+    "vllm:num_requests_running": "running",  # the scheduler's running list: the per-engine batch size
+    "vllm:num_requests_waiting": "waiting",
+}
+# First present wins: kv_cache_usage_perc added in 0.9.2; gpu_cache_usage_perc deprecated 0.9.2, removed 0.12.
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# V0 only (removed by v0.10.0): lifetime ratios since process start, label `model_name` only.
+V0_GAUGES: Mapping[str, str] = {
+    "vllm:spec_decode_draft_acceptance_rate": "lifetime_acceptance_rate",
+    "vllm:spec_decode_efficiency": "lifetime_efficiency",
+}
+SPEC_FAMILIES = frozenset(COUNTERS) - {"vllm:generation_tokens_total"} | {PER_POSITION}
+WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
+
+
+def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float,
+            version: str = "") -> EngineSample:
+    """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
+    if not any(families.get(n) and families[n].samples for n in (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)):
+        raise SourceError("no_spec_metrics", "no vLLM speculative-decoding or scheduler families in the exposition")
+    selected = {name: fam.matching(match) for name, fam in families.items()}
+    check_match_labels(families, match)
+    if not any(selected.values()):
+        raise NoData(f"no vLLM series match {dict(match)}")
+    model = next((s.labels["model_name"] for ss in selected.values() for s in ss if "model_name" in s.labels), "")
+
+    v0 = selected.get("vllm:spec_decode_draft_acceptance_rate")
+    if v0 and not any("engine" in s.labels for s in v0):
+        return _v0_sample(selected, ts, model, version)
+
+    by_engine = _by_engine(selected, engines)
+    if not by_engine:
+        raise NoData(f"no vLLM engine matches engines={list(engines)}")
+    spec_on = bool(selected.get("vllm:spec_decode_num_drafts_total"))
+    counters = []
+    k = 0
+    for engine in sorted(by_engine, key=_numeric_key):
+        fields = by_engine[engine]
+        per_pos = fields.pop("per_pos", {})
+        positions = tuple(per_pos[p] for p in sorted(per_pos, key=_numeric_key))
+        k = max(k, len(positions))
+        counters.append(EngineCounters(engine=engine, accepted_per_pos=positions, **fields))
+    return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none",
+                        model_name=model, engine_version=version, speculation_enabled=spec_on,
+                        num_speculative_tokens=k if spec_on else None, engines=tuple(counters))
+
+
+def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
+    """engine label -> EngineCounters keyword arguments (per_pos as {position: value})."""
+    out: dict[str, dict] = {}
+
+    def slot(sample: Sample) -> dict | None:
+        engine = sample.labels.get("engine", "0")
+        if engines and engine not in engines:
+            return None
+        return out.setdefault(engine, {})
+
+    for family, field_name in (*COUNTERS.items(), (CREATED, "created")):
+        for sample in selected.get(family, ()):
+            fields = slot(sample)
+            if fields is not None:
+                _add(fields, field_name, sample, counter=field_name != "created")
+    for family, field_name in GAUGES.items():
+        for sample in selected.get(family, ()):
+            fields = slot(sample)
+            if fields is not None:
+                fields[field_name] = _gauge(sample.value)
+    kv_family = next((f for f in KV_USAGE if selected.get(f)), None)
+    for sample in selected.get(kv_family, ()) if kv_family else ():
+        fields = slot(sample)
+        if fields is not None:
+            fields["kv_usage"] = _gauge(sample.value)
+    for sample in selected.get(PER_POSITION, ()):
+        fields = slot(sample)
+        position = sample.labels.get("position")
+        if fields is not None and position is not None:
+            per_pos = fields.setdefault("per_pos", {})
+            _add(fields.setdefault("per_pos", {}), position, sample)
+    for fields in out.values():
+        per_pos = fields.get("per_pos")
+        if per_pos and any(v is None for v in per_pos.values()):
+            fields["per_pos"] = {}  # a broken position vector is dropped whole, never reported partially
+    return out
+
+
+def _v0_sample(selected: Mapping[str, list[Sample]], ts: float, model: str, version: str) -> EngineSample:
+    fields: dict = {}
+    for family, field_name in (*GAUGES.items(), *V0_GAUGES.items()):
+        values = [s.value for s in selected.get(family, ())]
+        if values:
+            fields[field_name] = _gauge(values[-1])
+    kv_family = next((f for f in KV_USAGE if selected.get(f)), None)
+    if kv_family:
+        fields["kv_usage"] = _gauge(selected[kv_family][-1].value)
+    # V0's spec counters are sums of cumulative totals (PR #15415 never merged): never read them.
+    return EngineSample(ts=ts, engine_kind="vllm-v0", acceptance_source="lifetime_gauge", model_name=model,
+                        engine_version=version, speculation_enabled=True, num_speculative_tokens=None,
+                        engines=(EngineCounters(engine="0", **fields),))
+
+
+def _add(fields: dict, name: str, sample: Sample, counter: bool = True) -> None:
+    """Sum the samples that land on one field; one unusable sample makes the field None (absent beats wrong)."""
+    value = _counter(sample.value) if counter else _gauge(sample.value)
+    if name not in fields:
+        fields[name] = value
+    elif fields[name] is None or value is None:
+        fields[name] = None
+    else:
+        fields[name] += value
+
+
+def _counter(value: float) -> float | None:
+    """A counter value, or None when it cannot be one (NaN, infinite, negative): absent beats wrong."""
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _gauge(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _numeric_key(label: str) -> tuple[int, float | str]:
+    try:
+        return (0, float(label))
+    except ValueError:
+        return (1, label)
+
+
+def check_match_labels(families: Mapping[str, Family], match: Mapping[str, str]) -> None:
+    """A `match` label carried by no series at all is a configuration mistake (a typo), not a wildcard."""
+    for key in match:
+        if not any(key in s.labels for fam in families.values() for s in fam.samples):
+            raise NoData(f"match label {key!r} is on no series of this endpoint")
