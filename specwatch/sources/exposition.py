@@ -190,7 +190,7 @@ def _parse_comment(line: str, lineno: int, metadata: Mapping[str, str], families
 def _parse_sample(line: str, text: str, pos: int, samples: Mapping[str, tuple[str, str]],
                   families: dict[str, Family]) -> None:
     name_end = 0
-    while line[name_end] not in "{ \t":
+    while name_end < len(line) and line[name_end] not in "{ \t":
         name_end += 1
     family, sample_name = samples[line[:name_end]]
     try:
