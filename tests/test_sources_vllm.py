@@ -1,0 +1,219 @@
+"""vLLM fixtures -> EngineSample, against the counters the capture fed vLLM; and the HTTP source's failures."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from specwatch.config import parse_config
+from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.engines import detect_kind, make_source, parse_engine_sample
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
+V1 = ["v1_k4_2engines", "v1_k4_2engines_scrape2", "v1_k1_1engine", "v1_k1_1engine_scrape2"]
+
+
+def route(**extra):
+    raw = {"name": "r", "url": "http://127.0.0.1:9/metrics", "engine": "vllm", **extra}
+    return parse_config({"gpu": {"enabled": "false"}, "routes": [raw]}).routes[0]
+
+
+def fixture(name):
+    return (FIXTURES / f"{name}.prom").read_bytes(), json.loads((FIXTURES / f"{name}.truth.json").read_text())
+
+
+@pytest.mark.parametrize("name", V1)
+def test_v1_fixture_yields_the_fed_counters_per_engine(name):
+    body, truth = fixture(name)
+    sample = parse_engine_sample("vllm", body, route(), 5.0, version="0.33.0")
+    assert (sample.engine_kind, sample.acceptance_source, sample.speculation_enabled) == ("vllm", "counter", True)
+    assert sample.model_name == "llama-3.1-8b-instruct" and sample.engine_version == "0.33.0" and sample.ts == 5.0
+    assert [e.engine for e in sample.engines] == sorted(truth)
+    for engine in sample.engines:
+        fed = truth[engine.engine]
+        assert sample.num_speculative_tokens == fed["k"] == len(engine.accepted_per_pos)
+        assert (engine.drafts, engine.draft_tokens, engine.accepted_tokens, engine.generation_tokens) == (
+            fed["drafts"], fed["draft_tokens"], fed["accepted_tokens"], fed["generation_tokens"])
+        assert list(engine.accepted_per_pos) == fed["accepted_per_pos"]
+        assert engine.created and engine.created > 1.7e9, "single-process vLLM exposes _created"
+        assert engine.running is not None and engine.waiting is not None and 0 <= engine.kv_usage <= 1
+
+
+def test_speculation_off_reports_load_but_no_acceptance():
+    body, _ = fixture("v1_nospec_1engine")
+    sample = parse_engine_sample("auto", body, route(engine="auto"), 1.0)
+    assert (sample.speculation_enabled, sample.acceptance_source, sample.num_speculative_tokens) == (False, "none", None)
+    (engine,) = sample.engines
+    assert engine.drafts is None and engine.accepted_per_pos == () and engine.running is not None
+
+
+def test_v0_reads_lifetime_gauges_and_never_its_counters():
+    body, truth = fixture("v0_lifetime_gauges")
+    sample = parse_engine_sample("vllm", body, route(), 1.0)
+    assert (sample.engine_kind, sample.acceptance_source) == ("vllm-v0", "lifetime_gauge")
+    (engine,) = sample.engines
+    assert engine.lifetime_acceptance_rate == pytest.approx(truth["lifetime_acceptance_rate"])
+    assert engine.drafts is None and engine.draft_tokens is None and engine.accepted_tokens is None
+    assert engine.kv_usage == 0.31, "falls back to gpu_cache_usage_perc"
+
+
+def test_positions_sort_numerically_and_k_counts_them():
+    lines = "".join(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{p}"}} '
+                    f'{100 - p}\n' for p in (10, 2, 0, 1, 3, 4, 5, 6, 7, 8, 9))
+    body = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100\n' + lines
+    sample = parse_engine_sample("vllm", body, route(), 1.0)
+    assert sample.num_speculative_tokens == 11
+    assert sample.engines[0].accepted_per_pos == tuple(float(100 - p) for p in range(11))
+
+
+def test_match_and_engines_filters():
+    body, truth = fixture("v1_k4_2engines")
+    only_one = parse_engine_sample("vllm", body, route(engines=[1]), 1.0)
+    assert [e.engine for e in only_one.engines] == ["1"] and only_one.engines[0].drafts == truth["1"]["drafts"]
+    assert parse_engine_sample("vllm", body, route(match={"model_name": "llama-3.1-8b-instruct"}), 1.0).engines
+    with pytest.raises(NoData):
+        parse_engine_sample("vllm", body, route(match={"model_name": "other"}), 1.0)
+    with pytest.raises(NoData, match="modle_name"):
+        parse_engine_sample("vllm", body, route(match={"modle_name": "llama-3.1-8b-instruct"}), 1.0)
+    with pytest.raises(NoData):
+        parse_engine_sample("vllm", body, route(engines=[7]), 1.0)
+
+
+def test_openmetrics_escaped_names_are_read_as_vllm_names():
+    body, truth = fixture("v1_k4_2engines")
+    escaped = body.replace(b"\nvllm:", b"\nvllm_")
+    sample = parse_engine_sample("vllm", escaped, route(), 1.0)
+    assert sample.engines[0].drafts == truth["0"]["drafts"]
+
+
+@pytest.mark.parametrize("value", ["NaN", "-Inf", "-3"])
+def test_unusable_counter_values_become_absent_not_wrong(value):
+    body = f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {value}\n'
+    assert parse_engine_sample("vllm", body, route(), 1.0).engines[0].drafts is None
+
+
+def test_errors_have_reasons():
+    with pytest.raises(SourceError) as info:
+        parse_engine_sample("vllm", b"<!DOCTYPE html><html></html>", route(), 1.0)
+    assert info.value.reason == "parse"
+    with pytest.raises(SourceError) as info:
+        parse_engine_sample("vllm", b"# TYPE up gauge\nup 1\n", route(), 1.0)
+    assert info.value.reason == "no_spec_metrics"
+    dup = b'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 1\n' * 2
+    with pytest.raises(SourceError) as info:
+        parse_engine_sample("vllm", dup, route(), 1.0)
+    assert info.value.reason == "parse"
+    assert detect_kind(b"# HELP sglang:num_running_reqs x\n") == "sglang" and detect_kind(b"up 1\n") is None
+
+
+# ------------------------------------------------------------------------------------------------- HTTP
+TIMEOUT = 0.5
+GOOD, _ = fixture("v1_k1_1engine")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # keep test output quiet
+        pass
+
+    def send(self, status, body, kind="text/plain; version=0.0.4", length=True):
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        if length:
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path
+        if path == "/metrics":
+            self.send(200, GOOD)
+        elif path == "/version":
+            self.send(200, b'{"version": "0.33.0"}', "application/json")
+        elif path == "/hang/metrics":
+            self.server.stop.wait(5)
+        elif path == "/drip/metrics":
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            for _ in range(100):  # a byte every 50 ms: every read makes progress
+                if self.server.stop.wait(0.05):
+                    return
+                self.wfile.write(b"#")
+                self.wfile.flush()
+        elif path == "/huge/metrics":
+            self.send_response(200)
+            self.end_headers()  # no Content-Length: only streaming can catch it
+            chunk = b"# " + b"x" * 65534 + b"\n"
+            try:
+                for _ in range(1600):  # 100 MiB
+                    self.wfile.write(chunk)
+            except OSError:
+                pass
+        elif path == "/html/metrics":
+            self.send(200, b"<html><body>login</body></html>", "text/html")
+        elif path == "/binary/metrics":
+            self.send(200, bytes(range(256)) * 64, "application/octet-stream")
+        elif path == "/utf8/metrics":
+            self.send(200, GOOD.replace(b'model_name="', b'model_name="\xff', 1))
+        elif path == "/500/metrics":
+            self.send(500, b"internal error")
+        else:
+            self.send(404, b"not found")
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    httpd.stop = threading.Event()
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.stop.set()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def scrape(url, **scrape_cfg):
+    config = parse_config({"interval": "5s", "gpu": {"enabled": "false"},
+                           "scrape": {"timeout": f"{TIMEOUT * 1000:g}ms", **scrape_cfg},
+                           "routes": [{"name": "r", "url": url, "engine": "auto"}]})
+    source = make_source(config.routes[0], config)
+    begin = time.monotonic()
+    try:
+        return source.sample(1.0), time.monotonic() - begin
+    except SourceError as exc:
+        return exc, time.monotonic() - begin
+    finally:
+        source.close()
+
+
+def test_http_good_scrape_fetches_the_version_once(server):
+    result, _ = scrape(f"{server}/metrics")
+    assert result.engine_kind == "vllm" and result.engine_version == "0.33.0" and result.engines
+
+
+@pytest.mark.parametrize("path, reason", [
+    ("/hang/metrics", "timeout"), ("/drip/metrics", "timeout"), ("/html/metrics", "parse"),
+    ("/binary/metrics", "parse"), ("/utf8/metrics", "parse"), ("/500/metrics", "http_status"),
+])
+def test_http_failures_fail_fast_with_their_reason(server, path, reason):
+    result, took = scrape(server + path)
+    assert isinstance(result, SourceError) and result.reason == reason, repr(result)
+    assert took < TIMEOUT + 0.4, f"{path} took {took:.2f}s"
+
+
+def test_http_oversized_body_is_cut_at_the_cap(server):
+    result, took = scrape(f"{server}/huge/metrics", max_body_bytes=1 << 20)
+    assert isinstance(result, SourceError) and result.reason == "too_large"
+    assert took < TIMEOUT + 0.4
+
+
+def test_http_refused_connection():
+    result, _ = scrape("http://127.0.0.1:9/metrics")
+    assert isinstance(result, SourceError) and result.reason == "connection"
