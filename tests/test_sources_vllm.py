@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -131,9 +133,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         path = self.path
         if path == "/metrics":
-            self.send(200, GOOD)
+            self.send(200, self.server.body)
         elif path == "/version":
+            self.server.version_calls += 1
             self.send(200, b'{"version": "0.33.0"}', "application/json")
+        elif path == "/gzip/metrics":
+            body = gzip.compress(GOOD)
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif path == "/hang/metrics":
             self.server.stop.wait(5)
         elif path == "/drip/metrics":
@@ -171,19 +181,26 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
     httpd.stop = threading.Event()
+    httpd.version_calls = 0
+    httpd.body = GOOD
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    yield httpd
     httpd.stop.set()
     httpd.shutdown()
     httpd.server_close()
 
 
-def scrape(url, **scrape_cfg):
+def http_source(url, **scrape_cfg):
     config = parse_config({"interval": "5s", "gpu": {"enabled": "false"},
                            "scrape": {"timeout": f"{TIMEOUT * 1000:g}ms", **scrape_cfg},
                            "routes": [{"name": "r", "url": url, "engine": "auto"}]})
-    source = make_source(config.routes[0], config)
+    return make_source(config.routes[0], config)
+
+
+def scrape(url, **scrape_cfg):
+    source = http_source(url, **scrape_cfg)
     begin = time.monotonic()
     try:
         return source.sample(1.0), time.monotonic() - begin
@@ -193,9 +210,24 @@ def scrape(url, **scrape_cfg):
         source.close()
 
 
-def test_http_good_scrape_fetches_the_version_once(server):
-    result, _ = scrape(f"{server}/metrics")
-    assert result.engine_kind == "vllm" and result.engine_version == "0.33.0" and result.engines
+def test_http_good_scrape_fetches_the_version_once_and_again_after_a_restart(server):
+    source = http_source(f"{server.url}/metrics")
+    try:
+        before = server.version_calls
+        samples = [source.sample(float(t)) for t in range(3)]
+        assert all(s.engine_kind == "vllm" and s.engine_version == "0.33.0" and s.engines for s in samples)
+        assert server.version_calls == before + 1, "cached after the first success"
+        server.body = re.sub(rb"(vllm:spec_decode_num_drafts_created\{[^}]*\} )\S+", rb"\g<1>1.9e9", GOOD)
+        assert source.sample(3.0).engines[0].created == 1.9e9 and source.sample(4.0).engine_version == "0.33.0"
+        assert server.version_calls == before + 2, "a restart may be an upgrade: asked again"
+    finally:
+        server.body = GOOD
+        source.close()
+
+
+def test_http_gzip_body_is_decoded(server):
+    result, _ = scrape(f"{server.url}/gzip/metrics")
+    assert not isinstance(result, SourceError) and result.engines[0].drafts
 
 
 @pytest.mark.parametrize("path, reason", [
@@ -203,13 +235,13 @@ def test_http_good_scrape_fetches_the_version_once(server):
     ("/binary/metrics", "parse"), ("/utf8/metrics", "parse"), ("/500/metrics", "http_status"),
 ])
 def test_http_failures_fail_fast_with_their_reason(server, path, reason):
-    result, took = scrape(server + path)
+    result, took = scrape(server.url + path)
     assert isinstance(result, SourceError) and result.reason == reason, repr(result)
     assert took < TIMEOUT + 0.4, f"{path} took {took:.2f}s"
 
 
 def test_http_oversized_body_is_cut_at_the_cap(server):
-    result, took = scrape(f"{server}/huge/metrics", max_body_bytes=1 << 20)
+    result, took = scrape(f"{server.url}/huge/metrics", max_body_bytes=1 << 20)
     assert isinstance(result, SourceError) and result.reason == "too_large"
     assert took < TIMEOUT + 0.4
 

@@ -83,6 +83,7 @@ class HttpEngineSource:
         self.fetcher = fetcher
         self.kind = route.engine if route.engine != "auto" else ""
         self.version: str | None = None  # None: fetch on the next success
+        self._last_identity: tuple | None = None
 
     def sample(self, now: float) -> EngineSample:
         try:
@@ -94,11 +95,20 @@ class HttpEngineSource:
         except SourceError:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
             raise
+        if self._restarted(result):
+            self.version = None
         if self.version is None:
             self.version = self._fetch_version(result.engine_kind)
             if self.version:
                 result = replace(result, engine_version=self.version)
         return result
+
+    def _restarted(self, sample: EngineSample) -> bool:
+        """An engine restart (new `_created`, or counters going back) may come with an upgrade."""
+        created = tuple(e.created for e in sample.engines)
+        progress = sum((e.drafts or 0.0) + (e.generation_tokens or 0.0) for e in sample.engines)
+        last, self._last_identity = self._last_identity, (created, progress)
+        return last is not None and (last[0] != created or progress < last[1])
 
     def _fetch_version(self, engine_kind: str) -> str:
         """The engine's version from its info endpoint; "" when unavailable (never fails the scrape)."""

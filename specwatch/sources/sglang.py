@@ -13,7 +13,7 @@ from typing import Mapping
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
-from specwatch.sources.vllm import _add, _gauge, _numeric_key, check_match_labels
+from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into
 
 # Scheduler-side gauges: exposed family -> EngineCounters field.
 SCHEDULER_GAUGES: Mapping[str, str] = {
@@ -52,7 +52,7 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     for family, field_name in SCHEDULER_GAUGES.items():
         for dp_rank, sample in _one_per_scheduler(selected.get(family, ())).items():
             if not engines or dp_rank in engines:
-                per_rank.setdefault(dp_rank, {})[field_name] = _gauge(sample.value)
+                per_rank.setdefault(dp_rank, {})[field_name] = gauge_value(sample.value)
     if not per_rank:
         raise NoData(f"no SGLang scheduler matches engines={list(engines)}")
     for fields in per_rank.values():
@@ -63,8 +63,8 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     server_wide: dict = {}
     for family, field_name in TOKENIZER_COUNTERS.items():
         for sample in selected.get(family, ()):
-            _add(server_wide, field_name, sample)
-    ranks = sorted(per_rank, key=_numeric_key)
+            sum_into(server_wide, field_name, sample)
+    ranks = sorted(per_rank, key=label_sort_key)
     # The tokenizer counters are server-wide: they ride on the first engine so sums over engines are exact.
     per_rank[ranks[0]].update(server_wide)
     counters = tuple(EngineCounters(engine=rank, **per_rank[rank]) for rank in ranks)
@@ -93,7 +93,7 @@ def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:
         if labels.get(_PRIORITY, "") != "":
             continue
         rank = labels.get("dp_rank", "0")
-        preference = (0, _numeric_key(labels.get(_TP_RANK, "0"))[1])
+        preference = (0, label_sort_key(labels.get(_TP_RANK, "0"))[1])
         if rank not in best or preference < best[rank][0]:
             best[rank] = (preference, sample)
     return {rank: sample for rank, (_, sample) in best.items()}

@@ -60,10 +60,10 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     spec_on = bool(selected.get("vllm:spec_decode_num_drafts_total"))
     counters = []
     k = 0
-    for engine in sorted(by_engine, key=_numeric_key):
+    for engine in sorted(by_engine, key=label_sort_key):
         fields = by_engine[engine]
         per_pos = fields.pop("per_pos", {})
-        positions = tuple(per_pos[p] for p in sorted(per_pos, key=_numeric_key))
+        positions = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
         k = max(k, len(positions))
         counters.append(EngineCounters(engine=engine, accepted_per_pos=positions, **fields))
     return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none",
@@ -85,23 +85,23 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
         for sample in selected.get(family, ()):
             fields = slot(sample)
             if fields is not None:
-                _add(fields, field_name, sample, counter=field_name != "created")
+                sum_into(fields, field_name, sample, counter=field_name != "created")
     for family, field_name in GAUGES.items():
         for sample in selected.get(family, ()):
             fields = slot(sample)
             if fields is not None:
-                fields[field_name] = _gauge(sample.value)
+                fields[field_name] = gauge_value(sample.value)
     kv_family = next((f for f in KV_USAGE if selected.get(f)), None)
     for sample in selected.get(kv_family, ()) if kv_family else ():
         fields = slot(sample)
         if fields is not None:
-            fields["kv_usage"] = _gauge(sample.value)
+            fields["kv_usage"] = gauge_value(sample.value)
     for sample in selected.get(PER_POSITION, ()):
         fields = slot(sample)
         position = sample.labels.get("position")
         if fields is not None and position is not None:
             per_pos = fields.setdefault("per_pos", {})
-            _add(fields.setdefault("per_pos", {}), position, sample)
+            sum_into(fields.setdefault("per_pos", {}), position, sample)
     for fields in out.values():
         per_pos = fields.get("per_pos")
         if per_pos and any(v is None for v in per_pos.values()):
@@ -114,19 +114,20 @@ def _v0_sample(selected: Mapping[str, list[Sample]], ts: float, model: str, vers
     for family, field_name in (*GAUGES.items(), *V0_GAUGES.items()):
         values = [s.value for s in selected.get(family, ())]
         if values:
-            fields[field_name] = _gauge(values[-1])
+            fields[field_name] = gauge_value(values[-1])
     kv_family = next((f for f in KV_USAGE if selected.get(f)), None)
     if kv_family:
-        fields["kv_usage"] = _gauge(selected[kv_family][-1].value)
+        fields["kv_usage"] = gauge_value(selected[kv_family][-1].value)
     # V0's spec counters are sums of cumulative totals (PR #15415 never merged): never read them.
     return EngineSample(ts=ts, engine_kind="vllm-v0", acceptance_source="lifetime_gauge", model_name=model,
                         engine_version=version, speculation_enabled=True, num_speculative_tokens=None,
                         engines=(EngineCounters(engine="0", **fields),))
 
 
-def _add(fields: dict, name: str, sample: Sample, counter: bool = True) -> None:
+# ----------------------------------------------------------------------- sample arithmetic (SGLang's map uses it too)
+def sum_into(fields: dict, name: str, sample: Sample, counter: bool = True) -> None:
     """Sum the samples that land on one field; one unusable sample makes the field None (absent beats wrong)."""
-    value = _counter(sample.value) if counter else _gauge(sample.value)
+    value = counter_value(sample.value) if counter else gauge_value(sample.value)
     if name not in fields:
         fields[name] = value
     elif fields[name] is None or value is None:
@@ -135,16 +136,17 @@ def _add(fields: dict, name: str, sample: Sample, counter: bool = True) -> None:
         fields[name] += value
 
 
-def _counter(value: float) -> float | None:
+def counter_value(value: float) -> float | None:
     """A counter value, or None when it cannot be one (NaN, infinite, negative): absent beats wrong."""
     return value if math.isfinite(value) and value >= 0 else None
 
 
-def _gauge(value: float) -> float | None:
+def gauge_value(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _numeric_key(label: str) -> tuple[int, float | str]:
+def label_sort_key(label: str) -> tuple[int, float | str]:
+    """Numeric labels ("2" < "10") first, in numeric order; any others after, in text order."""
     try:
         return (0, float(label))
     except ValueError:
