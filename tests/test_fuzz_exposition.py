@@ -25,15 +25,15 @@ from specwatch.sources.base import SourceError
 
 exposition = pytest.importorskip("specwatch.sources.exposition", reason="the exposition parser is not in this build")
 engines = pytest.importorskip("specwatch.sources.engines", reason="engine sources are not in this build")
+vllm_source = pytest.importorskip("specwatch.sources.vllm")
+sglang_source = pytest.importorskip("specwatch.sources.sglang")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WATCHDOG_SECONDS = 5.0
 FUZZ = settings(max_examples=150, deadline=1000, suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True, database=None)
-SPEC_FAMILIES = {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos",
-                 "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "sglang:spec_accept_length", "sglang:num_running_reqs"}
+# What the engine sources ask the parser for: the fuzz exercises the lines that are really parsed.
+WANTED = sorted(vllm_source.WANTED | sglang_source.WANTED)
 ROUTE_CONFIG = parse_config({"gpu": {"enabled": "false"},
                              "routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics"}]})
 
@@ -58,7 +58,7 @@ def watchdog(seconds: float = WATCHDOG_SECONDS) -> Iterator[None]:
 
 def seed_corpus() -> list[bytes]:
     """Real captures (engine fixtures), else the simulator's expositions, which copy the engines' names."""
-    corpus = [p.read_bytes() for p in sorted(FIXTURES.glob("*/*")) if p.suffix in (".prom", ".txt", "")]
+    corpus = [p.read_bytes() for p in sorted(FIXTURES.glob("*/*.prom"))]
     if corpus:
         return corpus
     from specwatch.simulator.metrics_sglang import SglangMetrics
@@ -72,7 +72,7 @@ CORPUS = seed_corpus()
 def parse_or_clear_error(data: bytes | str) -> Any:
     with watchdog():
         try:
-            return exposition.parse(data, SPEC_FAMILIES)
+            return exposition.parse(data, WANTED)
         except exposition.ExpositionError as exc:
             assert str(exc), "the error says what is wrong"
             return exc
@@ -87,7 +87,7 @@ def engine_sample_or_source_error(kind: str, data: bytes) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- strategies
-NAMES = st.sampled_from(sorted(SPEC_FAMILIES) + ["vllm:other", "sglang:other", "go_gc", "a", "vllm_spec_x"])
+NAMES = st.sampled_from(WANTED + ["vllm:other", "sglang:other", "go_gc", "a", "vllm_spec_decode_num_drafts"])
 LABEL_VALUE = st.lists(st.sampled_from(list('ab0"\\\n{}=,# \t') + ["\\\"", "\\\\", "\\n", "é"]),
                        max_size=12).map("".join)
 VALUE = st.sampled_from(["1", "0", "-1", "1.5e3", "NaN", "+Inf", "-Inf", "1e400", "0x10", "", "1 2",
@@ -96,7 +96,7 @@ VALUE = st.sampled_from(["1", "0", "-1", "1.5e3", "NaN", "+Inf", "-Inf", "1e400"
 
 @st.composite
 def exposition_like_line(draw: Any) -> str:
-    name = draw(NAMES) + draw(st.sampled_from(["", "_total", "_created", "_bucket", "_sum", "_count", "{", "}"]))
+    name = draw(NAMES) + draw(st.sampled_from(["", "", "_total", "_created", "_bucket", "_sum", "_count", "{", "}"]))
     kind = draw(st.integers(0, 5))
     if kind == 0:
         return f"# {draw(st.sampled_from(['TYPE', 'HELP', 'EOF', 'UNIT', '']))} {name} {draw(st.text(max_size=10))}"
@@ -180,3 +180,53 @@ def test_pathological_sizes_finish_quickly():
     deep_escapes = b'vllm:num_requests_running{engine="' + b"\\\\" * 200_000 + b'"} 1\n'
     for data in (long_line, many_labels, deep_escapes, b"\n" * 1_000_000, b"#" * 1_000_000):
         parse_or_clear_error(data)
+
+
+# --------------------------------------------------------------------------------------------- differential
+LABEL_NAMES = st.sampled_from(["engine", "model_name", "position", "dp_rank", "le", "a_b", "_x", "Z9"])
+ANY_LABEL_VALUE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=16)
+ANY_VALUE = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**53, 2**53).map(float)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@st.composite
+def well_formed_exposition(draw: Any) -> tuple[str, set[str]]:
+    """A valid text-format exposition mixing wanted families with others; returns it and the wanted names."""
+    from prometheus_client.utils import floatToGoString
+
+    lines: list[str] = []
+    names = draw(st.lists(st.sampled_from(WANTED + ["vllm:other_total", "go_gc_duration_seconds"]), unique=True,
+                          min_size=1, max_size=6))
+    for name in names:
+        lines += [f"# HELP {name} {_escape(draw(st.text(max_size=20)))}",
+                  f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}"]
+        label_sets = draw(st.lists(st.dictionaries(LABEL_NAMES, ANY_LABEL_VALUE, max_size=3), max_size=4,
+                                   unique_by=lambda d: tuple(sorted(d.items()))))
+        for labels in label_sets:
+            body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{body}}} {floatToGoString(draw(ANY_VALUE))}" if body else
+                         f"{name} {floatToGoString(draw(ANY_VALUE))}")
+    return "\n".join(lines) + "\n", {n for n in names if n in WANTED}
+
+
+def _comparable(samples: Any) -> list[tuple[str, tuple, str]]:
+    return sorted((s.name, tuple(sorted(s.labels.items())), repr(s.value)) for s in samples)
+
+
+@FUZZ
+@given(well_formed_exposition())
+def test_well_formed_expositions_parse_like_prometheus_client(case):
+    text, wanted = case
+    ours = parse_or_clear_error(text)
+    assert not isinstance(ours, Exception), ours
+    reference: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            reference.setdefault(sample.name, []).append(sample)
+    for name in wanted:
+        theirs = reference.get(name, [])
+        mine = ours[name].samples if name in ours else []
+        assert _comparable(mine) == _comparable(theirs), name
