@@ -128,6 +128,14 @@ def capture_one(fx: Fixture, out: Path, argv: list[str]) -> None:
         print(f"wrote {path} ({path.stat().st_size} bytes)")
 
 
+def _shown(path: Path) -> str:
+    """The path as the header records it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(SCRIPT.parent.parent))
+    except ValueError:
+        return str(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=SCRIPT.parent.parent / "tests" / "fixtures")
@@ -140,7 +148,7 @@ def main() -> int:
     names = args.names or list(FIXTURES)
     if args.in_child:
         fx = FIXTURES[names[0]]
-        capture_one(fx, args.out, [f"--out {args.out}", fx.name])
+        capture_one(fx, args.out, [f"--out {_shown(args.out)}", fx.name])
         return 0
     for name in names:
         env = dict(os.environ)
