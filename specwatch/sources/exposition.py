@@ -102,7 +102,7 @@ def parse(text: str | bytes, wanted: Iterable[str]) -> dict[str, Family]:
         end = text.find("\n", m.end())
         line = text[m.start(1):end if end != -1 else len(text)].rstrip()
         if line[0] == "#":
-            _parse_comment(line, _lineno(text, m.start() + 1), metadata, families)
+            _parse_comment(line, text, m.start() + 1, metadata, families)
         else:
             _parse_sample(line, text, m.start() + 1, samples, families)
     return families
@@ -138,7 +138,7 @@ def _trie_pattern(words: Iterable[str]) -> str:
 
 
 def _lineno(text: str, pos: int) -> int:
-    """1-based line number of `pos` in the "\n"-prefixed text."""
+    """1-based line number of `pos` in the newline-prefixed text (computed only for error messages)."""
     return text.count("\n", 0, pos)
 
 
@@ -172,7 +172,8 @@ def _family(families: dict[str, Family], name: str) -> Family:
     return fam
 
 
-def _parse_comment(line: str, lineno: int, metadata: Mapping[str, str], families: dict[str, Family]) -> None:
+def _parse_comment(line: str, text: str, pos: int, metadata: Mapping[str, str],
+                   families: dict[str, Family]) -> None:
     parts = line.split(None, 3)
     family = metadata.get(parts[2])
     if family is None:
@@ -181,7 +182,7 @@ def _parse_comment(line: str, lineno: int, metadata: Mapping[str, str], families
     fam = _family(families, family)
     if parts[1] == "TYPE":
         if rest not in _TYPES:
-            raise ExpositionError(lineno, f"unknown metric type {rest!r} for {parts[2]}")
+            raise ExpositionError(_lineno(text, pos), f"unknown metric type {rest!r} for {parts[2]}")
         fam.type = "unknown" if rest == "untyped" else rest
     else:
         fam.help = _unescape_help(rest) if "\\" in rest else rest

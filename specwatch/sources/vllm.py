@@ -68,7 +68,7 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
         counters.append(EngineCounters(engine=engine, accepted_per_pos=positions, **fields))
     return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none",
                         model_name=model, engine_version=version, speculation_enabled=spec_on,
-                        num_speculative_tokens=k if spec_on else None, engines=tuple(counters))
+                        num_speculative_tokens=(k or None) if spec_on else None, engines=tuple(counters))
 
 
 def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
@@ -81,11 +81,17 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
             return None
         return out.setdefault(engine, {})
 
-    for family, field_name in (*COUNTERS.items(), (CREATED, "created")):
+    for family, field_name in COUNTERS.items():
         for sample in selected.get(family, ()):
             fields = slot(sample)
             if fields is not None:
-                sum_into(fields, field_name, sample, counter=field_name != "created")
+                sum_into(fields, field_name, sample)
+    for sample in selected.get(CREATED, ()):
+        fields = slot(sample)
+        created = gauge_value(sample.value)
+        if fields is not None and created is not None:
+            # A timestamp, never summed (summing _created with counters was vLLM PR #41916's bug).
+            fields["created"] = max(created, fields.get("created") or created)
     for family, field_name in GAUGES.items():
         for sample in selected.get(family, ()):
             fields = slot(sample)
@@ -125,9 +131,9 @@ def _v0_sample(selected: Mapping[str, list[Sample]], ts: float, model: str, vers
 
 
 # ----------------------------------------------------------------------- sample arithmetic (SGLang's map uses it too)
-def sum_into(fields: dict, name: str, sample: Sample, counter: bool = True) -> None:
-    """Sum the samples that land on one field; one unusable sample makes the field None (absent beats wrong)."""
-    value = counter_value(sample.value) if counter else gauge_value(sample.value)
+def sum_into(fields: dict, name: str, sample: Sample) -> None:
+    """Sum the counter samples that land on one field; one unusable sample makes it None (absent beats wrong)."""
+    value = counter_value(sample.value)
     if name not in fields:
         fields[name] = value
     elif fields[name] is None or value is None:
