@@ -94,7 +94,8 @@ def _header(fx: Fixture, argv: list[str]) -> str:
         f"k={fx.k}" if fx.engine.startswith("vllm") else f"steps={fx.k} draft_tokens={fx.k + 1}")
     lines = [
         _engine_line(fx),
-        f"torch: {_version('torch')}, prometheus_client {_version('prometheus_client')}, python {sys.version.split()[0]}",
+        f"torch: {_version('torch')}, prometheus_client {_version('prometheus_client')}, "
+        f"python {sys.version.split()[0]}",
         f"driver: {_DRIVERS[fx.engine]}",
         f"capture: scripts/capture_fixtures.py {' '.join(argv)}",
         f"args: engines={fx.engines} tp={fx.tp} {spec} model_name={fx.model} "

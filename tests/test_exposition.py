@@ -58,7 +58,8 @@ def test_histogram_samples_gather_into_their_family():
 
 
 def test_label_escapes_special_values_and_timestamps():
-    text = ('# HELP m A \\\\ path\\nnext line\nm{a="q\\"uote",b="back\\\\slash",c="new\\nline",d=""} NaN 1700000000000\n'
+    text = ('# HELP m A \\\\ path\\nnext line\n'
+            'm{a="q\\"uote",b="back\\\\slash",c="new\\nline",d=""} NaN 1700000000000\n'
             'm{a="x"} +Inf\nm{a="y"} -Inf\nm{a="z",} 1.5e-3\n')
     fam = parse(text, {"m"})["m"]
     assert fam.help == "A \\ path\nnext line"

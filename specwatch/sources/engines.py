@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,16 +22,24 @@ from specwatch.sources.http import HttpFetcher
 
 log = logging.getLogger(__name__)
 
-# kind -> (the families to parse, the extraction, the version endpoint path and its JSON key)
-ENGINES: Mapping[str, tuple[frozenset[str], Callable[..., EngineSample], tuple[tuple[str, str], ...]]] = {
-    "vllm": (vllm.WANTED, vllm.extract, (("/version", "version"),)),
-    "sglang": (sglang.WANTED, sglang.extract, (("/get_server_info", "version"), ("/server_info", "version"))),
+@dataclass(frozen=True)
+class EngineKind:
+    wanted: frozenset[str]  # the families to parse out of /metrics
+    extract: Callable[..., EngineSample]  # (families, match, engines, ts, version) -> EngineSample
+    version_endpoints: tuple[tuple[str, str], ...]  # (path beside /metrics, JSON key), tried in order
+
+
+ENGINES: Mapping[str, EngineKind] = {
+    "vllm": EngineKind(vllm.WANTED, vllm.extract, (("/version", "version"),)),
+    # SGLang answers on one of these two paths depending on the release; both carry `version`.
+    "sglang": EngineKind(sglang.WANTED, sglang.extract,
+                         (("/get_server_info", "version"), ("/server_info", "version"))),
 }
 _KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(vllm|sglang)[:_]", re.M)
 
 
 def detect_kind(body: str | bytes) -> str | None:
-    """"vllm" or "sglang" from the first engine-prefixed line; None when neither appears."""
+    """The engine kind ("vllm" or "sglang") of the first engine-prefixed line; None when neither appears."""
     data = body.encode("utf-8", "replace") if isinstance(body, str) else bytes(body)
     m = _KIND_RE.search(data)
     return m.group(1).decode() if m else None
@@ -51,10 +59,10 @@ def parse_engine_sample(kind: str, body: str | bytes, route: RouteConfig, now: f
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
-    wanted, extract, _ = ENGINES[kind]
-    families = _parse_or_raise(body, wanted)
+    engine = ENGINES[kind]
+    families = _parse_or_raise(body, engine.wanted)
     _reject_duplicates(families)
-    return extract(families, route.match, route.engines, now, version)
+    return engine.extract(families, route.match, route.engines, now, version)
 
 
 def _parse_or_raise(body: str | bytes, wanted: frozenset[str]) -> dict[str, Family]:
@@ -112,7 +120,7 @@ class HttpEngineSource:
 
     def _fetch_version(self, engine_kind: str) -> str:
         """The engine's version from its info endpoint; "" when unavailable (never fails the scrape)."""
-        endpoints = ENGINES["vllm" if engine_kind.startswith("vllm") else "sglang"][2]
+        endpoints = ENGINES["vllm" if engine_kind.startswith("vllm") else "sglang"].version_endpoints
         for path, key in endpoints:
             url = self.route.version_url or _sibling_url(self.route.url, path)
             try:
