@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.sources.exposition import ExpositionError, parse
@@ -127,3 +130,17 @@ def test_faster_than_prometheus_client_on_a_full_vllm_exposition():
     reference = best(lambda: list(text_string_to_metric_families(text)), 5)
     # ~30x on a quiet machine (the target is 10x); assert a margin that a loaded CI box cannot break.
     assert reference / ours > 5, f"ours {ours * 1e3:.2f} ms vs prometheus_client {reference * 1e3:.2f} ms"
+
+
+@given(st.lists(st.tuples(st.text(max_size=12), st.floats(allow_nan=False, width=32)), min_size=1, max_size=6,
+                unique_by=lambda t: t[0]))
+@settings(max_examples=60, deadline=None)
+def test_round_trip_of_anything_prometheus_client_renders(series):
+    """Label values with quotes, backslashes, newlines or any Unicode come back exactly as they went out."""
+    registry = CollectorRegistry()
+    gauge = Gauge("spec_x", "Help with \\ and\nnewline.", ["v"], registry=registry)
+    for label, value in series:
+        gauge.labels(v=label).set(value)
+    fam = parse(generate_latest(registry), {"spec_x"})["spec_x"]
+    assert fam.help == "Help with \\ and\nnewline."
+    assert {s.labels["v"]: s.value for s in fam.samples} == dict(series)

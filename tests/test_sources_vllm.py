@@ -117,6 +117,7 @@ def test_errors_have_reasons():
 # ------------------------------------------------------------------------------------------------- HTTP
 TIMEOUT = 0.5
 GOOD, _ = fixture("v1_k1_1engine")
+SGLANG = (FIXTURES.parent / "sglang" / "0.5.23_dp2.prom").read_bytes()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -138,6 +139,10 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/version":
             self.server.version_calls += 1
             self.send(200, b'{"version": "0.33.0"}', "application/json")
+        elif path == "/get_server_info":  # SGLang's; the server also answers vLLM's /version above
+            self.send(200, b'{"version": "0.5.23", "tp_size": 1}', "application/json")
+        elif path == "/sglang/metrics":
+            self.send(200, SGLANG)
         elif path == "/gzip/metrics":
             body = gzip.compress(GOOD)
             self.send_response(200)
@@ -224,6 +229,11 @@ def test_http_good_scrape_fetches_the_version_once_and_again_after_a_restart(ser
     finally:
         server.body = GOOD
         source.close()
+
+
+def test_http_sglang_is_detected_and_its_version_read_from_server_info(server):
+    result, _ = scrape(f"{server.url}/sglang/metrics")
+    assert (result.engine_kind, result.engine_version, len(result.engines)) == ("sglang", "0.5.23", 2)
 
 
 def test_http_gzip_body_is_decoded(server):
