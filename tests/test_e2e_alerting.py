@@ -17,9 +17,12 @@ What is not the production path, and why:
   group_wait/group_interval of 1s.
 - The daemon runs with the fake NVML of tests/fake_nvml.py (one H200) in place of the `pynvml` module, so the
   GPU panels have data on a machine without a GPU; everything else in the daemon is the real `specwatch run`.
-- Detection warm-up and guards are shortened in the daemon's config so the test takes about a minute.
+- The daemon evaluates every second, with baselines pinned in its config (no warm-up) and short guards
+  (`min_duration`, `confirm_window`); the detector itself is the production one.
+- The simulators run 3x faster than real time.
 
-Everything listens on free loopback ports and the whole test is bounded (about 2 minutes at most).
+Everything listens on free loopback ports. A run takes about 1.5-2.5 minutes (the detector weighs evidence in
+1-minute blocks); every wait is bounded, so a failure ends within about 3 minutes.
 """
 
 from __future__ import annotations
@@ -50,11 +53,16 @@ from specwatch.mixin.settings import DEFAULT
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
-# Injected faults, in simulated seconds = wall seconds (time scale 1) since the simulators started.
-DROP_AT_SECONDS = 45.0  # chat: acceptance x0.7
-BUMP_AT_SECONDS = 30.0  # rag: model bump to BUMPED_MODEL, acceptance x0.7
+# The simulators run TIME_SCALE x faster than real time, so an injected change works through the requests in
+# flight within seconds; fault times below are wall seconds after the simulators started.
+TIME_SCALE = 3
+DROP_AT_SECONDS = 15.0  # chat: acceptance x0.7
+BUMP_AT_SECONDS = 10.0  # rag: model bump to BUMPED_MODEL, acceptance x0.7
+BENIGN_BUMP_AT_SECONDS = 8.0  # code: model bump that keeps acceptance
 BUMPED_MODEL = "llama-3.1-8b-draft-v3"
-PAGE_DEADLINE_SECONDS = 75.0  # after a fault: detector guards + `for` + Alertmanager grouping, with slack
+# After a fault: the detector weighs evidence in 1-minute blocks (the unit its overdispersion is fitted on), so
+# up to two blocks, then its guards, `for:` and Alertmanager's grouping, with slack for a loaded CI machine.
+PAGE_DEADLINE_SECONDS = 140.0
 EVALUATION_INTERVAL_SECONDS = 1.0
 # Every simulated route drafts k=4 tokens with a conditional acceptance of 0.7 per position, an acceptance rate
 # of (0.7 + 0.7^2 + 0.7^3 + 0.7^4) / 4 = 0.443, pinned in the config (a learned baseline needs minutes of
@@ -174,19 +182,20 @@ def _scenarios(workdir: Path) -> tuple[Path, Path, Path]:
     drop = workdir / "chat-drop.yaml"
     drop.write_text(yaml.safe_dump({
         "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
-        "events": [{"at": f"{DROP_AT_SECONDS:g}s", "type": "acceptance", "factor": 0.7}],
+        "events": [{"at": f"{DROP_AT_SECONDS * TIME_SCALE:g}s", "type": "acceptance", "factor": 0.7}],
     }))
     steady = workdir / "code-steady.yaml"
     steady.write_text(yaml.safe_dump({
         "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
         # A model bump that keeps acceptance: a model change annotation, and no page.
-        "events": [{"at": "25s", "type": "model_bump", "model_name": "llama-3.1-8b-v2", "acceptance_factor": 1.0}],
+        "events": [{"at": f"{BENIGN_BUMP_AT_SECONDS * TIME_SCALE:g}s", "type": "model_bump",
+                    "model_name": "llama-3.1-8b-v2", "acceptance_factor": 1.0}],
     }))
     bump = workdir / "rag-bump.yaml"
     bump.write_text(yaml.safe_dump({
         "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
         # A model bump that makes drafting worse: pages as "after a model change", naming the new model.
-        "events": [{"at": f"{BUMP_AT_SECONDS:g}s", "type": "model_bump", "model_name": BUMPED_MODEL,
+        "events": [{"at": f"{BUMP_AT_SECONDS * TIME_SCALE:g}s", "type": "model_bump", "model_name": BUMPED_MODEL,
                     "acceptance_factor": 0.7}],
     }))
     return drop, steady, bump
@@ -252,13 +261,11 @@ def stack(tmp_path_factory):
     procs = Processes(workdir)
     try:
         drop, steady, bump = _scenarios(workdir)
-        cli = [sys.executable, "-m", "specwatch"]
-        procs.start("sim-chat", [*cli, "simulate", "--engine", "vllm", "--dp", "2", "--seed", "1",
-                                 "--port", str(ports["chat"]), "--scenario", str(drop), "--time-scale", "1"])
-        procs.start("sim-code", [*cli, "simulate", "--engine", "vllm", "--seed", "2",
-                                 "--port", str(ports["code"]), "--scenario", str(steady), "--time-scale", "1"])
-        procs.start("sim-rag", [*cli, "simulate", "--engine", "vllm", "--seed", "3",
-                                "--port", str(ports["rag"]), "--scenario", str(bump), "--time-scale", "1"])
+        simulate = [sys.executable, "-m", "specwatch", "simulate", "--engine", "vllm", "--time-scale", str(TIME_SCALE)]
+        procs.start("sim-chat", [*simulate, "--dp", "2", "--seed", "1", "--port", str(ports["chat"]),
+                                 "--scenario", str(drop)])
+        procs.start("sim-code", [*simulate, "--seed", "2", "--port", str(ports["code"]), "--scenario", str(steady)])
+        procs.start("sim-rag", [*simulate, "--seed", "3", "--port", str(ports["rag"]), "--scenario", str(bump)])
         for route in ("chat", "code", "rag"):
             _wait_until(f"the {route} simulator", lambda: _answers(f"http://127.0.0.1:{ports[route]}/metrics"),
                         30, procs)
@@ -272,8 +279,8 @@ def stack(tmp_path_factory):
                                      f"--storage.path={workdir / 'alertmanager-data'}",
                                      f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
                                      "--cluster.listen-address="])
-        procs.start("prometheus", [binaries["prometheus"],
-                                   f"--config.file={_prometheus_config(workdir, ports['daemon'], ports['alertmanager'])}",
+        prometheus_config = _prometheus_config(workdir, ports["daemon"], ports["alertmanager"])
+        procs.start("prometheus", [binaries["prometheus"], f"--config.file={prometheus_config}",
                                    f"--storage.tsdb.path={workdir / 'prometheus-data'}",
                                    f"--web.listen-address=127.0.0.1:{ports['prometheus']}"])
         prometheus = f"http://127.0.0.1:{ports['prometheus']}"

@@ -40,7 +40,8 @@ def fleet_group(s: Settings) -> dict[str, Any]:
     ]
     for w in s.fleet_windows:
         rules += [
-            _rule(DRAFT_TOKENS_RATE.format(w=w), f"sum by (route) (rate(specwatch_route_draft_tokens_total{sel}[{w}]))"),
+            _rule(DRAFT_TOKENS_RATE.format(w=w),
+                  f"sum by (route) (rate(specwatch_route_draft_tokens_total{sel}[{w}]))"),
             _rule(ACCEPTED_TOKENS_RATE.format(w=w),
                   f"sum by (route) (rate(specwatch_route_accepted_tokens_total{sel}[{w}]))"),
             _rule(DRAFTS_RATE.format(w=w), f"sum by (route) (rate(specwatch_route_drafts_total{sel}[{w}]))"),
