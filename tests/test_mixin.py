@@ -146,6 +146,8 @@ def test_runbook_has_no_orphan_sections(rule_groups):
 def test_alertmanager_example_routes_and_inhibits(files):
     am = yaml.safe_load(files[render.ALERTMANAGER_PATH])
     assert am["route"]["group_by"] == ["route"]
+    self_route = next(r for r in am["route"]["routes"] if 'route=""' in r["matchers"])
+    assert self_route["group_by"] == ["alertname", "job", "instance"]
     receivers = {r["name"] for r in am["receivers"]}
     assert {DEFAULT.page_receiver, DEFAULT.ticket_receiver} == receivers
     blind = am["inhibit_rules"][0]
@@ -167,6 +169,8 @@ def test_amtool_accepts_the_example_and_routes_pages_and_tickets_apart():
     assert receiver("alertname=SpecwatchAcceptanceDegraded", "severity=critical", "route=chat") == \
         DEFAULT.page_receiver
     assert receiver("alertname=SpecwatchRouteAboveCrossover", "severity=warning", "route=chat") == \
+        DEFAULT.ticket_receiver
+    assert receiver("alertname=SpecwatchGpuLost", "severity=warning", "instance=node-1:9448", "gpu=1") == \
         DEFAULT.ticket_receiver
 
 

@@ -59,6 +59,9 @@ def alertmanager_document(s: Settings = DEFAULT) -> dict[str, Any]:
             "repeat_interval": "12h",
             "routes": [
                 {"receiver": s.page_receiver, "matchers": [f'severity="{alerts.PAGE}"'], "repeat_interval": "1h"},
+                # Alerts about specwatch itself or a GPU carry no route: one ticket per alert and node instead.
+                {"receiver": s.ticket_receiver, "matchers": [f'severity="{alerts.TICKET}"', 'route=""'],
+                 "group_by": ["alertname", *s.node_labels]},
                 {"receiver": s.ticket_receiver, "matchers": [f'severity="{alerts.TICKET}"']},
             ],
         },
