@@ -29,8 +29,6 @@ from specwatch.simulator.demo import daemon_config, load_demo_plan, simulation_s
 from specwatch.simulator.launch import start_inprocess
 from specwatch.simulator.server import RunningSimulator
 
-log = logging.getLogger(__name__)
-
 NON_TTY_PRINT_EVERY_SECONDS = 15.0  # scripted runs: a table every so often, not a redraw every second
 
 

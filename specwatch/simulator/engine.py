@@ -16,7 +16,6 @@ Nothing here knows a metric format: the engine reports steps and finished reques
 from __future__ import annotations
 
 import itertools
-import logging
 import random
 import threading
 from collections import deque
@@ -26,8 +25,6 @@ from typing import Mapping, Protocol
 from specwatch.simulator.clock import SimClock
 from specwatch.simulator.speculation import AcceptanceProfile, AcceptanceSampler
 from specwatch.simulator.steptime import StepTimeModel, step_seconds
-
-log = logging.getLogger(__name__)
 
 _MIN_SLEEP_REAL_SECONDS = 0.001  # below this, run the next step now rather than pay a thread wake-up
 _IDLE_POLL_REAL_SECONDS = 0.05

@@ -47,7 +47,6 @@ _ROUTING_BUCKETS = (("0", "1"), ("1", "2"), ("2", "3"), ("3", "5"), ("5", "7"), 
                     ("20", "50"), ("50", "100"), ("100", "200"), ("200", "+Inf"))
 _STAGES = ("recv_requests", "process_input_requests", "get_next_batch_to_run", "run_batch", "process_batch_result",
            "process_queue", "sanity_check_cache", "idle", "other")
-_STREAMING = (("false",), ("true",))
 
 
 @dataclass(frozen=True)

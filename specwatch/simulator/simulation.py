@@ -8,6 +8,7 @@ model bumps, load ramps, restarts, outages).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -129,7 +130,7 @@ class Simulation:
             "sim_time": self.clock.now(),
             "offered_concurrency": self._offered or 0.0,
             "down": self.down,
-            "engines": [e.__dict__ for e in engines],
+            "engines": [dataclasses.asdict(e) for e in engines],
         }
 
     # ------------------------------------------------------------------ scenario
