@@ -206,3 +206,14 @@ def test_acceptance_change_takes_effect():
     assert rate == pytest.approx(0.3, abs=0.015)
     with pytest.raises(ValueError):
         engine.set_profile(AcceptanceProfile.iid(0.7, 3))
+
+
+def test_the_documented_scenario_example_parses():
+    import yaml
+
+    from specwatch.simulator import scenario
+
+    doc = scenario.__doc__
+    example = doc[doc.index("```yaml") + len("```yaml"):doc.index("```", doc.index("```yaml") + 3)]
+    sc = parse_scenario(yaml.safe_load(example))
+    assert {e.type for e in sc.events} == set(scenario.EVENT_TYPES)

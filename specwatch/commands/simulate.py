@@ -48,7 +48,11 @@ def build_spec(args: argparse.Namespace, scenario: Scenario) -> SimulationSpec:
     """Merge command-line flags (when given) over the scenario's setup over the defaults."""
     k = args.k if args.k is not None else (scenario.k if scenario.k is not None else 4)
     if args.acceptance:
-        values = [float(v) for v in args.acceptance.split(",")]
+        try:
+            values = [float(v) for v in args.acceptance.split(",")]
+        except ValueError:
+            raise ValueError(f"--acceptance: want ALPHA or k comma-separated values in 0-1, got {args.acceptance!r}") \
+                from None
         acceptance: float | tuple[float, ...] = values[0] if len(values) == 1 else tuple(values)
     else:
         acceptance = scenario.acceptance if scenario.acceptance is not None else 0.7
