@@ -51,8 +51,8 @@ def build_spec(args: argparse.Namespace, scenario: Scenario) -> SimulationSpec:
         try:
             values = [float(v) for v in args.acceptance.split(",")]
         except ValueError:
-            raise ValueError(f"--acceptance: want ALPHA or k comma-separated values in 0-1, got {args.acceptance!r}") \
-                from None
+            raise ValueError("--acceptance: want ALPHA or k comma-separated values in 0-1, "
+                             f"got {args.acceptance!r}") from None
         acceptance: float | tuple[float, ...] = values[0] if len(values) == 1 else tuple(values)
     else:
         acceptance = scenario.acceptance if scenario.acceptance is not None else 0.7
