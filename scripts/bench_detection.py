@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kappa", type=float, default=30.0, help="request heterogeneity (Beta concentration)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tier", action="append", choices=list(TIERS), help="only these tiers (repeatable)")
-    p.add_argument("--sensitivity-kappa", type=float, default=100.0,
-                   help="also run the 1 req/min tier with this (less heterogeneous) κ; 0 to skip")
+    p.add_argument("--sensitivity-kappa", type=float, default=0.0,
+                   help="also run the 1 req/min tier with this κ (e.g. 100: less heterogeneous traffic)")
     p.add_argument("--cusum-threshold", type=float, help="override detection.cusum_threshold (tuning)")
     p.add_argument("--write", type=Path, help="replace the Detection section of this markdown file")
     args = p.parse_args(argv)

@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.detection.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRatio, Sprt
-from specwatch.detection.overdispersion import DispersionEstimator
+from specwatch.detection.overdispersion import DispersionEstimator, DispersionModel
 from specwatch.detection.wilson import wilson_bounds
-from specwatch.detectors.acceptance_drop import STORE_KEY, AcceptanceDropEvaluator, build_evaluator
+from specwatch.detectors.acceptance_drop import (BUSY_TOKENS_PER_SECOND, MIN_ADAPTED_THRESHOLD, STORE_KEY,
+                                                 AcceptanceDropEvaluator, TrafficRate, adapted_threshold,
+                                                 build_evaluator)
 from specwatch.detectors.base import EvaluatorContext
 from specwatch.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
@@ -43,9 +45,12 @@ def test_sprt_thresholds_are_walds() -> None:
 
 
 def test_llr_sign_and_overdispersion_scaling() -> None:
-    llr = LogLikelihoodRatio.between(0.475, 0.425, phi=1.0)
+    llr = LogLikelihoodRatio.between(0.475, 0.425, 1.0)
     assert llr(47.5, 100) < 0 < llr(40, 100)
-    assert LogLikelihoodRatio.between(0.475, 0.425, phi=10.0)(40, 100) == pytest.approx(llr(40, 100) / 10)
+    assert LogLikelihoodRatio.between(0.475, 0.425, 10.0)(40, 100) == pytest.approx(llr(40, 100) / 10)
+    # a design effect that grows with the interval: a long interval weighs less per token than a short one
+    line = LogLikelihoodRatio.between(0.475, 0.425, DispersionModel(10.0, 0.04))
+    assert line(400, 1000) == pytest.approx(llr(400, 1000) / 50) and line(40, 100) == pytest.approx(llr(40, 100) / 14)
     with pytest.raises(ValueError):
         LogLikelihoodRatio.between(0.4, 0.5, 1.0)
 
@@ -71,6 +76,51 @@ def test_dispersion_is_one_for_binomial_and_large_for_clustered_traffic() -> Non
         clustered.add(t, sum(sum(rng.random() < r for _ in range(100)) for r in rates), 400)
     assert binomial.estimate() == pytest.approx(1.0, abs=0.3)
     assert clustered.estimate() > 5  # 1 + (100 - 1) x ICC (≈ 0.09): about 10
+
+
+def test_dispersion_model_separates_request_heterogeneity_from_block_size() -> None:
+    """Blocks of one request each: its own rate varies (sd 0.1) however long it is, so φ grows with D."""
+    rng = random.Random(5)
+    est = DispersionEstimator(block_seconds=0)
+    for t in range(3000):
+        drafted = rng.choice((100, 300, 1000, 3000))
+        rate = min(0.95, max(0.05, rng.gauss(0.5, 0.1)))
+        est.add(t, sum(rng.random() < rate for _ in range(drafted)), drafted)
+    model = est.model()
+    # E[D (r_t - r)² / (r (1 - r))] = 1 + D x 0.01 / 0.25: intercept ≈ 1, slope ≈ 0.04 per token
+    assert model.slope == pytest.approx(0.04, rel=0.25) and model.intercept < 4
+    assert model.at(3000) > 3 * model.at(300)
+    # many small independent draws per block: no slope, the plain φ̂
+    binomial = DispersionEstimator(block_seconds=0)
+    for t in range(400):
+        n = rng.choice((200, 400, 800))
+        binomial.add(t, sum(rng.random() < 0.5 for _ in range(n)), n)
+    flat = binomial.model()
+    assert flat.at(200) == pytest.approx(1.0, abs=0.5) and flat.at(800) == pytest.approx(1.0, abs=0.5)
+
+
+def test_threshold_holds_false_alarms_per_hour_not_per_token() -> None:
+    assert adapted_threshold(10.0, None) == 10.0  # traffic not known yet: the busy route's h
+    assert adapted_threshold(10.0, 5 * BUSY_TOKENS_PER_SECOND) == 10.0  # never above the configured h
+    # ten times less traffic: one tenth of the tokens per hour, so e^h may be ten times smaller
+    assert adapted_threshold(10.0, BUSY_TOKENS_PER_SECOND / 10) == pytest.approx(10.0 - math.log(10))
+    assert adapted_threshold(10.0, 0.001) == MIN_ADAPTED_THRESHOLD
+    assert adapted_threshold(5.0, 1.0) == 5.0  # a configured h below the floor is kept, not raised
+
+
+def test_traffic_rate_averages_over_the_time_constant() -> None:
+    rate = TrafficRate(time_constant=3600.0)
+    assert rate.per_second(0.0, 60.0) is None
+    for t in range(0, 7200, 15):
+        rate.add(float(t), 150.0)  # 10 tokens/s
+    assert rate.per_second(7185.0, 60.0) == pytest.approx(10.0, rel=0.02)
+    assert rate.per_second(7185.0, 9000.0) is None  # not enough history for that
+    for t in range(7200, 7200 + 4 * 3600, 15):
+        rate.add(float(t), 15.0)  # then 1 token/s for four time constants
+    assert rate.per_second(7200.0 + 4 * 3600 - 15, 60.0) == pytest.approx(1.0, rel=0.3)
+    restored = TrafficRate(3600.0)
+    restored.restore(rate.to_json())
+    assert restored.per_second(20000.0, 60.0) == rate.per_second(20000.0, 60.0)
 
 
 # --------------------------------------------------------------------------- the evaluator
@@ -155,12 +205,15 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
     spec = TraceSpec(rate=1.0, duration=3.5 * 3600.0, seed=6,  # ends before adopt_after (1 h)
                      changes=(ModelChange(at=3 * 3600.0, model_name="m2"),))
     _, builder = _run(ev, spec)
-    before = ev.fields()
+    end = spec.start + spec.duration
+    before, threshold, rate_before = ev.fields(), ev.threshold(end), ev.traffic.per_second(end, 0.0)
     ev.close()  # flushes the state and closes the shared store
     ev2 = build_evaluator(_ctx(tmp_path), _route())
     assert ev2.key == BaselineKey("m2", "", 4) and ev2.reference.key.model_name == "model-a"
     assert ev2.fields()["model_changes_total"] == before["model_changes_total"] == 1.0
     assert ev2.fields()["baseline_ratio"] == before["baseline_ratio"]
+    now = spec.start + spec.duration
+    assert ev2.traffic.per_second(now, 0.0) == pytest.approx(rate_before) and ev2.threshold(now) == threshold
     ev2.close()
 
 
@@ -235,6 +288,41 @@ def test_small_benchmark_meets_the_acceptance_checks(tier: str) -> None:
     assert ours.detected == ours.drops == 3 and ours.in_target == 3
     assert ours.false_pages_drop == 0
     assert naive.drops == 3  # the naive rule ran on the same traces
+
+
+@pytest.mark.slow
+def test_small_benchmark_at_one_request_per_minute() -> None:
+    """The quiet tier: no false page and every drop paged while it lasts. Its p95 target (90 min) is missed in
+    the full benchmark (docs/benchmarks.md); three drops check only that detection stays under twice that."""
+    bench = _bench()
+    rate, target = bench.TIERS["1 req/min"]
+    ours, _ = bench.bench_tier(rate, target, route_days=5.0, drops=3, seed=11, config=Config(), kappa=30.0)
+    assert ours.pages_clean == 0 and ours.pages_small == 0 and ours.false_pages_drop == 0
+    assert ours.detected == ours.drops == 3
+    assert max(ours.detection) < 2 * target
+
+
+def test_version_one_store_gains_the_dispersion_columns(tmp_path: Path) -> None:
+    import sqlite3
+    path = tmp_path / "baselines.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE baselines (
+            route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
+            acceptance_ratio REAL NOT NULL, position_acceptance TEXT NOT NULL, mean_acceptance_length REAL,
+            overdispersion REAL NOT NULL, drafted_tokens REAL NOT NULL, source TEXT NOT NULL, pinned INTEGER NOT NULL,
+            created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (route, model_name, engine_version, k));
+        INSERT INTO baselines VALUES ('chat', 'm', '', 4, 0.5, '[]', 3.0, 30.0, 1e6, 'learned', 1, 1.0, 2.0);
+    """)
+    conn.commit()
+    conn.close()
+    store = BaselineStore(str(path))
+    old = store.get("chat", BaselineKey("m", "", 4))
+    assert old is not None and old.dispersion_model() == DispersionModel(30.0, 0.0)  # a plain φ, as before
+    store.put(dataclasses.replace(old, dispersion_intercept=9.0, dispersion_slope=0.04))
+    assert store.get("chat", BaselineKey("m", "", 4)).dispersion_model() == DispersionModel(9.0, 0.04)
+    assert store.errors == []
+    store.close()
 
 
 def test_a_reload_reopens_the_store_after_every_evaluator_closed(tmp_path: Path) -> None:

@@ -1,13 +1,16 @@
 """Sequential evidence that a Bernoulli rate fell from `r_ok` to `r_bad`, corrected for overdispersion.
 
 Drafted tokens are not independent trials (a rejection ends its step; requests differ), so each interval's
-log-likelihood ratio is divided by the design effect φ: n tokens carry the evidence of n / φ independent ones.
+log-likelihood ratio is divided by the design effect φ of an interval of its size (`DispersionModel`):
+n tokens carry the evidence of n / φ(n) independent ones.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from specwatch.detection.overdispersion import DispersionModel
 
 # Wald's thresholds for a bounded-error verdict after a model change (detection.md §6):
 # α = 1e-3 (false "regressed"), β = 0.05 (missed regression).
@@ -19,21 +22,23 @@ SPRT_LOWER = math.log(SPRT_BETA / (1 - SPRT_ALPHA))  # ≈ -3.0: accept "no regr
 
 @dataclass(frozen=True)
 class LogLikelihoodRatio:
-    """Per-token weights of ln P(data | r_bad) / P(data | r_ok), already divided by φ."""
+    """ln P(data | r_bad) / P(data | r_ok) of one interval, divided by the interval's design effect."""
 
-    accepted_weight: float
+    accepted_weight: float  # per accepted token, before the design effect
     rejected_weight: float
+    dispersion: DispersionModel
 
     @classmethod
-    def between(cls, r_ok: float, r_bad: float, phi: float) -> "LogLikelihoodRatio":
+    def between(cls, r_ok: float, r_bad: float, dispersion: DispersionModel | float) -> "LogLikelihoodRatio":
         if not 0.0 < r_bad < r_ok < 1.0:
             raise ValueError(f"need 0 < r_bad < r_ok < 1, got r_bad={r_bad!r}, r_ok={r_ok!r}")
-        phi = max(1.0, phi)
-        return cls(math.log(r_bad / r_ok) / phi, math.log((1.0 - r_bad) / (1.0 - r_ok)) / phi)
+        if not isinstance(dispersion, DispersionModel):
+            dispersion = DispersionModel(max(1.0, dispersion))
+        return cls(math.log(r_bad / r_ok), math.log((1.0 - r_bad) / (1.0 - r_ok)), dispersion)
 
     def __call__(self, accepted: float, drafted: float) -> float:
         rejected = max(0.0, drafted - accepted)
-        return accepted * self.accepted_weight + rejected * self.rejected_weight
+        return (accepted * self.accepted_weight + rejected * self.rejected_weight) / self.dispersion.at(drafted)
 
 
 @dataclass

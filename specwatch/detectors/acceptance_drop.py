@@ -6,9 +6,11 @@ Per route and cycle (docs/detection.md has the reasoning and the tuning guide):
    its overdispersion φ. It keeps refining on quiet traffic until `pin_drafted_tokens` or `pin_duration`,
    then it is pinned. A baseline pinned in the config is used as is.
 2. Evidence: a one-sided Bernoulli CUSUM between r_ok = (1 - drop/3) r0 and r_bad = (1 - drop) r0 (0.95 and
-   0.85 for drop 0.15), each interval's log-likelihood ratio divided by φ. r0 is first lowered by two of its
-   own standard errors, so a baseline learned from little traffic cannot page on its own noise.
-3. Page (`degraded`) when S >= h, the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
+   0.85 for drop 0.15), each interval's log-likelihood ratio divided by its design effect φ0 + β·D (one
+   request weighs as one request however long). r0 is first lowered by two of its own standard errors, so a
+   baseline learned from little traffic cannot page on its own noise.
+3. Page (`degraded`) when S >= h (h lowered on quiet routes so that false alarms per hour, not per token,
+   stay those of a busy route), the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
    and the short-window Wilson upper bound is below r_ok (the drop is still going on).
 4. Resolve when the short-window Wilson lower bound is above (1 - 2 drop/3) r0 (0.90 r0); S restarts at 0.
 5. Model change (new model, engine version or k): the old baseline stays the reference, a Wald SPRT on the
@@ -21,12 +23,14 @@ Cost per cycle: a few float operations; the store writes only on learning events
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.detection.cusum import Cusum, LogLikelihoodRatio, Sprt
+from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionModel
 from specwatch.detection.wilson import wilson_bounds
 from specwatch.detectors.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation
@@ -45,6 +49,21 @@ PIN_MIN_BLOCKS = 240
 # The confirmation window stretches back until it holds this many effective (drafted / φ) tokens, so that
 # on a quiet route it has the power to confirm a real drop instead of vetoing it on noise.
 CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
+# h bounds false alarms per φ-scaled token, so per hour they grow with traffic (detection.md §4). The configured
+# `cusum_threshold` is h for a route drafting this many tokens per second or more; a quieter route uses
+# h - ln(BUSY_TOKENS_PER_SECOND / rate), which keeps its expected false alarms per hour those of the busy
+# route, but never less than MIN_ADAPTED_THRESHOLD (min_drafted_tokens and the confirmation guard the rest).
+BUSY_TOKENS_PER_SECOND = 300.0
+MIN_ADAPTED_THRESHOLD = 6.0
+TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)
+
+
+def adapted_threshold(h: float, tokens_per_second: float | None) -> float:
+    """h for a route drafting `tokens_per_second` on average (None: not known yet, so the busy route's h)."""
+    if tokens_per_second is None or tokens_per_second >= BUSY_TOKENS_PER_SECOND:
+        return h
+    lowered = h - math.log(BUSY_TOKENS_PER_SECOND / max(tokens_per_second, 1e-9))
+    return min(h, max(MIN_ADAPTED_THRESHOLD, lowered))
 
 
 def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDropEvaluator":
@@ -60,10 +79,75 @@ class _Test:
     """The hypotheses derived from one reference baseline."""
 
     llr: LogLikelihoodRatio
-    h: float
     r_ok: float  # still acceptable: (1 - drop/3) r0'
     r_resolve: float  # back to normal: (1 - 2 drop/3) r0'
-    phi: float
+    dispersion: DispersionModel
+
+    def effective_tokens(self, window: "ShortWindow") -> float:
+        """Independent-token equivalent of the window: (Σ D)² / Σ D·φ(D), the n of its Wilson bounds."""
+        m = self.dispersion
+        weighted = m.intercept * window.drafted + m.slope * window.drafted_sq
+        return window.drafted * window.drafted / weighted if weighted > 0 else 0.0
+
+
+class TrafficRate:
+    """Drafted tokens per second, exponentially averaged over `time_constant` seconds."""
+
+    def __init__(self, time_constant: float = TRAFFIC_TIME_CONSTANT) -> None:
+        self.time_constant = time_constant
+        self.start: float | None = None
+        self.last: float | None = None
+        self.decayed_tokens = 0.0  # Σ D_i e^{-(last - t_i) / τ}
+
+    def add(self, now: float, drafted: float) -> None:
+        if self.start is None:
+            self.start = self.last = now
+        if now > self.last:
+            self.decayed_tokens *= math.exp(-(now - self.last) / self.time_constant)
+            self.last = now
+        self.decayed_tokens += max(0.0, drafted)
+
+    def per_second(self, now: float, min_seconds: float) -> float | None:
+        """The average rate, or None before `min_seconds` of history."""
+        if self.start is None or self.last is None or now - self.start < max(min_seconds, 1.0):
+            return None
+        span = self.time_constant * (1.0 - math.exp(-(now - self.start) / self.time_constant))
+        return self.decayed_tokens * math.exp(-(now - self.last) / self.time_constant) / span
+
+    def to_json(self) -> list[float | None]:
+        return [self.start, self.last, self.decayed_tokens]
+
+    def restore(self, raw: list[Any]) -> None:
+        start, last, tokens = raw
+        self.start = None if start is None else float(start)
+        self.last = None if last is None else float(last)
+        self.decayed_tokens = float(tokens)
+
+
+class OpenBlock:
+    """Intervals merged into blocks of at least `seconds` (the same blocks the dispersion model is fitted on)."""
+
+    def __init__(self, seconds: float = BLOCK_SECONDS) -> None:
+        self.seconds = seconds
+        self.clear()
+
+    def add(self, now: float, accepted: float, drafted: float) -> tuple[float, float, float] | None:
+        """Add an interval; return (start, accepted, drafted) of the block it closed, if any."""
+        if drafted <= 0:
+            return None
+        if self.start is None:
+            self.start = now
+        self.accepted += accepted
+        self.drafted += drafted
+        if now - self.start < self.seconds:
+            return None
+        closed = (self.start, self.accepted, self.drafted)
+        self.clear()
+        return closed
+
+    def clear(self) -> None:
+        self.start: float | None = None
+        self.accepted = self.drafted = 0.0
 
 
 class ShortWindow:
@@ -74,12 +158,14 @@ class ShortWindow:
         self._items: deque[tuple[float, float, float]] = deque()
         self.accepted = 0.0
         self.drafted = 0.0
+        self.drafted_sq = 0.0  # Σ D_t² of the intervals, for the window's effective size
 
     def add(self, now: float, accepted: float, drafted: float) -> None:
         if drafted > 0:
             self._items.append((now, accepted, drafted))
             self.accepted += accepted
             self.drafted += drafted
+            self.drafted_sq += drafted * drafted
         items = self._items
         while len(items) > 1:
             ts, a, d = items[0]
@@ -88,12 +174,13 @@ class ShortWindow:
                 items.popleft()
                 self.accepted -= a
                 self.drafted -= d
+                self.drafted_sq = max(0.0, self.drafted_sq - d * d)
             else:
                 break
 
     def clear(self) -> None:
         self._items.clear()
-        self.accepted = self.drafted = 0.0
+        self.accepted = self.drafted = self.drafted_sq = 0.0
 
     def ratio(self) -> float | None:
         return self.accepted / self.drafted if self.drafted > 0 else None
@@ -117,6 +204,8 @@ class AcceptanceDropEvaluator:
         self.model_changes_total = 0
         self.last_model_change: float | None = None
         self.window = ShortWindow(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
+        self.traffic = TrafficRate()
+        self.block = OpenBlock()
         self._test: _Test | None = None
         self._restore()
         store.register(self.route, self.persisted_state)
@@ -160,6 +249,7 @@ class AcceptanceDropEvaluator:
     # ------------------------------------------------------------------ the cycle
     def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float]) -> None:
         self.window.add(now, accepted, drafted)
+        self.traffic.add(now, drafted)
         if drafted <= 0:
             return
         if self.reference is None:
@@ -170,14 +260,17 @@ class AcceptanceDropEvaluator:
             self.learner.add(now, accepted, drafted, drafts, per_pos)
             return
         test = self._test
-        llr = test.llr(accepted, drafted)
-        self.cusum.update(llr, drafted, now)
-        if self.sprt is not None:
-            self.sprt.update(llr, drafted)
+        block = self.block.add(now, accepted, drafted)
+        if block is not None:  # evidence is weighed per block, the unit its design effect was fitted on
+            block_start, block_accepted, block_drafted = block
+            llr = test.llr(block_accepted, block_drafted)
+            self.cusum.update(llr, block_drafted, block_start)
+            if self.sprt is not None:
+                self.sprt.update(llr, block_drafted)
         own_key = self.reference.key == self.key
         # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
         # after a model change the new key learns from everything, since that is what `accept` adopts.
-        if not own_key or (not self.degraded and self.cusum.statistic < test.h / 2):
+        if not own_key or (not self.degraded and self.cusum.statistic < self.threshold(now) / 2):
             self.learner.add(now, accepted, drafted, drafts, per_pos)
         self._decide(now, test)
         if own_key:
@@ -185,11 +278,17 @@ class AcceptanceDropEvaluator:
         else:
             self._maybe_adopt(now)
 
+    def threshold(self, now: float) -> float:
+        """h for this route now: the configured h, lowered on a quiet route (see `adapted_threshold`)."""
+        return adapted_threshold(self.cfg.cusum_threshold, self.traffic.per_second(now, self.cfg.warmup_seconds))
+
     def _decide(self, now: float, test: _Test) -> None:
-        lower, upper = wilson_bounds(self.window.accepted / test.phi, self.window.drafted / test.phi)
+        window = self.window
+        n_eff = test.effective_tokens(window)
+        lower, upper = wilson_bounds(n_eff * window.accepted / window.drafted if window.drafted > 0 else 0.0, n_eff)
         if not self.degraded:
             c, cfg = self.cusum, self.cfg
-            by_cusum = (c.statistic >= test.h and c.excursion_seconds(now) >= cfg.min_duration_seconds
+            by_cusum = (c.statistic >= self.threshold(now) and c.excursion_seconds(now) >= cfg.min_duration_seconds
                         and c.excursion_tokens >= cfg.min_drafted_tokens)
             by_sprt = (self.sprt is not None and self.sprt.verdict == "regressed"
                        and self.sprt.tokens >= cfg.min_drafted_tokens)
@@ -211,15 +310,17 @@ class AcceptanceDropEvaluator:
         cfg, key = self.cfg, self.key
         assert key is not None
         if self.pinned is not None:
-            phi = self.pinned.overdispersion
+            phi, model = self.pinned.overdispersion, None
             if phi is None:
                 if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
                     return
                 phi = self.learner.dispersion.conservative_estimate() or 1.0
+                model = self.learner.dispersion.model()
             self._set_reference(Baseline(
                 route=self.route, key=key, acceptance_ratio=self.pinned.acceptance_ratio,
-                position_acceptance=self.pinned.position_acceptance, overdispersion=phi, source="config",
-                created=now, updated=now), persist=False)
+                position_acceptance=self.pinned.position_acceptance, overdispersion=phi,
+                dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
+                source="config", created=now, updated=now), persist=False)
         elif self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
             self._set_reference(self._learned(now, "learned", created=None), persist=True)
             log.info("route %s: learned baseline %.3f (φ %.1f) for %s", self.route,
@@ -272,8 +373,8 @@ class AcceptanceDropEvaluator:
             return
         phi = max(1.0, baseline.overdispersion)
         self.window.min_tokens = max(self.cfg.min_drafted_tokens, CONFIRM_MIN_EFFECTIVE_TOKENS * phi)
-        self._test = _Test(LogLikelihoodRatio.between(r_ok, r_bad, phi), self.cfg.cusum_threshold, r_ok, r_resolve,
-                           phi)
+        model = baseline.dispersion_model()
+        self._test = _Test(LogLikelihoodRatio.between(r_ok, r_bad, model), r_ok, r_resolve, model)
         if not keep_evidence:
             self.cusum.reset()
 
@@ -297,6 +398,7 @@ class AcceptanceDropEvaluator:
         self.key = key
         self.learner = BaselineLearner()
         self.window.clear()
+        self.block.clear()
         stored = self.store.get(self.route, key) if self.pinned is None else None
         log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-",
                  key.label())
@@ -313,6 +415,7 @@ class AcceptanceDropEvaluator:
         self.reference, self._test, self.sprt, self.degraded = None, None, None, False
         self.cusum.reset()
         self.window.clear()
+        self.block.clear()
         self.learner = BaselineLearner()
         if action == "accept" and self.key is not None:
             self._enter_key(self.key)  # the CLI has written the accepted baseline for the current key
@@ -330,6 +433,7 @@ class AcceptanceDropEvaluator:
             "sprt": [s.llr, s.tokens, s.verdict] if s is not None else None,
             "change_ts": self.change_ts,
             "degraded": self.degraded,
+            "traffic": self.traffic.to_json(),
             "model_changes_total": self.model_changes_total,
             "last_model_change": self.last_model_change,
         }
@@ -347,13 +451,16 @@ class AcceptanceDropEvaluator:
                 if state["sprt"] else None
             changes, last_change = int(state["model_changes_total"]), state["last_model_change"]
             degraded, change_ts = bool(state["degraded"]), state["change_ts"]
+            traffic = TrafficRate()
+            if state.get("traffic") is not None:  # absent in state saved before h adapted to traffic
+                traffic.restore(state["traffic"])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             self.store.errors.append(f"route {self.route}: unreadable detector state ({exc!r}); starting afresh")
             log.error("route %s: unreadable detector state (%r); starting afresh", self.route, exc)
             return
         self.key = key
         self.model_changes_total, self.last_model_change, self.change_ts = changes, last_change, change_ts
-        self.learner = learner
+        self.learner, self.traffic = learner, traffic
         if self.pinned is None and ref_key is not None:
             ref = self.store.get(self.route, ref_key)
             if ref is not None:

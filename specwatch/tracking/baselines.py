@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from specwatch.detection.overdispersion import DispersionEstimator
+from specwatch.detection.overdispersion import DispersionEstimator, DispersionModel
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,19 @@ SCHEMA_VERSION = 1
 COMMAND_POLL_SECONDS = 10.0
 SOURCES = ("learned", "config", "accepted", "adopted")
 
+# Columns added after schema version 1 shipped; a version-1 file gets them on open (ALTER TABLE ... ADD COLUMN).
+_ADDED_COLUMNS = (("dispersion_intercept", "REAL"), ("dispersion_slope", "REAL NOT NULL DEFAULT 0"))
+_BASELINE_COLUMNS = ("route, model_name, engine_version, k, acceptance_ratio, position_acceptance, "
+                     "mean_acceptance_length, overdispersion, drafted_tokens, source, pinned, created, updated, "
+                     "dispersion_intercept, dispersion_slope")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS baselines (
     route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
     acceptance_ratio REAL NOT NULL, position_acceptance TEXT NOT NULL, mean_acceptance_length REAL,
     overdispersion REAL NOT NULL, drafted_tokens REAL NOT NULL, source TEXT NOT NULL, pinned INTEGER NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL, dispersion_intercept REAL, dispersion_slope REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (route, model_name, engine_version, k));
 CREATE TABLE IF NOT EXISTS route_state (route TEXT PRIMARY KEY, state TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS commands (
@@ -66,12 +72,19 @@ class Baseline:
     acceptance_ratio: float
     position_acceptance: tuple[float, ...] = ()
     mean_acceptance_length: float | None = None
-    overdispersion: float = 1.0
+    overdispersion: float = 1.0  # mean design effect φ̄ (stderr of r0, window sizes, display)
+    # the design effect as a line in an interval's drafted tokens (detection/overdispersion.py); None: φ̄
+    dispersion_intercept: float | None = None
+    dispersion_slope: float = 0.0
     drafted_tokens: float = 0.0  # sample size behind the estimate; 0 for a configured baseline (exact)
     source: str = "learned"
     pinned: bool = True  # False while a learned baseline is still being refined
     created: float = 0.0
     updated: float = 0.0
+
+    def dispersion_model(self) -> DispersionModel:
+        intercept = self.overdispersion if self.dispersion_intercept is None else self.dispersion_intercept
+        return DispersionModel(max(1.0, intercept), max(0.0, self.dispersion_slope))
 
     def relative_stderr(self) -> float:
         """Standard error of acceptance_ratio relative to it, with n_eff = drafted / φ; 0 when exact."""
@@ -117,26 +130,33 @@ class BaselineLearner:
 
     def baseline(self, route: str, key: BaselineKey, now: float, source: str, pinned: bool,
                  created: float | None = None) -> Baseline:
+        model = self.dispersion.model()
         return Baseline(
             route=route, key=key, acceptance_ratio=self.accepted / self.drafted,
             position_acceptance=tuple(p / self.drafts for p in self.per_pos) if self.drafts > 0 else (),
             mean_acceptance_length=1.0 + self.accepted / self.drafts if self.drafts > 0 else None,
-            overdispersion=self.dispersion.conservative_estimate() or 1.0, drafted_tokens=self.drafted,
+            overdispersion=self.dispersion.conservative_estimate() or 1.0,
+            dispersion_intercept=model.intercept if model is not None else None,
+            dispersion_slope=model.slope if model is not None else 0.0, drafted_tokens=self.drafted,
             source=source, pinned=pinned, created=now if created is None else created, updated=now)
 
     def to_json(self) -> dict[str, Any]:
         d = self.dispersion
         return {"start": self.start, "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
                 "per_pos": self.per_pos, "dispersion": [d.blocks, d.sum_drafted, d.sum_accepted,
-                                                        d.sum_sq_over_drafted]}
+                                                        d.sum_sq_over_drafted, d.sum_drafted_sq,
+                                                        d.sum_accepted_sq, d.sum_cross]}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "BaselineLearner":
-        blocks, sum_d, sum_a, sum_sq = raw["dispersion"]
+        # state saved before the dispersion model has 4 sums: the model then falls back to a plain φ̂
+        blocks, sum_d, sum_a, sum_sq, *line = raw["dispersion"]
+        sum_dd, sum_aa, sum_ad = (float(x) for x in line) if len(line) == 3 else (0.0, 0.0, 0.0)
         return cls(start=raw["start"], drafts=float(raw["drafts"]), drafted=float(raw["drafted"]),
                    accepted=float(raw["accepted"]), per_pos=[float(x) for x in raw["per_pos"]],
                    dispersion=DispersionEstimator(blocks=int(blocks), sum_drafted=float(sum_d),
-                                                  sum_accepted=float(sum_a), sum_sq_over_drafted=float(sum_sq)))
+                                                  sum_accepted=float(sum_a), sum_sq_over_drafted=float(sum_sq),
+                                                  sum_drafted_sq=sum_dd, sum_accepted_sq=sum_aa, sum_cross=sum_ad))
 
 
 # --------------------------------------------------------------------------- the store
@@ -195,6 +215,10 @@ class BaselineStore:
                 if row is None or row[0] != "ok":
                     raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {row})")
             conn.executescript(_SCHEMA)
+            have = {row[1] for row in conn.execute("PRAGMA table_info(baselines)")}
+            for name, decl in _ADDED_COLUMNS:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE baselines ADD COLUMN {name} {decl}")
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         except sqlite3.Error:
             conn.close()
@@ -257,12 +281,12 @@ class BaselineStore:
     # ------------------------------------------------------------------ baselines
     def get(self, route: str, key: BaselineKey) -> Baseline | None:
         rows = self._run("reading a baseline", lambda c: c.execute(
-            "SELECT * FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=?",
+            f"SELECT {_BASELINE_COLUMNS} FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=?",
             (route, key.model_name, key.engine_version, key.k)).fetchall(), [])
         return _row_to_baseline(rows[0]) if rows else None
 
     def baselines(self, route: str | None = None) -> list[Baseline]:
-        sql, args = "SELECT * FROM baselines", ()
+        sql, args = f"SELECT {_BASELINE_COLUMNS} FROM baselines", ()
         if route is not None:
             sql, args = sql + " WHERE route=?", (route,)
         rows = self._run("listing baselines", lambda c: c.execute(sql + " ORDER BY route, updated", args)
@@ -272,10 +296,11 @@ class BaselineStore:
     def put(self, baseline: Baseline) -> bool:
         b = baseline
         return self._transaction("writing a baseline", lambda c: c.execute(
-            "INSERT OR REPLACE INTO baselines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (b.route, b.key.model_name, b.key.engine_version, b.key.k, b.acceptance_ratio,
              json.dumps(list(b.position_acceptance)), b.mean_acceptance_length, b.overdispersion,
-             b.drafted_tokens, b.source, int(b.pinned), b.created, b.updated)))
+             b.drafted_tokens, b.source, int(b.pinned), b.created, b.updated, b.dispersion_intercept,
+             b.dispersion_slope)))
 
     def delete(self, route: str, key: BaselineKey) -> bool:
         return self._transaction("deleting a baseline", lambda c: c.execute(
@@ -379,12 +404,14 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
 
 
 def _row_to_baseline(row: tuple) -> Baseline:
-    (route, model, version, k, ratio, positions, length, phi, drafted, source, pinned, created, updated) = row
+    (route, model, version, k, ratio, positions, length, phi, drafted, source, pinned, created, updated,
+     intercept, slope) = row
     try:
         pos = tuple(float(x) for x in json.loads(positions))
     except (ValueError, TypeError):
         pos = ()
     return Baseline(route=route, key=BaselineKey(model, version, int(k)), acceptance_ratio=float(ratio),
                     position_acceptance=pos, mean_acceptance_length=length, overdispersion=float(phi),
-                    drafted_tokens=float(drafted), source=source, pinned=bool(pinned), created=float(created),
+                    dispersion_intercept=None if intercept is None else float(intercept),
+                    dispersion_slope=float(slope or 0.0), drafted_tokens=float(drafted), source=source, pinned=bool(pinned), created=float(created),
                     updated=float(updated))
