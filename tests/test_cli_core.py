@@ -69,16 +69,16 @@ def test_status_table_shows_optional_columns_only_when_present():
         route("code", up=False, error_reason="timeout"),
     ))
     text = table_text(routes_document(plain))
-    assert "chat" in text and "0.610" in text and "2.80" in text and "12/0" in text
+    assert "chat" in text and "0.61 0.60 –" in text and "2.80" in text and "12/0" in text
     assert "DOWN timeout" in text
-    assert "baseline" not in text and "crossover" not in text
+    assert "baseline" not in text and "xover" not in text and "verdict" not in text
     full = Snapshot(timestamp=1.0, routes=(
         route("chat", up=True, acceptance_source="gauge", acceptance_ratio={"5m": 0.5}, baseline_ratio=0.7,
               drop_ratio=0.2857, degraded=True, batch_size=40.0, crossover_batch_size=32.0, above_crossover=True),
     ))
     text = table_text(routes_document(full)["routes"])  # the bare list works too
-    assert "baseline" in text and "28.6%" in text and "DEGRADED" in text
-    assert "crossover" in text and "ABOVE" in text and "0.500*" in text
+    assert "baseline" in text and "0.70 -28.6%" in text and "DEGRADED" in text
+    assert "40.0/32.0" in text and "ABOVE" in text and "– 0.50* –" in text
 
 
 def test_status_against_a_live_daemon(capsys):

@@ -54,17 +54,15 @@ def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | Non
 
 
 def _ratio(value: Any) -> str:
-    return f"{value:.3f}" if isinstance(value, (int, float)) else _DASH
+    return f"{value:.2f}" if isinstance(value, (int, float)) else _DASH
 
 
 def _number(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else _DASH
 
 
-def _flag(value: Any, yes: str, style: str) -> Text:
-    if value is None:
-        return Text(_DASH)
-    return Text(yes, style=style) if value else Text("no", style="green")
+def _cell(text: str) -> Text:
+    return Text(text, no_wrap=True, overflow="ellipsis")
 
 
 def _any(routes: Sequence[Mapping[str, Any]], *keys: str) -> bool:
@@ -74,8 +72,8 @@ def _any(routes: Sequence[Mapping[str, Any]], *keys: str) -> bool:
 def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Table:
     """A rich Table of routes, from the /api/v1/routes document (or its `routes` list).
 
-    Detection columns appear when any route has a baseline or a verdict, crossover columns when any has a
-    crossover or a batch size.
+    The baseline column appears when any route has a baseline or a verdict, batch/crossover when any has a
+    crossover or a batch size, and then a verdict column (DEGRADED, ABOVE the crossover, or ok).
     """
     doc = routes_json if isinstance(routes_json, Mapping) else {"routes": list(routes_json)}
     routes: list[Mapping[str, Any]] = [r for r in doc.get("routes", []) if isinstance(r, Mapping)]
@@ -86,23 +84,20 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
     crossover = _any(routes, "crossover_batch_size", "batch_size", "above_crossover")
 
     table = Table(title="specwatch routes", caption=caption, header_style="bold")
-    table.add_column("route", style="bold")
-    table.add_column("up")
-    table.add_column("engine")
-    table.add_column("model", overflow="fold", max_width=32)
-    for window in ("1m", "5m", "1h"):
-        table.add_column(f"accept {window}", justify="right")
-    table.add_column("mean len", justify="right")
-    table.add_column("k", justify="right")
-    table.add_column("run/wait", justify="right")
+    # One line per route. Numbers never shrink; when the terminal is narrow, engine and model are cut short.
+    table.add_column("route", style="bold", no_wrap=True)
+    table.add_column("up", no_wrap=True)
+    table.add_column("engine", max_width=22)
+    table.add_column("model", max_width=32)
+    numbers = ["accept 1m 5m 1h", "len", "k", "run/wait"]
     if detection:
-        table.add_column("baseline", justify="right")
-        table.add_column("drop", justify="right")
-        table.add_column("degraded")
+        numbers.append("baseline drop")
     if crossover:
-        table.add_column("batch", justify="right")
-        table.add_column("crossover", justify="right")
-        table.add_column("above")
+        numbers.append("batch/xover")
+    for header in numbers:
+        table.add_column(header, justify="right", no_wrap=True)
+    if detection or crossover:
+        table.add_column("verdict", no_wrap=True)
 
     for r in routes:
         ratios = r.get("acceptance_ratio") or {}
@@ -110,23 +105,26 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
         up = Text("up", style="green") if r.get("up") else Text(f"DOWN {r.get('error_reason') or ''}".strip(),
                                                                    style="bold red")
         engine = " ".join(x for x in (r.get("engine_kind"), r.get("engine_version")) if x) or _DASH
-        source = r.get("acceptance_source")
-        accept = [_ratio(ratios.get(w)) for w in ("1m", "5m", "1h")]
-        if source in ("gauge", "lifetime_gauge") and ratios:
-            accept = [f"{a}*" if a != _DASH else a for a in accept]  # * = from gauges, not counters
+        mark = "*" if r.get("acceptance_source") in ("gauge", "lifetime_gauge") else ""  # * = from gauges
+        accept = " ".join(_ratio(ratios[w]) + mark if w in ratios else _DASH for w in ("1m", "5m", "1h"))
         row: list[Any] = [
-            str(r.get("name", "?")), up, engine, r.get("model_name") or _DASH, *accept,
+            str(r.get("name", "?")), up, _cell(engine), _cell(r.get("model_name") or _DASH), accept,
             _number(lengths.get("5m", lengths.get("1m")), 2), _number(r.get("draft_length"), 1),
             f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
         ]
+        verdict = Text()
         if detection:
             drop = r.get("drop_ratio")
-            row += [_ratio(r.get("baseline_ratio")),
-                    f"{drop * 100:.1f}%" if isinstance(drop, (int, float)) else _DASH,
-                    _flag(r.get("degraded"), "DEGRADED", "bold red")]
+            row.append(f"{_ratio(r.get('baseline_ratio'))} "
+                       + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH))
+            if r.get("degraded"):
+                verdict.append("DEGRADED ", style="bold red")
         if crossover:
-            row += [_number(r.get("batch_size"), 1), _number(r.get("crossover_batch_size"), 1),
-                    _flag(r.get("above_crossover"), "ABOVE", "bold yellow")]
+            row.append(f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}")
+            if r.get("above_crossover"):
+                verdict.append("ABOVE ", style="bold yellow")
+        if detection or crossover:
+            row.append(verdict if verdict.plain else Text("ok", style="green") if r.get("up") else Text(_DASH))
         table.add_row(*row)
     return table
 
