@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from specwatch import __version__
@@ -29,7 +30,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or (with `only`) one whose single chosen subcommand has its arguments loaded, so a
+    command never imports another's dependencies (grafanalib, matplotlib, the simulator)."""
     parser = argparse.ArgumentParser(prog="specwatch",
                                      description="Speculative-decoding monitor for vLLM and SGLang inference nodes.")
     parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
@@ -39,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
+        if only is not None and name != only:
+            continue
         mod = _load(module)
         if mod is not None:
             mod.add_arguments(p)
@@ -54,8 +59,17 @@ def _load(module: str):
         raise
 
 
+def _chosen_command(argv: list[str]) -> str:
+    """The subcommand named on the command line ("" when none), found without importing any command."""
+    for arg in argv:
+        if arg in COMMANDS:
+            return arg
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=_chosen_command(argv))
     args = parser.parse_args(argv)
     level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,3 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.main(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: stop quietly, as Unix tools do (Python docs' recipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
