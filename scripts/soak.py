@@ -123,35 +123,44 @@ class SimulatedVllm:
 
     STEPS_PER_SECOND = 40.0
     BATCH = 24
+    # Re-render at most this often: 64 prometheus_client renders a second would need more than the one core the
+    # simulated engines get, and the daemon only needs counters that move between its cycles now and then.
+    REFRESH_SECONDS = 10.0
 
     def __init__(self, name: str, seed: int) -> None:
         from specwatch.simulator.metrics_vllm import VllmMetrics
 
         self.metrics = VllmMetrics(f"model-{name}", engines=2, k=K)
         self.rng = random.Random(seed)
-        self.last = time.monotonic()
+        self.last = time.monotonic() - self.REFRESH_SECONDS * self.rng.random()  # spread the refreshes
         self.lock = threading.Lock()
+        self.body = b""
 
     def render(self) -> bytes:
+        with self.lock:
+            if not self.body or time.monotonic() - self.last >= self.REFRESH_SECONDS:
+                self.body = self._advance()
+            return self.body
+
+    def _advance(self) -> bytes:
         from specwatch.simulator.engine import StepRecord
 
-        with self.lock:
-            now = time.monotonic()
-            elapsed, self.last = now - self.last, now
-            steps = max(1, round(elapsed * self.STEPS_PER_SECOND))
-            for engine in (0, 1):
-                drafts = steps * self.BATCH
-                per_pos = [round(drafts * p * self.rng.uniform(0.97, 1.03)) for p in POSITION_ACCEPTANCE]
-                accepted = sum(per_pos)
-                self.metrics.on_step(engine, StepRecord(
-                    now=now, duration=0.025, running=self.BATCH, waiting=self.rng.randrange(4),
-                    kv_usage=self.rng.uniform(0.2, 0.6), prompt_tokens=steps * 40, emitted_tokens=drafts + accepted,
-                    drafts=drafts, draft_tokens=K * drafts, accepted_tokens=accepted, accepted_per_pos=per_pos))
-                for _ in range(self.rng.randrange(1, 4)):  # a few finished requests fill the latency histograms
-                    self.metrics.on_finish(engine, SimpleNamespace(
-                        finish_reason="stop", arrival=now - 3.0, scheduled_at=now - 2.9, first_token_at=now - 2.7,
-                        generated=self.rng.randrange(50, 800), prompt_tokens=self.rng.randrange(100, 2000),
-                        max_tokens=1024), now)
+        now = time.monotonic()
+        elapsed, self.last = now - self.last, now
+        steps = max(1, round(elapsed * self.STEPS_PER_SECOND))
+        for engine in (0, 1):
+            drafts = steps * self.BATCH
+            per_pos = [round(drafts * p * self.rng.uniform(0.97, 1.03)) for p in POSITION_ACCEPTANCE]
+            accepted = sum(per_pos)
+            self.metrics.on_step(engine, StepRecord(
+                now=now, duration=0.025, running=self.BATCH, waiting=self.rng.randrange(4),
+                kv_usage=self.rng.uniform(0.2, 0.6), prompt_tokens=steps * 40, emitted_tokens=drafts + accepted,
+                drafts=drafts, draft_tokens=K * drafts, accepted_tokens=accepted, accepted_per_pos=per_pos))
+            for _ in range(self.rng.randrange(1, 4)):  # a few finished requests fill the latency histograms
+                self.metrics.on_finish(engine, SimpleNamespace(
+                    finish_reason="stop", arrival=now - 3.0, scheduled_at=now - 2.9, first_token_at=now - 2.7,
+                    generated=self.rng.randrange(50, 800), prompt_tokens=self.rng.randrange(100, 2000),
+                    max_tokens=1024), now)
         return self.metrics.render()
 
 

@@ -494,10 +494,14 @@ class FaultServer:
                                 return
                             self.wfile.write(bytes([char]))
                             self.wfile.flush()
-                    elif path == "/huge":
+                    elif path in ("/huge", "/huge_undeclared"):
                         self.send_response(200)
                         self.send_header("Content-Type", "text/plain")
-                        self.send_header("Content-Length", str(100 * 2**20))
+                        if path == "/huge":
+                            self.send_header("Content-Length", str(100 * 2**20))
+                        else:  # no length: the body ends when the connection closes, so only reading tells
+                            self.send_header("Connection", "close")
+                            self.close_connection = True
                         self.end_headers()
                         chunk = vllm_text().encode() * 64
                         sent = 0
@@ -609,9 +613,10 @@ def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
     assert took < HTTP_TIMEOUT + 1.0
 
 
-def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server):
+@pytest.mark.parametrize("path", ["/huge", "/huge_undeclared"])
+def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, path):
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result, took = scrape_once(engines, fault_server.url("/huge"), max_body_bytes=1 << 20, timeout="2s")
+    result, took = scrape_once(engines, fault_server.url(path), max_body_bytes=1 << 20, timeout="2s")
     assert isinstance(result, SourceError) and result.reason == "too_large"
     assert took < 2.0
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
