@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(only=_chosen_command(argv))
     args = parser.parse_args(argv)
     level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Under systemd the journal stamps every line itself (JOURNAL_STREAM is set), so leave the time out there.
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if not os.environ.get("JOURNAL_STREAM"):
+        fmt = "%(asctime)s " + fmt
+    logging.basicConfig(level=level, format=fmt)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

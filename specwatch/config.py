@@ -7,6 +7,7 @@ the whole config or keeps the old one.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ GPU_MODES = ("auto", "true", "false")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"
 DEFAULT_STATE_DIR = "/var/lib/specwatch"
+OTLP_GRPC_MODULE = "opentelemetry.exporter.otlp.proto.grpc"  # optional dependency, only for protocol: grpc
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -203,6 +205,13 @@ class _Checker:
             else:
                 out[k] = str(v)
         return out
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def parse_duration(value: Any) -> float | None:
@@ -394,6 +403,9 @@ def parse_config(raw: Any, source: str = "") -> Config:
                               protocol=c.string(o.get("protocol"), "otlp.protocol", "http/protobuf", OTLP_PROTOCOLS),
                               interval_seconds=c.duration(o.get("interval"), "otlp.interval", 60.0),
                               headers=c.string_map(o.get("headers"), "otlp.headers"))
+            if otlp.protocol == "grpc" and not _module_available(OTLP_GRPC_MODULE):
+                c.fail("otlp.protocol", "grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
+                                        "installed; install it or use protocol: http/protobuf")
 
     routes: list[RouteConfig] = []
     raw_routes = d.get("routes")
