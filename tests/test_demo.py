@@ -1,6 +1,6 @@
 """`specwatch demo`: the packaged plan, the daemon config it generates, and (e2e) the whole story on a
-real run: both routes up, the acceptance drop after the model bump, the ramped route above its crossover,
-and a clean exit on Ctrl-C."""
+real run: both routes up, the acceptance drop after the model bump, the ramped route above its crossover and
+back below it (hysteresis), and a clean exit on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -40,9 +40,11 @@ def test_packaged_plan_tells_the_story_within_two_minutes():
     code = by_name["code"].scenario
     b_star = route_crossover(specs["code"])
     assert code.concurrency_at(0) / by_name["code"].dp < b_star  # starts below its crossover ...
-    ramp_end = next(e.at + e.params["over"] for e in code.events if e.type == "load")
-    assert code.concurrency_at(ramp_end) / by_name["code"].dp > 1.5 * b_star  # ... and ends well above it
-    assert real(ramp_end) <= 75
+    ramp_up, ramp_down = [e for e in code.events if e.type == "load"]
+    up_end, down_end = ramp_up.at + ramp_up.params["over"], ramp_down.at + ramp_down.params["over"]
+    assert code.concurrency_at(up_end) / by_name["code"].dp > 1.5 * b_star  # ... goes well above it ...
+    assert code.concurrency_at(down_end) / by_name["code"].dp < 0.5 * b_star  # ... and back below the exit line
+    assert real(up_end) <= 45 and real(down_end) <= 75  # leaves time for the hysteresis hold within 120 s
 
 
 def test_generated_config_is_valid_and_uses_each_engines_own_crossover(tmp_path):
@@ -84,7 +86,7 @@ def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c(
                              "--web.listen-address", f"127.0.0.1:{port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = {"both_up": False, "first_model": None, "bumped": False, "degraded_after_bump": False,
-            "above_crossover": False}
+            "above_crossover": False, "back_below_crossover": False}
     deadline = time.monotonic() + 115
     try:
         while time.monotonic() < deadline and not all(seen.values()):
@@ -101,6 +103,8 @@ def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c(
                 seen["first_model"] = seen["first_model"] or chat["model_name"]
                 seen["bumped"] = seen["bumped"] or chat["model_name"] != seen["first_model"]
             seen["degraded_after_bump"] = seen["degraded_after_bump"] or (seen["bumped"] and bool(chat["degraded"]))
+            seen["back_below_crossover"] = seen["back_below_crossover"] or bool(
+                seen["above_crossover"] and code["above_crossover"] is False)
             seen["above_crossover"] = seen["above_crossover"] or bool(
                 code["above_crossover"] and code["batch_size"] > code["crossover_batch_size"])
     finally:
