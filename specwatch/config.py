@@ -430,18 +430,22 @@ def parse_config(raw: Any, source: str = "") -> Config:
                   max_body_bytes=max_body, routes=tuple(routes), gpu=gpu, otlp=otlp, detection=detection)
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML config file. Raises ConfigError (never a bare YAML or OS error)."""
-    path = str(path)
+def read_yaml_file(path: str) -> Any:
+    """A YAML document from a file; unreadable or invalid files raise ConfigError, never a bare OS/YAML error."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"cannot read file: {exc}"], path) from exc
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError([f"not valid YAML: {exc}"], path) from exc
-    return parse_config(raw, path)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file. Raises ConfigError listing every problem."""
+    path = str(path)
+    return parse_config(read_yaml_file(path), path)
 
 
 def summarize(cfg: Config) -> str:

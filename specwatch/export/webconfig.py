@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
-from specwatch.config import ConfigError
+from specwatch.config import ConfigError, read_yaml_file
 
 log = logging.getLogger(__name__)
 
@@ -325,12 +323,4 @@ def parse_web_config(raw: Any, path: str = "") -> WebConfig:
 def load_web_config(path: str | Path) -> WebConfig:
     """Read and validate a web config file. Raises ConfigError listing every problem."""
     path = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"cannot read file: {exc}"], path) from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"not valid YAML: {exc}"], path) from exc
-    return parse_web_config(raw, path)
+    return parse_web_config(read_yaml_file(path), path)
