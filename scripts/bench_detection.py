@@ -9,7 +9,7 @@ Per traffic tier (2 req/s, 0.2 req/s, 1 req/min):
 Both detectors see the same traces through the same replay path. The naive rule is "5-minute acceptance
 ratio <= 0.85 x baseline for 10 minutes", with the baseline specwatch learned, so only the rule differs.
 
-    .venv/bin/python scripts/bench_detection.py                # full run, prints the tables (a few minutes)
+    .venv/bin/python scripts/bench_detection.py                # full run, prints the tables (about 3 minutes)
     .venv/bin/python scripts/bench_detection.py --write docs/benchmarks.md
     .venv/bin/python scripts/bench_detection.py --quick        # a small version (tests use it)
 """
@@ -195,11 +195,13 @@ def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: 
     return ours, naive
 
 
-def markdown(results: list[tuple[str, float, Tally, Tally]], args: argparse.Namespace, seconds: float) -> str:
+def markdown(results: list[tuple[str, float, Tally, Tally]], args: argparse.Namespace, seconds: float,
+             cpu_seconds: float) -> str:
     cols = ["pages clean / 5%", "precision", "recall", "in target", "detect p50", "detect p95", "reset p50"]
     lines = [
         f"Measured with `.venv/bin/python scripts/bench_detection.py{' --quick' if args.quick else ''}` "
-        f"({seconds:.0f} s on {platform.machine()}, Python {platform.python_version()}, seed {args.seed}). "
+        f"({seconds:.0f} s wall, {cpu_seconds:.0f} s CPU on {platform.machine()}, Python "
+        f"{platform.python_version()}, seed {args.seed}). "
         f"SIMULATED traces from `specwatch.tracegen` (EAGLE-3 profile, k=4, request heterogeneity κ={args.kappa:g}, "
         f"300 output tokens per request, ±30% daily traffic swing, 15 s scrapes). Per tier: {args.route_days:g} "
         f"route-days without a drop, {args.route_days:g} route-days with a 5% drop, {args.drops} injected "
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Config()
     if args.cusum_threshold is not None:
         config = Config(detection=dataclasses.replace(config.detection, cusum_threshold=args.cusum_threshold))
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     results = []
     for tier in args.tier or list(TIERS):
         rate, target = TIERS[tier]
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         ours, naive = bench_tier(rate, target, args.route_days, args.drops, args.seed, config,
                                  args.sensitivity_kappa)
         results.append((f"1 req/min, κ={args.sensitivity_kappa:g}", target, ours, naive))
-    body = markdown(results, args, time.perf_counter() - started)
+    body = markdown(results, args, time.perf_counter() - started, time.process_time() - cpu_started)
     print(body)
     if args.write:
         write_section(args.write, body)

@@ -6,8 +6,8 @@ Per route and cycle (docs/detection.md has the reasoning and the tuning guide):
    its overdispersion φ. It keeps refining on quiet traffic until `pin_drafted_tokens` or `pin_duration`,
    then it is pinned. A baseline pinned in the config is used as is.
 2. Evidence: a one-sided Bernoulli CUSUM between r_ok = (1 - drop/3) r0 and r_bad = (1 - drop) r0 (0.95 and
-   0.85 for drop 0.15), each interval's log-likelihood ratio divided by its design effect φ0 + β·D (one
-   request weighs as one request however long). r0 is first lowered by two of its own standard errors, so a
+   0.85 for drop 0.15), each 1-minute block's log-likelihood ratio divided by its design effect φ0 + β·D
+   (one request weighs as one request however long). r0 is first lowered by two of its own standard errors, so a
    baseline learned from little traffic cannot page on its own noise.
 3. Page (`degraded`) when S >= h (h lowered on quiet routes so that false alarms per hour, not per token,
    stay those of a busy route), the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
@@ -52,7 +52,7 @@ CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
 # h bounds false alarms per φ-scaled token, so per hour they grow with traffic (detection.md §4). The configured
 # `cusum_threshold` is h for a route drafting this many tokens per second or more; a quieter route uses
 # h - ln(BUSY_TOKENS_PER_SECOND / rate), which keeps its expected false alarms per hour those of the busy
-# route, but never less than MIN_ADAPTED_THRESHOLD (min_drafted_tokens and the confirmation guard the rest).
+# route, but never less than MIN_ADAPTED_THRESHOLD: below it 5% drifts page at 1 req/min (detection.md §5).
 BUSY_TOKENS_PER_SECOND = 300.0
 MIN_ADAPTED_THRESHOLD = 6.0
 TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)

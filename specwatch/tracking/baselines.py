@@ -413,5 +413,5 @@ def _row_to_baseline(row: tuple) -> Baseline:
     return Baseline(route=route, key=BaselineKey(model, version, int(k)), acceptance_ratio=float(ratio),
                     position_acceptance=pos, mean_acceptance_length=length, overdispersion=float(phi),
                     dispersion_intercept=None if intercept is None else float(intercept),
-                    dispersion_slope=float(slope or 0.0), drafted_tokens=float(drafted), source=source, pinned=bool(pinned), created=float(created),
-                    updated=float(updated))
+                    dispersion_slope=float(slope or 0.0), drafted_tokens=float(drafted), source=source,
+                    pinned=bool(pinned), created=float(created), updated=float(updated))
