@@ -17,9 +17,9 @@ from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfi
 from specwatch.detection.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRatio, Sprt
 from specwatch.detection.overdispersion import DispersionEstimator, DispersionModel
 from specwatch.detection.wilson import wilson_bounds
-from specwatch.detectors.acceptance_drop import (BUSY_TOKENS_PER_SECOND, MIN_ADAPTED_THRESHOLD, STORE_KEY,
-                                                 AcceptanceDropEvaluator, TrafficRate, adapted_threshold,
-                                                 build_evaluator)
+from specwatch.detectors.acceptance_drop import (BUSY_EFFECTIVE_TOKENS_PER_SECOND, MIN_ADAPTED_THRESHOLD,
+                                                 STORE_KEY, AcceptanceDropEvaluator, TrafficRate,
+                                                 adapted_threshold, build_evaluator)
 from specwatch.detectors.base import EvaluatorContext
 from specwatch.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
@@ -101,11 +101,24 @@ def test_dispersion_model_separates_request_heterogeneity_from_block_size() -> N
 
 def test_threshold_holds_false_alarms_per_hour_not_per_token() -> None:
     assert adapted_threshold(10.0, None) == 10.0  # traffic not known yet: the busy route's h
-    assert adapted_threshold(10.0, 5 * BUSY_TOKENS_PER_SECOND) == 10.0  # never above the configured h
+    assert adapted_threshold(10.0, 5 * BUSY_EFFECTIVE_TOKENS_PER_SECOND) == 10.0  # never above the configured h
     # ten times less traffic: one tenth of the tokens per hour, so e^h may be ten times smaller
-    assert adapted_threshold(10.0, BUSY_TOKENS_PER_SECOND / 10) == pytest.approx(10.0 - math.log(10))
+    assert adapted_threshold(10.0, BUSY_EFFECTIVE_TOKENS_PER_SECOND / 10) == pytest.approx(10.0 - math.log(10))
     assert adapted_threshold(10.0, 0.001) == MIN_ADAPTED_THRESHOLD
-    assert adapted_threshold(5.0, 1.0) == 5.0  # a configured h below the floor is kept, not raised
+    assert adapted_threshold(5.0, 0.01) == 5.0  # a configured h below the floor is kept, not raised
+
+
+def test_quiet_route_uses_a_lower_threshold_busy_one_the_configured(tmp_path: Path) -> None:
+    h = FAST.cusum_threshold
+    for rate, quiet in ((2.0, False), (1 / 60, True)):
+        ev = build_evaluator(_ctx(tmp_path / str(rate)), _route())
+        spec = TraceSpec(rate=rate, duration=5 * 3600.0, seed=8)
+        _run(ev, spec)
+        effective = ev.traffic.per_second(spec.start + spec.duration, 0.0) / ev.reference.overdispersion
+        threshold = ev.threshold(spec.start + spec.duration)
+        assert threshold == adapted_threshold(h, effective)
+        assert (threshold < h) is quiet
+        ev.close()
 
 
 def test_traffic_rate_averages_over_the_time_constant() -> None:

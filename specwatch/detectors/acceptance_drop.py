@@ -49,20 +49,22 @@ PIN_MIN_BLOCKS = 240
 # The confirmation window stretches back until it holds this many effective (drafted / φ) tokens, so that
 # on a quiet route it has the power to confirm a real drop instead of vetoing it on noise.
 CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
-# h bounds false alarms per φ-scaled token, so per hour they grow with traffic (detection.md §4). The configured
-# `cusum_threshold` is h for a route drafting this many tokens per second or more; a quieter route uses
-# h - ln(BUSY_TOKENS_PER_SECOND / rate), which keeps its expected false alarms per hour those of the busy
-# route, but never less than MIN_ADAPTED_THRESHOLD: below it 5% drifts page at 1 req/min (detection.md §5).
-BUSY_TOKENS_PER_SECOND = 300.0
+# h bounds false alarms per effective (drafted / φ) token, so per hour they grow with traffic (detection.md §4).
+# The configured `cusum_threshold` is h for a route with this many effective tokens per second or more (about
+# 350 drafted tokens/s at φ 35); a quieter route uses h - ln(BUSY_EFFECTIVE_TOKENS_PER_SECOND / rate), which
+# keeps its expected false alarms per hour those of the busy route, but never less than MIN_ADAPTED_THRESHOLD:
+# below it 5% drifts page at 1 req/min (detection.md §5).
+BUSY_EFFECTIVE_TOKENS_PER_SECOND = 10.0
 MIN_ADAPTED_THRESHOLD = 6.0
 TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)
 
 
-def adapted_threshold(h: float, tokens_per_second: float | None) -> float:
-    """h for a route drafting `tokens_per_second` on average (None: not known yet, so the busy route's h)."""
-    if tokens_per_second is None or tokens_per_second >= BUSY_TOKENS_PER_SECOND:
+def adapted_threshold(h: float, effective_tokens_per_second: float | None) -> float:
+    """h for a route with this many effective tokens per second (None: not known yet, so the busy route's h)."""
+    rate = effective_tokens_per_second
+    if rate is None or rate >= BUSY_EFFECTIVE_TOKENS_PER_SECOND:
         return h
-    lowered = h - math.log(BUSY_TOKENS_PER_SECOND / max(tokens_per_second, 1e-9))
+    lowered = h - math.log(BUSY_EFFECTIVE_TOKENS_PER_SECOND / max(rate, 1e-9))
     return min(h, max(MIN_ADAPTED_THRESHOLD, lowered))
 
 
@@ -280,7 +282,10 @@ class AcceptanceDropEvaluator:
 
     def threshold(self, now: float) -> float:
         """h for this route now: the configured h, lowered on a quiet route (see `adapted_threshold`)."""
-        return adapted_threshold(self.cfg.cusum_threshold, self.traffic.per_second(now, self.cfg.warmup_seconds))
+        rate = self.traffic.per_second(now, self.cfg.warmup_seconds)
+        if rate is None or self.reference is None:
+            return self.cfg.cusum_threshold
+        return adapted_threshold(self.cfg.cusum_threshold, rate / max(1.0, self.reference.overdispersion))
 
     def _decide(self, now: float, test: _Test) -> None:
         window = self.window
