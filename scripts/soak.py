@@ -169,6 +169,8 @@ def serve_engines(routes: int, port: int) -> None:
     engines = {f"r{i:02d}": SimulatedVllm(f"r{i:02d}", seed=i) for i in range(routes)}
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn and SGLang's servers do
+
         def do_GET(self) -> None:  # noqa: N802 - stdlib naming
             parts = self.path.strip("/").split("/")
             engine = engines.get(parts[0]) if parts else None
