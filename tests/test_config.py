@@ -178,3 +178,14 @@ def test_config_error_message_lists_every_problem_with_the_file(tmp_path):
 def test_summarize_names_every_route():
     text = summarize(load_config(EXAMPLE))
     assert "3 route(s)" in text and all(name in text for name in ("chat:", "code:", "batch:"))
+
+
+def test_example_config_states_the_real_detection_defaults():
+    """examples/specwatch.yml promises "every key, with its default": its top-level detection section must
+    parse to exactly the DetectionConfig defaults, so the example cannot drift from the code."""
+    from pathlib import Path
+
+    from specwatch.config import DetectionConfig, load_config
+
+    example = load_config(Path(__file__).resolve().parent.parent / "examples" / "specwatch.yml")
+    assert example.detection == DetectionConfig()
