@@ -1,4 +1,4 @@
-"""Sliding windows over cumulative sums: a bounded ring of (ts, sums) points.
+"""Sliding windows over cumulative sums: a bounded ring of (ts, sums) points in flat numeric arrays.
 
 A window's value is the difference between the newest point and the point at or just before the window's
 start, the way Prometheus' `increase()` treats counters but without extrapolation. Ratios are then taken
@@ -6,22 +6,28 @@ of those differences (Δaccepted / Δdraft_tokens), never averaged from per-cycl
 
 When history is shorter than the window (the daemon started recently), the oldest point is used: a
 ratio over a shorter span is still a true ratio, and the 1h window is not left empty for an hour.
+
+Points are stored as rows of C doubles (`array('d')`), not as one `Sums` object each: an hour of 5 s points
+for one route is then about 70 KB instead of about 480 KB, which is most of the daemon's steady-state RSS
+with 64 routes (docs/benchmarks.md, Overhead). Every point keeps full resolution.
 """
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
-from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping
 
 from specwatch.snapshot import WINDOW_SECONDS
 
 # Beyond this many points the ring thins itself, so even a misconfigured 10 ms interval stays bounded.
 MAX_POINTS = 4096
+# Dropped rows are removed from the front of the arrays in batches of at least this many (one memmove).
+_COMPACT_ROWS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sums:
     """Cumulative sums of one route since tracking started; every field only grows.
 
@@ -46,17 +52,26 @@ class Sums:
         return _combine(self, other, -1.0)
 
 
+# The scalar fields in row order; a row is these followed by the per-position sums.
+_SCALARS = ("drafts", "draft_tokens", "accepted", "gauge_ratio_weight", "gauge_ratio_weighted",
+            "gauge_length_weight", "gauge_length_weighted")
+_NS = len(_SCALARS)
+
+
 def _combine(a: Sums, b: Sums, sign: float) -> Sums:
-    return Sums(**{f.name: _add_positions(a.per_pos, b.per_pos, sign) if f.name == "per_pos"
-                   else getattr(a, f.name) + sign * getattr(b, f.name) for f in fields(Sums)})
-
-
-def _timestamp(point: tuple[float, "Sums"]) -> float:
-    return point[0]
+    # Spelled out rather than looping over dataclasses.fields(): this runs several times per route and cycle.
+    return Sums(a.drafts + sign * b.drafts, a.draft_tokens + sign * b.draft_tokens, a.accepted + sign * b.accepted,
+                _add_positions(a.per_pos, b.per_pos, sign),
+                a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
+                a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
+                a.gauge_length_weight + sign * b.gauge_length_weight,
+                a.gauge_length_weighted + sign * b.gauge_length_weighted)
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:
     # k can grow (a reconfigured engine); a position not seen yet counts as 0.
+    if not b:
+        return a
     n = max(len(a), len(b))
     a = a + (0.0,) * (n - len(a))
     b = b + (0.0,) * (n - len(b))
@@ -64,50 +79,109 @@ def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> t
 
 
 class WindowRing:
-    """Cumulative `Sums` points over the longest window, with bounded memory."""
+    """Cumulative `Sums` points over the longest window, with bounded memory.
+
+    Rows live in three flat arrays: timestamps, values (`_NS` scalars then `_width - _NS` positions, a
+    position a point did not have stored as 0) and each point's own number of positions, so a point reads
+    back exactly as it was appended. Rows before `_first` have left the horizon and are dropped in batches.
+    """
 
     def __init__(self, horizon_seconds: float = max(WINDOW_SECONDS.values()), max_points: int = MAX_POINTS) -> None:
         self.horizon_seconds = horizon_seconds
         self.max_points = max_points
-        self._points: deque[tuple[float, Sums]] = deque()
+        self._ts = array("d")
+        self._values = array("d")
+        self._npos = array("H")
+        self._width = _NS
+        self._first = 0
+        self._cache: dict[float, tuple[Sums, float] | None] = {}  # window -> delta, until the next append
 
     def __len__(self) -> int:
-        return len(self._points)
+        return len(self._ts) - self._first
 
     @property
     def latest(self) -> Sums:
-        return self._points[-1][1] if self._points else Sums()
+        return self._row(len(self._ts) - 1) if len(self) else Sums()
 
     def append(self, ts: float, sums: Sums) -> None:
-        if self._points and ts <= self._points[-1][0]:
+        self._cache.clear()
+        if len(sums.per_pos) > self._width - _NS:
+            self._widen(len(sums.per_pos))
+        row = [getattr(sums, name) for name in _SCALARS]
+        row += sums.per_pos
+        row += (0.0,) * (self._width - len(row))
+        if len(self) and ts <= self._ts[-1]:
             # A clock step backwards (or a duplicate tick): replace rather than break time order.
-            self._points[-1] = (self._points[-1][0], sums)
+            self._values[-self._width:] = array("d", row)
+            self._npos[-1] = len(sums.per_pos)
             return
-        self._points.append((ts, sums))
+        self._ts.append(ts)
+        self._values.extend(row)
+        self._npos.append(len(sums.per_pos))
         # Keep one point at or before the horizon's start: it is the base of the longest window.
         start = ts - self.horizon_seconds
-        while len(self._points) >= 2 and self._points[1][0] <= start:
-            self._points.popleft()
-        if len(self._points) > self.max_points:
+        ts_col, last = self._ts, len(self._ts) - 1
+        while self._first < last and ts_col[self._first + 1] <= start:
+            self._first += 1
+        if len(self) > self.max_points:
             self._thin()
+        elif self._first >= max(_COMPACT_ROWS, len(self) // 8):
+            self._compact()
+
+    def _widen(self, positions: int) -> None:
+        old, width = self._width, _NS + positions
+        values = array("d")
+        for r in range(len(self._ts)):
+            values.extend(self._values[r * old:(r + 1) * old])
+            values.extend((0.0,) * (width - old))
+        self._values, self._width = values, width
+
+    def _compact(self) -> None:
+        n = self._first
+        del self._ts[:n]
+        del self._values[:n * self._width]
+        del self._npos[:n]
+        self._first = 0
 
     def _thin(self) -> None:
         # Drop every other point except the first and last; windows stay correct, only coarser at the base.
-        pts = list(self._points)
-        self._points = deque(pts[:1] + pts[1:-1:2] + pts[-1:])
+        self._compact()
+        n, w = len(self._ts), self._width
+        keep = [0, *range(1, n - 1, 2), n - 1]
+        self._ts = array("d", (self._ts[r] for r in keep))
+        self._npos = array("H", (self._npos[r] for r in keep))
+        values = array("d")
+        for r in keep:
+            values.extend(self._values[r * w:(r + 1) * w])
+        self._values = values
+
+    def _row(self, r: int) -> Sums:
+        w = self._width
+        v = self._values[r * w:r * w + _NS + self._npos[r]]
+        return Sums(v[0], v[1], v[2], tuple(v[_NS:]), v[3], v[4], v[5], v[6])
 
     def delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         """(newest - base, span in seconds) for a window ending at the newest point; None without two points."""
-        if len(self._points) < 2:
+        if window_seconds in self._cache:
+            return self._cache[window_seconds]
+        self._cache[window_seconds] = result = self._delta(window_seconds)
+        return result
+
+    def _delta(self, window_seconds: float) -> tuple[Sums, float] | None:
+        if len(self) < 2:
             return None
-        end_ts, end = self._points[-1]
-        start = end_ts - window_seconds
-        # Newest point at or before the window start (the oldest when history is shorter). Points are in strictly
-        # increasing time order, so a binary search replaces a scan of up to an hour of points per window.
-        base_ts, base = self._points[max(0, bisect_right(self._points, start, key=_timestamp) - 1)]
+        end = len(self._ts) - 1
+        end_ts = self._ts[end]
+        # Newest point at or before the window start (the oldest when history is shorter). Timestamps are
+        # strictly increasing, so a binary search replaces a scan of up to an hour of points per window.
+        base = max(self._first, bisect_right(self._ts, end_ts - window_seconds, self._first, end + 1) - 1)
+        base_ts = self._ts[base]
         if base_ts == end_ts:
             return None
-        return end.minus(base), end_ts - base_ts
+        w, vals = self._width, self._values
+        diff = [vals[end * w + i] - vals[base * w + i] for i in range(w)]
+        positions = diff[_NS:_NS + max(self._npos[end], self._npos[base])]
+        return Sums(diff[0], diff[1], diff[2], tuple(positions), diff[3], diff[4], diff[5], diff[6]), end_ts - base_ts
 
     def deltas(self, windows: Mapping[str, float] = WINDOW_SECONDS) -> dict[str, Sums]:
         out = {}
