@@ -11,7 +11,7 @@ cannot flap it.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Mapping, Sequence
 
 from specwatch.config import CrossoverConfig, RouteConfig
@@ -67,30 +67,51 @@ class TimeWeightedMean:
 
 
 class PositionWindow:
-    """Per-position acceptance over a trailing window from per-cycle deltas: p_j = sum accepted_j / sum drafts."""
+    """Per-position acceptance over a trailing window from per-cycle deltas: p_j = sum accepted_j / sum drafts.
+
+    Running sums are kept as deltas enter and leave, so a cycle costs O(k) rather than a pass over the
+    whole window. Deltas are token counts (integers in doubles), so adding and subtracting them is exact.
+    """
 
     def __init__(self, window_seconds: float) -> None:
         self.window = window_seconds
         self.deltas: deque[tuple[float, tuple[float, ...], float]] = deque()
+        self._accepted: list[float] = []  # per position, over the deltas in the window
+        self._drafts = 0.0
+        self._widths: Counter[int] = Counter()  # how many deltas in the window have each number of positions
 
     def add(self, ts: float, accepted_per_pos: Sequence[float], drafts: float) -> None:
         if drafts > 0 and accepted_per_pos:
-            self.deltas.append((ts, tuple(accepted_per_pos), drafts))
+            entry = (ts, tuple(accepted_per_pos), drafts)
+            self.deltas.append(entry)
+            self._count(entry, 1.0)
         while self.deltas and self.deltas[0][0] <= ts - self.window:
-            self.deltas.popleft()
+            self._count(self.deltas.popleft(), -1.0)
+        if not self.deltas:
+            self.clear()  # start again from exact zeros
+
+    def _count(self, entry: tuple[float, tuple[float, ...], float], sign: float) -> None:
+        _, accepted, drafts = entry
+        if len(accepted) > len(self._accepted):
+            self._accepted += [0.0] * (len(accepted) - len(self._accepted))
+        for j, a in enumerate(accepted):
+            self._accepted[j] += sign * a
+        self._drafts += sign * drafts
+        self._widths[len(accepted)] += int(sign)
+        if not self._widths[len(accepted)]:
+            del self._widths[len(accepted)]
 
     def clear(self) -> None:
         self.deltas.clear()
+        self._accepted, self._drafts = [], 0.0
+        self._widths.clear()
 
     def positions(self, k: int | None) -> tuple[float, ...]:
-        width = k or max((len(a) for _, a, _ in self.deltas), default=0)
-        drafts = sum(d for _, _, d in self.deltas)
+        width = k or max(self._widths, default=0)
+        drafts = self._drafts
         if drafts <= 0 or width == 0:
             return ()
-        sums = [0.0] * width
-        for _, accepted, _ in self.deltas:
-            for j, a in enumerate(accepted[:width]):
-                sums[j] += a
+        sums = self._accepted[:width] + [0.0] * (width - len(self._accepted))
         return tuple(min(1.0, s / drafts) for s in sums)
 
 
