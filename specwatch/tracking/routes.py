@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from specwatch.snapshot import WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState
@@ -222,7 +222,7 @@ class RouteTracker:
         obs, last = self._last_obs, self._last
         up = bool(obs and obs.up)
         totals = self._exported
-        base = RouteState(
+        base = dict(
             name=self.name, up=up, error_reason="" if up else error_reason,
             engine_kind=last.engine_kind if last else "", model_name=last.model_name if last else "",
             engine_version=last.engine_version if last else "",
@@ -232,14 +232,14 @@ class RouteTracker:
         )
         if not up or last is None:
             # Windowed values and gauges describe the present; while the source is down there is none.
-            return base
+            return RouteState(**base)
         detail = self._ring.delta(self.windows[DETAIL_WINDOW]) if DETAIL_WINDOW in self.windows else None
         d5 = detail[0] if detail else None
         positions: tuple[float, ...] = ()
         if d5 is not None and d5.drafts > 0:
             positions = tuple(max(0.0, p) / d5.drafts for p in d5.per_pos)
-        return replace(
-            base, acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._windowed(self._mean_length),
+        return RouteState(
+            **base, acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._windowed(self._mean_length),
             position_acceptance_ratio=positions,
             draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
             running_requests=_sum_present([e.running for e in last.engines]),
