@@ -109,9 +109,13 @@ def bench_parse() -> dict[str, Any]:
 
 
 def specwatch_parse_function() -> Callable[[bytes], Any]:
-    """Body bytes -> EngineSample through the vLLM source's own parse + extraction (no HTTP)."""
-    vllm = importlib.import_module("specwatch.sources.vllm")
-    return lambda body: vllm.parse_sample(body, now=0.0)
+    """Body bytes -> EngineSample through the engine source's own parse + extraction (all but the HTTP GET)."""
+    from specwatch.config import parse_config
+
+    engines = importlib.import_module("specwatch.sources.engines")
+    route = parse_config({"gpu": {"enabled": "false"}, "routes": [
+        {"name": "r", "engine": "vllm", "url": "http://127.0.0.1:9/metrics"}]}).routes[0]
+    return lambda body: engines.parse_engine_sample("vllm", body, route, 0.0)
 
 
 # ------------------------------------------------------------------------------------------ 2-4. the daemon
