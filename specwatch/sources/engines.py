@@ -3,12 +3,18 @@
 `make_source(route, config)` is what the daemon calls; `parse_engine_sample()` is the same extraction
 without HTTP, for the simulator, replay and benchmarks. Engine `auto` is resolved from the first
 exposition (`vllm:` vs `sglang:` families) and then kept.
+
+Routes on one URL (several models or DP engines behind one server, told apart by `match` / `engines`)
+share one `SharedEndpoint`: its /metrics is fetched and parsed once per cycle, and each route extracts
+its own series from the parsed families. A failed fetch fails every route on the endpoint with the same
+reason and message.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
@@ -51,6 +57,15 @@ def parse_engine_sample(kind: str, body: str | bytes, route: RouteConfig, now: f
 
     `kind` is "vllm", "sglang" or "auto" (detected from the body).
     """
+    kind, families = parse_families(kind, body)
+    return ENGINES[kind].extract(families, route.match, route.engines, now, version)
+
+
+def parse_families(kind: str, body: str | bytes) -> tuple[str, dict[str, Family]]:
+    """(the engine kind, its families) of one /metrics body, whatever route reads it. Raises SourceError only.
+
+    `kind` is "vllm", "sglang" or "auto" (detected from the body).
+    """
     if kind == "auto":
         detected = detect_kind(body)
         if detected is None:
@@ -59,10 +74,9 @@ def parse_engine_sample(kind: str, body: str | bytes, route: RouteConfig, now: f
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
-    engine = ENGINES[kind]
-    families = _parse_or_raise(body, engine.wanted)
+    families = _parse_or_raise(body, ENGINES[kind].wanted)
     _reject_duplicates(families)
-    return engine.extract(families, route.match, route.engines, now, version)
+    return kind, families
 
 
 def _parse_or_raise(body: str | bytes, wanted: frozenset[str]) -> dict[str, Family]:
@@ -83,23 +97,103 @@ def _reject_duplicates(families: Mapping[str, Family]) -> None:
             seen.add(key)
 
 
-class HttpEngineSource:
-    """The EngineSource for one route: GET /metrics, parse, extract; the engine version fetched rarely."""
+class SharedEndpoint:
+    """One /metrics URL, fetched and parsed at most once per cycle however many routes read it.
 
-    def __init__(self, route: RouteConfig, fetcher: HttpFetcher) -> None:
+    A reader gets the result already fetched for the same `now` unless it has read that one before (a
+    second call in one cycle, as after a retry, fetches afresh): so each route sees exactly one fetch per
+    call, and routes of one cycle share it. Fetches are serialized, so a hung endpoint holds one thread.
+    """
+
+    def __init__(self, url: str, fetcher: HttpFetcher) -> None:
+        self.url = url
+        self.fetcher = fetcher
+        self.users = 0  # sources holding it (the registry's reference count)
+        self._lock = threading.Lock()
+        self._now: float | None = None
+        self._readers: set[int] = set()
+        self._body: bytes | SourceError = b""
+        self._parsed: dict[str, tuple[str, dict[str, Family]] | SourceError] = {}
+
+    def families(self, reader: object, kind: str, now: float) -> tuple[str, dict[str, Family]]:
+        """(resolved kind, families) of this cycle's exposition for `reader`. Raises SourceError."""
+        with self._lock:
+            if now != self._now or id(reader) in self._readers:
+                self._now, self._readers, self._parsed = now, set(), {}
+                try:
+                    self._body = self.fetcher.get(self.url)
+                except SourceError as exc:
+                    self._body = exc
+            self._readers.add(id(reader))
+            if isinstance(self._body, SourceError):
+                raise _copy(self._body)
+            if kind == "auto":
+                kind = detect_kind(self._body) or "auto"
+            if kind not in self._parsed:
+                try:
+                    self._parsed[kind] = parse_families(kind, self._body)
+                except SourceError as exc:
+                    self._parsed[kind] = exc
+            parsed = self._parsed[kind]
+        if isinstance(parsed, SourceError):
+            raise _copy(parsed)
+        return parsed
+
+
+def _copy(exc: SourceError) -> SourceError:
+    # A fresh exception per route: one object raised in several threads would share its traceback.
+    return SourceError(exc.reason, str(exc))
+
+
+class _EndpointRegistry:
+    """The SharedEndpoints in use, by (URL, timeout, body cap); an endpoint closes with its last source."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._endpoints: dict[tuple[str, float, int], SharedEndpoint] = {}
+
+    def acquire(self, url: str, timeout: float, max_body: int) -> SharedEndpoint:
+        with self._lock:
+            endpoint = self._endpoints.get((url, timeout, max_body))
+            if endpoint is None:
+                endpoint = SharedEndpoint(url, HttpFetcher(timeout, max_body))
+                self._endpoints[(url, timeout, max_body)] = endpoint
+            endpoint.users += 1
+            return endpoint
+
+    def release(self, endpoint: SharedEndpoint) -> None:
+        with self._lock:
+            endpoint.users -= 1
+            if endpoint.users > 0:
+                return
+            key = (endpoint.url, endpoint.fetcher.timeout, endpoint.fetcher.max_body)
+            if self._endpoints.get(key) is endpoint:
+                del self._endpoints[key]
+        endpoint.fetcher.close()
+
+
+ENDPOINTS = _EndpointRegistry()
+
+
+class HttpEngineSource:
+    """The EngineSource for one route: its endpoint's parsed /metrics, extracted with the route's filters;
+    the engine version fetched rarely, through the route's own fetcher."""
+
+    def __init__(self, route: RouteConfig, fetcher: HttpFetcher, endpoint: SharedEndpoint | None = None) -> None:
         self.route = route
         self.fetcher = fetcher
+        # Without a registered endpoint (tests, one-off use) the route has its own, fetching with `fetcher`.
+        self.endpoint = endpoint or SharedEndpoint(route.url, fetcher)
+        self._registered = endpoint is not None
         self.kind = route.engine if route.engine != "auto" else ""
         self.version: str | None = None  # None: fetch on the next success
         self._last_identity: tuple | None = None
 
     def sample(self, now: float) -> EngineSample:
         try:
-            body = self.fetcher.get(self.route.url)
-            kind = self.kind or detect_kind(body) or "auto"
-            if kind != "auto":
-                self.kind = kind
-            result = parse_engine_sample(kind, body, self.route, now, self.version or "")
+            kind, families = self.endpoint.families(self, self.kind or "auto", now)
+            self.kind = kind
+            result = ENGINES[kind].extract(families, self.route.match, self.route.engines, now, self.version or "")
         except SourceError:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
             raise
@@ -133,6 +227,9 @@ class HttpEngineSource:
 
     def close(self) -> None:
         self.fetcher.close()
+        if self._registered:
+            self._registered = False  # close() is idempotent: release the endpoint once
+            ENDPOINTS.release(self.endpoint)
 
 
 def _sibling_url(metrics_url: str, path: str) -> str:
@@ -142,5 +239,7 @@ def _sibling_url(metrics_url: str, path: str) -> str:
 
 
 def make_source(route: RouteConfig, config: Config) -> HttpEngineSource:
-    """The daemon's factory: an HTTP source with the configured scrape timeout and body cap."""
-    return HttpEngineSource(route, HttpFetcher(config.scrape_timeout_seconds, config.max_body_bytes))
+    """The daemon's factory: an HTTP source with the configured scrape timeout and body cap, sharing its
+    /metrics fetch with every other route on the same URL."""
+    endpoint = ENDPOINTS.acquire(route.url, config.scrape_timeout_seconds, config.max_body_bytes)
+    return HttpEngineSource(route, HttpFetcher(config.scrape_timeout_seconds, config.max_body_bytes), endpoint)
