@@ -99,7 +99,55 @@ _INDEX = """<!doctype html>
 """
 
 
-def _make_handler(get_snapshot: Callable[[], Snapshot], registry: CollectorRegistry,
+class RenderCache:
+    """/metrics bodies of the current Snapshot, rendered once per Snapshot, format and encoding.
+
+    A Snapshot is immutable, so every scrape of the same one (a pair of HA Prometheus servers, a scrape
+    interval shorter than the evaluation interval, a curl beside Prometheus) gets the same bytes: they are
+    rendered, and gzipped, once. Renders are serialized, and each renders the Snapshot it was asked for
+    (pinned), never a newer one published meanwhile under the old one's key.
+    """
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+        self._get_snapshot = get_snapshot
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._bodies: dict[tuple[str, bool], tuple[bytes, bool]] = {}
+        self._rendering: Snapshot | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(self._pinned))
+        self.renders = 0  # for tests: how many times the registry was encoded
+
+    def _pinned(self) -> Snapshot:
+        return self._rendering if self._rendering is not None else self._get_snapshot()
+
+    def body(self, accept: str, accept_encoding: str) -> tuple[bytes, str, bool]:
+        """(body, content type, gzipped) for one scrape's Accept and Accept-Encoding headers."""
+        encoder, content_type = choose_encoder(accept)
+        want_gzip = "gzip" in accept_encoding
+        with self._lock:
+            snapshot = self._get_snapshot()
+            if snapshot is not self._snapshot:
+                self._snapshot, self._bodies = snapshot, {}
+            cached = self._bodies.get((content_type, want_gzip))
+            if cached is None:
+                plain = self._bodies.get((content_type, False))
+                if plain is None:
+                    self._rendering = snapshot
+                    try:
+                        plain = (encoder(self.registry), False)
+                    finally:
+                        self._rendering = None
+                    self.renders += 1
+                    self._bodies[(content_type, False)] = plain
+                cached = plain
+                if want_gzip and len(plain[0]) >= GZIP_MIN_BYTES:
+                    cached = (gzip.compress(plain[0], compresslevel=6), True)
+                self._bodies[(content_type, want_gzip)] = cached
+        return cached[0], content_type, cached[1]
+
+
+def _make_handler(get_snapshot: Callable[[], Snapshot], renders: RenderCache,
                   web_config: WebConfig | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = f"specwatch/{__version__}"
@@ -136,13 +184,9 @@ def _make_handler(get_snapshot: Callable[[], Snapshot], registry: CollectorRegis
                 self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
 
         def _metrics(self) -> None:
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            body = encoder(registry)
-            extra = {}
-            if "gzip" in self.headers.get("Accept-Encoding", "") and len(body) >= GZIP_MIN_BYTES:
-                body = gzip.compress(body, compresslevel=6)
-                extra["Content-Encoding"] = "gzip"
-            self._send(200, body, content_type, extra)
+            body, content_type, gzipped = renders.body(self.headers.get("Accept", ""),
+                                                       self.headers.get("Accept-Encoding", ""))
+            self._send(200, body, content_type, {"Content-Encoding": "gzip"} if gzipped else None)
 
         def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
             self.send_response(status)
@@ -189,12 +233,10 @@ class MetricsServer:
 def serve(address: str, get_snapshot: Callable[[], Snapshot], web_config: WebConfig | None = None) -> MetricsServer:
     """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind)."""
     host, port = parse_listen_address(address)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(get_snapshot))
     server_cls = _Server
     if _is_ipv6(host):
         server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-    server = server_cls((host, port), _make_handler(get_snapshot, registry, web_config))
+    server = server_cls((host, port), _make_handler(get_snapshot, RenderCache(get_snapshot), web_config))
     scheme = "http"
     ssl_context = web_config.ssl_context() if web_config is not None else None
     if ssl_context is not None:

@@ -1,0 +1,40 @@
+"""/metrics is rendered once per Snapshot, format and encoding; a new Snapshot renders afresh."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+
+from specwatch.export.http import RenderCache
+from specwatch.snapshot import EMPTY_SNAPSHOT, RouteState
+
+TEXT = "text/plain"
+OPENMETRICS = "application/openmetrics-text"
+
+
+def snapshot(ts: float, routes: int = 40):
+    return dataclasses.replace(EMPTY_SNAPSHOT, timestamp=ts, routes=tuple(
+        RouteState(name=f"r{i}", up=True, acceptance_source="counter", drafts_total=float(i)) for i in range(routes)))
+
+
+def test_scrapes_of_one_snapshot_share_one_render_per_format_and_encoding():
+    current = {"snap": snapshot(1.0)}
+    cache = RenderCache(lambda: current["snap"])
+    plain, content_type, gzipped = cache.body(TEXT, "")
+    assert content_type.startswith("text/plain") and not gzipped and b'route="r39"' in plain
+    assert cache.body(TEXT, "identity") == (plain, content_type, False)
+    packed, _, gzipped = cache.body(TEXT, "gzip, deflate")
+    assert gzipped and gzip.decompress(packed) == plain
+    assert cache.renders == 1, "gzip reuses the plain render"
+    om, om_type, _ = cache.body(OPENMETRICS, "")
+    assert om_type.startswith("application/openmetrics-text") and om.endswith(b"# EOF\n") and cache.renders == 2
+
+    current["snap"] = snapshot(2.0)  # a new cycle: rendered afresh, never served from the old one
+    fresh, _, _ = cache.body(TEXT, "")
+    assert cache.renders == 3 and fresh != plain and b"specwatch_last_evaluation_timestamp_seconds 2.0" in fresh
+
+
+def test_a_small_body_is_never_gzipped():
+    cache = RenderCache(lambda: EMPTY_SNAPSHOT)
+    body, _, gzipped = cache.body(TEXT, "gzip")
+    assert not gzipped and body.startswith(b"# HELP")
