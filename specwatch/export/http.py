@@ -23,11 +23,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest
 
 from specwatch import __version__
 from specwatch.config import ConfigError
-from specwatch.export.prometheus import SnapshotCollector
+from specwatch.export.prometheus import SnapshotCollector, render_families
+from specwatch.export.text_format import encode_text
 from specwatch.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,17 @@ class RenderCache:
         self.registry.register(SnapshotCollector(self._pinned))
         self.renders = 0  # for tests: how many times the registry was encoded
 
+    def _render(self, snapshot: Snapshot, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
+        if encoder is generate_latest:  # the plain text format: specwatch's own encoder, same bytes, faster
+            body = encode_text(render_families(snapshot))
+            if body is not None:
+                return body
+        self._rendering = snapshot
+        try:
+            return encoder(self.registry)
+        finally:
+            self._rendering = None
+
     def _pinned(self) -> Snapshot:
         return self._rendering if self._rendering is not None else self._get_snapshot()
 
@@ -133,11 +145,7 @@ class RenderCache:
             if cached is None:
                 plain = self._bodies.get((content_type, False))
                 if plain is None:
-                    self._rendering = snapshot
-                    try:
-                        plain = (encoder(self.registry), False)
-                    finally:
-                        self._rendering = None
+                    plain = (self._render(snapshot, encoder), False)
                     self.renders += 1
                     self._bodies[(content_type, False)] = plain
                 cached = plain
