@@ -7,9 +7,11 @@ of those differences (Δaccepted / Δdraft_tokens), never averaged from per-cycl
 When history is shorter than the window (the daemon started recently), the oldest point is used: a
 ratio over a shorter span is still a true ratio, and the 1h window is not left empty for an hour.
 
-Points are stored as rows of C doubles (`array('d')`), not as one `Sums` object each: an hour of 5 s points
-for one route is then about 70 KB instead of about 480 KB, which is most of the daemon's steady-state RSS
-with 64 routes (docs/benchmarks.md, Overhead). Every point keeps full resolution.
+Points are stored as rows of C doubles (`array('d')`), not as one `Sums` object each, and only the last
+5 minutes keep every point: older points are kept at least `COARSE_STEP_SECONDS` apart. So the 1m and 5m
+windows are exact at the scrape resolution, while the 1h window's base may be up to 15 s older than an
+hour (its span, and so its ratio, stays true: Δ over the real span). An hour of 5 s points for one route
+is about 25 KB instead of about 480 KB as `Sums` objects (docs/benchmarks.md, Overhead).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from specwatch.snapshot import WINDOW_SECONDS
 
 # Beyond this many points the ring thins itself, so even a misconfigured 10 ms interval stays bounded.
 MAX_POINTS = 4096
+# Points younger than this are all kept (the 1m and 5m windows are exact); older ones this far apart.
+EXACT_SECONDS = WINDOW_SECONDS["5m"]
+COARSE_STEP_SECONDS = 15.0
 # Dropped rows are removed from the front of the arrays in batches of at least this many (one memmove).
 _COMPACT_ROWS = 64
 
@@ -86,9 +91,13 @@ class WindowRing:
     back exactly as it was appended. Rows before `_first` have left the horizon and are dropped in batches.
     """
 
-    def __init__(self, horizon_seconds: float = max(WINDOW_SECONDS.values()), max_points: int = MAX_POINTS) -> None:
+    def __init__(self, horizon_seconds: float = max(WINDOW_SECONDS.values()), max_points: int = MAX_POINTS,
+                 exact_seconds: float = EXACT_SECONDS, coarse_step_seconds: float = COARSE_STEP_SECONDS) -> None:
         self.horizon_seconds = horizon_seconds
         self.max_points = max_points
+        self.exact_seconds = exact_seconds
+        self.coarse_step = coarse_step_seconds
+        self._exact_from = 0  # first row of the exact region: the base of an `exact_seconds` window
         self._ts = array("d")
         self._values = array("d")
         self._npos = array("H")
@@ -123,10 +132,25 @@ class WindowRing:
         ts_col, last = self._ts, len(self._ts) - 1
         while self._first < last and ts_col[self._first + 1] <= start:
             self._first += 1
+        self._coarsen(ts)
         if len(self) > self.max_points:
             self._thin()
         elif self._first >= max(_COMPACT_ROWS, len(self) // 8):
             self._compact()
+
+    def _coarsen(self, end_ts: float) -> None:
+        """Rows leaving the exact region are kept only `coarse_step` after the previous kept one."""
+        ts_col, w = self._ts, self._width
+        self._exact_from = max(self._exact_from, self._first)
+        boundary = end_ts - self.exact_seconds
+        while self._exact_from + 1 < len(ts_col) and ts_col[self._exact_from + 1] <= boundary:
+            r = self._exact_from  # no longer the base of any exact window
+            if r > self._first and ts_col[r] - ts_col[r - 1] < self.coarse_step:
+                del ts_col[r]
+                del self._values[r * w:(r + 1) * w]
+                del self._npos[r]
+            else:
+                self._exact_from += 1
 
     def _widen(self, positions: int) -> None:
         old, width = self._width, _NS + positions
@@ -142,6 +166,7 @@ class WindowRing:
         del self._values[:n * self._width]
         del self._npos[:n]
         self._first = 0
+        self._exact_from -= n
 
     def _thin(self) -> None:
         # Drop every other point except the first and last; windows stay correct, only coarser at the base.
@@ -154,6 +179,7 @@ class WindowRing:
         for r in keep:
             values.extend(self._values[r * w:(r + 1) * w])
         self._values = values
+        self._exact_from = 0  # rows re-enter the exact region check from the start on the next append
 
     def _row(self, r: int) -> Sums:
         w = self._width
