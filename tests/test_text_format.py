@@ -1,9 +1,11 @@
-"""specwatch's text encoder writes exactly what prometheus_client's generate_latest writes, faster."""
+"""specwatch's text encoder writes exactly what prometheus_client's generate_latest writes.
+
+Its speed is measured side by side by scripts/bench_overhead.py (figure 4), not asserted here: timed assertions
+in unit tests are noise on shared CI boxes."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -54,20 +56,3 @@ def test_families_of_other_shapes_fall_back_to_generate_latest():
     odd_label.add_metric(["v"], 1.0)
     for family in (created, histogram, odd_label):
         assert encode_text([family]) is None
-
-
-def test_faster_than_generate_latest():
-    snapshot = dataclasses.replace(rich_snapshot(), routes=rich_snapshot().routes * 3)
-    families = render_families(snapshot)
-
-    def best(fn):
-        times = []
-        for _ in range(5):
-            begin = time.thread_time()
-            fn()
-            times.append(time.thread_time() - begin)
-        return min(times)
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: snapshot))
-    assert best(lambda: encode_text(families)) < best(lambda: generate_latest(registry)) / 1.5
