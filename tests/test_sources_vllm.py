@@ -248,13 +248,13 @@ def test_http_gzip_body_is_decoded(server):
 def test_http_failures_fail_fast_with_their_reason(server, path, reason):
     result, took = scrape(server.url + path)
     assert isinstance(result, SourceError) and result.reason == reason, repr(result)
-    assert took < TIMEOUT + 0.4, f"{path} took {took:.2f}s"
+    assert took < TIMEOUT + 1.0, f"{path} took {took:.2f}s"  # the engine would hang for 10 s
 
 
 def test_http_oversized_body_is_cut_at_the_cap(server):
     result, took = scrape(f"{server.url}/huge/metrics", max_body_bytes=1 << 20)
     assert isinstance(result, SourceError) and result.reason == "too_large"
-    assert took < TIMEOUT + 0.4
+    assert took < TIMEOUT + 1.0
 
 
 def test_http_refused_connection():
