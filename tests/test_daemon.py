@@ -18,17 +18,9 @@ from specwatch.scheduler import run_tick, start_scheduler
 from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
 from specwatch.sources.base import NoData, SourceError
 
+from fakes import FakeClock
 
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
 
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 class CountingSource:

@@ -79,7 +79,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch import daemon as daemon_module
 from specwatch.config import parse_config
@@ -90,6 +89,7 @@ from specwatch.sources import nvml as nvml_source
 from specwatch.sources.base import SourceError
 from specwatch.tracking.baselines import DB_NAME, BaselineStore
 import fake_nvml
+from fakes import FakeClock
 
 REPO = Path(__file__).resolve().parent.parent
 START = 1_800_000_000.0
@@ -99,16 +99,6 @@ FAST_DETECTION = {"warmup_duration": "2m", "warmup_drafted_tokens": 2000, "min_d
                   "min_drafted_tokens": 500}
 
 
-class FakeClock:
-    def __init__(self, now: float = START) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 class SimulatedEngine:
@@ -185,7 +175,7 @@ def run_cycles(daemon: Daemon, clock: FakeClock, cycles: int) -> list[Snapshot]:
 # ============================================================================ daemon-level faults
 def test_engine_restart_resets_counters_without_negative_rates_or_a_page(tmp_path):
     engine = SimulatedEngine()
-    clock = FakeClock()
+    clock = FakeClock(START)
     daemon = Daemon(make_config(tmp_path), source_factory=lambda r, c: engine, clock=clock)
     try:
         before = run_cycles(daemon, clock, 60)  # 5 minutes: baseline learned
@@ -211,7 +201,7 @@ def test_engine_restart_resets_counters_without_negative_rates_or_a_page(tmp_pat
 
 def test_wall_clock_jumping_backwards_never_rewinds_totals_or_pages(tmp_path, caplog):
     engine = SimulatedEngine(seed=2)
-    clock = FakeClock()
+    clock = FakeClock(START)
     daemon = Daemon(make_config(tmp_path), source_factory=lambda r, c: engine, clock=clock)
     try:
         before = run_cycles(daemon, clock, 60)
@@ -243,7 +233,7 @@ def test_wall_clock_jumping_backwards_never_rewinds_totals_or_pages(tmp_path, ca
 
 def test_non_finite_and_negative_counters_never_poison_totals(tmp_path):
     engine = SimulatedEngine(seed=3)
-    clock = FakeClock()
+    clock = FakeClock(START)
     daemon = Daemon(make_config(tmp_path), source_factory=lambda r, c: engine, clock=clock)
     try:
         snapshots = run_cycles(daemon, clock, 30)
@@ -287,7 +277,7 @@ class ExplodedSource:
 def test_label_explosion_is_bounded_in_output_and_time(tmp_path):
     """10,000 engines on one route: /metrics stays per route, and the cycle stays cheap."""
     source = ExplodedSource()
-    clock = FakeClock()
+    clock = FakeClock(START)
     daemon = Daemon(make_config(tmp_path), source_factory=lambda r, c: source, clock=clock)
     try:
         snapshots = run_cycles(daemon, clock, 3)
@@ -304,7 +294,7 @@ def test_label_explosion_is_bounded_in_output_and_time(tmp_path):
 def test_gpu_lost_mid_run_costs_only_that_gpu(tmp_path):
     nvml = fake_nvml.gpu_lost_mid_run()
     engine = SimulatedEngine(seed=5)
-    clock = FakeClock()
+    clock = FakeClock(START)
     config = make_config(tmp_path, gpu={"enabled": "true"})
     daemon = Daemon(config, source_factory=lambda r, c: engine, clock=clock,
                     gpu_source_factory=lambda g: nvml_source.make_gpu_source(g, nvml=nvml))
@@ -331,7 +321,7 @@ def test_gpu_lost_mid_run_costs_only_that_gpu(tmp_path):
 
 def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_start(tmp_path):
     engine = SimulatedEngine(seed=6)
-    clock = FakeClock()
+    clock = FakeClock(START)
     daemon = Daemon(make_config(tmp_path), source_factory=lambda r, c: engine, clock=clock)
     try:
         learned = run_cycles(daemon, clock, 60)[-1].route("r0").baseline_ratio
@@ -366,11 +356,11 @@ def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_st
 _CHILD = textwrap.dedent("""
     import json, resource, sys
     sys.path.insert(0, sys.argv[1])
-    from test_faults import FakeClock, SimulatedEngine, make_config, run_cycles
+    from test_faults import START, FakeClock, SimulatedEngine, make_config, run_cycles
     from specwatch.daemon import Daemon
     state_dir, mode = sys.argv[2], sys.argv[3]
     engines = {}
-    clock = FakeClock()
+    clock = FakeClock(START)
     daemon = Daemon(make_config(state_dir, routes=8), clock=clock,
                     source_factory=lambda r, c: engines.setdefault(r.name, SimulatedEngine(seed=len(engines))))
     report = {}
@@ -592,7 +582,7 @@ def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_serve
     # Through the daemon: the healthy route beside it keeps counting, the hung one is down with reason timeout.
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
     config = http_config(fault_server.url("/hang"), fault_server.url("/ok"))
-    clock = FakeClock()
+    clock = FakeClock(START)
     daemon = Daemon(config, clock=clock)
     try:
         begin = time.monotonic()
@@ -678,7 +668,7 @@ def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value,
     good = fault_server.url("/ok")
     bad = fault_server.serve("/bad", vllm_text(value=value))
     config = http_config(good)
-    clock = FakeClock()
+    clock = FakeClock(START)
     route = config.routes[0]
     source = ScheduledSource([engines.make_source(route, config),
                               engines.make_source(dataclasses.replace(route, url=bad), config)],
