@@ -6,8 +6,7 @@ answer the same question the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from specwatch.config import CrossoverEstimateConfig
 from specwatch.crossover import gpus
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.model import BYTES_PER_WEIGHT, Draft, ModelShape, StepModel
@@ -15,17 +14,9 @@ from specwatch.crossover.model import BYTES_PER_WEIGHT, Draft, ModelShape, StepM
 DEFAULT_VOCAB = 128_256
 
 
-@dataclass(frozen=True)
-class EstimateInputs:
-    gpu: str = ""  # "" = the first GPU NVML reports
-    params: float | None = None  # billions
-    dtype: str = "bf16"
-    layers: int | None = None
-    hidden_size: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    hf_config: str = ""
-    draft: str = "eagle"
+# What the estimator needs is exactly a route's `crossover.estimate` config section (the CLI builds one from its
+# flags), so there is one type for both; `context` is read by the live flag, not here.
+EstimateInputs = CrossoverEstimateConfig
 
 
 def resolve_shape(inp: EstimateInputs, default: ModelShape | None = None) -> ModelShape:

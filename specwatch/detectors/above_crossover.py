@@ -15,7 +15,7 @@ from collections import Counter, deque
 from typing import Any, Mapping, Sequence
 
 from specwatch.config import CrossoverConfig, RouteConfig
-from specwatch.crossover.estimate import EstimateInputs, build_step_model
+from specwatch.crossover.estimate import build_step_model
 from specwatch.crossover.live import (CrossoverSource, EstimatedCrossover, FixedCrossover, LiveInputs,
                                       SweptCrossover, positions_from_rate)
 from specwatch.crossover.sweepfile import load_sweep
@@ -208,10 +208,7 @@ def build_source(cfg: CrossoverConfig) -> CrossoverSource:
         return FixedCrossover(float(cfg.batch_size))
     if cfg.kind == "sweep":
         return SweptCrossover(load_sweep(cfg.sweep_file))
-    e = cfg.estimate
-    inputs = EstimateInputs(gpu=e.gpu, params=e.params, dtype=e.dtype, layers=e.layers, hidden_size=e.hidden_size,
-                            kv_heads=e.kv_heads, head_dim=e.head_dim, hf_config=e.hf_config, draft=e.draft)
-    return EstimatedCrossover(build_step_model(inputs), e.context)
+    return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context)
 
 
 def build_evaluator(ctx: EvaluatorContext, route_cfg: RouteConfig) -> AboveCrossoverEvaluator | None:
