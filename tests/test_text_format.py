@@ -1,4 +1,4 @@
-"""specwatch's text encoder writes exactly what prometheus_client's generate_latest writes.
+"""specwatch's text writer (render_text) writes exactly what prometheus_client's generate_latest writes.
 
 Its speed is measured side by side by scripts/bench_overhead.py (figure 4), not asserted here: timed assertions
 in unit tests are noise on shared CI boxes."""
@@ -6,12 +6,17 @@ in unit tests are noise on shared CI boxes."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
-from specwatch.export.prometheus import SnapshotCollector, render_families
-from specwatch.export.text_format import encode_text
+from specwatch import catalog
+from specwatch.export import prometheus as prom_export
+from specwatch.export.prometheus import SnapshotCollector, render_text
+from specwatch.export.text_format import go_float
 from specwatch.snapshot import EMPTY_SNAPSHOT, GpuSample, RouteState
 
 
@@ -22,13 +27,16 @@ def rich_snapshot():
                    engine_kind="vllm", engine_version="0.33.0", drafts_total=1e6 * i + 0.5,
                    draft_tokens_total=float(2 ** 60), accepted_tokens_total=123456789.0,
                    acceptance_ratio={"1m": 0.71, "5m": 1 / 3, "1h": 0.0}, position_acceptance_ratio=(0.9, 0.7, 1e-9),
-                   errors_total={"timeout": 3.0, "parse": 0.0}, gpus=(i % 8,), batch_size=float("nan"),
-                   crossover_batch_size=float("inf"))
+                   mean_acceptance_length={"1m": 2.5}, errors_total={"timeout": 3.0, "parse": 0.0}, gpus=(i % 8,),
+                   batch_size=float("nan"), crossover_batch_size=float("inf"), crossover_source="sweep",
+                   above_crossover=bool(i % 2), degraded=None, drop_ratio=-0.05, cusum_statistic=-0.0,
+                   last_model_change_timestamp=1.7e9 + i)
         for i in range(20))
-    gpus = tuple(GpuSample(index=i, up=True, uuid=f"GPU-{i}", name="NVIDIA H200", driver="560.35",
+    gpus = tuple(GpuSample(index=i, up=i != 3, uuid=f"GPU-{i}", name="NVIDIA H200", driver="560.35",
                            fields={"gpu_utilization_ratio": 0.25 * i, "gpu_memory_used_bytes": 1.4e11})
                  for i in range(8))
-    return dataclasses.replace(EMPTY_SNAPSHOT, timestamp=1.7e9, routes=routes, gpus=gpus, nvml_up=True)
+    return dataclasses.replace(EMPTY_SNAPSHOT, timestamp=1.7e9, routes=routes, gpus=gpus, nvml_up=True,
+                               evaluation_duration_seconds=0.0123, evaluation_overruns_total=2.0)
 
 
 def reference(snapshot) -> bytes:
@@ -39,20 +47,52 @@ def reference(snapshot) -> bytes:
 
 def test_the_bytes_equal_generate_latest_for_a_snapshot_with_awkward_values():
     snapshot = rich_snapshot()
-    body = encode_text(render_families(snapshot))
+    body = render_text(snapshot)
     assert body == reference(snapshot)
     assert b'\\"del\\\\with\\nnewline' in body  # label values escaped as Prometheus expects
+    assert b"specwatch_route_drafts_total{route=\"r2\"} 2.0000005e+06\n" in body  # Go's exponent form
+    assert b"NaN" not in body and b"Inf" not in body  # non-finite values are omitted, never exported
 
 
 def test_the_empty_snapshot_too():
-    assert encode_text(render_families(EMPTY_SNAPSHOT)) == reference(EMPTY_SNAPSHOT)
+    assert render_text(EMPTY_SNAPSHOT) == reference(EMPTY_SNAPSHOT)
 
 
-def test_families_of_other_shapes_fall_back_to_generate_latest():
-    created = CounterMetricFamily("x", "help", labels=["a"])
-    created.add_metric(["1"], 1.0, created=5.0)
-    histogram = HistogramMetricFamily("h", "help", buckets=[("+Inf", 1.0)], sum_value=1.0)
-    odd_label = GaugeMetricFamily("g", "help", labels=["bad-label"])
-    odd_label.add_metric(["v"], 1.0)
-    for family in (created, histogram, odd_label):
-        assert encode_text([family]) is None
+def test_a_failing_section_costs_only_that_section_in_both_renderers(monkeypatch):
+    def broken(snapshot, samples):
+        samples.add(catalog.PREFIX + "route_up", True, route="half-written")
+        raise RuntimeError("a rendering bug")
+
+    sections = list(prom_export._SECTIONS)
+    sections.insert(2, broken)
+    monkeypatch.setattr(prom_export, "_SECTIONS", tuple(sections))
+    snapshot = rich_snapshot()
+    body = render_text(snapshot)
+    assert body == reference(snapshot)
+    assert b'specwatch_route_up{route="half-written"} 1.0' in body  # what it wrote before failing stays
+    assert b"specwatch_gpu_up" in body  # the sections after the broken one still render
+
+
+def test_a_name_outside_the_catalog_is_dropped_in_both_renderers(monkeypatch):
+    def stray(snapshot, samples):
+        samples.add(catalog.PREFIX + "not_in_the_catalog", 1.0)
+
+    monkeypatch.setattr(prom_export, "_SECTIONS", (stray, *prom_export._SECTIONS))
+    snapshot = rich_snapshot()
+    body = render_text(snapshot)
+    assert body == reference(snapshot) and b"not_in_the_catalog" not in body
+
+
+def test_every_catalog_name_is_one_the_text_writer_need_not_escape():
+    # render_text writes names as they are; generate_latest would rewrite a non-legacy one (e.g. with a dot).
+    for spec in catalog.METRICS:
+        assert re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", spec.name), spec.name
+        assert spec.type in ("gauge", "counter", "info"), spec.name
+        for label in spec.labels:
+            assert re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label), (spec.name, label)
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False)
+       | st.sampled_from([0.0, -0.0, 1e6, 999999.0, 1234567.0, 1e16, 1e22, 2.0 ** 60, 5e-324, -1e7]))
+def test_go_float_matches_client_python_for_every_finite_float(value):
+    assert go_float(value) == floatToGoString(value)

@@ -10,25 +10,40 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Iterator
+from typing import Callable, Generic, Iterator, Mapping, Protocol, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from specwatch import __version__
-from specwatch.catalog import BY_NAME, PREFIX
+from specwatch.catalog import BY_NAME, PREFIX, MetricSpec
+from specwatch.export.text_format import TextFamily, text_body
 from specwatch.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 _reported_unknown: set[str] = set()  # names outside the catalog already logged (once per process)
 
 
-class _Families:
-    """Metric families of one scrape, created on first use from their catalog entry, in first-use order."""
+class Samples(Protocol):
+    """Where the sections below write one scrape's samples."""
 
-    def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
-        self._labels: dict[str, tuple[str, ...]] = {}
+    def add(self, name: str, value: float | bool | None, /, **labels: str) -> None: ...
+
+
+class _Family(Protocol):
+    def add(self, labels: Mapping[str, str], value: float) -> None: ...
+
+
+F = TypeVar("F", bound=_Family)
+
+
+class _CatalogFamilies(Generic[F]):
+    """One scrape's samples, grouped into families created on first use from their catalog entry, in first-use
+    order, as prometheus_client families (`_ClientFamily`) or text-format lines (`TextFamily`)."""
+
+    def __init__(self, new_family: Callable[[MetricSpec], F]) -> None:
+        self._new_family = new_family
+        self.families: dict[str, F] = {}
 
     def add(self, name: str, value: float | bool | None, /, **labels: str) -> None:
         """Add one sample; None, NaN and infinities are omitted, booleans are 1/0. (Positional-only
@@ -38,32 +53,31 @@ class _Families:
         value = float(value)
         if not math.isfinite(value):
             return
-        family = self._family(name)
+        family = self.families.get(name)
         if family is None:
-            return
-        family.add_metric([labels[label] for label in self._labels[name]], value)
+            spec = BY_NAME.get(name)
+            if spec is None:
+                if name not in _reported_unknown:  # a metric outside the catalog is a bug: say so, render the rest
+                    log.error("metric %s is not in the catalog; not exported", name)
+                    _reported_unknown.add(name)
+                return
+            family = self.families[name] = self._new_family(spec)
+        family.add(labels, value)
 
-    def _family(self, name: str) -> Metric | None:
-        family = self._families.get(name)
-        if family is not None:
-            return family
-        spec = BY_NAME.get(name)
-        if spec is None:
-            if name not in _reported_unknown:  # a metric outside the catalog is a bug: say so, render the rest
-                log.error("metric %s is not in the catalog; not exported", name)
-                _reported_unknown.add(name)
-            return None
+
+class _ClientFamily:
+    """A prometheus_client family, for the collector (OpenMetrics, OTel, generate_latest)."""
+
+    def __init__(self, spec: MetricSpec) -> None:
         cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
-        family = cls(spec.name, spec.help, labels=spec.labels)
-        self._families[name] = family
-        self._labels[name] = spec.labels
-        return family
+        self.metric: Metric = cls(spec.name, spec.help, labels=spec.labels)
+        self._label_names = spec.labels
 
-    def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+    def add(self, labels: Mapping[str, str], value: float) -> None:
+        self.metric.add_metric([labels[label] for label in self._label_names], value)
 
 
-def _self_metrics(s: Snapshot, f: _Families) -> None:
+def _self_metrics(s: Snapshot, f: Samples) -> None:
     f.add(PREFIX + "build_info", 1, version=__version__)
     if s.timestamp > 0:  # before the first evaluation there is no "last evaluation"
         f.add(PREFIX + "last_evaluation_timestamp_seconds", s.timestamp)
@@ -74,7 +88,7 @@ def _self_metrics(s: Snapshot, f: _Families) -> None:
     f.add(PREFIX + "state_errors_total", s.state_errors_total)
 
 
-def _route_metrics(s: Snapshot, f: _Families) -> None:
+def _route_metrics(s: Snapshot, f: Samples) -> None:
     for r in s.routes:
         route = r.name
         f.add(PREFIX + "route_up", r.up, route=route)
@@ -99,7 +113,7 @@ def _route_metrics(s: Snapshot, f: _Families) -> None:
         f.add(PREFIX + "route_kv_cache_usage_ratio", r.kv_usage_ratio, route=route)
 
 
-def _detection_metrics(s: Snapshot, f: _Families) -> None:
+def _detection_metrics(s: Snapshot, f: Samples) -> None:
     for r in s.routes:
         route = r.name
         f.add(PREFIX + "route_acceptance_baseline_ratio", r.baseline_ratio, route=route)
@@ -110,7 +124,7 @@ def _detection_metrics(s: Snapshot, f: _Families) -> None:
         f.add(PREFIX + "route_last_model_change_timestamp_seconds", r.last_model_change_timestamp, route=route)
 
 
-def _crossover_metrics(s: Snapshot, f: _Families) -> None:
+def _crossover_metrics(s: Snapshot, f: Samples) -> None:
     for r in s.routes:
         route = r.name
         f.add(PREFIX + "route_crossover_batch_size", r.crossover_batch_size, route=route, source=r.crossover_source)
@@ -120,7 +134,7 @@ def _crossover_metrics(s: Snapshot, f: _Families) -> None:
         f.add(PREFIX + "route_compute_bound", r.compute_bound, route=route)
 
 
-def _gpu_metrics(s: Snapshot, f: _Families) -> None:
+def _gpu_metrics(s: Snapshot, f: Samples) -> None:
     if s.nvml_up is None:  # GPU collection disabled
         return
     f.add(PREFIX + "nvml_up", s.nvml_up)
@@ -136,19 +150,31 @@ def _gpu_metrics(s: Snapshot, f: _Families) -> None:
             f.add(PREFIX + "route_gpu_info", 1, route=r.name, gpu=str(gpu_index))
 
 
-_SECTIONS: tuple[Callable[[Snapshot, _Families], None], ...] = (
+_SECTIONS: tuple[Callable[[Snapshot, Samples], None], ...] = (
     _self_metrics, _route_metrics, _detection_metrics, _crossover_metrics, _gpu_metrics)
 
 
 def render_families(snapshot: Snapshot) -> list[Metric]:
     """All metric families for one snapshot. Never raises; a failing section is logged and left out."""
-    families = _Families()
+    samples = _CatalogFamilies(_ClientFamily)
+    _render(snapshot, samples)
+    return [family.metric for family in samples.families.values()]
+
+
+def render_text(snapshot: Snapshot) -> bytes:
+    """The snapshot in the Prometheus text format, exactly the bytes `generate_latest` writes for
+    `render_families(snapshot)`, written straight from the Snapshot. Never raises, like render_families."""
+    samples = _CatalogFamilies(TextFamily)
+    _render(snapshot, samples)
+    return text_body(samples.families.values())
+
+
+def _render(snapshot: Snapshot, samples: Samples) -> None:
     for section in _SECTIONS:
         try:
-            section(snapshot, families)
+            section(snapshot, samples)
         except Exception:  # noqa: BLE001 - a rendering bug must not turn /metrics into a 500
             log.exception("rendering %s failed; the rest of /metrics is still served", section.__name__)
-    return list(families)
 
 
 class SnapshotCollector(Collector):

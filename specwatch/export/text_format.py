@@ -1,65 +1,64 @@
-"""The Prometheus text format (0.0.4) for specwatch's own metric families, without prometheus_client's
-per-sample overhead.
+"""The Prometheus text format (0.0.4) for specwatch's own metrics, written straight from the samples.
 
-`generate_latest` validates and escapes every label name and metric name of every sample; for ~2,500
-series that is most of a /metrics render (about 24 of 31 ms measured). Here names are checked once per
-family, and only label values are escaped per sample. The bytes are exactly what `generate_latest` writes
-for the same families (tests/test_text_format.py compares them); a family of any other shape (histogram,
-summary, info, `_created` samples, sample timestamps, names that would need escaping) makes the whole
-body fall back to `generate_latest`.
+`generate_latest` builds a client_python `Metric` and a `Sample` per series, then validates and escapes
+every metric and label name of every sample: for ~2,450 series that was most of a /metrics render. Here
+each family's sample-line template (name and sorted label names) is built once, when the family is first
+used, and only label values are escaped and floats formatted per sample. The bytes are exactly what
+`generate_latest` writes for the families `prometheus.render_families` builds from the same Snapshot
+(tests/test_text_format.py compares them), which holds because specwatch's families are all gauges and
+counters without `_created` samples or timestamps, named in the catalog with legacy metric and label
+names (tests/test_text_format.py checks the catalog for that too).
 """
 
 from __future__ import annotations
 
-import re
-from typing import Iterable
+from typing import Iterable, Mapping
 
-from prometheus_client.core import Metric
-from prometheus_client.utils import floatToGoString
-
-_LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+from specwatch.catalog import MetricSpec
 
 
-class _Unsupported(Exception):
-    """A family this encoder does not write byte-identically to generate_latest."""
+def text_body(families: Iterable[TextFamily]) -> bytes:
+    return "".join(line for family in families for line in family.lines).encode("utf-8")
 
 
-def encode_text(families: Iterable[Metric]) -> bytes | None:
-    """The text exposition of `families`; None when one of them needs generate_latest."""
-    out: list[str] = []
-    try:
-        for metric in families:
-            out.extend(_family_lines(metric))
-    except _Unsupported:
-        return None
-    return "".join(out).encode("utf-8")
+class TextFamily:
+    """One metric family as text-format lines: its HELP and TYPE, then one line per `add`."""
 
+    __slots__ = ("lines", "_label_names", "_template")
 
-def _family_lines(metric: Metric) -> list[str]:
-    name, kind = metric.name, metric.type
-    if kind == "counter":
-        name += "_total"
-    elif kind != "gauge":
-        raise _Unsupported(kind)
-    if not _LEGACY_NAME.match(name):
-        raise _Unsupported(name)
-    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    lines = [f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"]
-    checked: set[str] = set()
-    for s in metric.samples:
-        if s.name != name or s.timestamp is not None:  # counters' _created, or a timestamped sample
-            raise _Unsupported(s.name)
-        if s.labels:
-            for label in s.labels.keys() - checked:
-                if not _LEGACY_LABEL.match(label):
-                    raise _Unsupported(label)
-                checked.add(label)
-            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
-            lines.append(f"{name}{{{labels}}} {floatToGoString(s.value)}\n")
+    def __init__(self, spec: MetricSpec) -> None:
+        name, kind = spec.name, spec.type
+        if kind == "counter":  # client_python's CounterMetricFamily strips "_total"; the text format adds it
+            name = name.removesuffix("_total") + "_total"
         else:
-            lines.append(f"{name} {floatToGoString(s.value)}\n")
-    return lines
+            kind = "gauge"  # specwatch's collector renders every non-counter (info included) as a gauge family
+        doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+        self.lines = [f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"]
+        # generate_latest writes labels sorted by name. Names are legacy (no '%', '{', '"'), so they are safe
+        # in a %-template; only the values are substituted, escaped, per sample.
+        self._label_names = tuple(sorted(spec.labels))
+        labels = ",".join(f'{label}="%s"' for label in self._label_names)
+        self._template = f"{name}{{{labels}}} %s\n" if labels else f"{name} %s\n"
+
+    def add(self, labels: Mapping[str, str], value: float) -> None:
+        text = repr(value) if value < 1e6 else go_float(value)  # go_float's answer, without the call
+        names = self._label_names
+        if len(names) == 1:  # most families: one label (route or gpu), no list to build
+            self.lines.append(self._template % (_escape(labels[names[0]]), text))
+        else:
+            self.lines.append(self._template % (*[_escape(labels[label]) for label in names], text))
+
+
+def go_float(value: float) -> str:
+    """A finite float as prometheus_client's floatToGoString writes it: repr, except that positive numbers
+    of 1e6 and more that repr writes without an exponent switch to Go's exponent form (1234567.0 ->
+    1.234567e+06)."""
+    text = repr(value)
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
 
 
 def _escape(value: str) -> str:
