@@ -59,8 +59,8 @@ def test_the_empty_snapshot_too():
 
 
 def test_a_failing_section_costs_only_that_section_in_both_renderers(monkeypatch):
-    def broken(snapshot, samples):
-        samples.add(catalog.PREFIX + "route_up", True, route="half-written")
+    def broken(snapshot, families):
+        families("route_up").add(True, "half-written")
         raise RuntimeError("a rendering bug")
 
     sections = list(prom_export._SECTIONS)
@@ -74,8 +74,8 @@ def test_a_failing_section_costs_only_that_section_in_both_renderers(monkeypatch
 
 
 def test_a_name_outside_the_catalog_is_dropped_in_both_renderers(monkeypatch):
-    def stray(snapshot, samples):
-        samples.add(catalog.PREFIX + "not_in_the_catalog", 1.0)
+    def stray(snapshot, families):
+        families("not_in_the_catalog").add(1.0)
 
     monkeypatch.setattr(prom_export, "_SECTIONS", (stray, *prom_export._SECTIONS))
     snapshot = rich_snapshot()

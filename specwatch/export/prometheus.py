@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Generic, Iterator, Mapping, Protocol, TypeVar
+from typing import Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -18,51 +18,21 @@ from prometheus_client.registry import Collector
 from specwatch import __version__
 from specwatch.catalog import BY_NAME, PREFIX, MetricSpec
 from specwatch.export.text_format import TextFamily, text_body
-from specwatch.snapshot import Snapshot
+from specwatch.snapshot import RouteState, Snapshot
 
 log = logging.getLogger(__name__)
 _reported_unknown: set[str] = set()  # names outside the catalog already logged (once per process)
 
 
-class Samples(Protocol):
-    """Where the sections below write one scrape's samples."""
-
-    def add(self, name: str, value: float | bool | None, /, **labels: str) -> None: ...
-
-
-class _Family(Protocol):
-    def add(self, labels: Mapping[str, str], value: float) -> None: ...
+class Family(Protocol):
+    def add(self, value: float | bool | None, /, *label_values: str) -> None:
+        """Add one sample, label values in the catalog's label order; None, NaN and infinities are omitted,
+        booleans are 1/0."""
 
 
-F = TypeVar("F", bound=_Family)
-
-
-class _CatalogFamilies(Generic[F]):
-    """One scrape's samples, grouped into families created on first use from their catalog entry, in first-use
-    order, as prometheus_client families (`_ClientFamily`) or text-format lines (`TextFamily`)."""
-
-    def __init__(self, new_family: Callable[[MetricSpec], F]) -> None:
-        self._new_family = new_family
-        self.families: dict[str, F] = {}
-
-    def add(self, name: str, value: float | bool | None, /, **labels: str) -> None:
-        """Add one sample; None, NaN and infinities are omitted, booleans are 1/0. (Positional-only
-        parameters, so `name` is free as a label: gpu_info has one.)"""
-        if value is None:
-            return
-        value = float(value)
-        if not math.isfinite(value):
-            return
-        family = self.families.get(name)
-        if family is None:
-            spec = BY_NAME.get(name)
-            if spec is None:
-                if name not in _reported_unknown:  # a metric outside the catalog is a bug: say so, render the rest
-                    log.error("metric %s is not in the catalog; not exported", name)
-                    _reported_unknown.add(name)
-                return
-            family = self.families[name] = self._new_family(spec)
-        family.add(labels, value)
+class _Dropped:
+    def add(self, value: float | bool | None, /, *label_values: str) -> None:
+        pass
 
 
 class _ClientFamily:
@@ -71,108 +41,168 @@ class _ClientFamily:
     def __init__(self, spec: MetricSpec) -> None:
         cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
         self.metric: Metric = cls(spec.name, spec.help, labels=spec.labels)
-        self._label_names = spec.labels
 
-    def add(self, labels: Mapping[str, str], value: float) -> None:
-        self.metric.add_metric([labels[label] for label in self._label_names], value)
+    def add(self, value: float | bool | None, /, *label_values: str) -> None:
+        if value is not None and math.isfinite(value := float(value)):
+            self.metric.add_metric(label_values, value)
+
+    def has_samples(self) -> bool:
+        return bool(self.metric.samples)
 
 
-def _self_metrics(s: Snapshot, f: Samples) -> None:
-    f.add(PREFIX + "build_info", 1, version=__version__)
+class _TextFamily(TextFamily):
+    def add(self, value: float | bool | None, /, *label_values: str) -> None:
+        if value is not None and math.isfinite(value := float(value)):
+            self.append(value, label_values)
+
+
+F = TypeVar("F", _ClientFamily, _TextFamily)
+
+
+class _Families(Generic[F]):
+    """One scrape's families, created on first use from their catalog entry, in first-use order, as
+    prometheus_client families (`_ClientFamily`) or text-format lines (`_TextFamily`)."""
+
+    def __init__(self, new_family: Callable[[MetricSpec], F]) -> None:
+        self._new_family = new_family
+        self.families: dict[str, F | _Dropped] = {}
+
+    def __call__(self, name: str) -> Family:
+        """The family of catalog metric PREFIX + `name`."""
+        family = self.families.get(name)
+        if family is None:
+            spec = BY_NAME.get(PREFIX + name)
+            if spec is None:
+                if name not in _reported_unknown:  # a metric outside the catalog is a bug: say so, render the rest
+                    log.error("metric %s%s is not in the catalog; not exported", PREFIX, name)
+                    _reported_unknown.add(name)
+                family = _Dropped()
+            else:
+                family = self._new_family(spec)
+            self.families[name] = family
+        return family
+
+    def rendered(self) -> list[F]:
+        """The families holding at least one sample, in first-use order."""
+        return [f for f in self.families.values() if not isinstance(f, _Dropped) and f.has_samples()]
+
+
+Families = Callable[[str], Family]
+
+
+def _self_metrics(s: Snapshot, f: Families) -> None:
+    f("build_info").add(1, __version__)
     if s.timestamp > 0:  # before the first evaluation there is no "last evaluation"
-        f.add(PREFIX + "last_evaluation_timestamp_seconds", s.timestamp)
-        f.add(PREFIX + "evaluation_duration_seconds", s.evaluation_duration_seconds)
-    f.add(PREFIX + "evaluation_overruns_total", s.evaluation_overruns_total)
-    f.add(PREFIX + "config_last_reload_successful", s.config_last_reload_successful)
-    f.add(PREFIX + "config_last_reload_success_timestamp_seconds", s.config_last_reload_success_timestamp)
-    f.add(PREFIX + "state_errors_total", s.state_errors_total)
+        f("last_evaluation_timestamp_seconds").add(s.timestamp)
+        f("evaluation_duration_seconds").add(s.evaluation_duration_seconds)
+    f("evaluation_overruns_total").add(s.evaluation_overruns_total)
+    f("config_last_reload_successful").add(s.config_last_reload_successful)
+    f("config_last_reload_success_timestamp_seconds").add(s.config_last_reload_success_timestamp)
+    f("state_errors_total").add(s.state_errors_total)
 
 
-def _route_metrics(s: Snapshot, f: Samples) -> None:
-    for r in s.routes:
-        route = r.name
-        f.add(PREFIX + "route_up", r.up, route=route)
-        f.add(PREFIX + "route_info", 1, route=route, engine_kind=r.engine_kind, model_name=r.model_name,
-              engine_version=r.engine_version, acceptance_source=r.acceptance_source)
-        f.add(PREFIX + "source_scrape_duration_seconds", r.scrape_duration_seconds, route=route)
+def _route_metrics(s: Snapshot, f: Families) -> None:
+    routes = s.routes
+    _per_route(f, "route_up", routes, "up")
+    info = f("route_info")
+    for r in routes:
+        info.add(1, r.name, r.engine_kind, r.model_name, r.engine_version, r.acceptance_source)
+    _per_route(f, "source_scrape_duration_seconds", routes, "scrape_duration_seconds")
+    errors = f("source_errors_total")
+    for r in routes:
         for reason, count in sorted(r.errors_total.items()):
-            f.add(PREFIX + "source_errors_total", count, route=route, reason=reason)
-        if r.acceptance_source == "counter":  # gauge-only engines have no counters to export
-            f.add(PREFIX + "route_drafts_total", r.drafts_total, route=route)
-            f.add(PREFIX + "route_draft_tokens_total", r.draft_tokens_total, route=route)
-            f.add(PREFIX + "route_accepted_tokens_total", r.accepted_tokens_total, route=route)
-        for window, ratio in r.acceptance_ratio.items():
-            f.add(PREFIX + "route_acceptance_ratio", ratio, route=route, window=window)
-        for window, length in r.mean_acceptance_length.items():
-            f.add(PREFIX + "route_mean_acceptance_length", length, route=route, window=window)
-        for position, ratio in enumerate(r.position_acceptance_ratio):
-            f.add(PREFIX + "route_position_acceptance_ratio", ratio, route=route, position=str(position), window="5m")
-        f.add(PREFIX + "route_draft_length", r.draft_length, route=route)
-        f.add(PREFIX + "route_running_requests", r.running_requests, route=route)
-        f.add(PREFIX + "route_waiting_requests", r.waiting_requests, route=route)
-        f.add(PREFIX + "route_kv_cache_usage_ratio", r.kv_usage_ratio, route=route)
+            errors.add(count, r.name, reason)
+    counting = [r for r in routes if r.acceptance_source == "counter"]  # gauge-only engines have no counters
+    _per_route(f, "route_drafts_total", counting, "drafts_total")
+    _per_route(f, "route_draft_tokens_total", counting, "draft_tokens_total")
+    _per_route(f, "route_accepted_tokens_total", counting, "accepted_tokens_total")
+    ratio = f("route_acceptance_ratio")
+    for r in routes:
+        for window, value in r.acceptance_ratio.items():
+            ratio.add(value, r.name, window)
+    length = f("route_mean_acceptance_length")
+    for r in routes:
+        for window, value in r.mean_acceptance_length.items():
+            length.add(value, r.name, window)
+    position_ratio = f("route_position_acceptance_ratio")
+    for r in routes:
+        for position, value in enumerate(r.position_acceptance_ratio):
+            position_ratio.add(value, r.name, str(position), "5m")
+    _per_route(f, "route_draft_length", routes, "draft_length")
+    _per_route(f, "route_running_requests", routes, "running_requests")
+    _per_route(f, "route_waiting_requests", routes, "waiting_requests")
+    _per_route(f, "route_kv_cache_usage_ratio", routes, "kv_usage_ratio")
 
 
-def _detection_metrics(s: Snapshot, f: Samples) -> None:
-    for r in s.routes:
-        route = r.name
-        f.add(PREFIX + "route_acceptance_baseline_ratio", r.baseline_ratio, route=route)
-        f.add(PREFIX + "route_acceptance_drop_ratio", r.drop_ratio, route=route)
-        f.add(PREFIX + "route_acceptance_degraded", r.degraded, route=route)
-        f.add(PREFIX + "route_acceptance_cusum", r.cusum_statistic, route=route)
-        f.add(PREFIX + "route_model_changes_total", r.model_changes_total, route=route)
-        f.add(PREFIX + "route_last_model_change_timestamp_seconds", r.last_model_change_timestamp, route=route)
+def _detection_metrics(s: Snapshot, f: Families) -> None:
+    routes = s.routes
+    _per_route(f, "route_acceptance_baseline_ratio", routes, "baseline_ratio")
+    _per_route(f, "route_acceptance_drop_ratio", routes, "drop_ratio")
+    _per_route(f, "route_acceptance_degraded", routes, "degraded")
+    _per_route(f, "route_acceptance_cusum", routes, "cusum_statistic")
+    _per_route(f, "route_model_changes_total", routes, "model_changes_total")
+    _per_route(f, "route_last_model_change_timestamp_seconds", routes, "last_model_change_timestamp")
 
 
-def _crossover_metrics(s: Snapshot, f: Samples) -> None:
-    for r in s.routes:
-        route = r.name
-        f.add(PREFIX + "route_crossover_batch_size", r.crossover_batch_size, route=route, source=r.crossover_source)
-        f.add(PREFIX + "route_batch_size", r.batch_size, route=route)
-        f.add(PREFIX + "route_above_crossover", r.above_crossover, route=route)
-        f.add(PREFIX + "route_predicted_speedup_ratio", r.predicted_speedup_ratio, route=route)
-        f.add(PREFIX + "route_compute_bound", r.compute_bound, route=route)
+def _crossover_metrics(s: Snapshot, f: Families) -> None:
+    routes = s.routes
+    crossover = f("route_crossover_batch_size")
+    for r in routes:
+        crossover.add(r.crossover_batch_size, r.name, r.crossover_source)
+    _per_route(f, "route_batch_size", routes, "batch_size")
+    _per_route(f, "route_above_crossover", routes, "above_crossover")
+    _per_route(f, "route_predicted_speedup_ratio", routes, "predicted_speedup_ratio")
+    _per_route(f, "route_compute_bound", routes, "compute_bound")
 
 
-def _gpu_metrics(s: Snapshot, f: Samples) -> None:
+def _gpu_metrics(s: Snapshot, f: Families) -> None:
     if s.nvml_up is None:  # GPU collection disabled
         return
-    f.add(PREFIX + "nvml_up", s.nvml_up)
+    f("nvml_up").add(s.nvml_up)
+    up, info = f("gpu_up"), f("gpu_info")
     for g in s.gpus:
         gpu = str(g.index)
-        f.add(PREFIX + "gpu_up", g.up, gpu=gpu)
+        up.add(g.up, gpu)
         if g.uuid or g.name:
-            f.add(PREFIX + "gpu_info", 1, gpu=gpu, uuid=g.uuid, name=g.name, driver=g.driver)
+            info.add(1, gpu, g.uuid, g.name, g.driver)
         for key, value in sorted(g.fields.items()):
-            f.add(PREFIX + key, value, gpu=gpu)
+            f(key).add(value, gpu)
+    route_gpu = f("route_gpu_info")
     for r in s.routes:
         for gpu_index in r.gpus:
-            f.add(PREFIX + "route_gpu_info", 1, route=r.name, gpu=str(gpu_index))
+            route_gpu.add(1, r.name, str(gpu_index))
 
 
-_SECTIONS: tuple[Callable[[Snapshot, Samples], None], ...] = (
+def _per_route(f: Families, name: str, routes: Sequence[RouteState], attribute: str) -> None:
+    """A family with only the route label, one sample per route from RouteState.`attribute`."""
+    family = f(name)
+    for r in routes:
+        family.add(getattr(r, attribute), r.name)
+
+
+_SECTIONS: tuple[Callable[[Snapshot, Families], None], ...] = (
     _self_metrics, _route_metrics, _detection_metrics, _crossover_metrics, _gpu_metrics)
 
 
 def render_families(snapshot: Snapshot) -> list[Metric]:
     """All metric families for one snapshot. Never raises; a failing section is logged and left out."""
-    samples = _CatalogFamilies(_ClientFamily)
-    _render(snapshot, samples)
-    return [family.metric for family in samples.families.values()]
+    families = _Families(_ClientFamily)
+    _render(snapshot, families)
+    return [family.metric for family in families.rendered()]
 
 
 def render_text(snapshot: Snapshot) -> bytes:
-    """The snapshot in the Prometheus text format, exactly the bytes `generate_latest` writes for
-    `render_families(snapshot)`, written straight from the Snapshot. Never raises, like render_families."""
-    samples = _CatalogFamilies(TextFamily)
-    _render(snapshot, samples)
-    return text_body(samples.families.values())
+    """The snapshot in the Prometheus text format: exactly the bytes `generate_latest` writes for
+    `render_families(snapshot)`, without building its Metric objects. Never raises, like render_families."""
+    families = _Families(_TextFamily)
+    _render(snapshot, families)
+    return text_body(families.rendered())
 
 
-def _render(snapshot: Snapshot, samples: Samples) -> None:
+def _render(snapshot: Snapshot, families: Families) -> None:
     for section in _SECTIONS:
         try:
-            section(snapshot, samples)
+            section(snapshot, families)
         except Exception:  # noqa: BLE001 - a rendering bug must not turn /metrics into a 500
             log.exception("rendering %s failed; the rest of /metrics is still served", section.__name__)
 

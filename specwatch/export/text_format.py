@@ -1,18 +1,19 @@
-"""The Prometheus text format (0.0.4) for specwatch's own metrics, written straight from the samples.
+"""The Prometheus text format (0.0.4) for specwatch's own metrics, written without client_python objects.
 
-`generate_latest` builds a client_python `Metric` and a `Sample` per series, then validates and escapes
-every metric and label name of every sample: for ~2,450 series that was most of a /metrics render. Here
-each family's sample-line template (name and sorted label names) is built once, when the family is first
-used, and only label values are escaped and floats formatted per sample. The bytes are exactly what
-`generate_latest` writes for the families `prometheus.render_families` builds from the same Snapshot
-(tests/test_text_format.py compares them), which holds because specwatch's families are all gauges and
-counters without `_created` samples or timestamps, named in the catalog with legacy metric and label
-names (tests/test_text_format.py checks the catalog for that too).
+`generate_latest` walks a client_python `Metric` and a `Sample` (with a label dict) per series and
+validates and escapes every metric and label name of every sample: for ~2,450 series that was most of a
+/metrics render. A `TextFamily` builds its HELP/TYPE lines and its label-name prefix once; per sample it
+only formats the value and checks the label values for the three characters that need escaping. The bytes
+are exactly what `generate_latest` writes for the families `prometheus.render_families` builds from the
+same Snapshot (tests/test_text_format.py compares them). That holds because specwatch's families are all
+gauges and counters without `_created` samples or timestamps, named in the catalog with legacy metric and
+label names (tests/test_text_format.py checks the catalog for that too).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from operator import itemgetter
+from typing import Iterable
 
 from specwatch.catalog import MetricSpec
 
@@ -22,9 +23,9 @@ def text_body(families: Iterable[TextFamily]) -> bytes:
 
 
 class TextFamily:
-    """One metric family as text-format lines: its HELP and TYPE, then one line per `add`."""
+    """One metric family as text-format lines: its HELP and TYPE, then one line per `append`."""
 
-    __slots__ = ("lines", "_label_names", "_template")
+    __slots__ = ("lines", "_sorted", "_prefix")
 
     def __init__(self, spec: MetricSpec) -> None:
         name, kind = spec.name, spec.type
@@ -34,19 +35,25 @@ class TextFamily:
             kind = "gauge"  # specwatch's collector renders every non-counter (info included) as a gauge family
         doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
         self.lines = [f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"]
-        # generate_latest writes labels sorted by name. Names are legacy (no '%', '{', '"'), so they are safe
-        # in a %-template; only the values are substituted, escaped, per sample.
-        self._label_names = tuple(sorted(spec.labels))
-        labels = ",".join(f'{label}="%s"' for label in self._label_names)
-        self._template = f"{name}{{{labels}}} %s\n" if labels else f"{name} %s\n"
+        # generate_latest writes labels sorted by name; `_sorted` puts the catalog-ordered values in that order
+        # (None: already sorted). Names are legacy (no '%', '{', '"'), so they are safe in the %-template.
+        order = sorted(range(len(spec.labels)), key=lambda i: spec.labels[i])
+        self._sorted = itemgetter(*order) if order != sorted(order) else None
+        labels = ",".join(f'{spec.labels[i]}="%s"' for i in order)
+        self._prefix = f"{name}{{{labels}}} " if labels else f"{name} "
 
-    def add(self, labels: Mapping[str, str], value: float) -> None:
+    def append(self, value: float, label_values: tuple[str, ...]) -> None:
+        """One sample; `value` finite, `label_values` in the catalog's label order."""
         text = repr(value) if value < 1e6 else go_float(value)  # go_float's answer, without the call
-        names = self._label_names
-        if len(names) == 1:  # most families: one label (route or gpu), no list to build
-            self.lines.append(self._template % (_escape(labels[names[0]]), text))
-        else:
-            self.lines.append(self._template % (*[_escape(labels[label]) for label in names], text))
+        if self._sorted is not None:
+            label_values = self._sorted(label_values)
+        joined = "".join(label_values)  # one scan for all values: escaping is rare
+        if "\\" in joined or "\n" in joined or '"' in joined:
+            label_values = tuple(map(_escape, label_values))
+        self.lines.append(self._prefix % label_values + text + "\n")
+
+    def has_samples(self) -> bool:
+        return len(self.lines) > 1
 
 
 def go_float(value: float) -> str:
@@ -62,6 +69,4 @@ def go_float(value: float) -> str:
 
 
 def _escape(value: str) -> str:
-    if "\\" in value or "\n" in value or '"' in value:
-        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-    return value
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
