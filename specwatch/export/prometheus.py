@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from typing import Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -51,6 +52,8 @@ class _ClientFamily:
 
 
 class _TextFamily(TextFamily):
+    __slots__ = ()
+
     def add(self, value: float | bool | None, /, *label_values: str) -> None:
         if value is not None and math.isfinite(value := float(value)):
             self.append(value, label_values)
@@ -191,12 +194,13 @@ def render_families(snapshot: Snapshot) -> list[Metric]:
     return [family.metric for family in families.rendered()]
 
 
-def render_text(snapshot: Snapshot) -> bytes:
-    """The snapshot in the Prometheus text format: exactly the bytes `generate_latest` writes for
-    `render_families(snapshot)`, without building its Metric objects. Never raises, like render_families."""
-    families = _Families(_TextFamily)
+def render_text(snapshot: Snapshot, openmetrics: bool = False) -> bytes:
+    """The snapshot in the Prometheus text format (or OpenMetrics): exactly the bytes client_python's
+    `generate_latest` (`openmetrics.exposition.generate_latest`) writes for `render_families(snapshot)`,
+    without building its Metric objects. Never raises, like render_families."""
+    families = _Families(partial(_TextFamily, openmetrics=openmetrics))
     _render(snapshot, families)
-    return text_body(families.rendered())
+    return text_body(families.rendered(), openmetrics)
 
 
 def _render(snapshot: Snapshot, families: Families) -> None:

@@ -18,23 +18,28 @@ from typing import Iterable
 from specwatch.catalog import MetricSpec
 
 
-def text_body(families: Iterable[TextFamily]) -> bytes:
-    return "".join(line for family in families for line in family.lines).encode("utf-8")
+def text_body(families: Iterable[TextFamily], openmetrics: bool = False) -> bytes:
+    body = "".join(line for family in families for line in family.lines)
+    return (body + "# EOF\n" if openmetrics else body).encode("utf-8")
 
 
 class TextFamily:
-    """One metric family as text-format lines: its HELP and TYPE, then one line per `append`."""
+    """One metric family as lines of the 0.0.4 text format or of OpenMetrics 1.0.0 (they differ only in the
+    HELP and TYPE lines of counters, HELP escaping and the final `# EOF`): HELP and TYPE, then one line per
+    `append`."""
 
     __slots__ = ("lines", "_sorted", "_prefix")
 
-    def __init__(self, spec: MetricSpec) -> None:
-        name, kind = spec.name, spec.type
-        if kind == "counter":  # client_python's CounterMetricFamily strips "_total"; the text format adds it
-            name = name.removesuffix("_total") + "_total"
-        else:
-            kind = "gauge"  # specwatch's collector renders every non-counter (info included) as a gauge family
+    def __init__(self, spec: MetricSpec, openmetrics: bool = False) -> None:
+        # client_python's CounterMetricFamily names the family without "_total" and its samples with it; the
+        # 0.0.4 text format names both with it. specwatch renders every non-counter (info too) as a gauge.
+        kind = "counter" if spec.type == "counter" else "gauge"
+        name = spec.name.removesuffix("_total") + "_total" if kind == "counter" else spec.name
+        family_name = spec.name.removesuffix("_total") if openmetrics else name
         doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
-        self.lines = [f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"]
+        if openmetrics:  # OpenMetrics escapes double quotes in HELP too
+            doc = doc.replace('"', r'\"')
+        self.lines = [f"# HELP {family_name} {doc}\n# TYPE {family_name} {kind}\n"]
         # generate_latest writes labels sorted by name; `_sorted` puts the catalog-ordered values in that order
         # (None: already sorted). Names are legacy (no '%', '{', '"'), so they are safe in the %-template.
         order = sorted(range(len(spec.labels)), key=lambda i: spec.labels[i])
