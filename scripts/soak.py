@@ -4,12 +4,13 @@
 Two modes, both printing one line per report period and a JSON verdict at the end (exit 1 on a failed limit):
 
   live         Real time. The daemon (APScheduler loop, real engine sources, the /metrics HTTP server scraped
-               every 15 s like Prometheus would, 8 fake-NVML GPUs) scrapes ROUTES simulated vLLM engines (2 DP
-               engines, k=4) served by a child process on loopback, at --interval, for --duration.
+               every 15 s as Prometheus does, OpenMetrics + gzip, 8 fake-NVML GPUs) scrapes ROUTES simulated
+               vLLM engines (2 DP engines, k=4) served by a child process on loopback, at --interval, for
+               --duration.
                `--sources trace` feeds the routes from in-process traces instead (no engine scraping).
                    .venv/bin/python scripts/soak.py live --routes 64 --interval 1 --duration 900
   accelerated  Fake clock. The same daemon ticks through --duration of trace time (specwatch.tracegen, the
-               replay traces) as fast as it can, rendering /metrics every 15 trace seconds.
+               replay traces) as fast as it can, rendering /metrics as served to Prometheus every 15 trace seconds.
                    .venv/bin/python scripts/soak.py accelerated --routes 64 --interval 5 --duration 86400
 
 Limits (issue 9): after --warmup, RSS grows by less than 5 MB and the fd and thread counts do not grow.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
 import logging
 import os
@@ -45,6 +47,9 @@ from specwatch.daemon import Daemon  # noqa: E402
 from specwatch.snapshot import EngineCounters, EngineSample  # noqa: E402
 
 RSS_GROWTH_LIMIT_BYTES = 5 * 1024 * 1024
+# What Prometheus 2.42 sends when it scrapes (captured), so the soak exercises the render Prometheus gets.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 K = 4
 POSITION_ACCEPTANCE = (0.78, 0.60, 0.45, 0.33)  # p_j: chance a draft's position j is accepted
 
@@ -240,6 +245,19 @@ def report_line(f: ProcessFigures, extra: str = "") -> None:
           flush=True)
 
 
+def scrape_like_prometheus(url: str) -> bool:
+    """GET /metrics with the headers Prometheus sends (OpenMetrics first, gzip); True if a whole body came back."""
+    request = urllib.request.Request(url, headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            body = resp.read()
+            if resp.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+    except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+        return False
+    return body.endswith(b"# EOF\n")
+
+
 def run_live(args: argparse.Namespace) -> dict[str, Any]:
     import importlib.util
 
@@ -279,10 +297,7 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
                                f"overruns={snap.evaluation_overruns_total:g}")
                 next_report += args.report_every
             if now >= next_scrape:  # a Prometheus scrape of our /metrics
-                try:
-                    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
-                        resp.read()
-                except OSError:
+                if not scrape_like_prometheus(metrics_url):
                     scrape_failures += 1
                 next_scrape += 15.0
             time.sleep(0.2)
@@ -305,9 +320,7 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_accelerated(args: argparse.Namespace) -> dict[str, Any]:
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from specwatch.export.prometheus import SnapshotCollector
+    from specwatch.export.http import RenderCache
 
     start = 1_700_000_000.0
     clock = SimpleNamespace(now=start)
@@ -315,8 +328,7 @@ def run_accelerated(args: argparse.Namespace) -> dict[str, Any]:
     daemon = Daemon(daemon_config(args.routes, args.interval, state_dir, "http://127.0.0.1:9", gpus=True),
                     source_factory=trace_source_factory(start, args.interval, args.duration),
                     gpu_source_factory=fake_gpu_factory(), clock=lambda: clock.now)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: daemon.snapshot))
+    renders = RenderCache(lambda: daemon.snapshot)  # what the HTTP server renders /metrics with
     figures: list[ProcessFigures] = []
     ticks = int(args.duration // args.interval)
     next_render = next_report = 0.0
@@ -327,7 +339,7 @@ def run_accelerated(args: argparse.Namespace) -> dict[str, Any]:
             snap = daemon.tick(clock.now)
             at = i * args.interval
             if at >= next_render:
-                generate_latest(registry)
+                renders.body(PROMETHEUS_ACCEPT, "gzip")
                 next_render += 15.0
             if at >= next_report:
                 gc.collect()  # figures at comparable points, not wherever the collector happened to be
