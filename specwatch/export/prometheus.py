@@ -4,6 +4,11 @@ Names, HELP and types come from `catalog.py`, nothing is cached between scrapes 
 simply disappears), absent values are omitted rather than exported as NaN, and no sample carries a
 timestamp. `collect()` never raises: prometheus_client fails the whole scrape when a collector raises, so
 each section is rendered on its own and a bug in one is logged and costs only that section.
+
+The sections below are the one description of what is exported. They write either client_python families
+(`render_families`: the collector, hence OTel and any format client_python writes) or, for the formats
+Prometheus and curl ask for, text lines directly (`render_text`: the same bytes, for 64 routes a third of
+client_python's CPU in the 0.0.4 text format and an eighth in OpenMetrics).
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ class _Families(Generic[F]):
         return [f for f in self.families.values() if not isinstance(f, _Dropped) and f.has_samples()]
 
 
-Families = Callable[[str], Family]
+Families = Callable[[str], Family]  # what sections write to: f("route_up") is this scrape's route_up family
 
 
 def _self_metrics(s: Snapshot, f: Families) -> None:
