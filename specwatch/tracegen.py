@@ -3,7 +3,8 @@
 The model, per request: a scale s = u / m with u ~ Beta(κm, κ(1-m)) (request heterogeneity) multiplies the
 profile's conditional acceptance α_j; each verify step accepts a prefix (step j is tried only if j-1 was
 accepted), so the number of steps reaching position j is Binomial(steps reaching j-1, α_j). Output length
-is log-normal; the number of steps is tokens / (1 + accepted per step).
+is log-normal; the number of steps is tokens / (1 + accepted per step). A request runs for steps x
+`step_seconds` from a uniform arrival time, so a long one spans several scrapes (`straddle`), as on a real engine.
 
 Speed: an interval with few requests draws each request exactly. A busy interval (more than EXACT_MAX
 requests) draws the interval's mean scale from its normal approximation and applies a linearised, Monte
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
@@ -64,7 +66,8 @@ class TraceSpec:
     kappa: float = 30.0  # Beta concentration: lower = more request heterogeneity
     mean_tokens: float = 300.0  # mean output tokens per request
     diurnal: float = 0.3  # relative amplitude of the daily traffic swing
-    step_seconds: float = 0.02  # one verify step, for the running-requests gauge
+    step_seconds: float = 0.02  # one verify step: a request runs steps x this long (and the running gauge)
+    straddle: bool = True  # a request's steps fall into every scrape interval its run overlaps
     drops: tuple[Drop, ...] = ()
     changes: tuple[ModelChange, ...] = ()
     seed: int = 0
@@ -187,20 +190,21 @@ class _Counters:
 def generate(spec: TraceSpec) -> Iterator[TraceSample]:
     """Yield one cumulative sample per scrape interval."""
     rng = _Sampler(spec.seed)
-    gauss, betavariate = rng.rng.gauss, rng.rng.betavariate
+    gauss = rng.rng.gauss
     k, model = spec.k, spec.model_name
     counters = _Counters(per_pos=[0] * k)
     sigma = LENGTH_SIGMA
     mu = math.log(spec.mean_tokens) - sigma * sigma / 2
     len_sd = spec.mean_tokens * math.sqrt(math.exp(sigma * sigma) - 1.0)
-    beta_a, beta_b = spec.kappa * BETA_MEAN, spec.kappa * (1.0 - BETA_MEAN)
     changes = sorted(spec.changes, key=lambda c: c.at)
+    pending: deque[list[tuple[int, list[float]]]] = deque()  # steps of running requests, per coming interval
     n_intervals = int(spec.duration // spec.interval)
     for i in range(1, n_intervals + 1):
         t = i * spec.interval
         while changes and changes[0].at <= t:
             model = changes.pop(0).model_name
             counters = _Counters(per_pos=[0] * k)  # the engine restarted with the new model
+            pending.clear()  # and its running requests died with it
         scale = 1.0
         for d in spec.drops:
             if d.start <= t and (d.end is None or t < d.end):
@@ -209,11 +213,14 @@ def generate(spec: TraceSpec) -> Iterator[TraceSample]:
         rate = spec.rate * (1.0 + spec.diurnal * math.sin(2 * math.pi * t / DAY))
         n = rng.poisson(rate * spec.interval)
         steps_total, reach = 0, [0] * k
+        for steps, p in (pending.popleft() if pending else ()):
+            _chain(rng, steps, p, reach)
+            steps_total += steps
         if 0 < n <= EXACT_MAX:
             for _ in range(n):
-                p = acc.positions(betavariate(beta_a, beta_b) / BETA_MEAN)
-                tokens = min(8192.0, max(8.0, math.exp(gauss(mu, sigma))))
-                steps = max(1, round(tokens / (1.0 + sum(p))))
+                p, steps = _draw_request(rng, acc, spec.kappa, mu, sigma)
+                if spec.straddle:
+                    steps = _spread(rng, steps, p, spec, pending)
                 _chain(rng, steps, p, reach)
                 steps_total += steps
         elif n > EXACT_MAX:
@@ -235,6 +242,75 @@ def generate(spec: TraceSpec) -> Iterator[TraceSample]:
         yield TraceSample(ts=spec.start + t, route=spec.route, model_name=model, drafts=counters.drafts,
                           draft_tokens=counters.draft_tokens, accepted_tokens=counters.accepted,
                           accepted_per_pos=tuple(counters.per_pos), running=running)
+
+
+@dataclass(frozen=True)
+class RequestDraw:
+    """One SIMULATED request of `request_stream`: its arrival and its own draft counts."""
+
+    t: float  # seconds from the stream start
+    accepted: int  # accepted draft tokens
+    drafted: int  # drafted tokens (steps x k)
+
+
+def request_stream(spec: TraceSpec) -> Iterator[RequestDraw]:
+    """The requests behind `generate(spec)`, one by one: the same model (heterogeneity, lengths, prefix
+    acceptance, daily swing, drops), with Poisson arrivals in continuous time instead of per interval.
+
+    For bounds that need what a scrape never shows, e.g. the detection limit of a detector that could see
+    every request on its own (scripts/bench_detection_bound.py). Model changes are ignored.
+    """
+    rng = _Sampler(spec.seed)
+    sigma = LENGTH_SIGMA
+    mu = math.log(spec.mean_tokens) - sigma * sigma / 2
+    peak = spec.rate * (1.0 + abs(spec.diurnal))
+    t = 0.0
+    while peak > 0:
+        t += rng.rng.expovariate(peak)  # thinning: a Poisson process at the peak rate, kept at rate(t) / peak
+        if t >= spec.duration:
+            return
+        if rng.rng.random() * peak > spec.rate * (1.0 + spec.diurnal * math.sin(2 * math.pi * t / DAY)):
+            continue
+        scale = 1.0
+        for d in spec.drops:
+            if d.start <= t and (d.end is None or t < d.end):
+                scale *= drop_scale(spec.profile, spec.k, spec.kappa, d.ratio)
+        acc = _acceptance(spec.profile, spec.k, spec.kappa, round(scale, 6))
+        reach = [0] * spec.k
+        p, steps = _draw_request(rng, acc, spec.kappa, mu, sigma)
+        _chain(rng, steps, p, reach)
+        yield RequestDraw(t, sum(reach), steps * spec.k)
+
+
+def _draw_request(rng: _Sampler, acc: _Acceptance, kappa: float, mu: float, sigma: float) -> tuple[list[float], int]:
+    """One request's p_j (from its own scale) and its number of verify steps (from its log-normal length)."""
+    p = acc.positions(rng.rng.betavariate(kappa * BETA_MEAN, kappa * (1.0 - BETA_MEAN)) / BETA_MEAN)
+    tokens = min(8192.0, max(8.0, math.exp(rng.rng.gauss(mu, sigma))))
+    return p, max(1, round(tokens / (1.0 + sum(p))))
+
+
+def _spread(rng: _Sampler, steps: int, p: list[float], spec: TraceSpec,
+            pending: deque[list[tuple[int, list[float]]]]) -> int:
+    """Split a request that arrived at a uniform time in this interval over the scrapes its run overlaps.
+
+    Queues the steps that fall into later intervals in `pending` and returns those of this one. Two scrapes of
+    one request are then correlated, as on a real engine: what detectors that weigh scrapes must cope with.
+    """
+    until_scrape = rng.rng.random() * spec.interval
+    duration = steps * spec.step_seconds
+    if duration <= until_scrape:
+        return steps
+    now = round(steps * until_scrape / duration)
+    left, per_interval = steps - now, max(1, round(steps * spec.interval / duration))
+    j = 0
+    while left > 0:
+        if j == len(pending):
+            pending.append([])
+        part = min(left, per_interval)
+        pending[j].append((part, p))
+        left -= part
+        j += 1
+    return now
 
 
 def _chain(rng: _Sampler, steps: int, p: list[float], reach: list[int]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from specwatch.cli import main as cli_main
 from specwatch.detection.overdispersion import DispersionEstimator
 from specwatch.tracegen import (DAY, Drop, ModelChange, TraceSpec, conditional_alphas, drop_scale, generate,
-                                mean_acceptance_ratio)
+                                mean_acceptance_ratio, request_stream)
 
 
 def _ratio(samples, start: float, end: float) -> float:
@@ -68,6 +68,33 @@ def test_traces_are_overdispersed_like_real_traffic() -> None:
             est.add(s.ts, s.accepted_tokens - prev.accepted_tokens, s.draft_tokens - prev.draft_tokens)
         prev = s
     assert est.estimate() > 10  # request heterogeneity, far from a binomial's 1
+
+
+def test_request_stream_is_the_model_of_the_traces() -> None:
+    spec = TraceSpec(rate=0.2, duration=DAY, seed=6)
+    draws = list(request_stream(spec))
+    assert len(draws) == pytest.approx(0.2 * DAY, rel=0.03)  # Poisson arrivals at the daily mean rate
+    assert all(0 <= a.t < b.t < DAY for a, b in zip(draws, draws[1:]))
+    assert all(0 <= d.accepted <= d.drafted and d.drafted % 4 == 0 for d in draws)
+    ratio = sum(d.accepted for d in draws) / sum(d.drafted for d in draws)
+    assert ratio == pytest.approx(mean_acceptance_ratio("eagle3", 4, 30.0), rel=0.03)
+    trace = list(generate(spec))[-1]  # the interval traces of the same model agree
+    assert ratio == pytest.approx(trace.accepted_tokens / trace.draft_tokens, rel=0.04)
+    # the daily swing: the first half day (sin > 0) is busier than the second
+    assert sum(d.t < DAY / 2 for d in draws) > 1.25 * sum(d.t >= DAY / 2 for d in draws)
+
+
+def test_request_stream_applies_drops() -> None:
+    draws = list(request_stream(TraceSpec(rate=2.0, duration=4 * 3600.0, seed=8,
+                                          drops=(Drop(start=2 * 3600.0, ratio=0.20),))))
+    def ratio(ds):
+        return sum(d.accepted for d in ds) / sum(d.drafted for d in ds)
+    before, after = ratio([d for d in draws if d.t < 7200]), ratio([d for d in draws if d.t >= 7200])
+    assert 1 - after / before == pytest.approx(0.20, abs=0.02)
+    # requests differ far more than binomial noise would allow: the heterogeneity the detectors face
+    long = [d.accepted / d.drafted for d in draws if d.t < 7200 and d.drafted >= 400]
+    mean = sum(long) / len(long)
+    assert sum((x - mean) ** 2 for x in long) / len(long) > 5 * mean * (1 - mean) / 400
 
 
 def test_conditional_alphas_extend_the_profile() -> None:
