@@ -81,6 +81,28 @@ def test_openmetrics_tolerance_eof_exemplars_and_escaped_names():
         ("vllm:spec_decode_num_drafts_total", {"engine": "0"}, 7.0)], "normalised name; nothing after # EOF"
 
 
+@pytest.mark.parametrize("unusual", [
+    'm{ a = "1" , b="x y" } 2 1700000000000',  # spaces inside the label set
+    'm{a="1",b="x y",} 2 1700000000000',  # trailing comma
+    'm{a="1",b="x y"}\t2\t1700000000000\r',  # tabs and a CR line end
+    '  m{a="1",b="x y"} 2 1700000000000 # {trace_id="t"} 1.0',  # indented, with an exemplar
+    'm{b="x y",a="1"}2 1700000000000',  # no space before the value
+])
+def test_plain_and_unusual_spellings_of_a_line_read_the_same(unusual):
+    """The regex reader for the usual shape and the strict reader for the rest agree on every value."""
+    plain = parse('m{a="1",b="x y"} 2 1700000000000\n', {"m"})["m"].samples
+    other = parse(unusual + "\n", {"m"})["m"].samples
+    assert [(s.name, dict(s.labels), s.value, s.timestamp) for s in other] == [
+        (s.name, dict(s.labels), s.value, s.timestamp) for s in plain] == [("m", {"a": "1", "b": "x y"}, 2.0, 1.7e9)]
+
+
+def test_a_wanted_line_of_the_usual_shape_with_a_bad_value_is_still_refused():
+    for line, message in (('m{a="1",a="2"} 1', "duplicate label a"), ('m{a="1"} 1_0', "invalid number"),
+                          ('m{a="1"} 1 NaN', "invalid timestamp")):
+        with pytest.raises(ExpositionError, match=message):
+            parse(f"# TYPE m gauge\n{line}\n", {"m"})
+
+
 def test_bytes_input_and_crlf_line_ends():
     fam = parse(b"# TYPE g gauge\r\ng{a=\"1\"} 2\r\n", {"g"})["g"]
     assert fam.type == "gauge" and fam.samples[0].value == 2.0
