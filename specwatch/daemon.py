@@ -1,13 +1,15 @@
 """The composition root: one evaluation cycle (`tick`) from engine and GPU samples to a published Snapshot.
 
-Per cycle, every route's source and the GPU source are sampled concurrently in a small thread pool, each
-call wrapped by `run_source()`, the one place that turns source failures into data. A route's outcome goes
+Per cycle, every route's source and the GPU source are sampled concurrently in a `ScrapePool` (a few
+threads, more only while calls hang), each call wrapped by `run_source()`, the one place that turns
+source failures into data. A route's outcome goes
 through its `RouteTracker` and then its evaluators (detectors, crossover); the resulting `RouteState`s form
 an immutable `Snapshot` that is published by swapping one reference, so exporters never see a half-built
 cycle and never need a lock.
 
-A hung source costs only its own route: the cycle waits for it at most 1.5 x the scrape timeout, and a
-source whose previous call is still running is not called again (so hung calls never pile up threads).
+A hung source costs only its own route: the cycle waits for it at most 1.5 x the scrape timeout, a source
+whose previous call is still running is not called again (so hung calls never pile up threads), and the
+pool starts threads past hung calls within a quarter of the scrape timeout (at most `STALL_SECONDS`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import importlib
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from specwatch.config import Config, GpuConfig, RouteConfig
 from specwatch.detectors.base import EvaluatorContext, RouteEvaluator, build_route_evaluators
+from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
 from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
 from specwatch.sources.base import ERROR_REASONS, EngineSource, NoData, SourceError
 from specwatch.tracking.routes import RouteTracker
@@ -187,7 +191,7 @@ class Daemon:
         self._gpu_source: GpuSource | None = None
         self._gpu_inflight: Future | None = None
         self._gpu_failing = False
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ScrapePool | None = None
         self._overruns = 0.0
         self._state_errors = 0.0
         self._reload_ok = True
@@ -222,6 +226,9 @@ class Daemon:
             pool = self._executor()
             futures = {id(route): self._submit(pool, route, now) for route in self._routes}
             gpu_future = self._submit_gpu(pool, now)
+            # One wait for every call (rather than one per route) wakes this thread once, not up to 65 times.
+            wait([f for f in (gpu_future, *futures.values()) if f is not None],
+                 timeout=max(0.0, deadline - time.monotonic()))
 
             nvml_up, gpus = self._gpu_result(gpu_future, deadline)
             by_index = {g.index: g for g in gpus}
@@ -236,7 +243,7 @@ class Daemon:
             self._publish(snapshot)
             return snapshot
 
-    def _submit(self, pool: ThreadPoolExecutor, route: _Route, now: float) -> Future | None:
+    def _submit(self, pool: ScrapePool, route: _Route, now: float) -> Future | None:
         if route.inflight is not None and not route.inflight.done():
             return None  # the previous call is still hanging: do not stack another thread on it
         route.inflight = pool.submit(run_source, lambda: route.sample(now))
@@ -252,7 +259,7 @@ class Daemon:
             return ScrapeOutcome(reason="timeout", message=f"no answer within {DEADLINE_FACTOR * timeout:g}s",
                                  duration_seconds=DEADLINE_FACTOR * timeout)
 
-    def _submit_gpu(self, pool: ThreadPoolExecutor, now: float) -> Future | None:
+    def _submit_gpu(self, pool: ScrapePool, now: float) -> Future | None:
         source = self._gpu_source
         if source is None or (self._gpu_inflight is not None and not self._gpu_inflight.done()):
             return None
@@ -334,13 +341,15 @@ class Daemon:
         self._state_errors += len(errors)
 
     # ------------------------------------------------------------------ pool, routes, GPUs
-    def _executor(self) -> ThreadPoolExecutor:
-        # At most one call per route plus the GPU source is ever in flight, so this many workers never starve.
+    def _executor(self) -> ScrapePool:
+        # At most one call per route plus the GPU source is ever in flight, so this many threads never starve.
         needed = len(self._routes) + 2
-        if self._pool is None or self._pool._max_workers < needed:  # noqa: SLF001
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._pool = ThreadPoolExecutor(max_workers=needed, thread_name_prefix="specwatch-scrape")
+        # A healthy call takes milliseconds; one still running after a quarter of its timeout is hanging.
+        stall = min(STALL_SECONDS, self.config.scrape_timeout_seconds / 4)
+        if self._pool is None:
+            self._pool = ScrapePool(needed, stall_seconds=stall)
+        elif (self._pool.max_workers, self._pool.stall_seconds) != (needed, stall):
+            self._pool.resize(needed, stall)
         return self._pool
 
     def _new_route(self, cfg: RouteConfig) -> _Route:
@@ -427,5 +436,5 @@ class Daemon:
                 route.close()
             self._close_gpu_source()
             if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool.shutdown(cancel_futures=True)
                 self._pool = None

@@ -14,6 +14,7 @@ from specwatch import daemon as daemon_module
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon, run_source
 from specwatch.export.http import serve
+from specwatch.scrape_pool import CORE_WORKERS, STALL_SECONDS
 from specwatch.scheduler import run_tick, start_scheduler
 from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
 from specwatch.sources.base import NoData, SourceError
@@ -123,6 +124,38 @@ def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evalu
     finally:
         server.shutdown()
         hanging.release.set()
+        d.close()
+
+
+def test_more_hung_sources_than_core_workers_do_not_hold_up_the_healthy_routes(no_evaluators):
+    """The pool keeps a few threads; hung calls queued ahead of healthy ones cost those at most the stall time."""
+    hung = {f"hang{i}": HangingSource() for i in range(CORE_WORKERS + 2)}  # submitted first
+    called_at: dict[str, float] = {}
+
+    def timed(name: str, source: CountingSource) -> CountingSource:
+        inner = source.sample
+        source.sample = lambda now: called_at.setdefault(name, time.monotonic()) and inner(now)
+        return source
+
+    healthy = {f"good{i}": timed(f"good{i}", CountingSource()) for i in range(4)}
+    sources = {**hung, **healthy}
+    clock = FakeClock()
+    d = Daemon(make_config(*sources, interval="5s", scrape={"timeout": "1s"}),
+               source_factory=lambda r, c: sources[r.name], clock=clock)
+    stall = min(STALL_SECONDS, 1.0 / 4)
+    try:
+        for cycle in range(2):
+            called_at.clear()
+            begin = time.monotonic()
+            snap = d.tick(clock.advance(5))
+            assert all(snap.route(name).up for name in healthy), cycle
+            assert all(snap.route(name).error_reason == "timeout" for name in hung), cycle
+            late = max(called_at.values()) - begin
+            assert late < stall + 0.5, f"cycle {cycle}: a healthy route waited {late:.2f}s behind hung ones"
+        assert all(source.calls == 1 for source in hung.values()), "a hung call is never stacked"
+    finally:
+        for source in hung.values():
+            source.release.set()
         d.close()
 
 
