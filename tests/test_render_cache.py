@@ -38,3 +38,15 @@ def test_a_small_body_is_never_gzipped():
     cache = RenderCache(lambda: EMPTY_SNAPSHOT)
     body, _, gzipped = cache.body(TEXT, "gzip")
     assert not gzipped and body.startswith(b"# HELP")
+
+
+def test_a_prometheus_scrape_gets_gzipped_openmetrics_rendered_once_for_both_of_an_ha_pair():
+    prometheus_accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                         "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+    current = snapshot(1.0)
+    cache = RenderCache(lambda: current)
+    first = cache.body(prometheus_accept, "gzip")
+    packed, content_type, gzipped = first
+    assert content_type.startswith(OPENMETRICS) and gzipped
+    assert gzip.decompress(packed).endswith(b"# EOF\n")
+    assert cache.body(prometheus_accept, "gzip") == first and cache.renders == 1
