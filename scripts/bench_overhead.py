@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_overhead.py            # all four, about 6 minutes on 2 cores
     .venv/bin/python scripts/bench_overhead.py --json     # the same, plus one JSON line at the end
+    .venv/bin/python scripts/bench_overhead.py --baseline HEAD~3   # also figure 2 of that commit, side by side
 
 1. Parse and extraction of a full vLLM exposition (2 DP engines, k=4, populated histograms) by specwatch's
    engine source vs `prometheus_client.parser.text_string_to_metric_families` on the same bytes: >= 10x.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import importlib
 import importlib.util
 import json
@@ -207,9 +209,9 @@ def daemon_child(sources: str, layout: str = "separate") -> dict[str, Any]:
             "eval_ms_reported": snap.evaluation_duration_seconds * 1e3}
 
 
-def bench_daemon(layout: str = "separate") -> dict[str, Any]:
+def bench_daemon(layout: str = "separate", script: Path = Path(__file__)) -> dict[str, Any]:
     sources = "http" if have_engine_sources() else "trace"
-    proc = subprocess.run([sys.executable, __file__, "_daemon-child", sources, layout], capture_output=True,
+    proc = subprocess.run([sys.executable, str(script), "_daemon-child", sources, layout], capture_output=True,
                           text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"daemon benchmark child failed:\n{proc.stderr}")
@@ -220,6 +222,20 @@ def bench_daemon(layout: str = "separate") -> dict[str, Any]:
     return result
 
 
+def bench_baseline(revision: str) -> dict[str, Any]:
+    """Figure 2 (64 separate endpoints) of another commit: its tree, exported from git, runs the same child."""
+    tree = Path(tempfile.mkdtemp(prefix="specwatch-baseline-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        result = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    result["revision"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", revision],
+                                        capture_output=True, text=True, check=True).stdout.strip()
+    return result
+
+
 # ------------------------------------------------------------------------------------------ report
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) == 4 and sys.argv[1] == "_daemon-child":
@@ -227,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON line")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure figure 2 (64 endpoints) for git revision REV, side by side")
     args = parser.parse_args(argv)
 
     cpus = Path("/proc/cpuinfo").read_text().count("processor")
@@ -263,6 +281,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{daemon['render_ms']:.2f} ms wall, {daemon['render_cpu_ms']:.2f} ms CPU "
           f"(target < {TARGETS['render_ms']:g} ms wall): {'PASS' if ok['render'] else 'MISS'}; "
           f"prometheus_client generate_latest of the same Snapshot {daemon['generate_latest_cpu_ms']:.2f} ms CPU")
+    if args.baseline:
+        before = bench_baseline(args.baseline)
+        print(f"2. before/after, 64 endpoints: {args.baseline} ({before['revision']}) cycle "
+              f"{before['cycle_cpu_ms']:.1f} ms + render share "
+              f"{before['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms = "
+              f"{before['cpu_percent_of_one_core']:.2f}% -> this tree {daemon['cycle_cpu_ms']:.1f} ms + "
+              f"{daemon['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms = "
+              f"{daemon['cpu_percent_of_one_core']:.2f}%")
     shared = bench_daemon("shared")
     endpoints = ROUTES // ROUTES_PER_SHARED_ENDPOINT
     print(f"   the usual layout, {endpoints} endpoints x {ROUTES_PER_SHARED_ENDPOINT} routes (each route one of its "
@@ -272,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{shared['cpu_percent_of_one_core']:.2f}% of one core")
     print(f"3. steady-state RSS: {shared['rss_mb']:.1f} MB (peak {shared['peak_rss_mb']:.1f} MB)")
     if args.json:
-        print(json.dumps({"parse": parse, "daemon": daemon, "daemon_shared": shared, "ok": ok}))
+        figures = {"parse": parse, "daemon": daemon, "daemon_shared": shared, "ok": ok}
+        if args.baseline:
+            figures["daemon_baseline"] = before
+        print(json.dumps(figures))
     return 0 if all(ok.values()) and "speedup" in parse else 1
 
 
