@@ -5,8 +5,8 @@ materialises the families a caller names: one regex scan visits every line start
 checks that the line can start a sample or comment, stops at `# EOF`, and picks out the lines of wanted
 families through a prefix tree of their names. No other line is ever split. Wanted lines of the usual
 shape (plain `name="value"` labels, then the value) are read by two regexes; any other wanted line goes
-through a strict character-by-character reader. About 100x faster than prometheus_client's parser on a
-full vLLM exposition.
+through a strict character-by-character reader. On a full vLLM exposition (95.6 KB, 986 lines) this and the
+extraction take 0.43 ms against 20.1 ms for prometheus_client's parser (scripts/bench_overhead.py, figure 1).
 
 Also accepted: OpenMetrics-style input (`# EOF`, exemplars after ` # `, `# UNIT`), and names whose `:`
 was escaped to `_` by format negotiation (`vllm_spec_decode_…` is read as `vllm:spec_decode_…`).
