@@ -177,9 +177,14 @@ def markdown(rows: list[tuple[tuple[float, float], float, float, float, float]],
         lines.append(f"| {pair[0]:g}, {pair[1]:g} | {q:.0%} of the sets | {h:.2f} | {p50:.1f} min | {p95:.1f} min "
                      f"| {'yes' if p95 <= TARGET_MINUTES else 'no'} |")
     meeting = [q for _, q, _, _, p95 in rows if p95 <= TARGET_MINUTES]
-    reading = (f"the oracle meets the {TARGET_MINUTES:g} min p95 only with an h that leaves zero false pages in at "
-               f"most {max(meeting):.0%} of the sets of 60 route-days" if meeting else
-               f"the oracle misses the {TARGET_MINUTES:g} min p95 at every h shown")
+    if len(meeting) == len(rows):
+        reading = (f"the oracle meets the {TARGET_MINUTES:g} min p95 at every h shown, up to the one that keeps "
+                   f"{max(meeting):.0%} of the sets of 60 route-days free of false pages")
+    elif meeting:
+        reading = (f"the oracle meets the {TARGET_MINUTES:g} min p95 only with an h that keeps at most "
+                   f"{max(meeting):.0%} of the sets of 60 route-days free of false pages")
+    else:
+        reading = f"the oracle misses the {TARGET_MINUTES:g} min p95 at every h shown"
     lines += ["", "0.95, 0.85 is specwatch's pair; 0.95, 0.80 is the best pair for exactly this benchmark (a 20% "
               f"drop against a 5% drift that must not page). In this run {reading}."]
     return "\n".join(lines)
