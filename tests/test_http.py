@@ -1,8 +1,10 @@
-"""The HTTP fetcher on a loopback server: keep-alive, redirects, and what each failure is called."""
+"""The HTTP fetcher on a loopback server: keep-alive, redirects, encodings, threads, and what each failure is called."""
 
 from __future__ import annotations
 
+import gzip
 import threading
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -24,83 +26,249 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        if self.path == "/metrics":
+        if self.path in ("/metrics", "/slash/metrics/"):
             self.reply(200, BODY)
+        elif self.path == "/slash/metrics":  # as vLLM's mounted app answers: 307 to the slashed path, absolute
+            self.reply(307, b"", location=f"http://{self.headers['Host']}/slash/metrics/")
         elif self.path.startswith("/hop/"):  # /hop/N redirects N times before landing on /metrics
             hops = int(self.path.rsplit("/", 1)[1])
             self.reply(302, b"moved" * 1000, location="/metrics" if hops <= 1 else f"/hop/{hops - 1}")
         elif self.path == "/loop":
             self.reply(307, b"", location="/loop")
+        elif self.path.startswith("/elsewhere"):  # ?to=URL: a redirect to another host
+            self.reply(302, b"", location=self.path.split("?to=", 1)[1])
+        elif self.path == "/gzip":
+            self.reply(200, gzip.compress(BODY), encoding="gzip")
+        elif self.path == "/gzip_two_members":
+            self.reply(200, gzip.compress(BODY[:1000]) + gzip.compress(BODY[1000:]), encoding="gzip")
+        elif self.path == "/raw_deflate":
+            packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+            self.reply(200, packer.compress(BODY) + packer.flush(), encoding="deflate")
+        elif self.path == "/gzip_bomb":  # 64 MiB of zeros in ~64 KB
+            self.reply(200, gzip.compress(bytes(64 * 2**20), compresslevel=9), encoding="gzip")
+        elif self.path == "/gzip_cut":
+            self.reply(200, gzip.compress(BODY)[:-100], encoding="gzip")
+        elif self.path == "/chunked":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for start in range(0, len(BODY), 10_000):
+                piece = BODY[start:start + 10_000]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+        elif self.path == "/wait":  # holds its connection until the test lets it go
+            self.server.waiting.set()
+            self.server.proceed.wait(5)
+            self.reply(200, BODY)
         else:
             self.reply(404, b"not found")
 
-    def reply(self, status: int, body: bytes, location: str = "") -> None:
+    def reply(self, status: int, body: bytes, location: str = "", encoding: str = "") -> None:
         self.send_response(status)
         if location:
             self.send_header("Location", location)
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
 
-@pytest.fixture(scope="module")
-def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client hanging up mid-response (the gzip bomb) is what some tests are for
+
+
+class ClosingServer(QuietServer):
+    """Closes every connection right after its first response without saying so (no `Connection: close`),
+    as a server does whose keep-alive idle timeout runs out between two scrapes. `closed` is set once the
+    socket is shut, so a test needs no sleep."""
+
+    def shutdown_request(self, request) -> None:
+        super().shutdown_request(request)
+        self.closed.set()
+
+
+class ClosingHandler(Handler):
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        self.server.requests += 1
+        if self.path == "/no_response":  # drops the connection without a status line
+            self.close_connection = True
+            return
+        self.reply(200, BODY)
+        self.close_connection = True
+
+
+def start(server_class, handler) -> ThreadingHTTPServer:
+    httpd = server_class(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
-    httpd.connections = 0
+    httpd.connections = httpd.requests = 0
+    httpd.closed, httpd.waiting, httpd.proceed = threading.Event(), threading.Event(), threading.Event()
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield httpd
+    return httpd
+
+
+def stop(httpd: ThreadingHTTPServer) -> None:
+    httpd.proceed.set()
     httpd.shutdown()
     httpd.server_close()
 
 
-def test_scrapes_reuse_one_kept_alive_connection(server):
+@pytest.fixture(scope="module")
+def server():
+    httpd = start(QuietServer, Handler)
+    yield httpd
+    stop(httpd)
+
+
+@pytest.fixture
+def fetcher():
     fetcher = HttpFetcher(timeout_seconds=2.0)
-    try:
-        before = server.connections
-        assert all(fetcher.get(f"{server.url}/metrics") == BODY for _ in range(5))
-        assert server.connections == before + 1
-    finally:
-        fetcher.close()
+    yield fetcher
+    fetcher.close()
+
+
+def test_scrapes_reuse_one_kept_alive_connection(server, fetcher):
+    before = server.connections
+    assert all(fetcher.get(f"{server.url}/metrics") == BODY for _ in range(5))
+    assert server.connections == before + 1
 
 
 @pytest.mark.parametrize("hops", [1, 4])
-def test_redirects_are_followed(server, hops):
-    fetcher = HttpFetcher(timeout_seconds=2.0)
+def test_redirects_are_followed(server, fetcher, hops):
+    assert fetcher.get(f"{server.url}/hop/{hops}") == BODY
+    assert fetcher.get(f"{server.url}/hop/{hops}") == BODY, "and again on the next scrape"
+
+
+def test_a_redirect_to_the_slashed_path_is_followed_on_the_same_kept_alive_connection(server, fetcher):
+    before = server.connections
+    assert all(fetcher.get(f"{server.url}/slash/metrics") == BODY for _ in range(3))
+    assert server.connections == before + 1, "the redirect's body is read, so its connection stays alive"
+
+
+def test_a_redirect_to_another_host_is_followed(server, fetcher):
+    other = start(QuietServer, Handler)
     try:
-        assert fetcher.get(f"{server.url}/hop/{hops}") == BODY
-        assert fetcher.get(f"{server.url}/hop/{hops}") == BODY, "and again on the next scrape"
+        assert fetcher.get(f"{server.url}/elsewhere?to={other.url}/metrics") == BODY
+        assert other.connections == 1
     finally:
-        fetcher.close()
+        stop(other)
 
 
-def test_a_redirect_loop_is_a_connection_failure(server):
-    fetcher = HttpFetcher(timeout_seconds=2.0)
-    try:
-        with pytest.raises(SourceError) as info:
-            fetcher.get(f"{server.url}/loop")
-        assert info.value.reason == "connection" and "/loop" in str(info.value)
-        assert fetcher.get(f"{server.url}/metrics") == BODY, "the fetcher is still usable"
-    finally:
-        fetcher.close()
-
-
-def test_not_found_is_an_http_status_and_a_refused_port_a_connection_failure(server):
-    fetcher = HttpFetcher(timeout_seconds=2.0)
-    try:
-        with pytest.raises(SourceError) as info:
-            fetcher.get(f"{server.url}/nothing")
-        assert info.value.reason == "http_status" and "404" in str(info.value)
-        with pytest.raises(SourceError) as info:
-            fetcher.get("http://127.0.0.1:9/metrics")
-        assert info.value.reason == "connection"
-    finally:
-        fetcher.close()
-
-
-def test_a_url_it_cannot_use_is_a_connection_failure():
-    fetcher = HttpFetcher(timeout_seconds=2.0)
+def test_a_redirect_loop_is_a_connection_failure(server, fetcher):
     with pytest.raises(SourceError) as info:
-        fetcher.get("http://[::1/metrics")
+        fetcher.get(f"{server.url}/loop")
+    assert info.value.reason == "connection" and "/loop" in str(info.value)
+    assert fetcher.get(f"{server.url}/metrics") == BODY, "the fetcher is still usable"
+
+
+def test_too_many_redirects_are_a_connection_failure(server, fetcher):
+    with pytest.raises(SourceError) as info:
+        fetcher.get(f"{server.url}/hop/6")
+    assert info.value.reason == "connection" and "more than 5 redirects" in str(info.value)
+
+
+def test_not_found_is_an_http_status_and_a_refused_port_a_connection_failure(server, fetcher):
+    with pytest.raises(SourceError) as info:
+        fetcher.get(f"{server.url}/nothing")
+    assert info.value.reason == "http_status" and "404" in str(info.value)
+    with pytest.raises(SourceError) as info:
+        fetcher.get("http://127.0.0.1:9/metrics")
     assert info.value.reason == "connection"
+
+
+@pytest.mark.parametrize("url", ["http://[::1/metrics", "http://127.0.0.1:port/metrics", "ftp://127.0.0.1/metrics",
+                                 "http:///metrics"])
+def test_a_url_it_cannot_use_is_a_connection_failure(fetcher, url):
+    with pytest.raises(SourceError) as info:
+        fetcher.get(url)
+    assert info.value.reason == "connection" and "invalid URL" in str(info.value)
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently():
+    closing = start(ClosingServer, ClosingHandler)
+    fetcher = HttpFetcher(timeout_seconds=2.0)
+    try:
+        for scrape in range(3):
+            closing.closed.clear()
+            assert fetcher.get(f"{closing.url}/metrics") == BODY, f"scrape {scrape}"
+            assert closing.closed.wait(2), "the server closed the connection it kept alive"
+        # The first scrape connected; each later one found its kept connection closed and asked once more.
+        assert closing.connections == 3 and closing.requests == 3
+    finally:
+        fetcher.close()
+        stop(closing)
+
+
+def test_a_new_connection_dropped_before_the_response_is_a_failure_not_retried():
+    closing = start(ClosingServer, ClosingHandler)
+    fetcher = HttpFetcher(timeout_seconds=2.0)
+    try:
+        with pytest.raises(SourceError) as info:
+            fetcher.get(f"{closing.url}/no_response")
+        assert info.value.reason == "connection" and "RemoteDisconnected" in str(info.value)
+        assert closing.requests == 1
+    finally:
+        fetcher.close()
+        stop(closing)
+
+
+def test_a_chunked_body_is_read_whole(server, fetcher):
+    before = server.connections
+    assert fetcher.get(f"{server.url}/chunked") == BODY
+    assert fetcher.get(f"{server.url}/chunked") == BODY and server.connections == before + 1
+
+
+@pytest.mark.parametrize("path", ["/gzip", "/gzip_two_members", "/raw_deflate"])
+def test_a_compressed_body_sent_unasked_is_decoded(server, fetcher, path):
+    assert fetcher.get(f"{server.url}{path}") == BODY
+
+
+def test_a_gzip_bomb_hits_the_cap_on_its_decoded_size(server):
+    fetcher = HttpFetcher(timeout_seconds=2.0, max_body_bytes=2**20)
+    try:
+        with pytest.raises(SourceError) as info:
+            fetcher.get(f"{server.url}/gzip_bomb")
+        assert info.value.reason == "too_large"
+    finally:
+        fetcher.close()
+
+
+def test_a_gzip_body_cut_short_is_a_connection_failure(server, fetcher):
+    with pytest.raises(SourceError) as info:
+        fetcher.get(f"{server.url}/gzip_cut")
+    assert info.value.reason == "connection" and "cut short" in str(info.value)
+
+
+def test_a_busy_connection_does_not_hold_up_another_thread(server, fetcher):
+    """Thread A's request hangs on the host's connection; thread B's request to the same host goes through on
+    a second connection, and only one connection is kept afterwards."""
+    server.waiting.clear()
+    server.proceed.clear()
+    results: list[bytes] = []
+    hung = threading.Thread(target=lambda: results.append(fetcher.get(f"{server.url}/wait")))
+    hung.start()
+    try:
+        assert server.waiting.wait(2)
+        assert fetcher.get(f"{server.url}/metrics") == BODY
+    finally:
+        server.proceed.set()
+        hung.join(5)
+    assert results == [BODY]
+    before = server.connections
+    assert fetcher.get(f"{server.url}/metrics") == BODY and server.connections == before
+
+
+def test_a_connection_in_use_when_the_fetcher_closes_is_not_kept(server, fetcher):
+    server.waiting.clear()
+    server.proceed.clear()
+    hung = threading.Thread(target=lambda: fetcher.get(f"{server.url}/wait"))
+    hung.start()
+    assert server.waiting.wait(2)
+    fetcher.close()
+    server.proceed.set()
+    hung.join(5)
+    before = server.connections
+    assert fetcher.get(f"{server.url}/metrics") == BODY
+    assert server.connections == before + 1, "the connection that was in use was closed, not kept"
