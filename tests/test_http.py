@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import gzip
+import shutil
+import ssl
+import subprocess
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from specwatch.sources import http as http_module
 from specwatch.sources.base import SourceError
 from specwatch.sources.http import HttpFetcher
 
@@ -29,7 +33,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path in ("/metrics", "/slash/metrics/"):
             self.reply(200, BODY)
         elif self.path == "/slash/metrics":  # as vLLM's mounted app answers: 307 to the slashed path, absolute
-            self.reply(307, b"", location=f"http://{self.headers['Host']}/slash/metrics/")
+            self.reply(307, b"", location=f"{self.server.scheme}://{self.headers['Host']}/slash/metrics/")
         elif self.path.startswith("/hop/"):  # /hop/N redirects N times before landing on /metrics
             hops = int(self.path.rsplit("/", 1)[1])
             self.reply(302, b"moved" * 1000, location="/metrics" if hops <= 1 else f"/hop/{hops - 1}")
@@ -99,13 +103,16 @@ class ClosingHandler(Handler):
         self.close_connection = True
 
 
-def start(server_class, handler) -> ThreadingHTTPServer:
+def start(server_class, handler, tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
     httpd = server_class(("127.0.0.1", 0), handler)
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     httpd.daemon_threads = True
     httpd.connections = httpd.requests = 0
     httpd.closed, httpd.waiting, httpd.proceed = threading.Event(), threading.Event(), threading.Event()
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.scheme = "https" if tls else "http"
+    httpd.url = f"{httpd.scheme}://127.0.0.1:{httpd.server_address[1]}"
     return httpd
 
 
@@ -272,3 +279,34 @@ def test_a_connection_in_use_when_the_fetcher_closes_is_not_kept(server, fetcher
     before = server.connections
     assert fetcher.get(f"{server.url}/metrics") == BODY
     assert server.connections == before + 1, "the connection that was in use was closed, not kept"
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    """An HTTPS engine endpoint with a self-signed certificate for 127.0.0.1 (its own CA), made with openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", "key.pem", "-out", "cert.pem", "-days", "2", "-subj", "/CN=engine",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], cwd=d, check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(d / "cert.pem", d / "key.pem")
+    httpd = start(QuietServer, Handler, tls=context)
+    httpd.ca_file = d / "cert.pem"
+    yield httpd
+    stop(httpd)
+
+
+def test_https_verifies_the_certificate_against_the_system_cas(tls_server, fetcher):
+    with pytest.raises(SourceError) as info:
+        fetcher.get(f"{tls_server.url}/metrics")
+    assert info.value.reason == "connection" and "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+
+
+def test_https_with_a_trusted_certificate_is_kept_alive(tls_server, fetcher, monkeypatch):
+    trusting = ssl.create_default_context(cafile=str(tls_server.ca_file))
+    monkeypatch.setattr(http_module, "_tls_context", lambda: trusting)
+    before = tls_server.connections
+    assert fetcher.get(f"{tls_server.url}/metrics") == BODY and fetcher.get(f"{tls_server.url}/slash/metrics") == BODY
+    assert tls_server.connections == before + 1
