@@ -6,10 +6,10 @@ time out. So the body is read in chunks and both the wall-clock deadline and the
 between reads (each read waits at most what is left of the deadline); a 100 MB body costs at most the cap.
 
 http.client rather than urllib3 or requests (both built on it): 64 GETs of an 83 KB vLLM exposition from 64
-loopback servers, side by side in one process, cost 13.0 ms of CPU here against 26.4 ms through urllib3's
-connection pools; requests costs more again (docs/benchmarks.md, Overhead). What urllib3 added and a scrape
-needs is here, in a few lines each: the connection kept per host, redirects, a stale keep-alive connection
-retried once, gzip a server sends unasked decoded.
+simulated engines on loopback, side by side in one process, cost 12.9-13.1 ms of CPU here against 21.1-24.3 ms
+through urllib3's connection pools (two runs, medians); requests costs more again (docs/benchmarks.md,
+Overhead). What urllib3 added and a scrape needs is here, a few lines each: one connection kept per host,
+redirects, a stale kept-alive connection retried once, gzip that a server sends unasked decoded.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class HttpFetcher:
         """One GET of `target` on its host's connection: (body, None), or (b"", location) for a redirect."""
         origin, path = self._split(url, target)
         conn, generation = self._checkout(origin)
+        response: HTTPResponse | None = None
         try:
             response, sock = self._send(conn, url, path, headers, deadline)
             location = response.getheader("Location") if response.status in _REDIRECT_STATUSES else None
@@ -122,6 +123,8 @@ class HttpFetcher:
                 result = self._read(response, sock, url, deadline, self.max_body, decoder), None
         except BaseException:
             conn.close()  # failed or half-read: its next request would read this one's leftovers
+            if response is not None:
+                response.close()  # it holds the socket alone when the server said it would close
             raise
         self._checkin(origin, conn, generation)
         return result
