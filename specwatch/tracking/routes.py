@@ -21,6 +21,7 @@ tracking, so an engine appearing mid-way does not pour its whole history into th
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ DETAIL_WINDOW = "5m"
 _SGLANG_NEW_RATE_SINCE = (0, 5, 11)
 
 
+@functools.lru_cache(maxsize=64)  # a route's version string is the same cycle after cycle
 def parse_version(text: str) -> tuple[int, ...] | None:
     """'0.5.10' -> (0, 5, 10); '0.5.13rc1' / 'v0.5.13.post2' -> (0, 5, 13); None when there are no digits."""
     m = re.match(r"^v?(\d+(?:\.\d+)*)", text.strip())
@@ -85,7 +87,9 @@ class _Engine:
         """(increase, value adopted at first sight, reset seen) for one counter; zeros when value is None."""
         if _finite(value) is None:
             return 0.0, 0.0, False
-        counter = self.counters.setdefault(key, ResetSafeCounter())
+        counter = self.counters.get(key)
+        if counter is None:  # not setdefault(): that would build a throwaway counter on every call
+            counter = self.counters[key] = ResetSafeCounter()
         first, resets = counter.last_value is None, counter.resets
         increase = counter.update(value, created)
         initial = counter.total if first and counter.last_value is not None else 0.0
@@ -93,22 +97,26 @@ class _Engine:
 
 
 def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums, bool]:
-    parts = {"drafts": e.drafts, "draft_tokens": e.draft_tokens, "accepted": e.accepted_tokens}
-    inc, init, reset = {}, {}, False
-    for key, value in parts.items():
-        inc[key], init[key], r = eng.update(key, value, e.created)
-        reset |= r
+    created = e.created
+    d_drafts, i_drafts, r1 = eng.update("drafts", e.drafts, created)
+    d_tokens, i_tokens, r2 = eng.update("draft_tokens", e.draft_tokens, created)
+    d_accepted, i_accepted, r3 = eng.update("accepted", e.accepted_tokens, created)
+    reset = r1 or r2 or r3
     inc_pos, init_pos = [], []
-    for j, value in enumerate(e.accepted_per_pos):
-        i, a, r = eng.update(f"pos:{j}", value, e.created)
+    for key, value in zip(_position_keys(len(e.accepted_per_pos)), e.accepted_per_pos):
+        i, a, r = eng.update(key, value, created)
         inc_pos.append(i)
         init_pos.append(a)
-        reset |= r
-    return (Sums(drafts=inc["drafts"], draft_tokens=inc["draft_tokens"], accepted=inc["accepted"],
-                 per_pos=tuple(inc_pos)),
-            Sums(drafts=init["drafts"], draft_tokens=init["draft_tokens"], accepted=init["accepted"],
-                 per_pos=tuple(init_pos)),
+        reset = reset or r
+    return (Sums(d_drafts, d_tokens, d_accepted, tuple(inc_pos)),
+            Sums(i_drafts, i_tokens, i_accepted, tuple(init_pos)),
             reset)
+
+
+@functools.lru_cache(maxsize=None)
+def _position_keys(k: int) -> tuple[str, ...]:
+    """('pos:0', ..., 'pos:{k-1}'), built once per k rather than formatted per engine and cycle."""
+    return tuple(f"pos:{j}" for j in range(k))
 
 
 def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None) -> tuple[Sums, Sums, bool]:
@@ -182,7 +190,9 @@ class RouteTracker:
             rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
 
-        self._observed = self._observed.plus(inc).plus(gauge_now)
+        # Only one of inc and gauge_now can be non-zero, and adding a zero Sums changes nothing (no field
+        # here is ever -0.0: all start at +0.0), so one plus() does the work of two.
+        self._observed = self._observed.plus(gauge_now if sample.acceptance_source == "gauge" else inc)
         self._exported = self._exported.plus(init).plus(inc)
         self._ring.append(sample.ts, self._observed)
         self._last = sample

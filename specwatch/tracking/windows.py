@@ -205,7 +205,7 @@ class WindowRing:
         if base_ts == end_ts:
             return None
         w, vals = self._width, self._values
-        diff = [vals[end * w + i] - vals[base * w + i] for i in range(w)]
+        diff = [e - b for e, b in zip(vals[end * w:(end + 1) * w], vals[base * w:(base + 1) * w])]
         positions = diff[_NS:_NS + max(self._npos[end], self._npos[base])]
         return Sums(diff[0], diff[1], diff[2], tuple(positions), diff[3], diff[4], diff[5], diff[6]), end_ts - base_ts
 
