@@ -155,11 +155,12 @@ class HttpFetcher:
     def _read(self, response: HTTPResponse, sock: socket, url: str, deadline: float, cap: int,
               decoder: _Decoder | None) -> bytes:
         """The whole body, each read waiting only what is left of the deadline; over `cap` bytes (decoded:
-        a gzip bomb hits the cap too) is too_large, read no further than one chunk past it."""
+        a gzip bomb hits the cap too) is too_large."""
         body = bytearray()
         while response.length != 0:  # None: chunked, or until the server closes; 0: all declared bytes read
             sock.settimeout(self._remaining(url, deadline))
-            chunk = response.read1(_CHUNK)  # returns as soon as any bytes arrive
+            # read1 returns as soon as any bytes arrive; undecoded, never more than one byte past the cap
+            chunk = response.read1(_CHUNK if decoder else min(_CHUNK, cap + 1 - len(body)))
             if not chunk:
                 if response.length:
                     raise SourceError("connection", f"GET {url}: response cut short, {response.length} bytes "
