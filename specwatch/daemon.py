@@ -305,14 +305,14 @@ class Daemon:
                 obs = route.tracker.observe(outcome.sample, gpus=gpu_indexes)
             else:
                 obs = route.tracker.observe_down(now, gpus=gpu_indexes)
-            state = route.tracker.state(error_reason=route.last_reason or "")
+            base = route.tracker.state_fields(error_reason=route.last_reason or "")
         except Exception as exc:  # noqa: BLE001 - odd values from a source must not stop the other routes
             log.exception("route %s: tracking failed on this sample", route.cfg.name)
             route.record(ScrapeOutcome(reason="internal", message=f"tracking: {exc}"))
             obs = route.tracker.observe_down(now, gpus=gpu_indexes)
-            state = route.tracker.state(error_reason="internal")
-        # Every field is gathered first and the RouteState copied once: replace() is the costliest step of a
-        # route's evaluation after tracking itself.
+            base = route.tracker.state_fields(error_reason="internal")
+        # Every field is gathered first and the RouteState built once: building it is the costliest step of
+        # a route's evaluation after tracking itself.
         fields: dict[str, Any] = {"scrape_duration_seconds": route.scrape_duration,
                                   "errors_total": dict(route.errors_total), "gpus": gpu_indexes}
         route_gpus: Sequence[GpuSample] = [gpus_by_index[i] for i in gpu_indexes if i in gpus_by_index]
@@ -332,7 +332,7 @@ class Daemon:
                 if i in route.failing_evaluators:
                     log.info("route %s: evaluator %s works again", route.cfg.name, type(evaluator).__name__)
                 route.failing_evaluators.discard(i)
-        return dataclasses.replace(state, **fields)
+        return RouteState(**{**base, **fields})
 
     def _drain_state_errors(self) -> None:
         errors, self._ctx.state_errors[:] = list(self._ctx.state_errors), []

@@ -91,7 +91,7 @@ def _reject_duplicates(families: Mapping[str, Family]) -> None:
     for fam in families.values():
         seen = set()
         for s in fam.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
+            key = (s.name, frozenset(s.labels.items()))  # a label set: order does not matter
             if key in seen:
                 raise SourceError("parse", f"duplicate series {s.name}{dict(s.labels)}")
             seen.add(key)
