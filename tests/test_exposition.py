@@ -49,6 +49,18 @@ def test_only_wanted_families_and_exact_names():
     assert parse(text, {"vllm:num_requests"}) == {}, "a prefix of a name is not that name"
 
 
+def test_label_sets_read_again_next_scrape_are_equal_and_read_only():
+    # Label sets are cached across scrapes (a series keeps its labels), so they must not be writable.
+    first = parse('vllm:num_requests_running{engine="0",model_name="m"} 1\n', {"vllm:num_requests_running"})
+    again = parse('vllm:num_requests_running{engine="0",model_name="m"} 2\n', {"vllm:num_requests_running"})
+    labels = first["vllm:num_requests_running"].samples[0].labels
+    assert labels == again["vllm:num_requests_running"].samples[0].labels == {"engine": "0", "model_name": "m"}
+    with pytest.raises(TypeError):
+        labels["engine"] = "1"  # type: ignore[index]
+    with pytest.raises(ExpositionError, match="duplicate label"):
+        parse('vllm:num_requests_running{engine="0",engine="1"} 1\n', {"vllm:num_requests_running"})
+
+
 def test_histogram_samples_gather_into_their_family():
     text = ("# HELP h Tokens.\n# TYPE h histogram\nh_bucket{le=\"1.0\"} 1\nh_bucket{le=\"+Inf\"} 2\n"
             "h_count 2\nh_sum 3.5\nh_created 1.7e9\n")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specwatch.snapshot import EngineCounters, EngineSample
+from specwatch.snapshot import EngineCounters, EngineSample, RouteState
 from specwatch.tracking.routes import RouteTracker, parse_version, sglang_acceptance_ratio
 from specwatch.tracking.windows import MAX_POINTS, Sums, WindowRing
 
@@ -266,3 +266,15 @@ def test_nan_and_infinite_values_never_poison_the_sums():
     for ts, engine in ((0.0, e(0.6, 10)), (5.0, e(nan, 10)), (10.0, e(0.9, inf)), (15.0, e(0.6, 10))):
         gauge.observe(sglang_sample(ts, "0.5.23", "gauge", engine))
     assert gauge.state().acceptance_ratio["1m"] == pytest.approx(0.6)
+
+
+def test_state_fields_are_the_state_as_keyword_arguments():
+    # The daemon builds each RouteState once from state_fields() plus the evaluators' fields.
+    tracker = RouteTracker("r")
+    assert RouteState(**tracker.state_fields(error_reason="timeout")) == tracker.state(error_reason="timeout")
+    engine = FakeVllmEngine("0", (0.8, 0.6, 0.4, 0.2)[:K], random.Random(3))
+    for step in range(5):
+        engine.step(100)
+        tracker.observe(vllm_sample(1000.0 + 5 * step, engine.counters()))
+        assert RouteState(**tracker.state_fields()) == tracker.state()
+    assert tracker.state().acceptance_ratio, "windows filled: the up path was compared"
