@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -73,18 +74,24 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 1
     finally:
-        if scheduler is not None:
-            scheduler.shutdown(wait=True)
-        if daemon is not None:
-            final = daemon.snapshot
-        for sim in sims.values():
-            sim.stop()
-        if server is not None:
-            server.shutdown()
-        if daemon is not None:
-            daemon.close()
-        if tmp is not None:
-            tmp.cleanup()
+        # A Ctrl-C during the cleanup (or one that arrives just as --duration ends) must not cut it short: the
+        # engines' and scheduler's threads it would leave running keep the process alive. It takes seconds.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            if scheduler is not None:
+                scheduler.shutdown(wait=True)
+            if daemon is not None:
+                final = daemon.snapshot
+            for sim in sims.values():
+                sim.stop()
+            if server is not None:
+                server.shutdown()
+            if daemon is not None:
+                daemon.close()
+            if tmp is not None:
+                tmp.cleanup()
+        finally:
+            signal.signal(signal.SIGINT, previous)
     if final is not None:
         console.print(_frame(routes_document(final), sims, final=True))
     return 0
