@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from load_script import load_script
 
 from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.detection.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRatio, Sprt
@@ -26,7 +25,6 @@ from specwatch.snapshot import RouteObservation
 from specwatch.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
 from specwatch.tracking.baselines import BaselineKey, BaselineStore
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- statistics
@@ -285,11 +283,7 @@ def test_down_and_empty_cycles_change_nothing(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- the benchmark, small
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_detection", ROOT / "scripts" / "bench_detection.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_detection", module)  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_detection")
 
 
 @pytest.mark.parametrize("tier", ["2 req/s", "0.2 req/s"])

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from load_script import load_script
 
 from specwatch.tracegen import DAY, Drop, TraceSpec, request_stream
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _bound():
-    spec = importlib.util.spec_from_file_location("bench_detection_bound", ROOT / "scripts" / "bench_detection_bound.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_detection_bound", module)  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_detection_bound")
 
 
 def test_fitted_variance_predicts_short_and_long_requests() -> None:

@@ -9,7 +9,6 @@ same values as `prometheus_client`'s parser. Bounded for CI: fixed example count
 
 from __future__ import annotations
 
-import math
 import signal
 from contextlib import contextmanager
 from pathlib import Path

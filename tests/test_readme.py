@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
+
+from load_script import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _metrics_reference():
-    spec = importlib.util.spec_from_file_location("metrics_reference", ROOT / "scripts" / "metrics_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("metrics_reference")
 
 
 def test_metric_reference_matches_catalog():

@@ -14,7 +14,6 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
-from types import SimpleNamespace
 
 
 class _Placeholder:
