@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
@@ -147,12 +148,20 @@ class SimEngine:
         self._thread = threading.Thread(target=self._loop, name=f"sim-engine-{self.index}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        self.request_stop()
+        self.join(time.monotonic() + timeout)
+
+    def request_stop(self) -> None:
+        """Tell the step loop to end, without waiting for it (stop many engines, then join them)."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+
+    def join(self, deadline: float) -> None:
+        """Wait for the step loop until `deadline` (time.monotonic), then abort the requests left."""
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.abort_all()
 
     def submit(self, request: SimRequest) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -91,12 +92,17 @@ class Simulation:
         self._runner = threading.Thread(target=self._run_scenario, name="sim-scenario", daemon=True)
         self._runner.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the scenario and every engine: all are told first, then joined against one deadline, so a
+        slow box waits `timeout` at most, not `timeout` per thread."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
-        if self._runner is not None:
-            self._runner.join(timeout=5)
         for engine in self.engines:
-            engine.stop()
+            engine.request_stop()
+        if self._runner is not None:
+            self._runner.join(timeout=max(0.0, deadline - time.monotonic()))
+        for engine in self.engines:
+            engine.join(deadline)
 
     # ------------------------------------------------------------------ serving
     @property
