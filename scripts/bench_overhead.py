@@ -156,10 +156,10 @@ def daemon_child(sources: str, layout: str = "separate") -> dict[str, Any]:
     state_dir = tempfile.mkdtemp(prefix="specwatch-bench-")
     if sources == "http":
         if layout == "shared":
-            farm, base_url = soak.start_engine_farm(ROUTES // ROUTES_PER_SHARED_ENDPOINT)
+            farm, base_url = soak.start_engine_farm(ROUTES // ROUTES_PER_SHARED_ENDPOINT, per_scrape_seconds=INTERVAL)
             config = shared_endpoint_config(state_dir, base_url)
         else:
-            farm, base_url = soak.start_engine_farm(ROUTES)
+            farm, base_url = soak.start_engine_farm(ROUTES, per_scrape_seconds=INTERVAL)
             config = soak.daemon_config(ROUTES, INTERVAL, state_dir, base_url, gpus=True)
         daemon = Daemon(config, gpu_source_factory=soak.fake_gpu_factory(GPUS), clock=lambda: clock.now)
     else:
@@ -227,11 +227,14 @@ def bench_daemon(layout: str = "separate", script: Path = Path(__file__)) -> dic
 
 
 def bench_baseline(revision: str) -> dict[str, Any]:
-    """Figure 2 (64 separate endpoints) of another commit: its tree, exported from git, runs the same child."""
+    """Figure 2 (64 separate endpoints) of another commit: its tree, exported from git, runs this tree's child
+    and simulated engines (scripts/bench_overhead.py and scripts/soak.py are copied over its own)."""
     tree = Path(tempfile.mkdtemp(prefix="specwatch-baseline-"))
     try:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        for harness in ("bench_overhead.py", "soak.py"):  # one harness measures both trees
+            shutil.copy(REPO / "scripts" / harness, tree / "scripts" / harness)
         result = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")
     finally:
         shutil.rmtree(tree, ignore_errors=True)

@@ -129,34 +129,60 @@ def fake_gpu_factory(count: int = 8) -> Callable[[Any], Any]:
 # ----------------------------------------------------------------------------------------- simulated engines
 class SimulatedVllm:
     """One simulated vLLM server (2 DP engines, k=4): the simulator's exposition, advanced lazily at scrape time
-    by the steps a busy engine would have run since the last scrape (cheap enough for 64 in one process)."""
+    by the steps a busy engine would have run since the last scrape (cheap enough for 64 in one process).
+
+    `per_scrape_seconds` (the overhead benchmark): every scrape advances the engines by that many seconds,
+    however little wall time passed, so cycles run back to back on a fake clock each see new counts as a 5 s
+    interval would. Between full renders the spec-decode counter lines of the cached body are rewritten.
+    """
 
     STEPS_PER_SECOND = 40.0
     BATCH = 24
     # Re-render at most this often: 64 prometheus_client renders a second would need more than the one core the
     # simulated engines get, and the daemon only needs counters that move between its cycles now and then.
     REFRESH_SECONDS = 10.0
+    _SPEC_LINE = re.compile(rb"^(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens|accepted_tokens_per_pos)"
+                            rb"_total)\{([^}]*)\} \S+$", re.M)
+    _ENGINE = re.compile(rb'engine="(\d+)"')
+    _POSITION = re.compile(rb'position="(\d+)"')
 
-    def __init__(self, name: str, seed: int) -> None:
+    def __init__(self, name: str, seed: int, per_scrape_seconds: float = 0.0) -> None:
         from specwatch.simulator.metrics_vllm import VllmMetrics
 
         self.metrics = VllmMetrics(f"model-{name}", engines=2, k=K)
         self.rng = random.Random(seed)
+        self.per_scrape_seconds = per_scrape_seconds
         self.last = time.monotonic() - self.REFRESH_SECONDS * self.rng.random()  # spread the refreshes
         self.lock = threading.Lock()
         self.body = b""
+        self.totals: dict[tuple[bytes, int, int], int] = {}  # (family, engine, position or -1) -> count
 
     def render(self) -> bytes:
         with self.lock:
-            if not self.body or time.monotonic() - self.last >= self.REFRESH_SECONDS:
-                self.body = self._advance()
+            now = time.monotonic()
+            due = not self.body or now - self.last >= self.REFRESH_SECONDS
+            if self.per_scrape_seconds:
+                self._step(now, self.per_scrape_seconds, finished=due)
+                if due:
+                    self.last = now
+                    self.body = self.metrics.render()
+                else:
+                    self.body = self._SPEC_LINE.sub(self._current, self.body)
+            elif due:
+                elapsed, self.last = now - self.last, now
+                self._step(now, elapsed, finished=True)
+                self.body = self.metrics.render()
             return self.body
 
-    def _advance(self) -> bytes:
+    def _current(self, m: re.Match) -> bytes:
+        labels = m.group(2)
+        position = self._POSITION.search(labels)
+        key = (m.group(1), int(self._ENGINE.search(labels).group(1)), int(position.group(1)) if position else -1)
+        return b"%s{%s} %d.0" % (m.group(1), labels, self.totals.get(key, 0))
+
+    def _step(self, now: float, elapsed: float, finished: bool) -> None:
         from specwatch.simulator.engine import StepRecord
 
-        now = time.monotonic()
-        elapsed, self.last = now - self.last, now
         steps = max(1, round(elapsed * self.STEPS_PER_SECOND))
         for engine in (0, 1):
             drafts = steps * self.BATCH
@@ -166,17 +192,24 @@ class SimulatedVllm:
                 now=now, duration=0.025, running=self.BATCH, waiting=self.rng.randrange(4),
                 kv_usage=self.rng.uniform(0.2, 0.6), prompt_tokens=steps * 40, emitted_tokens=drafts + accepted,
                 drafts=drafts, draft_tokens=K * drafts, accepted_tokens=accepted, accepted_per_pos=per_pos))
-            for _ in range(self.rng.randrange(1, 4)):  # a few finished requests fill the latency histograms
+            for family, value in ((b"vllm:spec_decode_num_drafts_total", drafts),
+                                  (b"vllm:spec_decode_num_draft_tokens_total", K * drafts),
+                                  (b"vllm:spec_decode_num_accepted_tokens_total", accepted)):
+                self.totals[(family, engine, -1)] = self.totals.get((family, engine, -1), 0) + value
+            for j, value in enumerate(per_pos):
+                key = (b"vllm:spec_decode_num_accepted_tokens_per_pos_total", engine, j)
+                self.totals[key] = self.totals.get(key, 0) + value
+            for _ in range(self.rng.randrange(1, 4) if finished else 0):  # finished requests fill the histograms
                 self.metrics.on_finish(engine, SimpleNamespace(
                     finish_reason="stop", arrival=now - 3.0, scheduled_at=now - 2.9, first_token_at=now - 2.7,
                     generated=self.rng.randrange(50, 800), prompt_tokens=self.rng.randrange(100, 2000),
                     max_tokens=1024), now)
-        return self.metrics.render()
 
 
-def serve_engines(routes: int, port: int) -> None:
+def serve_engines(routes: int, port: int, per_scrape_seconds: float = 0.0) -> None:
     """The child process of `live`: ROUTES simulated servers on one loopback port, as /rNN/metrics."""
-    engines = {f"r{i:02d}": SimulatedVllm(f"r{i:02d}", seed=i) for i in range(routes)}
+    engines = {f"r{i:02d}": SimulatedVllm(f"r{i:02d}", seed=i, per_scrape_seconds=per_scrape_seconds)
+               for i in range(routes)}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn and SGLang's servers do
@@ -203,11 +236,13 @@ def serve_engines(routes: int, port: int) -> None:
     server.serve_forever()
 
 
-def start_engine_farm(routes: int) -> tuple[subprocess.Popen, str]:
+def start_engine_farm(routes: int, per_scrape_seconds: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """ROUTES simulated vLLM servers in a child process; `per_scrape_seconds`: see SimulatedVllm."""
     from specwatch.simulator.launch import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "serve-engines", "--routes", str(routes), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, __file__, "serve-engines", "--routes", str(routes), "--port", str(port),
+                             "--per-scrape-seconds", str(per_scrape_seconds)],
                             stdout=subprocess.PIPE, text=True)
     if proc.stdout.readline().strip() != "ready":
         raise RuntimeError("the simulated engines did not start")
@@ -378,10 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("serve-engines", help="internal: the simulated engines of `live`")
     p.add_argument("--routes", type=int, required=True)
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--per-scrape-seconds", type=float, default=0.0,
+                   help="advance the engines this much per scrape, not by wall time (the overhead benchmark)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.mode == "serve-engines":
-        serve_engines(args.routes, args.port)
+        serve_engines(args.routes, args.port, args.per_scrape_seconds)
         return 0
     result = run_live(args) if args.mode == "live" else run_accelerated(args)
     print(json.dumps(result))
