@@ -72,6 +72,12 @@ def test_a_broken_plan_is_reported_not_crashed():
 
 
 # ----------------------------------------------------------------------------------------- end to end
+def _interactive_ctrl_c() -> None:
+    """In the child: Ctrl-C as in a terminal. A test run started in the background by a non-interactive shell
+    (nohup ... &) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _routes(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/routes", timeout=3) as resp:
         return {r["name"]: r for r in json.load(resp)["routes"]}
@@ -84,7 +90,7 @@ def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c(
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "specwatch", "demo", "--duration", "120",
                              "--web.listen-address", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_interactive_ctrl_c)
     seen = {"both_up": False, "first_model": None, "bumped": False, "degraded_after_bump": False,
             "above_crossover": False, "back_below_crossover": False}
     deadline = time.monotonic() + 115
@@ -120,7 +126,7 @@ def test_ctrl_c_during_the_cleanup_does_not_leave_the_demo_hanging():
     """Ctrl-C pressed as --duration runs out lands in the cleanup; it must still finish and exit."""
     proc = subprocess.Popen([sys.executable, "-m", "specwatch", "demo", "--duration", "6",
                              "--web.listen-address", f"127.0.0.1:{free_port()}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_interactive_ctrl_c)
     try:
         time.sleep(5.5)
         deadline = time.monotonic() + 25
