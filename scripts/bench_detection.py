@@ -165,20 +165,28 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
+def no_drop_specs(rate: float, route_days: float, seed: int, kappa: float) -> tuple[list[TraceSpec], list[TraceSpec]]:
+    """The benchmark's routes that must never page: `route_days` clean, and as many with a 5% drop from day 1 on
+    (inside the indifference zone), in routes of 5 days."""
+    days_per_route = 5.0 if route_days >= 5 else route_days
+    routes = max(1, round(route_days / days_per_route))
+    clean = [TraceSpec(route=f"clean{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + i)
+             for i in range(routes)]
+    small = [TraceSpec(route=f"small{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + 1000 + i,
+                       drops=(Drop(start=min(DAY, days_per_route * DAY / 4), ratio=0.05),)) for i in range(routes)]
+    return clean, small
+
+
 def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: int, config: Config,
                kappa: float) -> tuple[Tally, Tally]:
     ours, naive = Tally(), Tally()
     rng = random.Random(seed)
-    days_per_route = 5.0 if route_days >= 5 else route_days
-    routes = max(1, round(route_days / days_per_route))
-    for i in range(routes):  # clean
-        spec = TraceSpec(route=f"clean{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + i)
+    clean, small = no_drop_specs(rate, route_days, seed, kappa)
+    for spec in clean:
         a, b = run_trace(spec, config)
         ours.pages_clean += len(a.fires())
         naive.pages_clean += len(b.fires())
-    for i in range(routes):  # a 5% drop from day 1 on (inside the indifference zone: must not page)
-        spec = TraceSpec(route=f"small{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa,
-                         seed=seed + 1000 + i, drops=(Drop(start=min(DAY, days_per_route * DAY / 4), ratio=0.05),))
+    for spec in small:
         a, b = run_trace(spec, config)
         ours.pages_small += len(a.fires())
         naive.pages_small += len(b.fires())
@@ -208,16 +216,14 @@ def false_page_sets(rate: float, sets: int, config: Config, kappa: float) -> lis
     for n in range(sets):
         seed = SET_SEED_STRIDE * (n + 1)
         pages, highest = 0, 0.0
-        for i in range(6):
-            for spec in (TraceSpec(route=f"clean{i}", rate=rate, duration=5 * DAY, kappa=kappa, seed=seed + i),
-                         TraceSpec(route=f"small{i}", rate=rate, duration=5 * DAY, kappa=kappa, seed=seed + 1000 + i,
-                                   drops=(Drop(start=DAY, ratio=0.05),))):
-                replayer = Replayer(config)
-                for sample in generate(spec):
-                    transition = replayer.feed(sample)
-                    pages += transition is not None and transition.state == "firing"
-                    highest = max(highest, replayer.evaluator(spec.route).cusum.statistic)
-                replayer.close()
+        clean, small = no_drop_specs(rate, 30.0, seed, kappa)
+        for spec in clean + small:
+            replayer = Replayer(config)
+            for sample in generate(spec):
+                transition = replayer.feed(sample)
+                pages += transition is not None and transition.state == "firing"
+                highest = max(highest, replayer.evaluator(spec.route).cusum.statistic)
+            replayer.close()
         out.append((seed, pages, highest))
         print(f"set seed {seed}: {pages} false pages, highest S {highest:.2f}", file=sys.stderr)
     return out
