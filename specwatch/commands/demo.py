@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -45,6 +46,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Ctrl-C asks the demo to stop; it never raises. A KeyboardInterrupt landing in the cleanup or the final
+    # print would cut them short (and engine or scheduler threads left running keep the process alive), and
+    # an impatient user presses Ctrl-C again and again. The handler is put back once everything has finished.
+    stop = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:  # started in the background by a shell: leave Ctrl-C ignored, as asked
+        signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    try:
+        return _run(args, stop)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: argparse.Namespace, stop: threading.Event) -> int:
     plan = load_demo_plan()
     time_scale = args.time_scale or plan.time_scale
     console = Console()
@@ -67,31 +82,23 @@ def main(args: argparse.Namespace) -> int:
         daemon.tick()
         scheduler = start_scheduler(daemon, config.interval_seconds)
         _banner(console, plan.description, sims, server.url, time_scale)
-        _watch(console, daemon, sims, args.duration, args.refresh)
-    except KeyboardInterrupt:
-        pass
+        _watch(console, daemon, sims, args.duration, args.refresh, stop)
     except (ConfigError, OSError, ValueError) as exc:
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 1
     finally:
-        # A Ctrl-C during the cleanup (or one that arrives just as --duration ends) must not cut it short: the
-        # engines' and scheduler's threads it would leave running keep the process alive. It takes seconds.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            if scheduler is not None:
-                scheduler.shutdown(wait=True)
-            if daemon is not None:
-                final = daemon.snapshot
-            for sim in sims.values():
-                sim.stop()
-            if server is not None:
-                server.shutdown()
-            if daemon is not None:
-                daemon.close()
-            if tmp is not None:
-                tmp.cleanup()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        if scheduler is not None:
+            scheduler.shutdown(wait=True)
+        if daemon is not None:
+            final = daemon.snapshot
+        for sim in sims.values():
+            sim.stop()
+        if server is not None:
+            server.shutdown()
+        if daemon is not None:
+            daemon.close()
+        if tmp is not None:
+            tmp.cleanup()
     if final is not None:
         console.print(_frame(routes_document(final), sims, final=True))
     return 0
@@ -111,8 +118,13 @@ def _banner(console: Console, description: str, sims: dict[str, RunningSimulator
 
 
 def _watch(console: Console, daemon: Daemon, sims: dict[str, RunningSimulator], duration: float,
-           refresh: float) -> None:
+           refresh: float, stop: threading.Event) -> None:
+    """Refresh the table until `stop` is set (Ctrl-C) or `duration` seconds have passed."""
     deadline = time.monotonic() + duration if duration > 0 else None
+
+    def running() -> bool:
+        return not stop.is_set() and (deadline is None or time.monotonic() < deadline)
+
     if console.is_terminal:
         # Log lines (a detected drop, an engine restart) print above the live table instead of through it.
         root = logging.getLogger()
@@ -120,15 +132,15 @@ def _watch(console: Console, daemon: Daemon, sims: dict[str, RunningSimulator], 
         root.handlers = [RichHandler(console=console, show_path=False)]
         try:
             with Live(_frame(routes_document(daemon.snapshot), sims), console=console, auto_refresh=False) as live:
-                while deadline is None or time.monotonic() < deadline:
-                    time.sleep(_nap(refresh, deadline))
+                while running():
+                    stop.wait(_nap(refresh, deadline))
                     live.update(_frame(routes_document(daemon.snapshot), sims), refresh=True)
         finally:
             root.handlers = saved
         return
     next_print = time.monotonic() + NON_TTY_PRINT_EVERY_SECONDS
-    while deadline is None or time.monotonic() < deadline:
-        time.sleep(_nap(refresh, deadline))
+    while running():
+        stop.wait(_nap(refresh, deadline))
         if time.monotonic() >= next_print:
             console.print(_frame(routes_document(daemon.snapshot), sims))
             next_print += NON_TTY_PRINT_EVERY_SECONDS
