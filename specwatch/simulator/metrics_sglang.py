@@ -21,6 +21,7 @@ import bisect
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -270,8 +271,10 @@ class SglangMetrics:
             self._counters: dict[tuple[str, tuple[str, ...]], float] = {}
             self._hists: dict[tuple[str, tuple[str, ...]], _Hist] = {}
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, names: Sequence[str] | None = None) -> bytes:
+        """The exposition. SGLang serves /metrics from a multiprocess registry whose collector names no
+        metrics, so `?name[]=...` restricts it to nothing: an empty body. This registry behaves the same."""
+        return generate_latest(self.registry.restricted_registry(names) if names else self.registry)
 
     # ------------------------------------------------------------------ Recorder
     def on_step(self, engine: int, step: StepRecord) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -172,10 +173,12 @@ class VllmMetrics:
                 self.k = k
             self.registry = self._build()
 
-    def render(self) -> bytes:
+    def render(self, names: Sequence[str] | None = None) -> bytes:
+        """The exposition; with `names`, only those samples, as vLLM's /metrics?name[]=... serves them (its
+        prometheus_client app restricts the registry; in single-process mode every metric's names are known)."""
         with self._lock:
             registry = self.registry
-        return generate_latest(registry)
+        return generate_latest(registry.restricted_registry(names) if names else registry)
 
     # ------------------------------------------------------------------ Recorder
     def on_step(self, engine: int, step: StepRecord) -> None:

@@ -20,6 +20,7 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from specwatch.simulator.simulation import Simulation
 
@@ -78,6 +79,9 @@ class RunningSimulator:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as the engines' uvicorn sets it: headers and body are two writes, and with Nagle on a small
+    # body (a filtered /metrics, /version) waits ~40 ms for the client's delayed ACK of the headers.
+    disable_nagle_algorithm = True
     timeout = 60  # a client that stops reading times out a blocked write, and its request is cancelled
     server: SimulatorHTTPServer
 
@@ -87,7 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ routing
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         sim = self.server.simulation
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         if path == "/":
             return self._send(200, _index_page(sim).encode(), "text/plain; charset=utf-8")
         if path == "/simulator/status":
@@ -95,7 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
         if sim.down:
             return self._error(503, "simulated outage: the engine is down", "ServiceUnavailable")
         if path == "/metrics":
-            return self._send(200, sim.render_metrics(), METRICS_CONTENT_TYPE)
+            # `name[]` parameters restrict the output, as prometheus_client's app (vLLM's and SGLang's) does.
+            return self._send(200, sim.render_metrics(parse_qs(query).get("name[]")), METRICS_CONTENT_TYPE)
         if path == "/health":
             return self._send(200, b"", "text/plain")
         if path == "/v1/models":

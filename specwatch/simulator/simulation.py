@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from specwatch.simulator import metrics_sglang, metrics_vllm
 from specwatch.simulator.clock import SimClock
@@ -120,8 +120,8 @@ class Simulation:
         engine.submit(request)
         return engine, request
 
-    def render_metrics(self) -> bytes:
-        return self.metrics.render()
+    def render_metrics(self, names: Sequence[str] | None = None) -> bytes:
+        return self.metrics.render(names)
 
     def status(self) -> dict[str, Any]:
         engines: list[EngineStatus] = [e.status() for e in self.engines]
