@@ -25,6 +25,7 @@ from specwatch.sources import sglang, vllm
 from specwatch.sources.base import SourceError
 from specwatch.sources.exposition import ExpositionError, Family, parse
 from specwatch.sources.http import HttpFetcher
+from specwatch.sources.name_filter import NameFilter
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ ENGINES: Mapping[str, EngineKind] = {
     "sglang": EngineKind(sglang.WANTED, sglang.extract,
                          (("/get_server_info", "version"), ("/server_info", "version"))),
 }
+# What an endpoint is asked to filter its /metrics down to (name_filter.py): every engine kind's families, so
+# one request serves routes of any kind and `auto` detection still sees the engine's prefix.
+FILTER_NAMES = frozenset().union(*(kind.wanted for kind in ENGINES.values()))
 _KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(vllm|sglang)[:_]", re.M)
 
 
@@ -103,11 +107,13 @@ class SharedEndpoint:
     A reader gets the result already fetched for the same `now` unless it has read that one before (a
     second call in one cycle, as after a retry, fetches afresh): so each route sees exactly one fetch per
     call, and routes of one cycle share it. Fetches are serialized, so a hung endpoint holds one thread.
+    Where the endpoint proves it can, only the wanted series are fetched (`NameFilter`).
     """
 
     def __init__(self, url: str, fetcher: HttpFetcher) -> None:
         self.url = url
         self.fetcher = fetcher
+        self.name_filter = NameFilter(url, FILTER_NAMES)
         self.users = 0  # sources holding it (the registry's reference count)
         self._lock = threading.Lock()
         self._now: float | None = None
@@ -121,7 +127,7 @@ class SharedEndpoint:
             if now != self._now or id(reader) in self._readers:
                 self._now, self._readers, self._parsed = now, set(), {}
                 try:
-                    self._body = self.fetcher.get(self.url)
+                    self._body = self.name_filter.fetch(self.fetcher.get, now)
                 except SourceError as exc:
                     self._body = exc
             self._readers.add(id(reader))
