@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import parse_qs
 from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,21 +147,32 @@ class SimulatedVllm:
     _ENGINE = re.compile(rb'engine="(\d+)"')
     _POSITION = re.compile(rb'position="(\d+)"')
 
-    def __init__(self, name: str, seed: int, per_scrape_seconds: float = 0.0) -> None:
+    def __init__(self, name: str, seed: int, per_scrape_seconds: float = 0.0, multiprocess: bool = False) -> None:
         from specwatch.simulator.metrics_vllm import VllmMetrics
 
         self.metrics = VllmMetrics(f"model-{name}", engines=2, k=K)
         self.rng = random.Random(seed)
         self.per_scrape_seconds = per_scrape_seconds
+        self.multiprocess = multiprocess
         self.last = time.monotonic() - self.REFRESH_SECONDS * self.rng.random()  # spread the refreshes
         self.lock = threading.Lock()
         self.body = b""
         self.totals: dict[tuple[bytes, int, int], int] = {}  # (family, engine, position or -1) -> count
 
-    def render(self) -> bytes:
+    def render(self, names: list[str] | None = None) -> bytes:
+        """The exposition; with `names` (`?name[]=...`) only those samples, as vLLM with one API server serves
+        them, or nothing at all when `multiprocess` (vLLM with several API servers, and SGLang)."""
         with self.lock:
             now = time.monotonic()
             due = not self.body or now - self.last >= self.REFRESH_SECONDS
+            if names:
+                if self.per_scrape_seconds:
+                    self._step(now, self.per_scrape_seconds, finished=False)
+                elif due:
+                    elapsed, self.last = now - self.last, now
+                    self._step(now, elapsed, finished=True)
+                    self.body = b""  # stale now: the next whole scrape renders afresh
+                return b"" if self.multiprocess else self.metrics.render(names)
             if self.per_scrape_seconds:
                 self._step(now, self.per_scrape_seconds, finished=due)
                 if due:
@@ -206,21 +218,26 @@ class SimulatedVllm:
                     max_tokens=1024), now)
 
 
-def serve_engines(routes: int, port: int, per_scrape_seconds: float = 0.0) -> None:
+def serve_engines(routes: int, port: int, per_scrape_seconds: float = 0.0, multiprocess: bool = False) -> None:
     """The child process of `live`: ROUTES simulated servers on one loopback port, as /rNN/metrics."""
-    engines = {f"r{i:02d}": SimulatedVllm(f"r{i:02d}", seed=i, per_scrape_seconds=per_scrape_seconds)
+    engines = {f"r{i:02d}": SimulatedVllm(f"r{i:02d}", seed=i, per_scrape_seconds=per_scrape_seconds,
+                                          multiprocess=multiprocess)
                for i in range(routes)}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn and SGLang's servers do
+        # TCP_NODELAY, as uvicorn's asyncio transports set it: headers and body go out in two writes, and with
+        # Nagle on, a small body waits ~40 ms for the client's delayed ACK of the headers.
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-            parts = self.path.strip("/").split("/")
+            path, _, query = self.path.partition("?")
+            parts = path.strip("/").split("/")
             engine = engines.get(parts[0]) if parts else None
             if engine is None or parts[1:] != ["metrics"]:
                 self.send_error(404)
                 return
-            body = engine.render()
+            body = engine.render(parse_qs(query).get("name[]"))
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -236,13 +253,14 @@ def serve_engines(routes: int, port: int, per_scrape_seconds: float = 0.0) -> No
     server.serve_forever()
 
 
-def start_engine_farm(routes: int, per_scrape_seconds: float = 0.0) -> tuple[subprocess.Popen, str]:
-    """ROUTES simulated vLLM servers in a child process; `per_scrape_seconds`: see SimulatedVllm."""
+def start_engine_farm(routes: int, per_scrape_seconds: float = 0.0,
+                      multiprocess: bool = False) -> tuple[subprocess.Popen, str]:
+    """ROUTES simulated vLLM servers in a child process; `per_scrape_seconds`, `multiprocess`: see SimulatedVllm."""
     from specwatch.simulator.launch import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "serve-engines", "--routes", str(routes), "--port", str(port),
-                             "--per-scrape-seconds", str(per_scrape_seconds)],
+                             "--per-scrape-seconds", str(per_scrape_seconds)] + ["--multiprocess"] * multiprocess,
                             stdout=subprocess.PIPE, text=True)
     if proc.stdout.readline().strip() != "ready":
         raise RuntimeError("the simulated engines did not start")
@@ -415,10 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--per-scrape-seconds", type=float, default=0.0,
                    help="advance the engines this much per scrape, not by wall time (the overhead benchmark)")
+    p.add_argument("--multiprocess", action="store_true",
+                   help="answer ?name[]=... with nothing, as vLLM with several API servers (and SGLang) do")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.mode == "serve-engines":
-        serve_engines(args.routes, args.port, args.per_scrape_seconds)
+        serve_engines(args.routes, args.port, args.per_scrape_seconds, args.multiprocess)
         return 0
     result = run_live(args) if args.mode == "live" else run_accelerated(args)
     print(json.dumps(result))
