@@ -80,8 +80,11 @@ class Family:
         return [s for s in self.samples if all(s.labels.get(k, v) == v for k, v in match.items())]
 
 
-def parse(text: str | bytes, wanted: Iterable[str]) -> dict[str, Family]:
+def parse(text: str | bytes, wanted: Iterable[str], help_text: bool = True) -> dict[str, Family]:
     """Parse the families named in `wanted` (exact names) out of `text`.
+
+    `help_text=False` leaves `# HELP` lines unread (`Family.help` stays ""): a fifth of the lines of a body
+    filtered down to the wanted families, and no caller that extracts samples needs them.
 
     Returns {name: Family} for the wanted families that have samples or metadata; absent ones are simply
     missing. Raises ExpositionError for invalid UTF-8, a line that cannot start a sample or comment (HTML,
@@ -94,15 +97,35 @@ def parse(text: str | bytes, wanted: Iterable[str]) -> dict[str, Family]:
         except UnicodeDecodeError as exc:
             raise ExpositionError(0, f"not UTF-8 at byte {exc.start}") from None
     text = "\n" + text  # every line, the first included, now starts after a "\n": one anchor for the scan
-    samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted))
+    samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), help_text)
     families: dict[str, Family] = {}
     # One C-level regex scan stops only at `# EOF`, at garbage and at lines of wanted families; Python only
     # ever touches those lines.
+    find, plain_rest, n = text.find, _PLAIN_REST_RE.fullmatch, len(text)
     for m in scanner.finditer(text):
         line_start, match_end = m.start() + 1, m.end()
         head = text[line_start:match_end].lstrip(" \t")  # what the scanner matched, indentation aside
-        if head in samples:
-            _parse_sample(head, text, line_start, match_end, samples, families)
+        target = samples.get(head)
+        if target is not None:
+            # A line of the usual shape is read here, inline: calls per line were a third of a small body's cost.
+            # Anything else (and every error) goes through _parse_sample's strict reader.
+            end = find("\n", match_end)
+            plain = plain_rest(text, match_end, n if end == -1 else end)
+            sample = None
+            if plain is not None:
+                labels_text, value, timestamp_ms = plain.groups()
+                if timestamp_ms is None and "_" not in value:
+                    try:
+                        sample = Sample(target[1], _plain_labels(labels_text) if labels_text else {}, float(value))
+                    except ValueError:
+                        pass
+            if sample is None:
+                _parse_sample(head, text, line_start, match_end, samples, families)
+            else:
+                family = families.get(target[0])
+                if family is None:
+                    family = families[target[0]] = Family(target[0])
+                family.samples.append(sample)
         elif head[:1] != "#":
             end = text.find("\n", line_start)
             line = text[line_start:end if end != -1 else len(text)]
@@ -117,13 +140,15 @@ def parse(text: str | bytes, wanted: Iterable[str]) -> dict[str, Family]:
 
 
 @functools.lru_cache(maxsize=64)
-def _reader(wanted: frozenset[str]) -> tuple[dict[str, tuple[str, str]], dict[str, str], re.Pattern[str]]:
+def _reader(wanted: frozenset[str], help_text: bool = True) -> tuple[dict[str, tuple[str, str]], dict[str, str],
+                                                                      re.Pattern[str]]:
     """Everything `parse` derives from `wanted`, built once per set of names: the aliases and the scanner."""
     samples, metadata = _aliases(wanted)
-    return samples, metadata, _line_scanner(frozenset(samples), frozenset(metadata))
+    return samples, metadata, _line_scanner(frozenset(samples), frozenset(metadata), help_text)
 
 
-def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str]) -> re.Pattern[str]:
+def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str],
+                  help_text: bool = True) -> re.Pattern[str]:
     """Matches at the start of each line that the parser must look at; what it matched (indentation aside)
     says why:
 
@@ -136,7 +161,7 @@ def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str]) 
     after a few characters on the ~95% of lines that belong to other families. The pattern has no groups:
     saving and restoring group marks at every line cost a quarter of the scan.
     """
-    comment = r"|# (?:TYPE|HELP) " + _trie_pattern(metadata_names) + r"(?=[{ \t\r]|\n|\Z)" if metadata_names else ""
+    comment = (r"|# (?:TYPE|HELP) " if help_text else r"|# TYPE ") + _trie_pattern(metadata_names) + r"(?=[{ \t\r]|\n|\Z)" if metadata_names else ""
     sample = r"|" + _trie_pattern(sample_names) + r"(?=[{ \t\r]|\n|\Z)" if sample_names else ""
     return re.compile(r"\n(?:# EOF[ \t\r]*(?=\n|\Z)|[ \t]*(?:[^\sa-zA-Z_:#]" + comment + sample + "))")
 
