@@ -142,6 +142,19 @@ def test_scrapes_reuse_one_kept_alive_connection(server, fetcher):
     assert server.connections == before + 1
 
 
+def test_a_kept_alive_connection_sets_no_socket_timeout_request_after_request(server, fetcher, monkeypatch):
+    """settimeout() is an ioctl each time; once the kept socket's timeout matches the scrape timeout (within
+    the slack) further GETs leave it alone, and the deadline still holds (the slow-drip tests)."""
+    import socket
+
+    fetcher.get(f"{server.url}/metrics")
+    calls = []
+    real = socket.socket.settimeout
+    monkeypatch.setattr(socket.socket, "settimeout", lambda sock, value: (calls.append(value), real(sock, value)))
+    assert all(fetcher.get(f"{server.url}/metrics") == BODY for _ in range(5))
+    assert calls == []
+
+
 @pytest.mark.parametrize("hops", [1, 4])
 def test_redirects_are_followed(server, fetcher, hops):
     assert fetcher.get(f"{server.url}/hop/{hops}") == BODY

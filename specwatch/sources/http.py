@@ -32,6 +32,7 @@ from specwatch.sources.lean_http import LeanHTTPConnection, LeanHTTPSConnection
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
 _HEADERS = {"Accept": ACCEPT, "User-Agent": "specwatch"}  # http.client adds `Accept-Encoding: identity`
 _CHUNK = 64 * 1024
+_SLACK = 0.05  # how far past the deadline a socket wait may end, as a share of the scrape timeout
 # No retries of a failed request (the next cycle is the retry); redirects are followed, as Prometheus does
 # (vLLM may answer /metrics with a 307 to /metrics/), and a redirect loop is a connection error.
 _MAX_REDIRECTS = 5
@@ -148,10 +149,10 @@ class HttpFetcher:
                    deadline: float) -> tuple[HTTPResponse, socket]:
         conn.timeout = self._remaining(url, deadline)  # what connect() waits, when there is no socket yet
         if conn.sock is not None:
-            conn.sock.settimeout(conn.timeout)
+            self._bound(conn.sock, url, deadline)
         conn.request("GET", path, headers=headers)
         sock = conn.sock  # held here: getresponse() drops it from `conn` when the server will close after
-        sock.settimeout(self._remaining(url, deadline))
+        self._bound(sock, url, deadline)
         return conn.getresponse(), sock
 
     def _read(self, response: HTTPResponse, sock: socket, url: str, deadline: float, cap: int,
@@ -160,7 +161,7 @@ class HttpFetcher:
         a gzip bomb hits the cap too) is too_large."""
         body = bytearray()
         while response.length != 0:  # None: chunked, or until the server closes; 0: all declared bytes read
-            sock.settimeout(self._remaining(url, deadline))
+            self._bound(sock, url, deadline)
             # read1 returns as soon as any bytes arrive; undecoded, never more than one byte past the cap
             chunk = response.read1(_CHUNK if decoder else min(_CHUNK, cap + 1 - len(body)))
             if not chunk:
@@ -175,6 +176,17 @@ class HttpFetcher:
             decoder.check_complete(url)
         response.close()  # the body is complete: the connection can carry the next request
         return bytes(body)
+
+    def _bound(self, sock: socket, url: str, deadline: float) -> None:
+        """Make the socket's next wait end at the deadline, give or take `_SLACK` of the scrape timeout.
+
+        `settimeout()` is a system call every time (an ioctl), and it was called three times a GET; in a gVisor
+        sandbox system calls are dear. So it is called only when the timeout already on the socket is off by
+        more than the slack: a kept-alive connection's is within it request after request."""
+        remaining = self._remaining(url, deadline)
+        current = sock.gettimeout()
+        if current is None or abs(current - remaining) > _SLACK * self.timeout:
+            sock.settimeout(remaining)
 
     def _remaining(self, url: str, deadline: float) -> float:
         remaining = deadline - self.clock()
