@@ -323,3 +323,123 @@ def test_https_with_a_trusted_certificate_is_kept_alive(tls_server, fetcher, mon
     before = tls_server.connections
     assert fetcher.get(f"{tls_server.url}/metrics") == BODY and fetcher.get(f"{tls_server.url}/slash/metrics") == BODY
     assert tls_server.connections == before + 1
+
+
+class CannedServer:
+    """A loopback server that answers every request on a connection with the next of `answers` (raw bytes),
+    then closes the connection after the last. Counts connections, so a test sees what was kept alive."""
+
+    def __init__(self, *answers: bytes) -> None:
+        import socket
+
+        self.answers = answers
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn) -> None:
+        with conn:
+            for answer in self.answers:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    request += data
+                conn.sendall(answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def canned():
+    servers = []
+
+    def make(*answers: bytes) -> CannedServer:
+        servers.append(CannedServer(*answers))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_a_body_delimited_by_the_server_closing_is_read_whole(canned, fetcher):
+    server = canned(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + BODY)
+    assert fetcher.get(f"{server.url}/metrics") == BODY
+    assert fetcher.get(f"{server.url}/metrics") == BODY and server.connections == 2, "not kept: it closed"
+
+
+def test_connection_close_is_honoured_and_the_next_scrape_connects_afresh(canned, fetcher):
+    ok = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 4\r\n\r\nm 1\n"
+    server = canned(ok, ok)
+    assert fetcher.get(f"{server.url}/metrics") == b"m 1\n"
+    assert fetcher.get(f"{server.url}/metrics") == b"m 1\n" and server.connections == 2
+
+
+def test_bytes_after_the_response_keep_the_connection_from_being_reused(canned, fetcher):
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 1\n"
+    server = canned(ok + b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 9\n", ok)
+    assert fetcher.get(f"{server.url}/metrics") == b"m 1\n"
+    assert fetcher.get(f"{server.url}/metrics") == b"m 1\n", "never the stray second answer"
+    assert server.connections == 2
+
+
+def test_an_interim_100_continue_is_skipped(canned, fetcher):
+    server = canned(b"HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 1\n")
+    assert fetcher.get(f"{server.url}/metrics") == b"m 1\n"
+
+
+@pytest.mark.parametrize("answer, words", [
+    (b"<html><body>Bad Gateway</body></html>\r\n", "not an HTTP response"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-Filler: " + b"x" * 100_000 + b"\r\n\r\n", "headers over"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * 101 + b"Content-Length: 0\r\n\r\n", "more than 100 response headers"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nm 1\n", "cut short"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nm 1\n\r\n", "cut short"),
+])
+def test_a_malformed_or_cut_response_is_a_connection_failure(canned, fetcher, answer, words):
+    server = canned(answer)
+    with pytest.raises(SourceError) as info:
+        fetcher.get(f"{server.url}/metrics")
+    assert info.value.reason == "connection" and words in str(info.value), str(info.value)
+
+
+def test_the_request_names_the_host_and_asks_for_the_text_format_uncompressed(canned, fetcher):
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            seen.append(conn.recv(65536))
+            conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        assert fetcher.get(f"http://127.0.0.1:{port}/metrics?name[]=a%3Ab") == b""
+    finally:
+        listener.close()
+    head = seen[0].decode()
+    assert head.startswith("GET /metrics?name[]=a%3Ab HTTP/1.1\r\n")
+    assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head and "\r\nAccept-Encoding: identity\r\n" in head
+    assert f"\r\nAccept: {http_module.ACCEPT}\r\n" in head and head.endswith("\r\n\r\n")
+
+
+def test_a_path_that_needs_percent_encoding_is_refused_before_sending(fetcher):
+    with pytest.raises(SourceError) as info:
+        fetcher.get("http://127.0.0.1:9/met rics")
+    assert info.value.reason == "connection" and "percent-encoding" in str(info.value)

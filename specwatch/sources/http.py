@@ -1,51 +1,58 @@
-"""HTTP for engine sources: the standard library's http.client, one kept-alive connection per (scheme, host,
-port), a whole-response deadline and a body cap.
+"""HTTP for engine sources: plain sockets and httptools' response parser, one kept-alive connection per
+(scheme, host, port), a whole-response deadline and a body cap.
 
 A socket timeout bounds each read, not the response: an engine that drips one byte a second would never
-time out. So the body is read in chunks and both the wall-clock deadline and the byte cap are enforced
-between reads (each read waits at most what is left of the deadline); a 100 MB body costs at most the cap.
+time out. So the deadline and the byte cap are enforced between reads (each read waits at most what is left
+of the deadline, within `_SLACK`); a 100 MB body costs at most the cap.
 
-http.client rather than urllib3 or requests (both built on it): 64 GETs of an 83 KB vLLM exposition from 64
-simulated engines on loopback, side by side in one process, cost 12.9-13.1 ms of CPU here against 21.1-24.3 ms
-through urllib3's connection pools (two runs, medians); requests costs more again (docs/benchmarks.md,
-Overhead). What urllib3 added and a scrape needs is here, a few lines each: one connection kept per host,
-redirects, a stale kept-alive connection retried once, gzip that a server sends unasked decoded. Responses
-read their headers without the email package (lean_http.py): a third of a small GET's CPU.
+Why not http.client (or urllib3 and requests, built on it): a scrape's CPU there is mostly the client's
+Python, not the bytes. Per response http.client builds a socket file, a buffered reader, a response object
+and reads the status and every header line by line; with `?name[]=` filtering (name_filter.py) a
+64-endpoint cycle moves 3 KB answers, and that overhead is a GET's cost. httptools wraps llhttp, Node.js's
+C parser (also uvicorn's, so the engines' own servers speak through it): one `feed_data` call per read
+parses the status, the headers and a chunked or sized body. A filtered GET cost 47-53 us of CPU this way
+against 146-152 us through http.client (scripts/bench_overhead.py `--http`, same server, same run).
+What a scrape needs from a client is here, a few lines each: one connection kept per host, redirects, a
+stale kept-alive connection retried once, gzip that a server sends unasked decoded, TLS.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import socket
 import ssl
 import threading
 import time
 import zlib
-from http.client import HTTPConnection, HTTPException, HTTPResponse
-from socket import socket
-from typing import Callable, Mapping
+from http.client import RemoteDisconnected
+from typing import Callable
 from urllib.parse import urljoin, urlsplit
 
+import httptools
+
 from specwatch.sources.base import SourceError
-from specwatch.sources.lean_http import LeanHTTPConnection, LeanHTTPSConnection
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
-_HEADERS = {"Accept": ACCEPT, "User-Agent": "specwatch"}  # http.client adds `Accept-Encoding: identity`
-_CHUNK = 64 * 1024
+_CHUNK = 64 * 1024  # one read
 _SLACK = 0.05  # how far past the deadline a socket wait may end, as a share of the scrape timeout
 # No retries of a failed request (the next cycle is the retry); redirects are followed, as Prometheus does
 # (vLLM may answer /metrics with a 307 to /metrics/), and a redirect loop is a connection error.
 _MAX_REDIRECTS = 5
 _REDIRECT_STATUSES = frozenset((301, 302, 303, 307, 308))
 _REDIRECT_BODY_KEPT = 64 * 1024  # a redirect body up to this is read, so its connection stays alive
+_MAX_HEADER_BYTES = 64 * 1024  # status line and headers together; http.client allowed 100 lines of 64 KB
+_MAX_HEADERS = 100
 # Connections kept per fetcher: the /metrics host and, rarely, a version endpoint or redirect on another.
 _HOSTS_KEPT = 4
 _URLS_KEPT = 16  # parsed URLs cached per fetcher; redirects can name new ones, so the cache is bounded
 # What a reused connection raises when the server closed it while idle (uvicorn does after 5 s): the request
 # never reached it, so it is sent once more on a new connection. RemoteDisconnected is a ConnectionResetError.
-_STALE_ERRORS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+_STALE_ERRORS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, ssl.SSLEOFError)
+_NO_BODY_STATUSES = frozenset((204, 304))
 
 Origin = tuple[str, str, int]  # (scheme, host, port): what one connection serves
+_buffers = threading.local()  # one read buffer per thread, not per connection (64 endpoints x 64 KB of RSS)
 
 
 class HttpFetcher:
@@ -61,17 +68,17 @@ class HttpFetcher:
         self.max_body = max_body_bytes
         self.clock = clock
         self._lock = threading.Lock()  # guards _idle and _generation
-        self._idle: dict[Origin, HTTPConnection] = {}  # kept-alive connections not in use, oldest first
+        self._idle: dict[Origin, _Connection] = {}  # kept-alive connections not in use, oldest first
         self._generation = 0  # bumped by close(): connections in use at that moment are not kept afterwards
-        self._urls: dict[str, tuple[Origin, str]] = {}  # url -> (origin, request path)
+        self._urls: dict[str, tuple[Origin, bytes]] = {}  # url -> (origin, request head for its Accept)
 
     def get(self, url: str, accept: str | None = None) -> bytes:
         deadline = self.clock() + self.timeout
-        headers = _HEADERS if accept is None else {**_HEADERS, "Accept": accept}
+        accept = ACCEPT if accept is None else accept
         target, visited = url, {url}
         try:
             for _ in range(_MAX_REDIRECTS + 1):
-                body, location = self._exchange(url, target, headers, deadline)
+                body, location = self._exchange(url, target, accept, deadline)
                 if location is None:
                     return body
                 target = urljoin(target, location)
@@ -80,7 +87,7 @@ class HttpFetcher:
                 visited.add(target)
         except SourceError:
             raise
-        except (OSError, HTTPException, ValueError, zlib.error) as exc:
+        except (OSError, httptools.HttpParserError, ValueError, zlib.error) as exc:
             raise _failure(url, exc, self.timeout) from None
         raise SourceError("connection", f"GET {url}: more than {_MAX_REDIRECTS} redirects")
 
@@ -101,20 +108,19 @@ class HttpFetcher:
             conn.close()
         self._urls.clear()
 
-    def _exchange(self, url: str, target: str, headers: Mapping[str, str],
-                  deadline: float) -> tuple[bytes, str | None]:
+    def _exchange(self, url: str, target: str, accept: str, deadline: float) -> tuple[bytes, str | None]:
         """One GET of `target` on its host's connection: (body, None), or (b"", location) for a redirect."""
-        origin, path = self._split(url, target)
+        origin, request = self._request(url, target, accept)
         conn, generation = self._checkout(origin)
-        response: HTTPResponse | None = None
         try:
-            response, sock = self._send(conn, url, path, headers, deadline)
-            location = response.getheader("Location") if response.status in _REDIRECT_STATUSES else None
+            response = self._send(conn, url, request, deadline)
+            location = response.header(b"location") if response.status in _REDIRECT_STATUSES else None
             if location:
-                if response.length is not None and response.length <= _REDIRECT_BODY_KEPT:
-                    self._read(response, sock, url, deadline, _REDIRECT_BODY_KEPT, decoder=None)
+                length = response.length
+                if length is not None and length <= _REDIRECT_BODY_KEPT:
+                    self._read_body(conn, response, url, deadline, _REDIRECT_BODY_KEPT)
                 else:  # a large or unsized redirect body is not worth reading: drop the connection instead
-                    conn.close()
+                    response.keep_alive = False
                 result = b"", location
             else:
                 if response.status >= 400:
@@ -122,67 +128,98 @@ class HttpFetcher:
                 if response.length is not None and response.length > self.max_body:
                     raise SourceError("too_large", f"GET {url}: Content-Length {response.length} over the "
                                                    f"{self.max_body}-byte cap")
-                decoder = _decoder(response.getheader("Content-Encoding"))
-                result = self._read(response, sock, url, deadline, self.max_body, decoder), None
+                result = self._read_body(conn, response, url, deadline, self.max_body), None
         except BaseException:
             conn.close()  # failed or half-read: its next request would read this one's leftovers
-            if response is not None:
-                response.close()  # it holds the socket alone when the server said it would close
             raise
-        self._checkin(origin, conn, generation)
+        if response.keep_alive:
+            self._checkin(origin, conn, generation)
+        else:
+            conn.close()
         return result
 
-    def _send(self, conn: HTTPConnection, url: str, path: str, headers: Mapping[str, str],
-              deadline: float) -> tuple[HTTPResponse, socket]:
+    def _send(self, conn: _Connection, url: str, request: bytes, deadline: float) -> _Response:
         """The request sent and the response's status and headers read; a stale kept-alive connection is
         replaced once, transparently."""
         reused = conn.sock is not None
         try:
-            return self._send_once(conn, url, path, headers, deadline)
+            return self._send_once(conn, url, request, deadline)
         except _STALE_ERRORS:
             if not reused:
                 raise
             conn.close()  # the next request on it connects afresh
-            return self._send_once(conn, url, path, headers, deadline)
+            return self._send_once(conn, url, request, deadline)
 
-    def _send_once(self, conn: HTTPConnection, url: str, path: str, headers: Mapping[str, str],
-                   deadline: float) -> tuple[HTTPResponse, socket]:
-        conn.timeout = self._remaining(url, deadline)  # what connect() waits, when there is no socket yet
-        if conn.sock is not None:
+    def _send_once(self, conn: _Connection, url: str, request: bytes, deadline: float) -> _Response:
+        if conn.sock is None:
+            conn.connect(self._remaining(url, deadline))
+        else:
             self._bound(conn.sock, url, deadline)
-        conn.request("GET", path, headers=headers)
-        sock = conn.sock  # held here: getresponse() drops it from `conn` when the server will close after
-        self._bound(sock, url, deadline)
-        return conn.getresponse(), sock
+        conn.sock.sendall(request)
+        response = _Response()
+        while not response.headers_complete:
+            self._feed(conn, response, url, deadline, before_headers=True)
+            if response.head_bytes > _MAX_HEADER_BYTES and not response.headers_complete:
+                raise SourceError("connection", f"GET {url}: response headers over {_MAX_HEADER_BYTES} bytes")
+        if len(response.headers) > _MAX_HEADERS:
+            raise SourceError("connection", f"GET {url}: more than {_MAX_HEADERS} response headers")
+        return response
 
-    def _read(self, response: HTTPResponse, sock: socket, url: str, deadline: float, cap: int,
-              decoder: _Decoder | None) -> bytes:
+    def _read_body(self, conn: _Connection, response: _Response, url: str, deadline: float, cap: int) -> bytes:
         """The whole body, each read waiting only what is left of the deadline; over `cap` bytes (decoded:
         a gzip bomb hits the cap too) is too_large."""
-        body = bytearray()
-        while response.length != 0:  # None: chunked, or until the server closes; 0: all declared bytes read
-            self._bound(sock, url, deadline)
-            # read1 returns as soon as any bytes arrive; undecoded, never more than one byte past the cap
-            chunk = response.read1(_CHUNK if decoder else min(_CHUNK, cap + 1 - len(body)))
-            if not chunk:
-                if response.length:
-                    raise SourceError("connection", f"GET {url}: response cut short, {response.length} bytes "
-                                                    f"missing of its Content-Length")
-                break
-            body += decoder.decode(chunk, cap + 1 - len(body)) if decoder else chunk
+        decoder = _decoder(response.header(b"content-encoding"))
+        if response.complete and not decoder and len(response.chunks) <= 1:  # the usual small answer: one read
+            body = response.chunks[0] if response.chunks else b""
             if len(body) > cap:
                 raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
+            return body
+        body = bytearray()
+        while True:
+            chunks, response.chunks = response.chunks, []
+            for chunk in chunks:
+                body += decoder.decode(chunk, cap + 1 - len(body)) if decoder else chunk
+                if len(body) > cap:
+                    raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
+            if response.complete:
+                break
+            self._feed(conn, response, url, deadline)
+            if response.eof and not response.complete:
+                if response.length is not None or response.chunked:
+                    raise SourceError("connection", f"GET {url}: response cut short: the server closed the "
+                                                    f"connection before the end of its body")
+                response.complete = True  # a body delimited by the server closing the connection
         if decoder:
             decoder.check_complete(url)
-        response.close()  # the body is complete: the connection can carry the next request
         return bytes(body)
 
-    def _bound(self, sock: socket, url: str, deadline: float) -> None:
+    def _feed(self, conn: _Connection, response: _Response, url: str, deadline: float,
+              before_headers: bool = False) -> None:
+        """One read from the socket into the parser; EOF is noted on the response."""
+        sock = conn.sock
+        self._bound(sock, url, deadline)
+        buffer = _read_buffer()
+        n = sock.recv_into(buffer)
+        if not n:
+            response.eof = True
+            response.keep_alive = False
+            if before_headers:
+                raise RemoteDisconnected("Remote end closed connection without response")
+            return
+        if before_headers:
+            response.head_bytes += n
+        try:
+            response.parser.feed_data(memoryview(buffer)[:n])
+        except httptools.HttpParserError:
+            if not response.complete:
+                raise
+            response.keep_alive = False  # bytes after the response: the connection cannot carry another
+
+    def _bound(self, sock: socket.socket, url: str, deadline: float) -> None:
         """Make the socket's next wait end at the deadline, give or take `_SLACK` of the scrape timeout.
 
-        `settimeout()` is a system call every time (an ioctl), and it was called three times a GET; in a gVisor
-        sandbox system calls are dear. So it is called only when the timeout already on the socket is off by
-        more than the slack: a kept-alive connection's is within it request after request."""
+        `settimeout()` is a system call every time (an ioctl); a kept-alive connection's timeout is within
+        the slack request after request, so it is called only when it is off by more."""
         remaining = self._remaining(url, deadline)
         current = sock.gettimeout()
         if current is None or abs(current - remaining) > _SLACK * self.timeout:
@@ -194,9 +231,11 @@ class HttpFetcher:
             raise SourceError("timeout", f"GET {url}: response not complete within {self.timeout:g}s")
         return remaining
 
-    def _split(self, url: str, target: str) -> tuple[Origin, str]:
-        """(origin, request path) of `target`, parsed once per URL. Raises SourceError for one it cannot use."""
-        known = self._urls.get(target)
+    def _request(self, url: str, target: str, accept: str) -> tuple[Origin, bytes]:
+        """(origin, the request's bytes) of `target`, built once per URL and Accept. Raises SourceError for
+        a URL it cannot use."""
+        key = target if accept is ACCEPT else f"{accept}\n{target}"
+        known = self._urls.get(key)
         if known is not None:
             return known
         try:
@@ -207,26 +246,29 @@ class HttpFetcher:
         if scheme not in ("http", "https") or not host:
             raise SourceError("connection", f"GET {url}: invalid URL {target!r}: not http(s)://host")
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        known = (scheme, host, port or (443 if scheme == "https" else 80)), path
+        default_port = 443 if scheme == "https" else 80
+        port = port or default_port
+        host_header = f"[{host}]" if ":" in host else host
+        if port != default_port:
+            host_header += f":{port}"
+        if any(c <= " " or c == "\x7f" for c in path) or not path.isascii():
+            raise SourceError("connection", f"GET {url}: invalid URL {target!r}: the path needs percent-encoding")
+        request = (f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nAccept-Encoding: identity\r\n"
+                   f"Accept: {accept}\r\nUser-Agent: specwatch\r\n\r\n").encode("ascii")
+        known = (scheme, host, port), request
         if len(self._urls) >= _URLS_KEPT:
             self._urls.clear()
-        self._urls[target] = known
+        self._urls[key] = known
         return known
 
-    def _checkout(self, origin: Origin) -> tuple[HTTPConnection, int]:
+    def _checkout(self, origin: Origin) -> tuple[_Connection, int]:
         """The host's idle connection, or a new one (not yet connected) when it has none or it is in use."""
         with self._lock:
             conn, generation = self._idle.pop(origin, None), self._generation
-        if conn is None:
-            scheme, host, port = origin
-            if scheme == "https":
-                conn = LeanHTTPSConnection(host, port, timeout=self.timeout, context=_tls_context())
-            else:
-                conn = LeanHTTPConnection(host, port, timeout=self.timeout)
-        return conn, generation
+        return conn or _Connection(origin), generation
 
-    def _checkin(self, origin: Origin, conn: HTTPConnection, generation: int) -> None:
-        evicted: HTTPConnection | None = None
+    def _checkin(self, origin: Origin, conn: _Connection, generation: int) -> None:
+        evicted: _Connection | None = None
         with self._lock:
             keep = generation == self._generation and origin not in self._idle
             if keep:
@@ -237,6 +279,106 @@ class HttpFetcher:
             conn.close()  # the fetcher was closed meanwhile, or another thread's connection is already kept
         if evicted is not None:
             evicted.close()
+
+
+class _Connection:
+    """One TCP (or TLS) connection to an origin; `sock` is None until connected and after close()."""
+
+    __slots__ = ("origin", "sock")
+
+    def __init__(self, origin: Origin) -> None:
+        self.origin = origin
+        self.sock: socket.socket | None = None
+
+    def connect(self, timeout: float) -> None:
+        scheme, host, port = self.origin
+        sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one small write
+            if scheme == "https":
+                sock = _tls_context().wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+
+
+class _Response:
+    """httptools' callbacks for one response: status, headers and body chunks as they are parsed."""
+
+    __slots__ = ("parser", "status", "reason", "headers", "by_name", "chunks", "headers_complete", "complete",
+                 "eof", "keep_alive", "length", "chunked", "head_bytes")
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.by_name: dict[bytes, bytes] = {}  # lower-case name -> first value, once the headers are complete
+        self.chunks: list[bytes] = []  # body bytes parsed and not yet taken by the reader
+        self.headers_complete = self.complete = self.eof = False
+        self.keep_alive = False
+        self.length: int | None = None  # Content-Length, when the body has one
+        self.chunked = False
+        self.head_bytes = 0
+
+    def header(self, name: bytes) -> str | None:
+        """The first header of that (lower-case) name, decoded as HTTP/1.1 headers are (ISO-8859-1)."""
+        value = self.by_name.get(name)
+        return None if value is None else value.decode("iso-8859-1").strip()
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.headers_complete:  # a second response after the first: bytes nobody asked for
+            self.keep_alive = False
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason.decode("iso-8859-1")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.headers_complete:
+            self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim response (100 Continue): its headers are skipped
+            self.headers, self.reason = [], ""
+            return
+        if self.headers_complete:
+            return
+        self.status = status
+        self.headers_complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # only right here: llhttp resets it afterwards
+        by_name = self.by_name
+        for key, value in self.headers:
+            by_name.setdefault(key.lower(), value)
+        te = self.header(b"transfer-encoding")
+        self.chunked = bool(te and te.lower() == "chunked")
+        length = self.header(b"content-length")
+        if status in _NO_BODY_STATUSES:
+            self.length = 0
+        elif length is not None and not self.chunked and length.isdigit():
+            self.length = int(length)
+
+    def on_body(self, data: bytes) -> None:
+        if not self.complete:
+            self.chunks.append(data)
+
+    def on_message_complete(self) -> None:
+        if self.headers_complete:
+            self.complete = True
+
+
+def _read_buffer() -> bytearray:
+    buffer = getattr(_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _buffers.buffer = bytearray(_CHUNK)
+    return buffer
 
 
 @functools.cache
@@ -296,5 +438,7 @@ def _failure(url: str, exc: BaseException, timeout: float) -> SourceError:
         return SourceError("timeout", f"GET {url}: no complete response within {timeout:g}s")
     if isinstance(exc, zlib.error):
         return SourceError("connection", f"GET {url}: compressed body not valid: {exc}")
-    # refused, reset, DNS, TLS, a malformed status line or headers, a chunked body cut short, a bad path
+    if isinstance(exc, httptools.HttpParserError):
+        return SourceError("connection", f"GET {url}: not an HTTP response: {exc}")
+    # refused, reset, DNS, TLS, a connection closed before the response, a chunked body cut short
     return SourceError("connection", f"GET {url}: {type(exc).__name__}: {exc}")
