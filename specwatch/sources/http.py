@@ -11,7 +11,7 @@ and reads the status and every header line by line; with `?name[]=` filtering (n
 64-endpoint cycle moves 3 KB answers, and that overhead is a GET's cost. httptools wraps llhttp, Node.js's
 C parser (also uvicorn's, so the engines' own servers speak through it): one `feed_data` call per read
 parses the status, the headers and a chunked or sized body. A filtered GET cost 47-53 us of CPU this way
-against 146-152 us through http.client (scripts/bench_overhead.py `--http`, same server, same run).
+against 146-152 us through http.client (same server, same process, alternating).
 What a scrape needs from a client is here, a few lines each: one connection kept per host, redirects, a
 stale kept-alive connection retried once, gzip that a server sends unasked decoded, TLS.
 """
