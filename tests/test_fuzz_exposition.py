@@ -229,3 +229,41 @@ def test_well_formed_expositions_parse_like_prometheus_client(case):
         theirs = reference.get(name, [])
         mine = ours[name].samples if name in ours else []
         assert _comparable(mine) == _comparable(theirs), name
+
+
+# -------------------------------------------- the inline reading of usual lines against the strict reader
+_LABEL_PAIRS = ['a="x"', 'b="y z"', 'c="}"', 'a="1"', 'd="\\"q"', ' e="1"', 'f=""', 'g="x\\\\n"', 'h="{"', "i=1"]
+
+
+@st.composite
+def sample_line(draw: Any) -> str:
+    """One sample line of a wanted family, usual or not: odd label text, blanks, values, timestamps, exemplars."""
+    line = draw(st.sampled_from(["vllm:num_requests_running", "  vllm:num_requests_running"]))
+    if draw(st.booleans()):
+        pairs = draw(st.lists(st.sampled_from(_LABEL_PAIRS), max_size=3))
+        separator = draw(st.sampled_from([",", ", "]))
+        line += "{" + separator.join(pairs) + draw(st.sampled_from(["", ","])) + draw(st.sampled_from(["}", ""]))
+    line += draw(st.sampled_from([" ", "\t", "", "  "]))
+    line += draw(st.sampled_from(["1", "1.5", "-2e3", "NaN", "+Inf", "1_0", "0x1", "abc", "", "1 2"]))
+    line += draw(st.sampled_from(["", " 1700000000000", " # {a=\"b\"} 1", "\r", " ", "#"]))
+    return line
+
+
+def _outcome(text: str) -> Any:
+    try:
+        families = exposition.parse(text, {"vllm:num_requests_running"})
+    except exposition.ExpositionError as exc:
+        return "error", str(exc)
+    return [(s.name, dict(s.labels), repr(s.value), s.timestamp) for f in families.values() for s in f.samples]
+
+
+@FUZZ
+@given(st.lists(sample_line(), min_size=1, max_size=6).map("\n".join))
+def test_usual_lines_read_inline_agree_with_the_strict_reader(text):
+    inline = _outcome(text)
+    # With no label text plain and no blank usual, every line goes through the strict reader.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exposition, "_plain_labels", lambda text: None)
+        patch.setattr(exposition, "_BLANKS", ())
+        strict = _outcome(text)
+    assert inline == strict

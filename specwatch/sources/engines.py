@@ -85,7 +85,7 @@ def parse_families(kind: str, body: str | bytes) -> tuple[str, dict[str, Family]
 
 def _parse_or_raise(body: str | bytes, wanted: frozenset[str]) -> dict[str, Family]:
     try:
-        return parse(body, wanted, help_text=False)
+        return parse(body, wanted, comments=False)
     except ExpositionError as exc:
         raise SourceError("parse", f"invalid exposition: {exc}") from None
 

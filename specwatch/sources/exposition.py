@@ -4,8 +4,8 @@ An engine's /metrics holds ~1,000 lines of which specwatch needs a few dozen. `p
 materialises the families a caller names: one regex scan visits every line start once, and in the same pass
 checks that the line can start a sample or comment, stops at `# EOF`, and picks out the lines of wanted
 families through a prefix tree of their names. No other line is ever split. Wanted lines of the usual
-shape (plain `name="value"` labels, then the value) are read by two regexes; any other wanted line goes
-through a strict character-by-character reader. On a full vLLM exposition (95.6 KB, 986 lines) this and the
+shape (plain `name="value"` labels, then the value) are read inline with string methods and a cache of
+label sets; any other wanted line goes through a strict character-by-character reader. On a full vLLM exposition (95.6 KB, 986 lines) this and the
 extraction take 0.43 ms against 20.1 ms for prometheus_client's parser (scripts/bench_overhead.py, figure 1).
 
 Also accepted: OpenMetrics-style input (`# EOF`, exemplars after ` # `, `# UNIT`), and names whose `:`
@@ -28,12 +28,13 @@ from typing import Iterable, Mapping, NamedTuple
 
 _HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-# What follows a sample's name in the usual shape: plain labels (no escapes, no spaces), then `value
-# [timestamp]`. Group 1 is the label pairs, 2 the value, 3 the timestamp.
+# The usual shape of a sample's label pairs: no escapes, no blanks (anything else is the strict reader's).
 _PLAIN_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
-_PLAIN_REST_RE = re.compile(r"(?:\{((?:" + _PLAIN_LABEL + ",)*(?:" + _PLAIN_LABEL + r")?)\})?"
-                            r"[ \t]+([^\s#]+)(?:[ \t]+([^\s#]+))?[ \t\r]*")
+_PLAIN_LABELS_RE = re.compile("(?:" + _PLAIN_LABEL + ",)*(?:" + _PLAIN_LABEL + ")?")
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+_new_tuple = tuple.__new__  # Sample(...) through NamedTuple's Python-level __new__ costs 3x more
 _PLAIN_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+_BLANKS = (" ", "\t")  # what separates a sample's name or labels from its value
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = frozenset(("counter", "gauge", "histogram", "summary", "untyped", "unknown", "gaugehistogram", "info",
                     "stateset"))
@@ -80,14 +81,15 @@ class Family:
         return [s for s in self.samples if all(s.labels.get(k, v) == v for k, v in match.items())]
 
 
-def parse(text: str | bytes, wanted: Iterable[str], help_text: bool = True) -> dict[str, Family]:
+def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True) -> dict[str, Family]:
     """Parse the families named in `wanted` (exact names) out of `text`.
 
-    `help_text=False` leaves `# HELP` lines unread (`Family.help` stays ""): a fifth of the lines of a body
-    filtered down to the wanted families, and no caller that extracts samples needs them.
+    `comments=False` leaves `# TYPE` and `# HELP` lines unread (`Family.type` stays "unknown", `help` ""):
+    they are a third of the lines of a body filtered down to the wanted families, and no caller that
+    extracts samples needs them.
 
-    Returns {name: Family} for the wanted families that have samples or metadata; absent ones are simply
-    missing. Raises ExpositionError for invalid UTF-8, a line that cannot start a sample or comment (HTML,
+    Returns {name: Family} for the wanted families that have samples (or, with `comments`, metadata);
+    absent ones are simply missing. Raises ExpositionError for invalid UTF-8, a line that cannot start a sample or comment (HTML,
     binary junk), or any malformed line of a wanted family. Lines of other families are not validated
     beyond their first character: this parser trades full validation for speed.
     """
@@ -97,26 +99,35 @@ def parse(text: str | bytes, wanted: Iterable[str], help_text: bool = True) -> d
         except UnicodeDecodeError as exc:
             raise ExpositionError(0, f"not UTF-8 at byte {exc.start}") from None
     text = "\n" + text  # every line, the first included, now starts after a "\n": one anchor for the scan
-    samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), help_text)
+    samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), comments)
     families: dict[str, Family] = {}
     # One C-level regex scan stops only at `# EOF`, at garbage and at lines of wanted families; Python only
     # ever touches those lines.
-    find, plain_rest, n = text.find, _PLAIN_REST_RE.fullmatch, len(text)
+    find, n = text.find, len(text)
     for m in scanner.finditer(text):
         line_start, match_end = m.start() + 1, m.end()
         head = text[line_start:match_end].lstrip(" \t")  # what the scanner matched, indentation aside
         target = samples.get(head)
         if target is not None:
-            # A line of the usual shape is read here, inline: calls per line were a third of a small body's cost.
-            # Anything else (and every error) goes through _parse_sample's strict reader.
+            # A line of the usual shape (`{plain labels} value`) is read here, inline, with string methods: calls
+            # and regexes per line were most of a small body's cost. Anything else (a timestamp, an exemplar,
+            # escapes, every error) goes through _parse_sample's strict reader.
             end = find("\n", match_end)
-            plain = plain_rest(text, match_end, n if end == -1 else end)
+            if end == -1:
+                end = n
             sample = None
-            if plain is not None:
-                labels_text, value, timestamp_ms = plain.groups()
-                if timestamp_ms is None and "_" not in value:
+            labels: Mapping[str, str] | None = _NO_LABELS
+            rest_at = match_end
+            if text[match_end:match_end + 1] == "{":
+                close = find("}", match_end, end)
+                labels = _plain_labels(text[match_end + 1:close]) if close != -1 else None
+                rest_at = close + 1
+            if labels is not None:
+                rest = text[rest_at:end]
+                fields = rest.split()
+                if len(fields) == 1 and rest[:1] in _BLANKS and "_" not in fields[0]:  # float() takes 1_0
                     try:
-                        sample = Sample(target[1], _plain_labels(labels_text) if labels_text else {}, float(value))
+                        sample = _new_tuple(Sample, (target[1], labels, float(fields[0]), None))
                     except ValueError:
                         pass
             if sample is None:
@@ -140,15 +151,14 @@ def parse(text: str | bytes, wanted: Iterable[str], help_text: bool = True) -> d
 
 
 @functools.lru_cache(maxsize=64)
-def _reader(wanted: frozenset[str], help_text: bool = True) -> tuple[dict[str, tuple[str, str]], dict[str, str],
-                                                                      re.Pattern[str]]:
+def _reader(wanted: frozenset[str], comments: bool = True) -> tuple[dict[str, tuple[str, str]], dict[str, str],
+                                                                     re.Pattern[str]]:
     """Everything `parse` derives from `wanted`, built once per set of names: the aliases and the scanner."""
     samples, metadata = _aliases(wanted)
-    return samples, metadata, _line_scanner(frozenset(samples), frozenset(metadata), help_text)
+    return samples, metadata, _line_scanner(frozenset(samples), frozenset(metadata) if comments else frozenset())
 
 
-def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str],
-                  help_text: bool = True) -> re.Pattern[str]:
+def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str]) -> re.Pattern[str]:
     """Matches at the start of each line that the parser must look at; what it matched (indentation aside)
     says why:
 
@@ -161,7 +171,7 @@ def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str],
     after a few characters on the ~95% of lines that belong to other families. The pattern has no groups:
     saving and restoring group marks at every line cost a quarter of the scan.
     """
-    comment = (r"|# (?:TYPE|HELP) " if help_text else r"|# TYPE ") + _trie_pattern(metadata_names) + r"(?=[{ \t\r]|\n|\Z)" if metadata_names else ""
+    comment = r"|# (?:TYPE|HELP) " + _trie_pattern(metadata_names) + r"(?=[{ \t\r]|\n|\Z)" if metadata_names else ""
     sample = r"|" + _trie_pattern(sample_names) + r"(?=[{ \t\r]|\n|\Z)" if sample_names else ""
     return re.compile(r"\n(?:# EOF[ \t\r]*(?=\n|\Z)|[ \t]*(?:[^\sa-zA-Z_:#]" + comment + sample + "))")
 
@@ -237,23 +247,12 @@ def _parse_comment(line: str, text: str, pos: int, metadata: Mapping[str, str],
 
 def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mapping[str, tuple[str, str]],
                   families: dict[str, Family]) -> None:
-    """The sample line at `pos` whose (wanted) name ends at `name_end`."""
+    """The sample line at `pos` whose (wanted) name ends at `name_end`, read strictly: every line that is not
+    of the usual shape parse() reads inline, and every malformed one, which this reports precisely."""
     end = text.find("\n", name_end)
     if end == -1:
         end = len(text)
     family, sample_name = samples[name]
-    plain = _PLAIN_REST_RE.fullmatch(text, name_end, end)
-    if plain is not None:
-        labels_text, value, timestamp_ms = plain.groups()
-        try:
-            labels = _plain_labels(labels_text) if labels_text else {}
-            sample = Sample(sample_name, labels, _number(value),
-                            None if timestamp_ms is None else _timestamp(timestamp_ms))
-        except ValueError:
-            pass  # the strict reader below says precisely what is wrong
-        else:
-            _family(families, family).samples.append(sample)
-            return
     line = text[pos:end].rstrip()
     name_at = len(line) - len(line.lstrip(" \t"))
     try:
@@ -278,15 +277,18 @@ def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mappin
 
 
 @functools.lru_cache(maxsize=4096)
-def _plain_labels(pairs_text: str) -> Mapping[str, str]:
-    """The labels of one `{…}`, read-only. A series carries the same label text scrape after scrape, so
-    each distinct text is read once (a cache hit costs a tenth of a read); the views are shared between
-    samples, hence read-only. 4096 label sets cover 64 vLLM endpoints several times over."""
+def _plain_labels(pairs_text: str) -> Mapping[str, str] | None:
+    """The labels of one `{…}`, read-only; None when the text is not plain `name="value"` pairs (escapes,
+    blanks, a brace inside a value: the strict reader's work). A series carries the same label text scrape
+    after scrape, so each distinct text is read once (a cache hit costs a tenth of a read); the views are
+    shared between samples, hence read-only. 4096 label sets cover 64 vLLM endpoints several times over."""
+    if not _PLAIN_LABELS_RE.fullmatch(pairs_text):
+        return None
     pairs = _PLAIN_PAIR_RE.findall(pairs_text)
     labels = dict(pairs)
     if len(labels) != len(pairs):
-        raise ValueError("duplicate label")
-    return MappingProxyType(labels)
+        return None  # a duplicate label: the strict reader names it
+    return MappingProxyType(labels) if labels else _NO_LABELS
 
 
 def _timestamp(token: str) -> float:

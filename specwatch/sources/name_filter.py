@@ -117,7 +117,7 @@ class NameFilter:
     def _series(self, body: bytes) -> frozenset[tuple]:
         """The wanted series (name and label set) in `body`; empty when it holds none or does not parse."""
         try:
-            families = parse(body, self.names, help_text=False)
+            families = parse(body, self.names, comments=False)
         except ExpositionError:
             return frozenset()
         return frozenset((s.name, frozenset(s.labels.items())) for fam in families.values() for s in fam.samples)
