@@ -234,18 +234,47 @@ def bench_daemon(layout: str = "separate", script: Path = Path(__file__)) -> dic
 def bench_baseline(revision: str) -> dict[str, Any]:
     """Figure 2 (64 separate endpoints) of another commit: its tree, exported from git, runs this tree's child
     and simulated engines (scripts/bench_overhead.py and scripts/soak.py are copied over its own)."""
-    tree = Path(tempfile.mkdtemp(prefix="specwatch-baseline-"))
+    tree = export_tree(revision)
     try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-        for harness in ("bench_overhead.py", "soak.py"):  # one harness measures both trees
-            shutil.copy(REPO / "scripts" / harness, tree / "scripts" / harness)
         result = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")
     finally:
         shutil.rmtree(tree, ignore_errors=True)
-    result["revision"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", revision],
-                                        capture_output=True, text=True, check=True).stdout.strip()
+    result["revision"] = short_revision(revision)
     return result
+
+
+def export_tree(revision: str) -> Path:
+    """`revision`'s tree from git in a temporary folder, with this tree's harness over its own."""
+    tree = Path(tempfile.mkdtemp(prefix="specwatch-baseline-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    for harness in ("bench_overhead.py", "soak.py"):  # one harness measures both trees
+        shutil.copy(REPO / "scripts" / harness, tree / "scripts" / harness)
+    return tree
+
+
+def short_revision(revision: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", revision],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def bench_pairs(revision: str, pairs: int) -> int:
+    """Figure 2 alone, `revision` and this tree alternately, `pairs` times each: a change smaller than the
+    box's drift between two runs still shows in the per-pair ratios."""
+    tree = export_tree(revision)
+    try:
+        ratios, before, after = [], [], []
+        for i in range(pairs):
+            old = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")["cpu_percent_of_one_core"]
+            new = bench_daemon("separate")["cpu_percent_of_one_core"]
+            before.append(old), after.append(new), ratios.append(new / old)
+            print(f"pair {i + 1}: {short_revision(revision)} {old:.2f}% -> this tree {new:.2f}% ({new / old:.3f}x)",
+                  flush=True)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    print(f"figure 2 medians: {statistics.median(before):.2f}% -> {statistics.median(after):.2f}%, "
+          f"median ratio {statistics.median(ratios):.3f}x over {pairs} pairs")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -257,7 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON line")
     parser.add_argument("--baseline", metavar="REV",
                         help="also measure figure 2 (64 endpoints) for git revision REV, side by side")
+    parser.add_argument("--pairs", type=int, metavar="N",
+                        help="with --baseline: only figure 2, REV and this tree alternately, N times each")
     args = parser.parse_args(argv)
+    if args.pairs:
+        if not args.baseline:
+            parser.error("--pairs needs --baseline REV")
+        return bench_pairs(args.baseline, args.pairs)
 
     cpus = Path("/proc/cpuinfo").read_text().count("processor")
     print(f"python {sys.version.split()[0]}, {cpus} CPUs, load average at start {os.getloadavg()[0]:.2f} "
