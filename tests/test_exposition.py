@@ -159,3 +159,20 @@ def test_round_trip_of_anything_prometheus_client_renders(series):
     fam = parse(generate_latest(registry), {"spec_x"})["spec_x"]
     assert fam.help == "Help with \\ and\nnewline."
     assert {s.labels["v"]: s.value for s in fam.samples} == dict(series)
+
+
+def test_unique_refuses_a_series_twice_in_any_label_order_and_names_it():
+    text = ('vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+            'vllm:num_requests_running{model_name="m",engine="1"} 2\n'
+            'vllm:num_requests_running{model_name="m",engine="0"} 3\n')
+    assert len(parse(text, {"vllm:num_requests_running"})["vllm:num_requests_running"].samples) == 3
+    with pytest.raises(ExpositionError, match=r"line 3: duplicate series vllm:num_requests_running") as info:
+        parse(text, {"vllm:num_requests_running"}, unique=True)
+    assert "'engine': '0'" in str(info.value)
+    # Read strictly (an escape in a label value) or inline, a series is the same series.
+    strict = 'vllm:num_requests_running{engine="0",model_name="m",x="a\\\\b"} 1\n'
+    with pytest.raises(ExpositionError, match="duplicate series"):
+        parse(strict + strict.replace('"0",model_name="m"', '"0", model_name="m"'), {"vllm:num_requests_running"},
+              unique=True)
+    histogram = 'h_bucket{le="1"} 1\nh_bucket{le="2"} 2\nh_count 2\nh_sum 3\n'
+    assert len(parse(histogram, {"h"}, unique=True)["h"].samples) == 4, "one label set under several names is fine"

@@ -78,27 +78,15 @@ def parse_families(kind: str, body: str | bytes) -> tuple[str, dict[str, Family]
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
-    families = _parse_or_raise(body, ENGINES[kind].wanted)
-    _reject_duplicates(families)
-    return kind, families
+    return kind, _parse_or_raise(body, ENGINES[kind].wanted)
 
 
 def _parse_or_raise(body: str | bytes, wanted: frozenset[str]) -> dict[str, Family]:
+    # unique: two samples with one name and label set refuse the scrape, as Prometheus does, rather than sum.
     try:
-        return parse(body, wanted, comments=False)
+        return parse(body, wanted, comments=False, unique=True)
     except ExpositionError as exc:
         raise SourceError("parse", f"invalid exposition: {exc}") from None
-
-
-def _reject_duplicates(families: Mapping[str, Family]) -> None:
-    """Two samples with one name and label set: refuse the scrape, as Prometheus does, rather than sum."""
-    for fam in families.values():
-        seen = set()
-        for s in fam.samples:
-            key = (s.name, frozenset(s.labels.items()))  # a label set: order does not matter
-            if key in seen:
-                raise SourceError("parse", f"duplicate series {s.name}{dict(s.labels)}")
-            seen.add(key)
 
 
 class SharedEndpoint:

@@ -32,6 +32,7 @@ _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _PLAIN_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
 _PLAIN_LABELS_RE = re.compile("(?:" + _PLAIN_LABEL + ",)*(?:" + _PLAIN_LABEL + ")?")
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
+_UNLABELLED = (_NO_LABELS, frozenset())
 _new_tuple = tuple.__new__  # Sample(...) through NamedTuple's Python-level __new__ costs 3x more
 _PLAIN_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 _BLANKS = (" ", "\t")  # what separates a sample's name or labels from its value
@@ -81,12 +82,13 @@ class Family:
         return [s for s in self.samples if all(s.labels.get(k, v) == v for k, v in match.items())]
 
 
-def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True) -> dict[str, Family]:
+def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, unique: bool = False) -> dict[str, Family]:
     """Parse the families named in `wanted` (exact names) out of `text`.
 
     `comments=False` leaves `# TYPE` and `# HELP` lines unread (`Family.type` stays "unknown", `help` ""):
     they are a third of the lines of a body filtered down to the wanted families, and no caller that
-    extracts samples needs them.
+    extracts samples needs them. `unique=True` refuses an exposition in which a wanted sample name carries
+    the same label set twice, as Prometheus refuses such a scrape (label order does not matter).
 
     Returns {name: Family} for the wanted families that have samples (or, with `comments`, metadata);
     absent ones are simply missing. Raises ExpositionError for invalid UTF-8, a line that cannot start a sample or comment (HTML,
@@ -101,6 +103,7 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True) -> di
     text = "\n" + text  # every line, the first included, now starts after a "\n": one anchor for the scan
     samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), comments)
     families: dict[str, Family] = {}
+    seen: set[tuple[str, frozenset]] | None = set() if unique else None
     # One C-level regex scan stops only at `# EOF`, at garbage and at lines of wanted families; Python only
     # ever touches those lines.
     find, n = text.find, len(text)
@@ -116,27 +119,33 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True) -> di
             if end == -1:
                 end = n
             sample = None
-            labels: Mapping[str, str] | None = _NO_LABELS
+            label_set: tuple[Mapping[str, str], frozenset] | None = _UNLABELLED
             rest_at = match_end
             if text[match_end:match_end + 1] == "{":
                 close = find("}", match_end, end)
-                labels = _plain_labels(text[match_end + 1:close]) if close != -1 else None
+                label_set = _plain_labels(text[match_end + 1:close]) if close != -1 else None
                 rest_at = close + 1
-            if labels is not None:
+            if label_set is not None:
                 rest = text[rest_at:end]
                 fields = rest.split()
                 if len(fields) == 1 and rest[:1] in _BLANKS and "_" not in fields[0]:  # float() takes 1_0
                     try:
-                        sample = _new_tuple(Sample, (target[1], labels, float(fields[0]), None))
+                        sample = _new_tuple(Sample, (target[1], label_set[0], float(fields[0]), None))
                     except ValueError:
                         pass
             if sample is None:
-                _parse_sample(head, text, line_start, match_end, samples, families)
-            else:
-                family = families.get(target[0])
-                if family is None:
-                    family = families[target[0]] = Family(target[0])
-                family.samples.append(sample)
+                sample = _parse_sample(head, text, line_start, match_end, samples)
+                label_set = sample.labels, frozenset(sample.labels.items())
+            if seen is not None:
+                series = (sample.name, label_set[1])
+                if series in seen:
+                    raise ExpositionError(_lineno(text, line_start),
+                                          f"duplicate series {sample.name}{dict(sample.labels)}")
+                seen.add(series)
+            family = families.get(target[0])
+            if family is None:
+                family = families[target[0]] = Family(target[0])
+            family.samples.append(sample)
         elif head[:1] != "#":
             end = text.find("\n", line_start)
             line = text[line_start:end if end != -1 else len(text)]
@@ -245,14 +254,13 @@ def _parse_comment(line: str, text: str, pos: int, metadata: Mapping[str, str],
         fam.help = _unescape_help(rest) if "\\" in rest else rest
 
 
-def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mapping[str, tuple[str, str]],
-                  families: dict[str, Family]) -> None:
+def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mapping[str, tuple[str, str]]) -> Sample:
     """The sample line at `pos` whose (wanted) name ends at `name_end`, read strictly: every line that is not
     of the usual shape parse() reads inline, and every malformed one, which this reports precisely."""
     end = text.find("\n", name_end)
     if end == -1:
         end = len(text)
-    family, sample_name = samples[name]
+    sample_name = samples[name][1]
     line = text[pos:end].rstrip()
     name_at = len(line) - len(line.lstrip(" \t"))
     try:
@@ -273,13 +281,13 @@ def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mappin
     except (ValueError, IndexError) as exc:
         raise ExpositionError(_lineno(text, pos), str(exc) if isinstance(exc, ValueError) and str(exc)
                               else f"malformed sample: {line[:80]!r}") from None
-    _family(families, family).samples.append(Sample(sample_name, labels, value, timestamp))
+    return Sample(sample_name, labels, value, timestamp)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plain_labels(pairs_text: str) -> Mapping[str, str] | None:
-    """The labels of one `{…}`, read-only; None when the text is not plain `name="value"` pairs (escapes,
-    blanks, a brace inside a value: the strict reader's work). A series carries the same label text scrape
+def _plain_labels(pairs_text: str) -> tuple[Mapping[str, str], frozenset] | None:
+    """The labels of one `{…}`, read-only, and their set (what tells series apart); None when the text is not
+    plain `name="value"` pairs (escapes, blanks, a brace inside a value: the strict reader's work). A series carries the same label text scrape
     after scrape, so each distinct text is read once (a cache hit costs a tenth of a read); the views are
     shared between samples, hence read-only. 4096 label sets cover 64 vLLM endpoints several times over."""
     if not _PLAIN_LABELS_RE.fullmatch(pairs_text):
@@ -288,7 +296,7 @@ def _plain_labels(pairs_text: str) -> Mapping[str, str] | None:
     labels = dict(pairs)
     if len(labels) != len(pairs):
         return None  # a duplicate label: the strict reader names it
-    return MappingProxyType(labels) if labels else _NO_LABELS
+    return (MappingProxyType(labels), frozenset(pairs)) if labels else _UNLABELLED
 
 
 def _timestamp(token: str) -> float:
