@@ -357,13 +357,14 @@ class _Response:
         by_name = self.by_name
         for key, value in self.headers:
             by_name.setdefault(key.lower(), value)
-        te = self.header(b"transfer-encoding")
-        self.chunked = bool(te and te.lower() == "chunked")
-        length = self.header(b"content-length")
+        te = by_name.get(b"transfer-encoding")
+        self.chunked = te is not None and te.strip().lower() == b"chunked"
+        length = by_name.get(b"content-length")
         if status in _NO_BODY_STATUSES:
             self.length = 0
-        elif length is not None and not self.chunked and length.isdigit():
-            self.length = int(length)
+        elif length is not None and not self.chunked:
+            length = length.strip()
+            self.length = int(length) if length.isdigit() else None
 
     def on_body(self, data: bytes) -> None:
         if not self.complete:
