@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -53,6 +54,34 @@ def test_time_weighted_mean_weighs_intervals():
     assert m.mean(40) == pytest.approx((10 * 20 + 30 * 50) / 40)
     m.add(100, 0)  # window (40, 100]: only the last interval counts
     assert m.mean(100) == pytest.approx(0)
+
+
+def _mean_by_definition(samples: list[tuple[float, float]], now: float, window: float) -> float | None:
+    if not samples:
+        return None
+    if len(samples) == 1:
+        return samples[0][1]
+    total = weight = 0.0
+    for (t0, _), (t1, value) in zip(samples, samples[1:]):
+        w = t1 - max(t0, now - window)
+        if w > 0:
+            total, weight = total + w * value, weight + w
+    return total / weight if weight > 0 else samples[-1][1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_time_weighted_mean_kept_summed_agrees_with_the_definition(seed):
+    """The running sums give what a pass over the samples gives, at the newest sample and at any other time,
+    through irregular intervals, gaps longer than the window and clock steps backwards."""
+    rng = random.Random(seed)
+    window = rng.choice([15.0, 60.0, 600.0])
+    m, ts = TimeWeightedMean(window), 1e9
+    for _ in range(400):
+        ts += rng.choice([rng.uniform(0.1, 10.0), 5.0, window * 1.5, -rng.uniform(0, 20)])
+        m.add(ts, float(rng.randint(0, 256)))
+        for now in (ts, ts - rng.uniform(0, window), ts + rng.uniform(0, window * 2)):
+            expected = _mean_by_definition(list(m.samples), now, window)
+            assert m.mean(now) == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
 def test_hysteresis_enter_exit_and_hold():

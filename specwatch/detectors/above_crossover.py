@@ -10,6 +10,7 @@ cannot flap it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter, deque
 from typing import Any, Mapping, Sequence
@@ -38,32 +39,59 @@ DRAM_FIELD = "gpu_dram_bandwidth_utilization_ratio"
 
 
 class TimeWeightedMean:
-    """Mean of a sampled gauge over a trailing window; each sample stands for the interval that ended at it."""
+    """Mean of a sampled gauge over a trailing window; each sample stands for the interval that ended at it.
+
+    Only the first interval (from samples[0], which may predate the window) can be cut by the window's start
+    when the mean is taken at the newest sample, as the evaluator does each cycle; the others are kept summed
+    as samples enter and leave, so that costs O(1) instead of a pass over the window.
+    """
 
     def __init__(self, window_seconds: float) -> None:
         self.window = window_seconds
         self.samples: deque[tuple[float, float]] = deque()
+        self._inner_total = self._inner_weight = 0.0  # Σ w·value and Σ w over every interval but the first
 
     def add(self, ts: float, value: float) -> None:
-        if self.samples and ts <= self.samples[-1][0]:
-            self.samples.clear()  # the clock went backwards: start over rather than weigh nonsense
-        self.samples.append((ts, value))
-        while len(self.samples) > 1 and self.samples[1][0] <= ts - self.window:
-            self.samples.popleft()
+        samples = self.samples
+        if samples and ts <= samples[-1][0]:
+            self._clear()  # the clock went backwards: start over rather than weigh nonsense
+        if len(samples) >= 2:
+            w = ts - samples[-1][0]
+            self._inner_total += w * value
+            self._inner_weight += w
+        samples.append((ts, value))
+        while len(samples) > 1 and samples[1][0] <= ts - self.window:
+            samples.popleft()
+            if len(samples) >= 2:  # the interval ending at samples[1] is the first one now
+                w = samples[1][0] - samples[0][0]
+                self._inner_total -= w * samples[1][1]
+                self._inner_weight -= w
+        if len(samples) <= 2:
+            self._inner_total = self._inner_weight = 0.0  # exact zeros, whatever rounding left
 
     def mean(self, now: float) -> float | None:
         """samples[0] may predate the window: it only bounds the interval of the sample after it."""
-        if not self.samples:
+        samples = self.samples
+        if not samples:
             return None
-        if len(self.samples) == 1:
-            return self.samples[0][1]
+        if len(samples) == 1:
+            return samples[0][1]
         start = now - self.window
-        total = weight = 0.0
-        for (t0, _), (t1, value) in zip(self.samples, list(self.samples)[1:]):
-            w = t1 - max(t0, start)
-            if w > 0:
-                total, weight = total + w * value, weight + w
-        return total / weight if weight > 0 else self.samples[-1][1]
+        if now > samples[-1][0]:  # later than the newest sample: the window's start may cut any interval
+            total = weight = 0.0
+            for (t0, _), (t1, value) in zip(samples, itertools.islice(samples, 1, None)):
+                w = t1 - max(t0, start)
+                if w > 0:
+                    total, weight = total + w * value, weight + w
+        else:
+            (t0, _), (t1, value) = samples[0], samples[1]
+            w = max(0.0, t1 - max(t0, start))
+            total, weight = self._inner_total + w * value, self._inner_weight + w
+        return total / weight if weight > 0 else samples[-1][1]
+
+    def _clear(self) -> None:
+        self.samples.clear()
+        self._inner_total = self._inner_weight = 0.0
 
 
 class PositionWindow:
