@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol, Sequence
 from specwatch.config import Config, GpuConfig, RouteConfig
 from specwatch.detectors.base import EvaluatorContext, RouteEvaluator, build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
-from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
+from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot, build
 from specwatch.sources.base import ERROR_REASONS, EngineSource, NoData, SourceError
 from specwatch.tracking.routes import RouteTracker
 
@@ -332,7 +332,8 @@ class Daemon:
                 if i in route.failing_evaluators:
                     log.info("route %s: evaluator %s works again", route.cfg.name, type(evaluator).__name__)
                 route.failing_evaluators.discard(i)
-        return RouteState(**{**base, **fields})
+        base.update(fields)
+        return build(RouteState, base)
 
     def _drain_state_errors(self) -> None:
         errors, self._ctx.state_errors[:] = list(self._ctx.state_errors), []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from specwatch.snapshot import EngineCounters, EngineSample
+from specwatch.snapshot import EngineCounters, EngineSample, build
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
 
@@ -65,7 +65,8 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
         per_pos = fields.pop("per_pos", {})
         positions = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
         k = max(k, len(positions))
-        counters.append(EngineCounters(engine=engine, accepted_per_pos=positions, **fields))
+        fields.update(engine=engine, accepted_per_pos=positions)
+        counters.append(build(EngineCounters, fields))
     return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none",
                         model_name=model, engine_version=version, speculation_enabled=spec_on,
                         num_speculative_tokens=(k or None) if spec_on else None, engines=tuple(counters))

@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from specwatch.snapshot import WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState
+from specwatch.snapshot import (WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState,
+                                build)
 from specwatch.tracking.counters import ResetSafeCounter
 from specwatch.tracking.windows import Sums, WindowRing
 
@@ -197,7 +198,7 @@ class RouteTracker:
         self._ring.append(sample.ts, self._observed)
         self._last = sample
 
-        obs = RouteObservation(
+        obs = build(RouteObservation, dict(
             route=self.name, ts=sample.ts, up=True, model_name=sample.model_name,
             engine_version=sample.engine_version, engine_kind=sample.engine_kind,
             acceptance_source=sample.acceptance_source, k=k, reset=reset,
@@ -209,7 +210,7 @@ class RouteTracker:
             kv_usage=self._kv_usage(sample),
             window_acceptance=self._window_acceptance(),
             gpus=gpus,
-        )
+        ))
         self._last_obs = obs
         return obs
 
