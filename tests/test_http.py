@@ -396,6 +396,21 @@ def test_bytes_after_the_response_keep_the_connection_from_being_reused(canned, 
     assert server.connections == 2
 
 
+def test_a_header_line_that_never_ends_is_cut_at_the_header_cap_not_the_deadline(canned):
+    import time
+
+    server = canned(b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * 300_000)  # then the connection stays open
+    fetcher = HttpFetcher(timeout_seconds=5.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SourceError) as info:
+            fetcher.get(f"{server.url}/metrics")
+    finally:
+        fetcher.close()
+    assert info.value.reason == "connection" and "headers over" in str(info.value)
+    assert time.monotonic() - started < 2.5, "stopped by the cap, long before the 5 s deadline"
+
+
 def test_an_interim_100_continue_is_skipped(canned, fetcher):
     server = canned(b"HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 1\n")
     assert fetcher.get(f"{server.url}/metrics") == b"m 1\n"

@@ -158,9 +158,11 @@ class HttpFetcher:
         conn.sock.sendall(request)
         response = _Response()
         while not response.headers_complete:
-            self._feed(conn, response, url, deadline, before_headers=True)
-            if response.head_bytes > _MAX_HEADER_BYTES and not response.headers_complete:
+            if response.fed_bytes > _MAX_HEADER_BYTES:  # every byte fed so far was the status line or a header
                 raise SourceError("connection", f"GET {url}: response headers over {_MAX_HEADER_BYTES} bytes")
+            self._feed(conn, response, url, deadline, before_headers=True)
+        if response.head_bytes > _MAX_HEADER_BYTES:  # the headers that ended in the last read, as parsed
+            raise SourceError("connection", f"GET {url}: response headers over {_MAX_HEADER_BYTES} bytes")
         if len(response.headers) > _MAX_HEADERS:
             raise SourceError("connection", f"GET {url}: more than {_MAX_HEADERS} response headers")
         return response
@@ -207,7 +209,7 @@ class HttpFetcher:
                 raise RemoteDisconnected("Remote end closed connection without response")
             return
         if before_headers:
-            response.head_bytes += n
+            response.fed_bytes += n
         try:
             response.parser.feed_data(memoryview(buffer)[:n])
         except httptools.HttpParserError:
@@ -312,7 +314,7 @@ class _Response:
     """httptools' callbacks for one response: status, headers and body chunks as they are parsed."""
 
     __slots__ = ("parser", "status", "reason", "headers", "by_name", "chunks", "headers_complete", "complete",
-                 "eof", "keep_alive", "length", "chunked", "head_bytes")
+                 "eof", "keep_alive", "length", "chunked", "fed_bytes", "head_bytes")
 
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
@@ -325,7 +327,8 @@ class _Response:
         self.keep_alive = False
         self.length: int | None = None  # Content-Length, when the body has one
         self.chunked = False
-        self.head_bytes = 0
+        self.fed_bytes = 0  # read before the headers were complete
+        self.head_bytes = 0  # of the status line and headers, as parsed
 
     def header(self, name: bytes) -> str | None:
         """The first header of that (lower-case) name, decoded as HTTP/1.1 headers are (ISO-8859-1)."""
@@ -339,10 +342,12 @@ class _Response:
 
     def on_status(self, reason: bytes) -> None:
         self.reason += reason.decode("iso-8859-1")
+        self.head_bytes += len(reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.headers_complete:
             self.headers.append((name, value))
+            self.head_bytes += len(name) + len(value)
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
