@@ -5,8 +5,9 @@ materialises the families a caller names: one regex scan visits every line start
 checks that the line can start a sample or comment, stops at `# EOF`, and picks out the lines of wanted
 families through a prefix tree of their names. No other line is ever split. Wanted lines of the usual
 shape (plain `name="value"` labels, then the value) are read inline with string methods and a cache of
-label sets; any other wanted line goes through a strict character-by-character reader. On a full vLLM exposition (95.6 KB, 986 lines) this and the
-extraction take 0.43 ms against 20.1 ms for prometheus_client's parser (scripts/bench_overhead.py, figure 1).
+label sets; any other wanted line goes through a strict character-by-character reader. On a full vLLM
+exposition (95.6 KB, 986 lines) this and the extraction take 0.21 ms against 18.4 ms for prometheus_client's
+parser (scripts/bench_overhead.py, figure 1; docs/benchmarks.md, session 4, run K).
 
 Also accepted: OpenMetrics-style input (`# EOF`, exemplars after ` # `, `# UNIT`), and names whose `:`
 was escaped to `_` by format negotiation (`vllm_spec_decode_…` is read as `vllm:spec_decode_…`).
@@ -91,9 +92,9 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
     the same label set twice, as Prometheus refuses such a scrape (label order does not matter).
 
     Returns {name: Family} for the wanted families that have samples (or, with `comments`, metadata);
-    absent ones are simply missing. Raises ExpositionError for invalid UTF-8, a line that cannot start a sample or comment (HTML,
-    binary junk), or any malformed line of a wanted family. Lines of other families are not validated
-    beyond their first character: this parser trades full validation for speed.
+    absent ones are simply missing. Raises ExpositionError for invalid UTF-8, a line that cannot start a
+    sample or comment (HTML, binary junk), or any malformed line of a wanted family. Lines of other families
+    are not validated beyond their first character: this parser trades full validation for speed.
     """
     if isinstance(text, (bytes, bytearray, memoryview)):
         try:
@@ -287,9 +288,10 @@ def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mappin
 @functools.lru_cache(maxsize=4096)
 def _plain_labels(pairs_text: str) -> tuple[Mapping[str, str], frozenset] | None:
     """The labels of one `{…}`, read-only, and their set (what tells series apart); None when the text is not
-    plain `name="value"` pairs (escapes, blanks, a brace inside a value: the strict reader's work). A series carries the same label text scrape
-    after scrape, so each distinct text is read once (a cache hit costs a tenth of a read); the views are
-    shared between samples, hence read-only. 4096 label sets cover 64 vLLM endpoints several times over."""
+    plain `name="value"` pairs (escapes, blanks, a brace inside a value: the strict reader's work). A series
+    carries the same label text scrape after scrape, so each distinct text is read once (a cache hit costs a
+    tenth of a read); the views are shared between samples, hence read-only. 4096 label sets cover 64 vLLM
+    endpoints several times over."""
     if not _PLAIN_LABELS_RE.fullmatch(pairs_text):
         return None
     pairs = _PLAIN_PAIR_RE.findall(pairs_text)

@@ -162,12 +162,14 @@ class HttpFetcher:
         conn.sock.sendall(request)
         response = _Response()
         try:
-            while not response.headers_complete:
-                if response.fed_bytes > _MAX_HEADER_BYTES:  # every byte fed so far was the status line or a header
+            while True:
+                # Until the headers end, every byte fed was the status line or a header; then, their parsed size.
+                size = response.head_bytes if response.headers_complete else response.fed_bytes
+                if size > _MAX_HEADER_BYTES:
                     raise SourceError("connection", f"GET {url}: response headers over {_MAX_HEADER_BYTES} bytes")
+                if response.headers_complete:
+                    break
                 self._feed(conn, response, url, deadline, before_headers=True)
-            if response.head_bytes > _MAX_HEADER_BYTES:  # the headers that ended in the last read, as parsed
-                raise SourceError("connection", f"GET {url}: response headers over {_MAX_HEADER_BYTES} bytes")
             if len(response.headers) > _MAX_HEADERS:
                 raise SourceError("connection", f"GET {url}: more than {_MAX_HEADERS} response headers")
         except BaseException:

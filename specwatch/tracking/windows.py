@@ -214,7 +214,8 @@ class WindowRing:
         w, vals = self._width, self._values
         diff = [e - b for e, b in zip(vals[end * w:(end + 1) * w], vals[base * w:(base + 1) * w])]
         positions = diff[_NS:_NS + max(self._npos[end], self._npos[base])]
-        return _new(Sums, (diff[0], diff[1], diff[2], tuple(positions), diff[3], diff[4], diff[5], diff[6])), end_ts - base_ts
+        delta = _new(Sums, (diff[0], diff[1], diff[2], tuple(positions), diff[3], diff[4], diff[5], diff[6]))
+        return delta, end_ts - base_ts
 
     def deltas(self, windows: Mapping[str, float] = WINDOW_SECONDS) -> dict[str, Sums]:
         out = {}
