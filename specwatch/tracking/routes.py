@@ -24,8 +24,9 @@ from __future__ import annotations
 import functools
 import math
 import re
+from math import isfinite
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from specwatch.snapshot import (WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState,
                                 build)
@@ -34,6 +35,7 @@ from specwatch.tracking.windows import Sums, WindowRing
 
 # Windows in which per-position ratios and the effective draft length are reported (catalog: over 5m).
 DETAIL_WINDOW = "5m"
+_ZERO = Sums()
 # spec_accept_rate switched from counting the bonus token to excluding it between these releases.
 _SGLANG_NEW_RATE_SINCE = (0, 5, 11)
 
@@ -84,51 +86,68 @@ class _Engine:
 
     counters: dict[str, ResetSafeCounter] = field(default_factory=dict)
 
-    def update(self, key: str, value: float | None, created: float | None) -> tuple[float, float, bool]:
-        """(increase, value adopted at first sight, reset seen) for one counter; zeros when value is None."""
-        if _finite(value) is None:
-            return 0.0, 0.0, False
-        counter = self.counters.get(key)
-        if counter is None:  # not setdefault(): that would build a throwaway counter on every call
-            counter = self.counters[key] = ResetSafeCounter()
-        first, resets = counter.last_value is None, counter.resets
-        increase = counter.update(value, created)
-        initial = counter.total if first and counter.last_value is not None else 0.0
-        return increase, initial, counter.resets != resets
+    def update(self, keys: tuple[str, ...], values: tuple[float | None, ...],
+               created: float | None) -> tuple[list[float], list[float] | None, bool]:
+        """Several counters in one call (a vLLM engine has 3 + k each cycle): their increases, the values
+        adopted at first sight (None when no counter was new, the steady state) and whether any was reset.
+        A missing, NaN or infinite value counts as no increase."""
+        counters = self.counters
+        increases: list[float] = []
+        initials: list[float] | None = None
+        reset = False
+        for j, (key, value) in enumerate(zip(keys, values)):
+            if value is None or not isfinite(value):
+                increases.append(0.0)
+                continue
+            counter = counters.get(key)
+            if counter is None:  # not setdefault(): that would build a throwaway counter on every call
+                counter = counters[key] = ResetSafeCounter()
+            if counter.last_value is None:
+                increases.append(counter.update(value, created))
+                if counter.last_value is not None:  # adopted: its history predates us
+                    if initials is None:
+                        initials = [0.0] * len(keys)
+                    initials[j] = counter.total
+                continue
+            resets = counter.resets
+            increases.append(counter.update(value, created))
+            reset = reset or counter.resets != resets
+        return increases, initials, reset
 
 
-def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums, bool]:
-    created = e.created
-    d_drafts, i_drafts, r1 = eng.update("drafts", e.drafts, created)
-    d_tokens, i_tokens, r2 = eng.update("draft_tokens", e.draft_tokens, created)
-    d_accepted, i_accepted, r3 = eng.update("accepted", e.accepted_tokens, created)
-    reset = r1 or r2 or r3
-    inc_pos, init_pos = [], []
-    for key, value in zip(_position_keys(len(e.accepted_per_pos)), e.accepted_per_pos):
-        i, a, r = eng.update(key, value, created)
-        inc_pos.append(i)
-        init_pos.append(a)
-        reset = reset or r
-    return (Sums(d_drafts, d_tokens, d_accepted, tuple(inc_pos)),
-            Sums(i_drafts, i_tokens, i_accepted, tuple(init_pos)),
-            reset)
+_VLLM_KEYS = ("drafts", "draft_tokens", "accepted")
+
+
+def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool]:
+    """(increases, values adopted at first sight or None, reset seen) of one vLLM engine's counters."""
+    per_pos = e.accepted_per_pos
+    increases, initials, reset = eng.update(_vllm_keys(len(per_pos)),
+                                                (e.drafts, e.draft_tokens, e.accepted_tokens, *per_pos), e.created)
+    inc = Sums(increases[0], increases[1], increases[2], tuple(increases[3:]))
+    if initials is None:
+        return inc, None, reset
+    return inc, Sums(initials[0], initials[1], initials[2], tuple(initials[3:])), reset
 
 
 @functools.lru_cache(maxsize=None)
-def _position_keys(k: int) -> tuple[str, ...]:
-    """('pos:0', ..., 'pos:{k-1}'), built once per k rather than formatted per engine and cycle."""
-    return tuple(f"pos:{j}" for j in range(k))
+def _vllm_keys(k: int) -> tuple[str, ...]:
+    """('drafts', 'draft_tokens', 'accepted', 'pos:0', ..., 'pos:{k-1}'), built once per k rather than formatted
+    per engine and cycle."""
+    return _VLLM_KEYS + tuple(f"pos:{j}" for j in range(k))
 
 
-def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None) -> tuple[Sums, Sums, bool]:
-    d_verify, init_verify, r1 = eng.update("verify_calls", e.spec_verify_calls, e.created)
-    d_gen, init_gen, r2 = eng.update("generation_tokens", e.generation_tokens, e.created)
+_SGLANG_KEYS = ("verify_calls", "generation_tokens")
+
+
+def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None) -> tuple[Sums, Sums | None, bool]:
+    """`_vllm_sums` for SGLang's counters (0.5.13+), from which drafts, draft tokens and accepted are derived."""
+    increases, initials, reset = eng.update(_SGLANG_KEYS, (e.spec_verify_calls, e.generation_tokens), e.created)
     per_verify = k or 0.0  # draft tokens per verify call; unknown k leaves draft tokens (and the ratio) absent
 
     def derived(verify: float, gen: float) -> Sums:
         return Sums(drafts=verify, draft_tokens=verify * per_verify, accepted=max(0.0, gen - verify))
 
-    return derived(d_verify, d_gen), derived(init_verify, init_gen), r1 or r2
+    return derived(*increases), (None if initials is None else derived(*initials)), reset
 
 
 def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int | None) -> Sums:
@@ -167,36 +186,48 @@ class RouteTracker:
         self._last: EngineSample | None = None
         self._last_obs: RouteObservation | None = None
         self._lifetime_ratio: float | None = None
+        self._mean_lengths: dict[str, float] = {}  # by window, as of the last observe()
 
     # ------------------------------------------------------------------ updates
     def observe(self, sample: EngineSample, gpus: tuple[int, ...] = ()) -> RouteObservation:
         version = parse_version(sample.engine_version) if sample.engine_version else None
         k = self._k(sample)
-        inc, init, reset = Sums(), Sums(), False
-        gauge_now = Sums()
+        source = sample.acceptance_source
+        inc = gauge_now = _ZERO
+        init: Sums | None = None  # values adopted at first sight: only in a counter's first cycle
+        reset = False
         self._lifetime_ratio = None
-        if sample.acceptance_source == "counter":
+        if source == "counter":
+            sglang = sample.engine_kind == "sglang"
             for e in sample.engines:
-                eng = self._engines.setdefault(e.engine, _Engine())
-                if sample.engine_kind == "sglang":
+                eng = self._engines.get(e.engine)
+                if eng is None:
+                    eng = self._engines[e.engine] = _Engine()
+                if sglang:
                     engine_k = (e.spec_num_draft_tokens - 1) if e.spec_num_draft_tokens else k
                     i, a, r = _sglang_counter_sums(eng, e, engine_k)
                 else:
                     i, a, r = _vllm_sums(eng, e)
-                inc, init, reset = inc.plus(i), init.plus(a), reset or r
-        elif sample.acceptance_source == "gauge":
+                inc = i if inc is _ZERO else inc.plus(i)  # the first engine's sums as they are: 0 + x is x
+                if a is not None:
+                    init = a if init is None else init.plus(a)
+                reset = reset or r
+        elif source == "gauge":
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
-        elif sample.acceptance_source == "lifetime_gauge":
+        elif source == "lifetime_gauge":
             rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
 
         # Only one of inc and gauge_now can be non-zero, and adding a zero Sums changes nothing (no field
         # here is ever -0.0: all start at +0.0), so one plus() does the work of two.
-        self._observed = self._observed.plus(gauge_now if sample.acceptance_source == "gauge" else inc)
-        self._exported = self._exported.plus(init).plus(inc)
+        self._observed = self._observed.plus(gauge_now if source == "gauge" else inc)
+        if init is not None:
+            self._exported = self._exported.plus(init)
+        self._exported = self._exported.plus(inc)
         self._ring.append(sample.ts, self._observed)
         self._last = sample
+        window_acceptance, self._mean_lengths = self._window_values()
 
         obs = build(RouteObservation, dict(
             route=self.name, ts=sample.ts, up=True, model_name=sample.model_name,
@@ -208,7 +239,7 @@ class RouteTracker:
                                     else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
             running_per_engine={e.engine: e.running for e in sample.engines if _finite(e.running) is not None},
             kv_usage=self._kv_usage(sample),
-            window_acceptance=self._window_acceptance(),
+            window_acceptance=window_acceptance,
             gpus=gpus,
         ))
         self._last_obs = obs
@@ -255,7 +286,7 @@ class RouteTracker:
         if d5 is not None and d5.drafts > 0:
             positions = tuple(max(0.0, p) / d5.drafts for p in d5.per_pos)
         base.update(
-            acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._windowed(self._mean_length),
+            acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._mean_lengths,
             position_acceptance_ratio=positions,
             draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
             running_requests=_sum_present([e.running for e in last.engines]),
@@ -264,38 +295,34 @@ class RouteTracker:
         return base
 
     # ------------------------------------------------------------------ helpers
-    def _windowed(self, value_of: Callable[[Sums], float | None]) -> dict[str, float]:
-        out = {}
-        for window, seconds in self.windows.items():
-            d = self._ring.delta(seconds)
-            value = value_of(d[0]) if d else None
-            if value is not None:
-                out[window] = value
-        return out
-
-    def _window_acceptance(self) -> dict[str, float]:
-        if self._last is not None and self._last.acceptance_source == "lifetime_gauge":
+    def _window_values(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(acceptance ratio, mean acceptance length) by window, both from one pass over the ring's deltas."""
+        source = self._last.acceptance_source if self._last is not None else "none"
+        ratios: dict[str, float] = {}
+        lengths: dict[str, float] = {}
+        if source == "lifetime_gauge":
             # A since-start ratio is the best V0 offers for every window; acceptance_source says so.
-            return {} if self._lifetime_ratio is None else {w: self._lifetime_ratio for w in self.windows}
-        return self._windowed(self._ratio)
-
-    def _ratio(self, d: Sums) -> float | None:
-        source = self._last.acceptance_source if self._last else "none"
-        if source == "gauge":
-            return _div(d.gauge_ratio_weighted, d.gauge_ratio_weight)
-        if source == "counter":
-            r = _div(d.accepted, d.draft_tokens)
-            return None if r is None else min(1.0, max(0.0, r))
-        return None
-
-    def _mean_length(self, d: Sums) -> float | None:
-        source = self._last.acceptance_source if self._last else "none"
-        if source == "gauge":
-            return _div(d.gauge_length_weighted, d.gauge_length_weight)
-        if source == "counter":
-            per_draft = _div(d.accepted, d.drafts)
-            return None if per_draft is None else 1.0 + max(0.0, per_draft)
-        return None
+            if self._lifetime_ratio is not None:
+                ratios = dict.fromkeys(self.windows, self._lifetime_ratio)
+            return ratios, lengths
+        if source != "counter" and source != "gauge":
+            return ratios, lengths
+        for window, seconds in self.windows.items():
+            delta = self._ring.delta(seconds)
+            if delta is None:
+                continue
+            d = delta[0]
+            if source == "counter":
+                if d.draft_tokens > 0:
+                    ratios[window] = min(1.0, max(0.0, d.accepted / d.draft_tokens))
+                if d.drafts > 0:
+                    lengths[window] = 1.0 + max(0.0, d.accepted / d.drafts)
+            else:  # batch-weighted means of the interval gauges
+                if d.gauge_ratio_weight > 0:
+                    ratios[window] = d.gauge_ratio_weighted / d.gauge_ratio_weight
+                if d.gauge_length_weight > 0:
+                    lengths[window] = d.gauge_length_weighted / d.gauge_length_weight
+        return ratios, lengths
 
     @staticmethod
     def _k(sample: EngineSample) -> int | None:

@@ -28,6 +28,7 @@ MAX_POINTS = 4096
 # Points younger than this are all kept (the 1m and 5m windows are exact); older ones this far apart.
 EXACT_SECONDS = WINDOW_SECONDS["5m"]
 COARSE_STEP_SECONDS = 15.0
+_UNCACHED = object()  # a window's delta not computed since the last append (None is a valid delta)
 # Dropped rows are removed from the front of the arrays in batches of at least this many (one memmove).
 _COMPACT_ROWS = 64
 
@@ -126,7 +127,7 @@ class WindowRing:
             self._widen(len(sums.per_pos))
         row = [*_scalars_of(sums), *sums.per_pos]
         row += (0.0,) * (self._width - len(row))
-        if len(self) and ts <= self._ts[-1]:
+        if len(self._ts) > self._first and ts <= self._ts[-1]:
             # A clock step backwards (or a duplicate tick): replace rather than break time order.
             self._values[-self._width:] = array("d", row)
             self._npos[-1] = len(sums.per_pos)
@@ -140,9 +141,10 @@ class WindowRing:
         while self._first < last and ts_col[self._first + 1] <= start:
             self._first += 1
         self._coarsen(ts)
-        if len(self) > self.max_points:
+        points = len(ts_col) - self._first
+        if points > self.max_points:
             self._thin()
-        elif self._first >= max(_COMPACT_ROWS, len(self) // 8):
+        elif self._first >= _COMPACT_ROWS and self._first >= points // 8:
             self._compact()
 
     def _coarsen(self, end_ts: float) -> None:
@@ -195,25 +197,28 @@ class WindowRing:
 
     def delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         """(newest - base, span in seconds) for a window ending at the newest point; None without two points."""
-        if window_seconds in self._cache:
-            return self._cache[window_seconds]
-        self._cache[window_seconds] = result = self._delta(window_seconds)
-        return result
+        cached = self._cache.get(window_seconds, _UNCACHED)
+        if cached is _UNCACHED:
+            cached = self._cache[window_seconds] = self._delta(window_seconds)
+        return cached
 
     def _delta(self, window_seconds: float) -> tuple[Sums, float] | None:
-        if len(self) < 2:
+        ts, first = self._ts, self._first
+        end = len(ts) - 1
+        if end <= first:  # fewer than two points
             return None
-        end = len(self._ts) - 1
-        end_ts = self._ts[end]
+        end_ts = ts[end]
         # Newest point at or before the window start (the oldest when history is shorter). Timestamps are
         # strictly increasing, so a binary search replaces a scan of up to an hour of points per window.
-        base = max(self._first, bisect_right(self._ts, end_ts - window_seconds, self._first, end + 1) - 1)
-        base_ts = self._ts[base]
+        base = bisect_right(ts, end_ts - window_seconds, first, end + 1) - 1
+        if base < first:
+            base = first
+        base_ts = ts[base]
         if base_ts == end_ts:
             return None
-        w, vals = self._width, self._values
-        diff = [e - b for e, b in zip(vals[end * w:(end + 1) * w], vals[base * w:(base + 1) * w])]
-        positions = diff[_NS:_NS + max(self._npos[end], self._npos[base])]
+        w, vals, npos = self._width, self._values, self._npos
+        diff = list(map(operator.sub, vals[end * w:(end + 1) * w], vals[base * w:(base + 1) * w]))
+        positions = diff[_NS:_NS + (npos[end] if npos[end] >= npos[base] else npos[base])]
         delta = _new(Sums, (diff[0], diff[1], diff[2], tuple(positions), diff[3], diff[4], diff[5], diff[6]))
         return delta, end_ts - base_ts
 
