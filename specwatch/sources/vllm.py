@@ -6,6 +6,7 @@ gauges and counters that were sums of sums, so for V0 only the gauges are read (
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping
 
@@ -39,10 +40,22 @@ SPEC_FAMILIES = frozenset(COUNTERS) - {"vllm:generation_tokens_total"} | {PER_PO
 WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
 
 
+# How each family's samples land on an engine's EngineCounters fields, in one table so that one loop reads
+# every family (the KV usage family, first present of KV_USAGE, is added per exposition).
+_SUM, _CREATED, _GAUGE, _POSITION = "sum", "created", "gauge", "position"
+_ROLES: tuple[tuple[str, str, str], ...] = (
+    *((family, field_name, _SUM) for family, field_name in COUNTERS.items()),
+    (CREATED, "created", _CREATED),
+    *((family, field_name, _GAUGE) for family, field_name in GAUGES.items()),
+    (PER_POSITION, "per_pos", _POSITION),
+)
+_PRESENCE = (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)  # any of them with samples: a vLLM that can be read
+
+
 def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float,
             version: str = "") -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
-    if not any(families.get(n) and families[n].samples for n in (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)):
+    if not any(families.get(n) and families[n].samples for n in _PRESENCE):
         raise SourceError("no_spec_metrics", "no vLLM speculative-decoding or scheduler families in the exposition")
     selected = {name: fam.matching(match) for name, fam in families.items()}
     check_match_labels(families, match)
@@ -67,48 +80,40 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
         k = max(k, len(positions))
         fields.update(engine=engine, accepted_per_pos=positions)
         counters.append(build(EngineCounters, fields))
-    return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none",
-                        model_name=model, engine_version=version, speculation_enabled=spec_on,
-                        num_speculative_tokens=(k or None) if spec_on else None, engines=tuple(counters))
+    return build(EngineSample, dict(
+        ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none", model_name=model,
+        engine_version=version, speculation_enabled=spec_on, num_speculative_tokens=(k or None) if spec_on else None,
+        engines=tuple(counters)))
 
 
 def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
     """engine label -> EngineCounters keyword arguments (per_pos as {position: value})."""
     out: dict[str, dict] = {}
-
-    def slot(sample: Sample) -> dict | None:
-        engine = sample.labels.get("engine", "0")
-        if engines and engine not in engines:
-            return None
-        return out.setdefault(engine, {})
-
-    for family, field_name in COUNTERS.items():
-        for sample in selected.get(family, ()):
-            fields = slot(sample)
-            if fields is not None:
-                sum_into(fields, field_name, sample)
-    for sample in selected.get(CREATED, ()):
-        fields = slot(sample)
-        created = gauge_value(sample.value)
-        if fields is not None and created is not None:
-            # A timestamp, never summed (summing _created with counters was vLLM PR #41916's bug).
-            fields["created"] = max(created, fields.get("created") or created)
-    for family, field_name in GAUGES.items():
-        for sample in selected.get(family, ()):
-            fields = slot(sample)
-            if fields is not None:
-                fields[field_name] = gauge_value(sample.value)
     kv_family = next((f for f in KV_USAGE if selected.get(f)), None)
-    for sample in selected.get(kv_family, ()) if kv_family else ():
-        fields = slot(sample)
-        if fields is not None:
-            fields["kv_usage"] = gauge_value(sample.value)
-    for sample in selected.get(PER_POSITION, ()):
-        fields = slot(sample)
-        position = sample.labels.get("position")
-        if fields is not None and position is not None:
-            per_pos = fields.setdefault("per_pos", {})
-            sum_into(fields.setdefault("per_pos", {}), position, sample)
+    roles = (*_ROLES, (kv_family, "kv_usage", _GAUGE)) if kv_family else _ROLES
+    for family, field_name, role in roles:
+        for sample in selected.get(family, ()):
+            engine = sample.labels.get("engine", "0")
+            if engines and engine not in engines:
+                continue
+            fields = out.get(engine)
+            if fields is None:
+                fields = out[engine] = {}
+            if role is _SUM:
+                sum_into(fields, field_name, sample)
+            elif role is _GAUGE:
+                fields[field_name] = gauge_value(sample.value)
+            elif role is _POSITION:
+                position = sample.labels.get("position")
+                if position is not None:
+                    per_pos = fields.get("per_pos")
+                    if per_pos is None:
+                        per_pos = fields["per_pos"] = {}
+                    sum_into(per_pos, position, sample)
+            else:  # _CREATED: a timestamp, never summed (summing _created with counters was vLLM PR #41916's bug)
+                created = gauge_value(sample.value)
+                if created is not None:
+                    fields["created"] = max(created, fields.get("created") or created)
     for fields in out.values():
         per_pos = fields.get("per_pos")
         if per_pos and any(v is None for v in per_pos.values()):
@@ -152,6 +157,7 @@ def gauge_value(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+@functools.lru_cache(maxsize=1024)  # engine and position labels repeat cycle after cycle
 def label_sort_key(label: str) -> tuple[int, float | str]:
     """Numeric labels ("2" < "10") first, in numeric order; any others after, in text order."""
     try:
