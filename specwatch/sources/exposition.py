@@ -36,7 +36,10 @@ _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 _UNLABELLED = (_NO_LABELS, frozenset())
 _new_tuple = tuple.__new__  # Sample(...) through NamedTuple's Python-level __new__ costs 3x more
 _PLAIN_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
-_BLANKS = (" ", "\t")  # what separates a sample's name or labels from its value
+# What follows a wanted name on a sample line of the usual shape: `{labels}` (checked plain by _plain_labels),
+# blanks, a value without `_` (float() takes `1_0`, the format does not) and the end of the line.
+_USUAL_TAIL_RE = re.compile(r"(?:\{([^}\n]*)\})?[ \t]+([^\s_]+)[ \t\r]*(?=\n|\Z)")
+_WHOLE_BODY_WINDOW = 1024  # characters classified per findall by _parse_usual_body
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = frozenset(("counter", "gauge", "histogram", "summary", "untyped", "unknown", "gaugehistogram", "info",
                     "stateset"))
@@ -102,36 +105,33 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
         except UnicodeDecodeError as exc:
             raise ExpositionError(0, f"not UTF-8 at byte {exc.start}") from None
     text = "\n" + text  # every line, the first included, now starts after a "\n": one anchor for the scan
-    samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), comments)
+    samples, metadata, scanner, every_line = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted),
+                                                      comments)
+    if not comments:
+        whole = _parse_usual_body(text, samples, every_line, unique)
+        if whole is not None:
+            return whole
     families: dict[str, Family] = {}
     seen: set[tuple[str, frozenset]] | None = set() if unique else None
     # One C-level regex scan stops only at `# EOF`, at garbage and at lines of wanted families; Python only
     # ever touches those lines.
-    find, n = text.find, len(text)
+    usual_tail = _USUAL_TAIL_RE.match
     for m in scanner.finditer(text):
         line_start, match_end = m.start() + 1, m.end()
         head = text[line_start:match_end].lstrip(" \t")  # what the scanner matched, indentation aside
         target = samples.get(head)
         if target is not None:
-            # A line of the usual shape (`{plain labels} value`) is read here, inline, with string methods: calls
-            # and regexes per line were most of a small body's cost. Anything else (a timestamp, an exemplar,
-            # escapes, every error) goes through _parse_sample's strict reader.
-            end = find("\n", match_end)
-            if end == -1:
-                end = n
+            # A line of the usual shape (`{plain labels} value`) is read here, inline, by one regex match and the
+            # label-set cache: calls and string operations per line were most of a small body's cost. Anything
+            # else (a timestamp, an exemplar, escapes, every error) goes through _parse_sample's strict reader.
             sample = None
-            label_set: tuple[Mapping[str, str], frozenset] | None = _UNLABELLED
-            rest_at = match_end
-            if text[match_end:match_end + 1] == "{":
-                close = find("}", match_end, end)
-                label_set = _plain_labels(text[match_end + 1:close]) if close != -1 else None
-                rest_at = close + 1
-            if label_set is not None:
-                rest = text[rest_at:end]
-                fields = rest.split()
-                if len(fields) == 1 and rest[:1] in _BLANKS and "_" not in fields[0]:  # float() takes 1_0
+            tail = usual_tail(text, match_end)
+            if tail is not None:
+                labels_text, value_text = tail.groups()
+                label_set = _UNLABELLED if labels_text is None else _plain_labels(labels_text)
+                if label_set is not None:
                     try:
-                        sample = _new_tuple(Sample, (target[1], label_set[0], float(fields[0]), None))
+                        sample = _new_tuple(Sample, (target[1], label_set[0], float(value_text), None))
                     except ValueError:
                         pass
             if sample is None:
@@ -160,12 +160,63 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
     return families
 
 
+def _parse_usual_body(text: str, samples: Mapping[str, tuple[str, str]], every_line: re.Pattern[str],
+                      unique: bool) -> dict[str, Family] | None:
+    """parse() of a newline-prefixed exposition in which every line is a comment, empty or a wanted sample of
+    the usual shape, as a body filtered down to the wanted families (name_filter.py) is: every line classified
+    by one C-level findall, with no Python per line beyond building the samples. None when any line is of
+    another kind (or needs the strict reader's word): parse() then reads the text line by line, as any other.
+
+    `every_line` (see `_reader`) matches at each line start and never past the line's end, and its last
+    alternative matches anything, so findall yields exactly one (name, labels, value, other) per line: a usual
+    sample line fills the first three, a comment or empty line none, and any other line (junk, a wanted line
+    of another shape, another family's sample, an OpenMetrics `# EOF`) `other`.
+    """
+    families: dict[str, Family] = {}
+    seen: set[tuple[str, frozenset]] | None = set() if unique else None
+    start, n = 0, len(text)
+    while start < n:
+        # A window of whole lines at a time: a body that is not all usual lines (a whole exposition) is given
+        # up within its first few KB, not after a pass over all of it.
+        stop = text.find("\n", start + _WHOLE_BODY_WINDOW)
+        if stop == -1:
+            stop = n
+        for spelled, labels_text, value_text, other in every_line.findall(text, start, stop):
+            if not spelled:
+                if other:
+                    return None
+                continue  # a comment or an empty line
+            family_name, sample_name = samples[spelled]
+            label_set = _plain_labels(labels_text) if labels_text else _UNLABELLED
+            if label_set is None:
+                return None
+            try:
+                value = float(value_text)
+            except ValueError:
+                return None
+            if seen is not None:
+                series = (sample_name, label_set[1])
+                if series in seen:
+                    return None  # the line-by-line reading says which line
+                seen.add(series)
+            family = families.get(family_name)
+            if family is None:
+                family = families[family_name] = Family(family_name)
+            family.samples.append(_new_tuple(Sample, (sample_name, label_set[0], value, None)))
+        start = stop
+    return families
+
+
 @functools.lru_cache(maxsize=64)
 def _reader(wanted: frozenset[str], comments: bool = True) -> tuple[dict[str, tuple[str, str]], dict[str, str],
-                                                                     re.Pattern[str]]:
-    """Everything `parse` derives from `wanted`, built once per set of names: the aliases and the scanner."""
+                                                                     re.Pattern[str], re.Pattern[str]]:
+    """Everything `parse` derives from `wanted`, built once per set of names: the aliases, the line scanner and
+    the line classifier of `_parse_usual_body`."""
     samples, metadata = _aliases(wanted)
-    return samples, metadata, _line_scanner(frozenset(samples), frozenset(metadata) if comments else frozenset())
+    scanner = _line_scanner(frozenset(samples), frozenset(metadata) if comments else frozenset())
+    every_line = re.compile(r"\n(?:[ \t]*(" + (_trie_pattern(samples) or "(?!)") + ")" + _USUAL_TAIL_RE.pattern +
+                            r"|(?:#(?! EOF)[^\n]*)?(?=\n|\Z)|([^\n]*))")
+    return samples, metadata, scanner, every_line
 
 
 def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str]) -> re.Pattern[str]:
