@@ -318,10 +318,9 @@ class Daemon:
         route_gpus: Sequence[GpuSample] = [gpus_by_index[i] for i in gpu_indexes if i in gpus_by_index]
         for i, evaluator in enumerate(route.evaluators):
             try:
-                updates = dict(evaluator.evaluate(obs, route_gpus) or {})
-                unknown = updates.keys() - _ROUTE_STATE_FIELDS
-                if unknown:
-                    raise TypeError(f"not RouteState fields: {sorted(unknown)}")
+                updates = evaluator.evaluate(obs, route_gpus) or {}
+                if not _ROUTE_STATE_FIELDS.issuperset(updates.keys()):
+                    raise TypeError(f"not RouteState fields: {sorted(updates.keys() - _ROUTE_STATE_FIELDS)}")
                 fields.update(updates)
             except Exception:  # noqa: BLE001 - a detector bug costs its fields, not the route
                 if i not in route.failing_evaluators:

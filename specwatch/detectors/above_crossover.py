@@ -217,9 +217,10 @@ class AboveCrossoverEvaluator:
         return update
 
     def _batch(self, obs: RouteObservation) -> float | None:
-        for gone in set(self.batches) - set(obs.running_per_engine):  # scaled down or filtered out
+        running_per_engine = obs.running_per_engine
+        for gone in [e for e in self.batches if e not in running_per_engine]:  # scaled down or filtered out
             del self.batches[gone]
-        for engine, running in obs.running_per_engine.items():
+        for engine, running in running_per_engine.items():
             if running is not None and running == running:  # skip NaN
                 self.batches.setdefault(engine, TimeWeightedMean(self.batch_window)).add(obs.ts, float(running))
         means = [self.batches[e].mean(obs.ts) for e in obs.running_per_engine if e in self.batches]

@@ -270,11 +270,12 @@ class AcceptanceDropEvaluator:
             if self.sprt is not None:
                 self.sprt.update(llr, block_drafted)
         own_key = self.reference.key == self.key
+        threshold = self.threshold(now)  # once per cycle: it weighs the traffic rate (two exponentials)
         # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
         # after a model change the new key learns from everything, since that is what `accept` adopts.
-        if not own_key or (not self.degraded and self.cusum.statistic < self.threshold(now) / 2):
+        if not own_key or (not self.degraded and self.cusum.statistic < threshold / 2):
             self.learner.add(now, accepted, drafted, drafts, per_pos)
-        self._decide(now, test)
+        self._decide(now, test, threshold)
         if own_key:
             self._maybe_refine(now)
         else:
@@ -287,13 +288,13 @@ class AcceptanceDropEvaluator:
             return self.cfg.cusum_threshold
         return adapted_threshold(self.cfg.cusum_threshold, rate / max(1.0, self.reference.overdispersion))
 
-    def _decide(self, now: float, test: _Test) -> None:
+    def _decide(self, now: float, test: _Test, threshold: float) -> None:
         window = self.window
         n_eff = test.effective_tokens(window)
         lower, upper = wilson_bounds(n_eff * window.accepted / window.drafted if window.drafted > 0 else 0.0, n_eff)
         if not self.degraded:
             c, cfg = self.cusum, self.cfg
-            by_cusum = (c.statistic >= self.threshold(now) and c.excursion_seconds(now) >= cfg.min_duration_seconds
+            by_cusum = (c.statistic >= threshold and c.excursion_seconds(now) >= cfg.min_duration_seconds
                         and c.excursion_tokens >= cfg.min_drafted_tokens)
             by_sprt = (self.sprt is not None and self.sprt.verdict == "regressed"
                        and self.sprt.tokens >= cfg.min_drafted_tokens)
