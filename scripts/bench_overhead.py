@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_overhead.py            # all four, about 6 minutes on 2 cores
     .venv/bin/python scripts/bench_overhead.py --json     # the same, plus one JSON line at the end
     .venv/bin/python scripts/bench_overhead.py --baseline HEAD~3   # also figure 2 of that commit, side by side
+    .venv/bin/python scripts/bench_overhead.py --baseline DIR      # ... of the tree in DIR (where there is no git)
 
 1. Parse and extraction of a full vLLM exposition (2 DP engines, k=4, populated histograms) by specwatch's
    engine source vs `prometheus_client.parser.text_string_to_metric_families` on the same bytes: >= 10x.
@@ -244,16 +245,23 @@ def bench_baseline(revision: str) -> dict[str, Any]:
 
 
 def export_tree(revision: str) -> Path:
-    """`revision`'s tree from git in a temporary folder, with this tree's harness over its own."""
+    """`revision`'s tree in a temporary folder, with this tree's harness over its own. `revision` is a git
+    revision, or a folder that holds the tree already (`git archive REV | tar -x -C DIR`, for a machine
+    without git or without this repository's history)."""
     tree = Path(tempfile.mkdtemp(prefix="specwatch-baseline-"))
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    if Path(revision).is_dir():
+        shutil.copytree(revision, tree, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     for harness in ("bench_overhead.py", "soak.py"):  # one harness measures both trees
         shutil.copy(REPO / "scripts" / harness, tree / "scripts" / harness)
     return tree
 
 
 def short_revision(revision: str) -> str:
+    if Path(revision).is_dir():
+        return Path(revision).name
     return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", revision],
                           capture_output=True, text=True, check=True).stdout.strip()
 
@@ -285,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON line")
     parser.add_argument("--baseline", metavar="REV",
-                        help="also measure figure 2 (64 endpoints) for git revision REV, side by side")
+                        help="also measure figure 2 (64 endpoints) for git revision REV (or the tree in folder REV), "
+                             "side by side")
     parser.add_argument("--pairs", type=int, metavar="N",
                         help="with --baseline: only figure 2, REV and this tree alternately, N times each")
     args = parser.parse_args(argv)
