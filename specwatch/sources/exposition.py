@@ -4,10 +4,14 @@ An engine's /metrics holds ~1,000 lines of which specwatch needs a few dozen. `p
 materialises the families a caller names: one regex scan visits every line start once, and in the same pass
 checks that the line can start a sample or comment, stops at `# EOF`, and picks out the lines of wanted
 families through a prefix tree of their names. No other line is ever split. Wanted lines of the usual
-shape (plain `name="value"` labels, then the value) are read inline with string methods and a cache of
+shape (plain `name="value"` labels, then the value) are read inline by one regex match and a cache of
 label sets; any other wanted line goes through a strict character-by-character reader. On a full vLLM
 exposition (95.6 KB, 986 lines) this and the extraction take 0.21 ms against 18.4 ms for prometheus_client's
 parser (scripts/bench_overhead.py, figure 1; docs/benchmarks.md, session 4, run K).
+
+A body filtered down to the wanted families (`?name[]=`, name_filter.py) is all comments and usual lines;
+with `comments=False` such a body is classified and read whole, a findall per 1 KB, with no Python per
+line beyond building its samples (`_parse_usual_body`); a body with any other line is read line by line.
 
 Also accepted: OpenMetrics-style input (`# EOF`, exemplars after ` # `, `# UNIT`), and names whose `:`
 was escaped to `_` by format negotiation (`vllm_spec_decode_…` is read as `vllm:spec_decode_…`).
