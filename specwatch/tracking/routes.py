@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-from math import isfinite
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,7 @@ from specwatch.tracking.windows import Sums, WindowRing
 
 # Windows in which per-position ratios and the effective draft length are reported (catalog: over 5m).
 DETAIL_WINDOW = "5m"
-_ZERO = Sums()
+_ZERO = Sums()  # one shared empty Sums (immutable) rather than a new one per route and cycle
 # spec_accept_rate switched from counting the bonus token to excluding it between these releases.
 _SGLANG_NEW_RATE_SINCE = (0, 5, 11)
 
@@ -96,7 +95,7 @@ class _Engine:
         initials: list[float] | None = None
         reset = False
         for j, (key, value) in enumerate(zip(keys, values)):
-            if value is None or not isfinite(value):
+            if value is None or not math.isfinite(value):
                 increases.append(0.0)
                 continue
             counter = counters.get(key)
@@ -122,7 +121,7 @@ def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool
     """(increases, values adopted at first sight or None, reset seen) of one vLLM engine's counters."""
     per_pos = e.accepted_per_pos
     increases, initials, reset = eng.update(_vllm_keys(len(per_pos)),
-                                                (e.drafts, e.draft_tokens, e.accepted_tokens, *per_pos), e.created)
+                                            (e.drafts, e.draft_tokens, e.accepted_tokens, *per_pos), e.created)
     inc = Sums(increases[0], increases[1], increases[2], tuple(increases[3:]))
     if initials is None:
         return inc, None, reset
