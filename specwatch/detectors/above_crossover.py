@@ -223,7 +223,7 @@ class AboveCrossoverEvaluator:
         for engine, running in running_per_engine.items():
             if running is not None and running == running:  # skip NaN
                 self.batches.setdefault(engine, TimeWeightedMean(self.batch_window)).add(obs.ts, float(running))
-        means = [self.batches[e].mean(obs.ts) for e in obs.running_per_engine if e in self.batches]
+        means = [self.batches[e].mean(obs.ts) for e in running_per_engine if e in self.batches]
         means = [m for m in means if m is not None]
         return sum(means) / len(means) if means else None
 

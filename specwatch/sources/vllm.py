@@ -139,9 +139,7 @@ def _v0_sample(selected: Mapping[str, list[Sample]], ts: float, model: str, vers
 # ----------------------------------------------------------------------- sample arithmetic (SGLang's map uses it too)
 def sum_into(fields: dict, name: str, sample: Sample) -> None:
     """Sum the counter samples that land on one field; one unusable sample makes it None (absent beats wrong)."""
-    value = sample.value
-    if not (value >= 0 and math.isfinite(value)):  # counter_value() inline: this runs for most samples
-        value = None
+    value = counter_value(sample.value)
     if name not in fields:
         fields[name] = value
     elif fields[name] is None or value is None:

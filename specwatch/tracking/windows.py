@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 from array import array
 from bisect import bisect_right
-from typing import Mapping, NamedTuple
+from typing import Mapping, NamedTuple, Sequence
 
 from specwatch.snapshot import WINDOW_SECONDS
 
@@ -68,6 +68,11 @@ _scalars_of = operator.itemgetter(*(Sums._fields.index(name) for name in _SCALAR
 
 
 _new = tuple.__new__  # Sums(...) through NamedTuple's Python-level __new__ costs twice as much
+
+
+def _sums_of(row: Sequence[float], positions: int) -> Sums:
+    """The Sums a stored row holds (the inverse of `append`'s layout: the scalars, then the positions)."""
+    return _new(Sums, (row[0], row[1], row[2], tuple(row[_NS:_NS + positions]), row[3], row[4], row[5], row[6]))
 
 
 def _combine(a: Sums, b: Sums, sign: float) -> Sums:
@@ -192,8 +197,7 @@ class WindowRing:
 
     def _row(self, r: int) -> Sums:
         w = self._width
-        v = self._values[r * w:r * w + _NS + self._npos[r]]
-        return _new(Sums, (v[0], v[1], v[2], tuple(v[_NS:]), v[3], v[4], v[5], v[6]))
+        return _sums_of(self._values[r * w:(r + 1) * w], self._npos[r])
 
     def delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         """(newest - base, span in seconds) for a window ending at the newest point; None without two points."""
@@ -216,11 +220,9 @@ class WindowRing:
         base_ts = ts[base]
         if base_ts == end_ts:
             return None
-        w, vals, npos = self._width, self._values, self._npos
+        w, vals = self._width, self._values
         diff = list(map(operator.sub, vals[end * w:(end + 1) * w], vals[base * w:(base + 1) * w]))
-        positions = diff[_NS:_NS + (npos[end] if npos[end] >= npos[base] else npos[base])]
-        delta = _new(Sums, (diff[0], diff[1], diff[2], tuple(positions), diff[3], diff[4], diff[5], diff[6]))
-        return delta, end_ts - base_ts
+        return _sums_of(diff, max(self._npos[end], self._npos[base])), end_ts - base_ts
 
     def deltas(self, windows: Mapping[str, float] = WINDOW_SECONDS) -> dict[str, Sums]:
         out = {}
