@@ -3,11 +3,12 @@ stamp, CPU support, and the server command line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from specwatch.testbed import engine_env
+from specwatch.testbed import engine_env, successor
 from specwatch.testbed.baseline import from_request_metrics
 from specwatch.testbed.vllm_server import VllmServerSpec
 
@@ -84,3 +85,27 @@ def test_the_server_command_line_carries_the_speculative_config():
     changed = spec.with_speculative(num_speculative_tokens=2)
     assert changed.speculative == {"method": "ngram", "num_speculative_tokens": 2}
     assert spec.speculative["num_speculative_tokens"] == 3  # the original is untouched
+
+
+def test_the_successor_design_reproduces_a_real_engines_requests_step_by_step():
+    """Six requests captured verbatim from a real vLLM 0.32.0 serving the successor models (fixture
+    provenance): the design predicts every step's accepted count, so every counter."""
+    capture = json.loads((Path(__file__).parent / "fixtures" / "vllm" / "successor_per_request_0.32.0.json").read_text())
+    wrong = successor.wrong_tokens(capture["vocab_size"], capture["wrong_fraction"])
+    for request in capture["requests"]:
+        real = request["metrics"]["speculative_decoding"]
+        steps = successor.accepted_per_step(request["last_prompt_token"], capture["vocab_size"], capture["k"], wrong,
+                                            capture["max_tokens"])
+        assert steps == real["per_step_accepted"]
+        counts = successor.simulate(request["last_prompt_token"], capture["vocab_size"], capture["k"], wrong,
+                                    capture["max_tokens"])
+        assert (counts.drafts, counts.draft_tokens, counts.accepted) == (
+            real["num_spec_steps"], real["num_draft_tokens"], real["num_accepted_draft_tokens"])
+
+
+def test_successor_wrong_sets_are_nested_so_acceptance_falls_with_the_fraction():
+    smaller, larger = successor.wrong_tokens(795, 0.2), successor.wrong_tokens(795, 0.2943)
+    assert smaller < larger and len(smaller) == 159 and len(larger) == 234
+    starts = [p[-1] for p in successor.prompts(795, 32)]
+    ratios = [successor.expected_ratio(starts, 795, 3, f, 32) for f in (0.0, 0.2, 0.2226, 0.2943)]
+    assert ratios[0] == 1.0 and ratios == sorted(ratios, reverse=True)

@@ -45,7 +45,8 @@ def plot_sweep(doc: dict[str, Any], path: str | Path) -> None:
     status = "" if doc.get("complete") else f"  (incomplete: {doc.get('failure') or 'stopped'})"
     tau = doc.get("mean_acceptance_length")
     fig.suptitle(f"{doc.get('model') or 'model'}: speculative vs plain, max_tokens {doc.get('max_tokens')}"
-                 + (f", mean acceptance length {tau:.2f}" if tau else "") + status, fontsize=11)
+                 + (f", mean acceptance length {tau:.2f}" if tau else "") + status
+                 + (f"\n{doc['note']}" if doc.get("note") else ""), fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

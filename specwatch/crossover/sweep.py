@@ -63,6 +63,7 @@ class SweepSettings:
     requests_per_client: int = 3
     model: str = ""  # "" = each server's first /v1/models entry
     timeout_s: float = 120.0
+    note: str = ""  # free text kept in the file and the plot, e.g. what hardware this measured
 
 
 @dataclass
@@ -308,7 +309,7 @@ def run_sweep(settings: SweepSettings, out_path: str | Path,
                            "context_tokens": _context_estimate(settings),
                            "num_speculative_tokens": None, "levels": [], "complete": False, "failure": None,
                            "crossover_concurrency": None, "mean_acceptance_length": None,
-                           "position_acceptance": []}
+                           "position_acceptance": [], "note": settings.note}
     outcome = SweepOutcome(document=doc)
     stop = threading.Event()
     try:

@@ -12,9 +12,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import requests
+
+Prompt = Union[str, list[int]]  # text, or token ids (the completions API takes either)
 
 PROMPTS: tuple[str, ...] = (
     "def fibonacci(n: int) -> int:",
@@ -31,13 +33,13 @@ PROMPTS: tuple[str, ...] = (
 @dataclass(frozen=True)
 class Completion:
     ok: bool
-    prompt: str = ""
+    prompt: Prompt = ""
     completion_tokens: int = 0
     spec_metrics: dict[str, Any] | None = None  # the response's `metrics.speculative_decoding`, when asked for
     error: str = ""
 
 
-def complete(base_url: str, model: str, prompt: str, max_tokens: int = 32, timeout: float = 120.0,
+def complete(base_url: str, model: str, prompt: Prompt, max_tokens: int = 32, timeout: float = 120.0,
              session: requests.Session | None = None) -> Completion:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     http = session or requests
@@ -53,7 +55,7 @@ def complete(base_url: str, model: str, prompt: str, max_tokens: int = 32, timeo
 
 
 def run_requests(base_url: str, model: str, count: int, *, concurrency: int = 1, max_tokens: int = 32,
-                 prompts: Sequence[str] = PROMPTS, timeout: float = 120.0) -> list[Completion]:
+                 prompts: Sequence[Prompt] = PROMPTS, timeout: float = 120.0) -> list[Completion]:
     """`count` requests over `concurrency` closed-loop clients; prompts taken in order, cycling."""
     chosen = list(itertools.islice(itertools.cycle(prompts), count))
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -77,7 +79,7 @@ class BackgroundLoad:
 
     def __init__(self, base_url: str, model: str, *, concurrency: int = 2, max_tokens: int = 32,
                  pause_seconds: float = 0.0, max_seconds: float = 900.0, max_requests: int = 100_000,
-                 prompts: Sequence[str] = PROMPTS) -> None:
+                 prompts: Sequence[Prompt] = PROMPTS) -> None:
         self.base_url = base_url
         self.model = model
         self.concurrency = concurrency

@@ -14,6 +14,12 @@ DEFAULT_CACHE = REPO_ROOT / ".venv-vllm" / "models"
 # "Real engine"): more noise, less acceptance.
 GOOD_DRAFTER_NOISE = 0.03
 WORSE_DRAFTER_NOISE = 0.06
+# Wrong fractions of the successor drafters (successor.py): the base one, and those whose acceptance over
+# successor.prompts(795, 32) with k = 3 and 32 tokens a request is 0.95x and 0.80x the base's (0.6706): 177 and
+# 234 wrong tokens of 795 against 159 (successor.expected_ratio gives 0.9502x and 0.7994x).
+SUCCESSOR_BASE = 0.2
+SUCCESSOR_DRIFT_5 = 0.2226
+SUCCESSOR_DROP_20 = 0.2943
 
 
 @dataclass(frozen=True)
@@ -21,21 +27,32 @@ class TinyModels:
     target: Path
     drafters: dict[float, Path]
     unrelated: Path
+    successor_target: Path
+    successor_drafters: dict[float, Path]
 
     def drafter(self, noise: float) -> Path:
         return self.drafters[noise]
 
+    def successor_drafter(self, wrong_fraction: float) -> Path:
+        return self.successor_drafters[wrong_fraction]
+
 
 def build_tiny_models(env: EngineEnv, noises: tuple[float, ...] = (0.0, GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE),
+                      successor_fractions: tuple[float, ...] = (SUCCESSOR_BASE, SUCCESSOR_DRIFT_5, SUCCESSOR_DROP_20),
                       dest: Path = DEFAULT_CACHE) -> TinyModels:
-    """Build (or reuse) the target, one drafter per noise level and an unrelated drafter. Deterministic."""
+    """Build (or reuse) the target, one drafter per noise level, an unrelated drafter, and the successor target
+    and drafters. Deterministic."""
     args = ["-m", "specwatch.testbed.tiny_models", str(dest), "--unrelated"]
     for noise in noises:
         args += ["--drafter-noise", f"{noise:g}"]
+    for fraction in successor_fractions:
+        args += ["--successor-drafter", f"{fraction:g}"]
     result = env.run_python(*args)
     if result.returncode != 0:
         raise EngineEnvError(f"building the tiny models failed:\n{result.stderr[-4000:]}")
     built = json.loads(result.stdout.strip().splitlines()[-1])
     return TinyModels(target=Path(built["target"]),
                       drafters={float(k): Path(v) for k, v in built["drafters"].items()},
-                      unrelated=Path(built["unrelated"]))
+                      unrelated=Path(built["unrelated"]),
+                      successor_target=Path(built["successor"]["target"]),
+                      successor_drafters={float(k): Path(v) for k, v in built["successor"]["drafters"].items()})

@@ -1,4 +1,5 @@
-"""Build the testbed's tiny models: a seeded random Llama target, a tokenizer trained here, and drafters.
+"""Build the testbed's tiny models: a seeded random Llama target, a tokenizer trained here, and drafters
+(and the successor target and drafters of successor.py, whose acceptance is known exactly).
 
 No model hub is reachable, so every model is made locally and reproducibly (same seed, same bytes):
 - the **tokenizer** is a byte-level BPE trained on the text in `CORPUS` below;
@@ -98,12 +99,43 @@ def build_drafter(target: Path, dest: Path, noise: float, seed: int) -> None:
     AutoTokenizer.from_pretrained(target).save_pretrained(dest)
 
 
+def build_successor(target: Path, dest: Path, wrong_fraction: float) -> None:
+    """A model that maps token t to t + 1 whatever came before, or t + 2 on the tokens of
+    `successor.wrong_tokens(vocab, wrong_fraction)` (a drafter): see specwatch/testbed/successor.py.
+
+    Attention and MLP outputs are zeroed (o_proj, down_proj), so the final hidden state is the normalised
+    embedding of the current token; the LM head row of each proposed successor is that embedding, so its logit
+    stands about 4 standard deviations above every other token's (random 256-d embeddings are near orthogonal)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from specwatch.testbed.successor import wrong_tokens
+
+    model = LlamaForCausalLM.from_pretrained(target, torch_dtype=torch.float32)
+    vocab = model.config.vocab_size
+    wrong = wrong_tokens(vocab, wrong_fraction)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed = model.model.embed_tokens.weight
+        unit = embed / embed.norm(dim=1, keepdim=True)
+        head = torch.zeros_like(model.lm_head.weight)
+        for token in range(vocab):
+            head[(token + (2 if token in wrong else 1)) % vocab] += unit[token]
+        model.lm_head.weight.copy_(head)
+    model.save_pretrained(dest, safe_serialization=True)
+    AutoTokenizer.from_pretrained(target).save_pretrained(dest)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="build the testbed's tiny target and drafters")
     parser.add_argument("dest", type=Path)
     parser.add_argument("--drafter-noise", type=float, action="append", default=[],
                         help="add a drafter with this relative weight noise (repeatable)")
     parser.add_argument("--unrelated", action="store_true", help="also build an unrelated random drafter")
+    parser.add_argument("--successor-drafter", type=float, action="append", default=[],
+                        help="also build the successor target and a successor drafter with this wrong fraction")
     args = parser.parse_args(argv)
 
     target = args.dest / "target"
@@ -126,6 +158,16 @@ def main(argv: list[str] | None = None) -> int:
             from transformers import AutoTokenizer
             AutoTokenizer.from_pretrained(target).save_pretrained(dest)
         built["unrelated"] = str(dest)
+    if args.successor_drafter:
+        successor = args.dest / "successor-target"
+        if not (successor / "model.safetensors").exists():
+            build_successor(target, successor, 0.0)
+        built["successor"] = {"target": str(successor), "drafters": {}}
+        for fraction in args.successor_drafter:
+            dest = args.dest / f"successor-wrong-{fraction:g}"
+            if not (dest / "model.safetensors").exists():
+                build_successor(target, dest, fraction)
+            built["successor"]["drafters"][f"{fraction:g}"] = str(dest)
     json.dump(built, sys.stdout)
     print()
     return 0

@@ -6,7 +6,7 @@ Everything the engine writes (its log, ZMQ sockets, caches, temp files) goes und
 
 Settings that make vLLM fit a 2-core test machine:
 - `VLLM_CPU_KVCACHE_SPACE` (GiB): without it the CPU worker asks for most of RAM and may refuse to start;
-- `OMP_NUM_THREADS=2` and `--enforce-eager` (no torch.compile: start-up in about a minute instead of many);
+- `OMP_NUM_THREADS=2`, threads not pinned to cores (`VLLM_CPU_OMP_THREADS_BIND=nobind`), and `--enforce-eager` (no torch.compile: start-up in about a minute instead of many);
 - float32 weights: the tiny models are float32, and bf16 matmuls need AVX-512 BF16 to be fast.
 """
 
@@ -110,6 +110,9 @@ class VllmServer:
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(self.spec.kv_cache_gib),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+            # "auto" pins every server's OpenMP threads to core 0 (reserving the rest), so two servers on a
+            # 2-core machine would share one core; let the OS place them instead.
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
