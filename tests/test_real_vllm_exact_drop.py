@@ -32,11 +32,11 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 
 K, MAX_TOKENS, VOCAB = 3, 32, 795
 PROMPTS = successor.prompts(VOCAB, 32)
-# A 20% drop must be flagged within this long of the first scrape (measured: about one minute, the detector's
-# 1-minute evidence block plus its guards; the margin is for a loaded 2-core machine).
-FLAG_DEADLINE_SECONDS = 240.0
-# ... and the 5% drift watched at least this long, and at least twice as long as the drop took.
-WATCH_AT_LEAST_SECONDS = 150.0
+# How long the test may wait, in seconds of a loaded machine: the detector needs evidence (drafted tokens), and
+# a busy 2-core box serves far fewer of them a second than an idle one. What is asserted is that the drop is
+# flagged and the drift never is while it drafts at least twice the tokens the drop needed.
+WALL_CAP_SECONDS = 900.0
+WATCH_AT_LEAST_SECONDS = 120.0
 
 
 def predicted(fraction: float, prompts=PROMPTS) -> list[successor.Counts]:
@@ -119,28 +119,34 @@ def test_a_20_percent_drop_is_flagged_and_a_5_percent_drift_is_not(two_routes):
                    for name, server in servers.items()],
     })
     daemon = Daemon(config)
-    loads = [BackgroundLoad(server.base_url, "tiny", concurrency=2, max_tokens=MAX_TOKENS, max_seconds=600,
-                            prompts=PROMPTS) for server in servers.values()]
-    flagged_after: dict[str, float] = {}
+    fractions = {"drop20": SUCCESSOR_DROP_20, "drift5": SUCCESSOR_DRIFT_5}
+    # Each route's load takes the prompts in an order whose every prefix accepts what the whole set does.
+    loads = [BackgroundLoad(server.base_url, "tiny", concurrency=2, max_tokens=MAX_TOKENS, max_seconds=WALL_CAP_SECONDS,
+                            prompts=successor.balanced_order(PROMPTS, VOCAB, K, fractions[name], MAX_TOKENS))
+             for name, server in servers.items()]
+    flagged: dict[str, tuple[float, float]] = {}  # route -> (seconds, drafted tokens) at the first flag
     ratios: dict[str, float] = {}
+    drafted: dict[str, float] = {}
     try:
         for load in loads:
             load.start()
         start = time.monotonic()
+        first: dict[str, float] = {}
         while True:
             elapsed = time.monotonic() - start
             snapshot = daemon.tick()
             for state in snapshot.routes:
                 assert state.up, f"{state.name}: {state.error_reason}"
-                if state.degraded and state.name not in flagged_after:
-                    flagged_after[state.name] = elapsed
+                first.setdefault(state.name, state.draft_tokens_total)
+                drafted[state.name] = state.draft_tokens_total - first[state.name]
+                if state.degraded and state.name not in flagged:
+                    flagged[state.name] = (elapsed, drafted[state.name])
                 if "5m" in state.acceptance_ratio:
                     ratios[state.name] = state.acceptance_ratio["5m"]
-            if "drift5" in flagged_after:
+            if "drift5" in flagged or elapsed > WALL_CAP_SECONDS:
                 break
-            if "drop20" in flagged_after and elapsed >= max(WATCH_AT_LEAST_SECONDS, 2 * flagged_after["drop20"]):
-                break
-            if "drop20" not in flagged_after and elapsed > FLAG_DEADLINE_SECONDS:
+            if "drop20" in flagged and elapsed >= max(WATCH_AT_LEAST_SECONDS, 2 * flagged["drop20"][0]) \
+                    and drafted.get("drift5", 0.0) >= 2 * flagged["drop20"][1]:
                 break
             time.sleep(1.0)
     finally:
@@ -148,9 +154,9 @@ def test_a_20_percent_drop_is_flagged_and_a_5_percent_drift_is_not(two_routes):
         daemon.close()
     served = {name: load_stats.ok for name, load_stats in zip(servers, stats)}
     print(f"\nexact drop: baseline {base.acceptance_ratio:.4f} (design effect {base.overdispersion:.2f}); flagged "
-          f"after {flagged_after}; 5m acceptance {ratios}; requests served {served}")
-    assert "drift5" not in flagged_after, f"a 5% drift was flagged after {flagged_after['drift5']:.0f}s ({ratios})"
-    assert "drop20" in flagged_after, f"a 20% drop was not flagged within {FLAG_DEADLINE_SECONDS:.0f}s ({ratios})"
-    # The engines ran at the designed rates (the load's mix of prompts moves them by a few percent).
-    assert ratios["drop20"] == pytest.approx(0.80 * base.acceptance_ratio, rel=0.05)
-    assert ratios["drift5"] == pytest.approx(0.95 * base.acceptance_ratio, rel=0.05)
+          f"(seconds, drafted tokens) {flagged}; drafted {drafted}; 5m acceptance {ratios}; requests served {served}")
+    assert "drift5" not in flagged, f"a 5% drift was flagged after {flagged['drift5']} ({ratios})"
+    assert "drop20" in flagged, f"a 20% drop was not flagged within {WALL_CAP_SECONDS:.0f}s ({drafted}, {ratios})"
+    # The engines ran at the designed rates.
+    assert ratios["drop20"] == pytest.approx(0.80 * base.acceptance_ratio, rel=0.04)
+    assert ratios["drift5"] == pytest.approx(0.95 * base.acceptance_ratio, rel=0.04)

@@ -116,13 +116,14 @@ class BackgroundLoad:
 
     def _client(self, index: int, deadline: float) -> None:
         session = requests.Session()
-        prompts = itertools.cycle(self.prompts[index % len(self.prompts):] + self.prompts[:index % len(self.prompts)])
         while not self._stop.is_set() and time.monotonic() < deadline:
             with self._lock:
                 if self.stats.sent >= self.max_requests:
                     return
+                # All clients take the prompts in one shared order, so the first n requests are the first n prompts.
+                prompt = self.prompts[self.stats.sent % len(self.prompts)]
                 self.stats.sent += 1
-            result = complete(self.base_url, self.model, next(prompts), self.max_tokens, session=session)
+            result = complete(self.base_url, self.model, prompt, self.max_tokens, session=session)
             with self._lock:
                 if result.ok:
                     self.stats.ok += 1

@@ -82,3 +82,22 @@ def prompts(vocab_size: int, count: int, length: int = 4) -> list[list[int]]:
     that requests visit every region of the successor cycle."""
     step = max(1, vocab_size // count)
     return [[(i * step + j) % vocab_size for j in range(length)] for i in range(count)]
+
+
+def balanced_order(prompt_list: list[list[int]], vocab_size: int, k: int, fraction: float,
+                   max_tokens: int) -> list[list[int]]:
+    """The prompts reordered so that every prefix of the order accepts about what the whole set does: greedily,
+    the next prompt is the one that brings the running ratio closest to the whole set's. A load that sends the
+    prompts in this order serves the designed acceptance from its first few requests on."""
+    wrong = wrong_tokens(vocab_size, fraction)
+    counts = {id(p): simulate(p[-1], vocab_size, k, wrong, max_tokens) for p in prompt_list}
+    total = Counts()
+    for c in counts.values():
+        total += c
+    target, left, order, running = total.acceptance_ratio, list(prompt_list), [], Counts()
+    while left:
+        best = min(left, key=lambda p: abs((running + counts[id(p)]).acceptance_ratio - target))
+        left.remove(best)
+        order.append(best)
+        running += counts[id(best)]
+    return order
