@@ -37,6 +37,12 @@ METRICS: tuple[MetricSpec, ...] = (
        issue="service"),
     _m("state_errors_total", "counter", "Errors of the baseline state store (corrupt, unreadable or unwritable)",
        issue="detection"),
+    _m("evaluator_errors_total", "counter",
+       "Evaluations of the route that raised, by evaluator (build: building the route's evaluators failed); "
+       "a failing evaluator's values are left out", ("route", "evaluator")),
+    _m("render_errors_total", "counter",
+       "Renders of a /metrics or OTLP section that raised; a failing section's metrics are left out", ("section",)),
+    _m("otlp_export_errors_total", "counter", "OTLP exports that failed or raised; the log says why"),
     # --- sources
     _m("route_up", "gauge", "Whether the last scrape of the route's engine endpoint succeeded" + AS_OF, ("route",)),
     _m("route_info", "gauge", "Route facts; always 1" + AS_OF,

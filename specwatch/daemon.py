@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from specwatch.config import Config, GpuConfig, RouteConfig
-from specwatch.detectors.base import EvaluatorContext, RouteEvaluator, build_route_evaluators
+from specwatch.detectors.base import EvaluatorContext, RouteEvaluator
+from specwatch.detectors.registry import build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
 from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot, build
 from specwatch.sources.base import ERROR_REASONS, EngineSource, NoData, SourceError
@@ -116,6 +117,8 @@ class _Route:
         self.scrape_duration: float | None = None
         self.inflight: Future | None = None
         self.failing_evaluators: set[int] = set()
+        # evaluator name (or "build") -> failures; kept across reloads, so the counter never goes back
+        self.evaluator_errors: dict[str, float] = {}
         self._config = config
         self._source_factory = source_factory
         self._source: EngineSource | None = None
@@ -315,6 +318,7 @@ class Daemon:
         # a route's evaluation after tracking itself.
         fields: dict[str, Any] = {"scrape_duration_seconds": route.scrape_duration,
                                   "errors_total": dict(route.errors_total), "gpus": gpu_indexes}
+        errors = route.evaluator_errors
         route_gpus: Sequence[GpuSample] = [gpus_by_index[i] for i in gpu_indexes if i in gpus_by_index]
         for i, evaluator in enumerate(route.evaluators):
             try:
@@ -323,6 +327,7 @@ class Daemon:
                     raise TypeError(f"not RouteState fields: {sorted(updates.keys() - _ROUTE_STATE_FIELDS)}")
                 fields.update(updates)
             except Exception:  # noqa: BLE001 - a detector bug costs its fields, not the route
+                errors[evaluator.name] = errors.get(evaluator.name, 0.0) + 1
                 if i not in route.failing_evaluators:
                     log.exception("route %s: evaluator %s failed; its fields are left out",
                                   route.cfg.name, type(evaluator).__name__)
@@ -331,6 +336,7 @@ class Daemon:
                 if i in route.failing_evaluators:
                     log.info("route %s: evaluator %s works again", route.cfg.name, type(evaluator).__name__)
                 route.failing_evaluators.discard(i)
+        fields["evaluator_errors_total"] = dict(errors)
         base.update(fields)
         return build(RouteState, base)
 
@@ -363,6 +369,9 @@ class Daemon:
         except Exception:  # noqa: BLE001
             log.exception("route %s: building its detectors failed; exporting it without them", route.cfg.name)
             route.evaluators = []
+            route.evaluator_errors["build"] = route.evaluator_errors.get("build", 0.0) + 1
+        for evaluator in route.evaluators:  # exported from 0, so the first failure is an increase
+            route.evaluator_errors.setdefault(evaluator.name, 0.0)
 
     def _build_gpu_source(self) -> None:
         try:

@@ -98,6 +98,7 @@ class RouteState:
     kv_usage_ratio: float | None = None
     scrape_duration_seconds: float | None = None
     errors_total: Mapping[str, float] = field(default_factory=dict)  # reason -> count
+    evaluator_errors_total: Mapping[str, float] = field(default_factory=dict)  # evaluator -> failures
     gpus: tuple[int, ...] = ()
     # detection (issue 5)
     baseline_ratio: float | None = None

@@ -176,6 +176,8 @@ def compute_bound(gpus: Sequence[GpuSample], indexes: Sequence[int]) -> bool | N
 
 
 class AboveCrossoverEvaluator:
+    name = "above_crossover"
+
     def __init__(self, source: CrossoverSource | None, hold_seconds: float) -> None:
         self.source = source  # None: the configured source was unusable (logged at build)
         self.batches: dict[str, TimeWeightedMean] = {}

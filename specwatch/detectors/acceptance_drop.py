@@ -191,6 +191,8 @@ class ShortWindow:
 class AcceptanceDropEvaluator:
     """RouteEvaluator for one route (see module docstring). Not thread-safe: the daemon loop owns it."""
 
+    name = "acceptance_drop"
+
     def __init__(self, route: RouteConfig, store: BaselineStore) -> None:
         self.route = route.name
         self.cfg: DetectionConfig = route.detection
