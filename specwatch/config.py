@@ -176,7 +176,8 @@ class _Checker:
     def fail(self, path: str, msg: str) -> None:
         self.problems.append(f"{path}: {msg}")
 
-    def mapping(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict | None:
+    def mapping(self, value: Any, path: str, allowed: set[str],
+                required: set[str] | frozenset[str] = frozenset()) -> dict | None:
         if value is None:
             value = {}
         if not isinstance(value, dict):
@@ -455,7 +456,8 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
     est = CrossoverEstimateConfig(
         gpu=c.string(e.get("gpu"), f"{p}.gpu"),
         params=c.number(e.get("params"), f"{p}.params", None, lo=0.0, lo_open=True),
-        dtype=c.string(e.get("dtype"), f"{p}.dtype", CrossoverEstimateConfig.dtype, choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4")),
+        dtype=c.string(e.get("dtype"), f"{p}.dtype", CrossoverEstimateConfig.dtype,
+                       choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4")),
         layers=c.number(e.get("layers"), f"{p}.layers", None, lo=1, integer=True),
         hidden_size=c.number(e.get("hidden_size"), f"{p}.hidden_size", None, lo=1, integer=True),
         kv_heads=c.number(e.get("kv_heads"), f"{p}.kv_heads", None, lo=1, integer=True),
@@ -636,6 +638,7 @@ def summarize(cfg: Config) -> str:
             extra.append("client certificate")
         if r.http.tls_config.insecure_skip_verify:
             extra.append("certificate NOT verified")
-        lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}" + (f" ({'; '.join(extra)})" if extra else ""))
+        details = f" ({'; '.join(extra)})" if extra else ""
+        lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}{details}")
     return "\n".join(lines)
 

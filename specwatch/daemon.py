@@ -410,16 +410,16 @@ class Daemon:
             if not any(r.evaluators for r in kept if r is not None):
                 self._ctx = EvaluatorContext(config=new, clock=self._clock)
             self._ctx.config = new
-            routes = []
-            for route, cfg in zip(kept, new.routes):
-                if route is None:
-                    route = self._new_route(cfg)
+            routes: list[_Route] = []
+            for entry, cfg in zip(kept, new.routes):
+                if entry is None:
+                    entry = self._new_route(cfg)
                     log.info("reload: route %s added (%s)", cfg.name, cfg.url)
-                elif route in changed:
-                    route.rebuild(cfg, new)
-                    self._build_evaluators(route)
+                elif entry in changed:
+                    entry.rebuild(cfg, new)
+                    self._build_evaluators(entry)
                     log.info("reload: route %s updated", cfg.name)
-                routes.append(route)
+                routes.append(entry)
             self._routes = routes
             if old.gpu != new.gpu:
                 self._close_gpu_source()

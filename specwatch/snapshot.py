@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, Literal, Mapping, TypeVar
+from typing import Any, Callable, Literal, Mapping, TypeVar, cast
 
 AcceptanceSource = Literal["counter", "gauge", "lifetime_gauge", "none"]
 WINDOWS: tuple[str, ...] = ("1m", "5m", "1h")
@@ -184,7 +184,7 @@ def build(cls: type[T], values: Mapping[str, Any]) -> T:
     __dict__ in one update. The result is the same frozen instance (equal, same repr, assignment still raises);
     an unknown or missing field raises TypeError as __init__ would.
     """
-    names, defaults, factories, required = _layout(cls)
+    names, defaults, factories, required = _layout(cast(type, cls))
     if not values.keys() <= names:
         raise TypeError(f"{cls.__name__}: unknown fields {sorted(values.keys() - names)}")
     if not required <= values.keys():

@@ -145,7 +145,8 @@ def test_each_problem_names_its_path(raw, want):
 
 def test_route_detection_inherits_and_overrides():
     cfg = parse_config({"detection": {"drop": 0.1, "cusum_threshold": 12},
-                        "routes": [{**ROUTE, "detection": {"cusum_threshold": 30}}, {**ROUTE, "name": "b", "drop": 0.3}]})
+                        "routes": [{**ROUTE, "detection": {"cusum_threshold": 30}},
+                                   {**ROUTE, "name": "b", "drop": 0.3}]})
     a, b = cfg.routes
     assert a.detection.drop == 0.1 and a.detection.cusum_threshold == 30
     assert b.detection.drop == 0.3 and b.detection.cusum_threshold == 12

@@ -267,7 +267,7 @@ def stack(tmp_path_factory):
         procs.start("sim-code", [*simulate, "--seed", "2", "--port", str(ports["code"]), "--scenario", str(steady)])
         procs.start("sim-rag", [*simulate, "--seed", "3", "--port", str(ports["rag"]), "--scenario", str(bump)])
         for route in ("chat", "code", "rag"):
-            _wait_until(f"the {route} simulator", lambda: _answers(f"http://127.0.0.1:{ports[route]}/metrics"),
+            _wait_until(f"the {route} simulator", lambda url=f"http://127.0.0.1:{ports[route]}/metrics": _answers(url),
                         30, procs)
         # No earlier than simulated time 0 of every simulator, so "not paged before the fault" is checked strictly.
         started = time.monotonic()

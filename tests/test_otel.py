@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch import catalog
-from specwatch.config import ConfigError, OtlpConfig, parse_config
+from specwatch.config import OtlpConfig
 from specwatch.export import otel
 from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import GpuSample, RouteState, Snapshot

@@ -24,10 +24,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_otel import receiver  # noqa: F401 (fixture)
+import test_otel
 from test_webconfig import make_pki
 
 pytestmark = pytest.mark.e2e  # real daemon processes: about 15 s for the module on a busy 2-core box
+receiver = test_otel.receiver  # the OTLP receiver fixture, shared
 
 STARTUP_TIMEOUT = 20.0
 CLOSED_PORT_URL = "http://127.0.0.1:9/metrics"  # discard port: connection refused, instantly
@@ -178,7 +179,8 @@ def test_tls_and_basic_auth_on_a_running_daemon(tmp_path, daemons):
     password = "scrape-me"
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config: {{cert_file: server.crt, key_file: server.key}}\n"
-                   f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}'}}\n")
+                   f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}'}}"
+                   "\n")
     d = daemons(write_config(tmp_path / "specwatch.yml", ["chat"]), f"--web.config.file={web}")
     assert d.url.startswith("https://127.0.0.1:")
     ca = str(pki["ca.crt"])

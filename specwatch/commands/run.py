@@ -94,7 +94,9 @@ class Service:
         if watchdog_every is not None and watchdog_every < self.config.interval_seconds:
             log.warning("WatchdogSec/2 (%gs) is shorter than the interval (%gs): systemd will kill a healthy "
                         "daemon; raise WatchdogSec", watchdog_every, self.config.interval_seconds)
-        pet = lambda _snapshot: systemd_notify.watchdog()  # noqa: E731
+        def pet(_snapshot: object) -> None:
+            systemd_notify.watchdog()
+
         scheduler = start_scheduler(daemon, self.config.interval_seconds, on_tick=pet)
         otlp = start_otlp(self.config, daemon, self._export_errors)
 

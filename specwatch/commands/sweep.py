@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from specwatch.crossover.sweep import (BUILTIN_PROMPTS, DEFAULT_CONCURRENCY, SweepSettings, load_prompts,
                                        run_sweep)
@@ -73,7 +74,7 @@ def _with_progress(settings: SweepSettings, output: str):
     columns = (TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=False) as progress:
         overall = progress.add_task("levels", total=len(settings.concurrency) * 2)
-        current = {"label": None, "task": None}
+        current: dict[str, Any] = {"label": None, "task": None}
 
         def on_progress(label: str, done: int, total: int) -> None:
             if label != current["label"]:

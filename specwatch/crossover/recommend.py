@@ -131,5 +131,5 @@ def recommend(positions: Sequence[float], times: StepTimes, batch_now: float, ma
     sglang_reason = ("each slot offers the draft lengths within 5% of the best at its batch, so SGLang's "
                      "acceptance EMA picks among them" + ("; [0] slots never draft" if off is not None else ""))
     return Recommendation(k_now=k_now, batch_now=batch_now, speedup_now=speedup_now,
-                          ranges=tuple(tuple(r) for r in ranges), sglang=sglang,
+                          ranges=tuple((start, end, k) for start, end, k in ranges), sglang=sglang,
                           vllm_reason=vllm_reason, sglang_reason=sglang_reason)

@@ -1,7 +1,8 @@
 """The evaluator protocol: per route, per cycle, turn a RouteObservation into RouteState fields.
 
 Detectors (acceptance drop) and the crossover flag implement it; the daemon builds one list per route with
-`registry.build_route_evaluators()` and merges their outputs into the route's `RouteState`. Evaluators never see other routes, sources or exporters.
+`registry.build_route_evaluators()` and merges their outputs into the route's `RouteState`. Evaluators
+never see other routes, sources or exporters.
 """
 
 from __future__ import annotations

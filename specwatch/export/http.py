@@ -254,8 +254,8 @@ class MetricsServer:
 
     def __init__(self, server: _Server, thread: threading.Thread, scheme: str) -> None:
         self._server, self._thread = server, thread
-        host, port = server.server_address[:2]
-        self.port: int = port
+        host, port = str(server.server_address[0]), int(server.server_address[1])
+        self.port = port
         display = f"[{host}]" if ":" in str(host) else host
         self.url = f"{scheme}://{display}:{port}"
 
@@ -270,7 +270,7 @@ def serve(address: str, get_snapshot: Callable[[], Snapshot], web_config: WebCon
     """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind).
     `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors)."""
     host, port = parse_listen_address(address)
-    server_cls = _Server
+    server_cls: type[_Server] = _Server
     if _is_ipv6(host):
         server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
     server = server_cls((host, port), _make_handler(get_snapshot, RenderCache(get_snapshot, errors), web_config))

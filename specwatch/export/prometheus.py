@@ -47,7 +47,7 @@ class _ClientFamily:
 
     def __init__(self, spec: MetricSpec) -> None:
         cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
-        self.metric: Metric = cls(spec.name, spec.help, labels=spec.labels)
+        self.metric: CounterMetricFamily | GaugeMetricFamily = cls(spec.name, spec.help, labels=spec.labels)
 
     def add(self, value: float | bool | None, /, *label_values: str) -> None:
         if value is not None and math.isfinite(value := float(value)):
@@ -73,7 +73,7 @@ class _Families(Generic[F]):
     prometheus_client families (`_ClientFamily`) or text-format lines (`_TextFamily`)."""
 
     def __init__(self, new_family: Callable[[MetricSpec], F]) -> None:
-        self._new_family = new_family
+        self._new_family: Callable[[MetricSpec], F] = new_family
         self.families: dict[str, F | _Dropped] = {}
 
     def __call__(self, name: str) -> Family:

@@ -116,7 +116,7 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
     acceptance_long = rules.ACCEPTANCE.format(w=long_) + FLEET_ROUTE
     baseline = rules.BASELINE + FLEET_ROUTE
     drop_long = rules.ACCEPTANCE_DROP.format(w=long_) + FLEET_ROUTE
-    red_at = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+    red_at: list[dict[str, Any]] = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
     rows = [
         [
             (_stat("Routes", "Routes served by at least one node.",

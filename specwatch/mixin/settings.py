@@ -7,6 +7,7 @@ site adapts them by `dataclasses.replace(DEFAULT, ...)` and regenerating, never 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from dataclasses import dataclass
 
 
@@ -74,8 +75,8 @@ class Settings:
 
     def with_all_for(self, duration: str) -> "Settings":
         """A copy with every alert's `for:` set to `duration` (fast end-to-end tests)."""
-        return dataclasses.replace(self, **{f.name: duration for f in dataclasses.fields(self)
-                                            if f.name.endswith("_for")})
+        changes: dict[str, Any] = {f.name: duration for f in dataclasses.fields(self) if f.name.endswith("_for")}
+        return dataclasses.replace(self, **changes)
 
 
 DEFAULT = Settings()

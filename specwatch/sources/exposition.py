@@ -37,7 +37,7 @@ _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _PLAIN_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
 _PLAIN_LABELS_RE = re.compile("(?:" + _PLAIN_LABEL + ",)*(?:" + _PLAIN_LABEL + ")?")
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
-_UNLABELLED = (_NO_LABELS, frozenset())
+_UNLABELLED: tuple[Mapping[str, str], frozenset] = (_NO_LABELS, frozenset())
 _new_tuple = tuple.__new__  # Sample(...) through NamedTuple's Python-level __new__ costs 3x more
 _PLAIN_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # What follows a wanted name on a sample line of the usual shape: `{labels}` (checked plain by _plain_labels),
@@ -142,6 +142,7 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
                 sample = _parse_sample(head, text, line_start, match_end, samples)
                 label_set = sample.labels, frozenset(sample.labels.items())
             if seen is not None:
+                assert label_set is not None  # read inline above, or from the strict reader's sample
                 series = (sample.name, label_set[1])
                 if series in seen:
                     raise ExpositionError(_lineno(text, line_start),

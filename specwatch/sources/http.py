@@ -132,6 +132,7 @@ class HttpFetcher:
         request = head + credentials + b"\r\n"
         conn, generation = self._checkout(origin)
         response: _Response | None = None
+        result: tuple[bytes, str | None]
         try:
             response = self._send(conn, url, request, deadline)
             location = response.header(b"location") if response.status in _REDIRECT_STATUSES else None
@@ -174,11 +175,12 @@ class HttpFetcher:
             return self._send_once(conn, url, request, deadline)
 
     def _send_once(self, conn: _Connection, url: str, request: bytes, deadline: float) -> _Response:
-        if conn.sock is None:
-            conn.connect(self._remaining(url, deadline), self._tls)
+        sock = conn.sock
+        if sock is None:
+            sock = conn.connect(self._remaining(url, deadline), self._tls)
         else:
-            self._bound(conn.sock, url, deadline)
-        conn.sock.sendall(request)
+            self._bound(sock, url, deadline)
+        sock.sendall(request)
         response = _Response()
         try:
             while True:
@@ -205,12 +207,12 @@ class HttpFetcher:
             if len(body) > cap:
                 raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
             return body
-        body = bytearray()
+        whole = bytearray()
         while True:
             chunks, response.chunks = response.chunks, []
             for chunk in chunks:
-                body += decoder.decode(chunk, cap + 1 - len(body)) if decoder else chunk
-                if len(body) > cap:
+                whole += decoder.decode(chunk, cap + 1 - len(whole)) if decoder else chunk
+                if len(whole) > cap:
                     raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
             if response.complete:
                 break
@@ -222,12 +224,13 @@ class HttpFetcher:
                 response.complete = True  # a body delimited by the server closing the connection
         if decoder:
             decoder.check_complete(url)
-        return bytes(body)
+        return bytes(whole)
 
     def _feed(self, conn: _Connection, response: _Response, url: str, deadline: float,
               before_headers: bool = False) -> None:
         """One read from the socket into the parser; EOF is noted on the response."""
         sock = conn.sock
+        assert sock is not None  # read only after _send_once connected it
         self._bound(sock, url, deadline)
         buffer = _read_buffer()
         n = sock.recv_into(buffer)
@@ -321,7 +324,7 @@ class _Connection:
         self.origin = origin
         self.sock: socket.socket | None = None
 
-    def connect(self, timeout: float, tls: _TlsContext) -> None:
+    def connect(self, timeout: float, tls: _TlsContext) -> socket.socket:
         scheme, host, port = self.origin
         sock = socket.create_connection((host, port), timeout=timeout)
         try:
@@ -332,6 +335,7 @@ class _Connection:
             sock.close()
             raise
         self.sock = sock
+        return sock
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -362,7 +366,7 @@ class _Response:
     def release(self) -> None:
         """Drop the parser: it holds this object as its protocol, and a reference cycle per GET would leave
         every response for the cyclic garbage collector (64 a cycle: a gen-0 collection every ~1.2 cycles)."""
-        self.parser = None
+        del self.parser
 
     def header(self, name: bytes) -> str | None:
         """The first header of that (lower-case) name, decoded as HTTP/1.1 headers are (ISO-8859-1)."""

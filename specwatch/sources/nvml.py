@@ -393,6 +393,8 @@ class GpuSource:
         self._loaded = False
 
     def _shutdown(self) -> None:
+        if self._nvml is None:
+            return
         try:
             self._nvml.nvmlShutdown()
         except Exception as exc:  # already gone; nothing left to release
@@ -447,7 +449,9 @@ def make_gpu_source(gpu_cfg: GpuConfig, nvml: Any = None, **kwargs: Any) -> GpuS
     import_error = ""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         except ImportError as exc:
             import_error = f"the nvidia-ml-py package (module pynvml) is not installed: {exc}"
     return GpuSource(nvml, required=gpu_cfg.enabled == "true", import_error=import_error, **kwargs)

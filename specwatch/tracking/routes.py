@@ -164,7 +164,7 @@ def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int 
 
 
 def _sum_present(values: list[float | None]) -> float | None:
-    present = [v for v in values if _finite(v) is not None]
+    present = [x for v in values if (x := _finite(v)) is not None]
     return sum(present) if present else None
 
 
@@ -276,7 +276,7 @@ class RouteTracker:
             drafts_total=totals.drafts, draft_tokens_total=totals.draft_tokens,
             accepted_tokens_total=totals.accepted, gpus=obs.gpus if obs else (),
         )
-        if not up or last is None:
+        if not up or last is None or obs is None:
             # Windowed values and gauges describe the present; while the source is down there is none.
             return base
         detail = self._ring.delta(self.windows[DETAIL_WINDOW]) if DETAIL_WINDOW in self.windows else None
@@ -335,6 +335,6 @@ class RouteTracker:
 
     @staticmethod
     def _kv_usage(sample: EngineSample) -> float | None:
-        values = [e.kv_usage for e in sample.engines if _finite(e.kv_usage) is not None]
+        values = [x for e in sample.engines if (x := _finite(e.kv_usage)) is not None]
         return sum(values) / len(values) if values else None
 

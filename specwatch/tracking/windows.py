@@ -28,7 +28,6 @@ MAX_POINTS = 4096
 # Points younger than this are all kept (the 1m and 5m windows are exact); older ones this far apart.
 EXACT_SECONDS = WINDOW_SECONDS["5m"]
 COARSE_STEP_SECONDS = 15.0
-_UNCACHED = object()  # a window's delta not computed since the last append (None is a valid delta)
 # Dropped rows are removed from the front of the arrays in batches of at least this many (one memmove).
 _COMPACT_ROWS = 64
 
@@ -201,10 +200,9 @@ class WindowRing:
 
     def delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         """(newest - base, span in seconds) for a window ending at the newest point; None without two points."""
-        cached = self._cache.get(window_seconds, _UNCACHED)
-        if cached is _UNCACHED:
-            cached = self._cache[window_seconds] = self._delta(window_seconds)
-        return cached
+        if window_seconds not in self._cache:  # None is a valid delta, so membership, not a None check
+            self._cache[window_seconds] = self._delta(window_seconds)
+        return self._cache[window_seconds]
 
     def _delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         ts, first = self._ts, self._first
