@@ -9,6 +9,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 from specwatch import __version__
 
@@ -44,19 +45,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.set_defaults(_module=module)
         if only is not None and name != only:
             continue
-        mod = _load(module)
-        if mod is not None:
-            mod.add_arguments(p)
+        _load(module).add_arguments(p)
     return parser
 
 
-def _load(module: str):
-    try:
-        return importlib.import_module(f"specwatch.commands.{module}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"specwatch.commands.{module}":
-            return None  # command not built yet
-        raise
+def _load(module: str) -> Any:
+    return importlib.import_module(f"specwatch.commands.{module}")
 
 
 def _chosen_command(argv: list[str]) -> str:
@@ -81,9 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     mod = _load(args._module)
-    if mod is None:
-        print(f"specwatch {args.command}: not available in this build", file=sys.stderr)
-        return 2
     try:
         return int(mod.main(args) or 0)
     except KeyboardInterrupt:

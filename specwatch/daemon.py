@@ -15,7 +15,6 @@ pool starts threads past hung calls within a quarter of the scrape timeout (at m
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import threading
 import time
@@ -30,6 +29,7 @@ from specwatch.detectors.base import EvaluatorContext, RouteEvaluator
 from specwatch.detectors.registry import build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
 from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot, build
+from specwatch.sources import engines, nvml
 from specwatch.sources.base import ERROR_REASONS, EngineSource, NoData, SourceError
 from specwatch.tracking.routes import RouteTracker
 
@@ -83,23 +83,10 @@ def run_source(call: Callable[[], Any]) -> ScrapeOutcome:
 
 
 def _default_source_factory(route_cfg: RouteConfig, config: Config) -> EngineSource:
-    try:
-        engines = importlib.import_module("specwatch.sources.engines")
-    except ModuleNotFoundError as exc:
-        if exc.name != "specwatch.sources.engines":
-            raise
-        raise SourceError("internal", "engine sources (specwatch.sources.engines) are not in this build") from exc
     return engines.make_source(route_cfg, config)
 
 
 def _default_gpu_source_factory(gpu_cfg: GpuConfig) -> GpuSource | None:
-    try:
-        nvml = importlib.import_module("specwatch.sources.nvml")
-    except ModuleNotFoundError as exc:
-        if exc.name != "specwatch.sources.nvml":
-            raise
-        log.info("GPU metrics off: specwatch.sources.nvml is not in this build")
-        return None
     return nvml.make_gpu_source(gpu_cfg)
 
 

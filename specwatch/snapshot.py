@@ -100,14 +100,14 @@ class RouteState:
     errors_total: Mapping[str, float] = field(default_factory=dict)  # reason -> count
     evaluator_errors_total: Mapping[str, float] = field(default_factory=dict)  # evaluator -> failures
     gpus: tuple[int, ...] = ()
-    # detection (issue 5)
+    # detection
     baseline_ratio: float | None = None
     drop_ratio: float | None = None
     degraded: bool | None = None
     cusum_statistic: float | None = None
     model_changes_total: float = 0.0
     last_model_change_timestamp: float | None = None
-    # crossover (issue 6)
+    # crossover
     crossover_batch_size: float | None = None
     crossover_source: str = ""
     batch_size: float | None = None

@@ -22,10 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.config import parse_config
 from specwatch.sources.base import SourceError
 
-exposition = pytest.importorskip("specwatch.sources.exposition", reason="the exposition parser is not in this build")
-engines = pytest.importorskip("specwatch.sources.engines", reason="engine sources are not in this build")
-vllm_source = pytest.importorskip("specwatch.sources.vllm")
-sglang_source = pytest.importorskip("specwatch.sources.sglang")
+from specwatch.sources import engines, exposition
+from specwatch.sources import sglang as sglang_source
+from specwatch.sources import vllm as vllm_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WATCHDOG_SECONDS = 5.0

@@ -1,6 +1,8 @@
 """Choose the draft length k per batch size from measured per-position acceptance and step times.
 
-    G(B, k) = (1 + p_1 + ... + p_k) / T_step(B, k),  T_step(B, 0) = T_plain(B)      (docs/crossover.md §7)
+    G(B, k) = (1 + p_1 + ... + p_k) / T_step(B, k),  T_step(B, 0) = T_plain(B)
+
+(docs/design/crossover-research.md §7)
 
 k*(B) = argmax_k G over 0..K, where K is the draft length now running: acceptance beyond K is censored, so
 the schedule never proposes more than K. The per-batch k* is written out as vLLM's

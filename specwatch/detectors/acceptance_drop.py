@@ -49,11 +49,12 @@ PIN_MIN_BLOCKS = 240
 # The confirmation window stretches back until it holds this many effective (drafted / φ) tokens, so that
 # on a quiet route it has the power to confirm a real drop instead of vetoing it on noise.
 CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
-# h bounds false alarms per effective (drafted / φ) token, so per hour they grow with traffic (detection.md §4).
+# h bounds false alarms per effective (drafted / φ) token, so per hour they grow with traffic
+# (docs/design/detection-research.md §4).
 # The configured `cusum_threshold` is h for a route with this many effective tokens per second or more (about
 # 350 drafted tokens/s at φ 35); a quieter route uses h - ln(BUSY_EFFECTIVE_TOKENS_PER_SECOND / rate), which
 # keeps its expected false alarms per hour those of the busy route, but never less than MIN_ADAPTED_THRESHOLD:
-# below it, 5% drifts page at 1 req/min in a quarter of 60-route-day samples (detection.md §5).
+# below it, 5% drifts page at 1 req/min in a quarter of 60-route-day samples (docs/detection.md §5).
 BUSY_EFFECTIVE_TOKENS_PER_SECOND = 10.0
 MIN_ADAPTED_THRESHOLD = 7.0
 TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)

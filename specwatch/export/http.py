@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import html
-import importlib
 import ipaddress
 import json
 import logging
@@ -28,7 +27,7 @@ from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from specwatch import __version__
-from specwatch.config import ConfigError
+from specwatch.export import webconfig
 from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
 
@@ -57,12 +56,6 @@ def load_web_config(path: str) -> WebConfig | None:
     """The optional `--web.config.file`; None when not given. Raises ConfigError listing its problems."""
     if not path:
         return None
-    try:
-        webconfig = importlib.import_module("specwatch.export.webconfig")
-    except ModuleNotFoundError as exc:
-        if exc.name != "specwatch.export.webconfig":
-            raise
-        raise ConfigError(["TLS and basic auth are not available in this build"], path) from exc
     return webconfig.load_web_config(path)
 
 

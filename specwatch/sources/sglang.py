@@ -3,7 +3,7 @@
 SGLang always renders in multiprocess mode. Scheduler gauges come per scheduler (`dp_rank`, and `tp_rank`
 when --enable-metrics-for-all-schedulers duplicates them); tokenizer counters are server-wide, per request
 label set (`is_streaming`, `priority`, custom labels such as `route`). Spec gauges are interval averages over
-the last --decode-log-interval decode steps; counters exist from 0.5.13 (engine-metrics.md §2).
+the last --decode-log-interval decode steps; counters exist from 0.5.13 (docs/engines.md §2).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """vLLM /metrics -> EngineSample. The maps below are the whole contract with vLLM; comments give versions.
 
 V1 (the only engine since v0.10.0) exports per-engine counters; the legacy V0 engine exported lifetime
-gauges and counters that were sums of sums, so for V0 only the gauges are read (engine-metrics.md §1.3).
+gauges and counters that were sums of sums, so for V0 only the gauges are read (docs/engines.md §1.3).
 """
 
 from __future__ import annotations
