@@ -13,6 +13,9 @@ from typing import Any
 
 from specwatch import __version__
 
+# Third-party modules that only offline tools use, and the extra that installs each (pyproject.toml).
+OPTIONAL_DEPENDENCIES = {"matplotlib": "plot", "grafanalib": "mixin"}
+
 # name -> (module under specwatch.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "run the daemon: scrape engines and NVML, detect, export /metrics"),
@@ -63,7 +66,20 @@ def _chosen_command(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(only=_chosen_command(argv))
+    chosen = _chosen_command(argv)
+    try:
+        return _run(argv, chosen)
+    except ModuleNotFoundError as exc:
+        extra = OPTIONAL_DEPENDENCIES.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"specwatch {chosen}: needs {exc.name}, which the daemon does not: "
+              f"pip install 'specwatch[{extra}]'", file=sys.stderr)
+        return 2
+
+
+def _run(argv: list[str], chosen: str) -> int:
+    parser = build_parser(only=chosen)
     args = parser.parse_args(argv)
     level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
     # Under systemd the journal stamps every line itself (JOURNAL_STREAM is set), so leave the time out there.

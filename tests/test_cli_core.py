@@ -50,6 +50,24 @@ def test_check_config_missing_file(tmp_path, capsys):
     assert "cannot read file" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------------------------------------- extras
+def test_an_offline_command_without_its_extra_says_how_to_install_it(monkeypatch, capsys):
+    """grafanalib is not a daemon dependency: `generate` without it names the extra to install."""
+    for name in list(sys.modules):
+        if name == "grafanalib" or name.startswith(("grafanalib.", "specwatch.mixin", "specwatch.commands.generate")):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "grafanalib", None)  # import grafanalib now fails as if not installed
+    assert cli_main(["generate", "--check"]) == 2
+    assert "pip install 'specwatch[mixin]'" in capsys.readouterr().err
+
+
+def test_the_daemon_imports_no_offline_only_dependency():
+    code = ("import sys; import specwatch.commands.run, specwatch.commands.check_config, specwatch.commands.status; "
+            "print(sorted(m for m in ('matplotlib', 'grafanalib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 # ---------------------------------------------------------------------------------------------- status
 def route(name: str, **kw) -> RouteState:
     return RouteState(name=name, **kw)

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # matplotlib (the `plot` extra) is imported before measuring, so a node without it learns so at once.
+    from specwatch.crossover.plot import plot_sweep
+
     try:
         prompts = load_prompts(args.prompts) if args.prompts else list(BUILTIN_PROMPTS)
     except ValueError as exc:
@@ -57,7 +60,6 @@ def main(args: argparse.Namespace) -> int:
 
     doc = outcome.document
     if doc["levels"]:
-        from specwatch.crossover.plot import plot_sweep  # matplotlib only when there is something to draw
         plot_sweep(doc, plot_path)
     _print_summary(doc)
     print(f"wrote {args.output}" + (f" and {plot_path}" if doc["levels"] else ""))
