@@ -28,7 +28,7 @@ from specwatch.config import Config, GpuConfig, RouteConfig
 from specwatch.detectors.base import EvaluatorContext, RouteEvaluator
 from specwatch.detectors.registry import build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
-from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot, build
+from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
 from specwatch.sources import engines, nvml
 from specwatch.sources.base import ERROR_REASONS, EngineSource, NoData, SourceError
 from specwatch.tracking.routes import RouteTracker
@@ -301,8 +301,7 @@ class Daemon:
             route.record(ScrapeOutcome(reason="internal", message=f"tracking: {exc}"))
             obs = route.tracker.observe_down(now, gpus=gpu_indexes)
             base = route.tracker.state_fields(error_reason="internal")
-        # Every field is gathered first and the RouteState built once: building it is the costliest step of
-        # a route's evaluation after tracking itself.
+        # Every field is gathered first and the RouteState built once.
         fields: dict[str, Any] = {"scrape_duration_seconds": route.scrape_duration,
                                   "errors_total": dict(route.errors_total), "gpus": gpu_indexes}
         errors = route.evaluator_errors
@@ -325,7 +324,7 @@ class Daemon:
                 route.failing_evaluators.discard(i)
         fields["evaluator_errors_total"] = dict(errors)
         base.update(fields)
-        return build(RouteState, base)
+        return RouteState(**base)
 
     def _drain_state_errors(self) -> None:
         errors, self._ctx.state_errors[:] = list(self._ctx.state_errors), []

@@ -63,25 +63,20 @@ class Sums(NamedTuple):
 _SCALARS = ("drafts", "draft_tokens", "accepted", "gauge_ratio_weight", "gauge_ratio_weighted",
             "gauge_length_weight", "gauge_length_weighted")
 _NS = len(_SCALARS)
-_scalars_of = operator.itemgetter(*(Sums._fields.index(name) for name in _SCALARS))
-
-
-_new = tuple.__new__  # Sums(...) through NamedTuple's Python-level __new__ costs twice as much
 
 
 def _sums_of(row: Sequence[float], positions: int) -> Sums:
     """The Sums a stored row holds (the inverse of `append`'s layout: the scalars, then the positions)."""
-    return _new(Sums, (row[0], row[1], row[2], tuple(row[_NS:_NS + positions]), row[3], row[4], row[5], row[6]))
+    return Sums(**dict(zip(_SCALARS, row)), per_pos=tuple(row[_NS:_NS + positions]))
 
 
 def _combine(a: Sums, b: Sums, sign: float) -> Sums:
-    # Spelled out rather than looping over the fields: this runs several times per route and cycle.
-    return _new(Sums, (a.drafts + sign * b.drafts, a.draft_tokens + sign * b.draft_tokens,
-                       a.accepted + sign * b.accepted, _add_positions(a.per_pos, b.per_pos, sign),
-                       a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
-                       a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
-                       a.gauge_length_weight + sign * b.gauge_length_weight,
-                       a.gauge_length_weighted + sign * b.gauge_length_weighted))
+    return Sums(drafts=a.drafts + sign * b.drafts, draft_tokens=a.draft_tokens + sign * b.draft_tokens,
+                accepted=a.accepted + sign * b.accepted, per_pos=_add_positions(a.per_pos, b.per_pos, sign),
+                gauge_ratio_weight=a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
+                gauge_ratio_weighted=a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
+                gauge_length_weight=a.gauge_length_weight + sign * b.gauge_length_weight,
+                gauge_length_weighted=a.gauge_length_weighted + sign * b.gauge_length_weighted)
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:
@@ -129,7 +124,7 @@ class WindowRing:
         self._cache.clear()
         if len(sums.per_pos) > self._width - _NS:
             self._widen(len(sums.per_pos))
-        row = [*_scalars_of(sums), *sums.per_pos]
+        row = [*(getattr(sums, name) for name in _SCALARS), *sums.per_pos]
         row += (0.0,) * (self._width - len(row))
         if len(self._ts) > self._first and ts <= self._ts[-1]:
             # A clock step backwards (or a duplicate tick): replace rather than break time order.
