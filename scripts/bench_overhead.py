@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Overhead benchmarks (issue 9): what specwatch costs the GPU host, four figures against their targets.
+"""Overhead benchmarks: what specwatch costs the GPU host, four figures against their targets.
 
     .venv/bin/python scripts/bench_overhead.py            # all four, about 6 minutes on 2 cores
     .venv/bin/python scripts/bench_overhead.py --json     # the same, plus one JSON line at the end
@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import gc
 import shutil
-import importlib
-import importlib.util
 import json
 import os
 import resource
@@ -64,10 +62,6 @@ WARMUP_SECONDS = 3900.0  # > the longest (1 h) window, so the windows and rings 
 MEASURE_CYCLES = 120
 PROMETHEUS_SCRAPE_SECONDS = 15.0
 TARGETS = {"parse_speedup": 10.0, "cpu_percent": 1.0, "rss_mb": 80.0, "render_ms": 20.0}
-
-
-def have_engine_sources() -> bool:
-    return importlib.util.find_spec("specwatch.sources.engines") is not None
 
 
 def median_seconds(fn: Callable[[], Any], repeat: int, min_time: float = 0.2,
@@ -113,9 +107,6 @@ def bench_parse() -> dict[str, Any]:
 
     result: dict[str, Any] = {"fixture": origin, "bytes": len(data), "lines": text.count("\n")}
     result["reference_ms"] = median_seconds(reference, 7) * 1e3
-    if not have_engine_sources():
-        result["note"] = "specwatch.sources.engines is not in this build: no specwatch figure"
-        return result
     parse = specwatch_parse_function()
     sample = parse(data)
     result["specwatch_ms"] = median_seconds(lambda: parse(data), 7) * 1e3
@@ -128,7 +119,8 @@ def specwatch_parse_function() -> Callable[[bytes], Any]:
     """Body bytes -> EngineSample through the engine source's own parse + extraction (all but the HTTP GET)."""
     from specwatch.config import parse_config
 
-    engines = importlib.import_module("specwatch.sources.engines")
+    from specwatch.sources import engines
+
     route = parse_config({"gpu": {"enabled": "false"}, "routes": [
         {"name": "r", "engine": "vllm", "url": "http://127.0.0.1:9/metrics"}]}).routes[0]
     return lambda body: engines.parse_engine_sample("vllm", body, route, 0.0)
@@ -220,7 +212,7 @@ def daemon_child(sources: str, layout: str = "separate") -> dict[str, Any]:
 
 
 def bench_daemon(layout: str = "separate", script: Path = Path(__file__)) -> dict[str, Any]:
-    sources = "http" if have_engine_sources() else "trace"
+    sources = "http"
     proc = subprocess.run([sys.executable, str(script), "_daemon-child", sources, layout], capture_output=True,
                           text=True, timeout=1800)
     if proc.returncode != 0:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv with specwatch and its test dependencies, from nothing. Idempotent and quiet when done already.
+# Create .venv with specwatch, its offline tools' extras and its test dependencies, from nothing. Idempotent and quiet when done already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.specwatch-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,plot,mixin]' 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -c 'import specwatch, prometheus_client, apscheduler, pynvml, yaml' \
     || { echo "bootstrap: dependency install failed" >&2; exit 1; }
   touch "$stamp"

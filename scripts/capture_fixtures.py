@@ -57,7 +57,7 @@ FIXTURES = {f.name: f for f in (
     Fixture("sglang/0.4.3_gauges", "sglang-legacy", engines=1, k=3, seed=41, version="0.4.3"),
     Fixture("sglang/0.5.4_accept_rate", "sglang-legacy", engines=1, k=3, seed=42, version="0.5.4"),
 )}
-INVENTORY = Path(os.environ.get("SPECWATCH_SHARED", "/work/shared")) / "reference" / "sglang-metrics-inventory.tsv"
+INVENTORY = Path(__file__).resolve().parent.parent / "docs" / "reference" / "sglang-metrics-inventory.tsv"
 _MULTIPROCESS = ("sglang", "sglang-legacy")
 
 

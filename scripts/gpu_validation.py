@@ -253,7 +253,6 @@ def main() -> int:
 
     import logging
 
-    import pynvml
 
     from specwatch.config import GpuConfig
     from specwatch.sources.nvml import make_gpu_source

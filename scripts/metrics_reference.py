@@ -23,7 +23,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def render() -> str:
     out = [BEGIN, "_Generated from `specwatch/catalog.py` by `scripts/metrics_reference.py`._", ""]
     for area, title in AREAS:
-        specs = [m for m in catalog.METRICS if m.issue == area]
+        specs = [m for m in catalog.METRICS if m.area == area]
         if not specs:
             continue
         out += [f"**{title}**", "", "| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]

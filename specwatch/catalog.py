@@ -18,11 +18,11 @@ class MetricSpec:
     type: str  # gauge | counter | info
     help: str
     labels: tuple[str, ...] = ()
-    issue: str = "core"  # which part of specwatch emits it (for docs)
+    area: str = "core"  # the README metric table it is listed in: core, service, detection, crossover, gpu
 
 
-def _m(name: str, type_: str, help_: str, labels: tuple[str, ...] = (), issue: str = "core") -> MetricSpec:
-    return MetricSpec(PREFIX + name, type_, help_, labels, issue)
+def _m(name: str, type_: str, help_: str, labels: tuple[str, ...] = (), area: str = "core") -> MetricSpec:
+    return MetricSpec(PREFIX + name, type_, help_, labels, area)
 
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -32,11 +32,17 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("evaluation_duration_seconds", "gauge", "Duration of the last evaluation cycle"),
     _m("evaluation_overruns_total", "counter", "Evaluation cycles that took longer than the interval"),
     _m("config_last_reload_successful", "gauge", "Whether the last configuration reload succeeded (1) or not (0)",
-       issue="service"),
+       area="service"),
     _m("config_last_reload_success_timestamp_seconds", "gauge", "Unix time of the last successful configuration load",
-       issue="service"),
+       area="service"),
     _m("state_errors_total", "counter", "Errors of the baseline state store (corrupt, unreadable or unwritable)",
-       issue="detection"),
+       area="detection"),
+    _m("evaluator_errors_total", "counter",
+       "Evaluations of the route that raised, by evaluator (build: building the route's evaluators failed); "
+       "a failing evaluator's values are left out", ("route", "evaluator")),
+    _m("render_errors_total", "counter",
+       "Renders of a /metrics or OTLP section that raised; a failing section's metrics are left out", ("section",)),
+    _m("otlp_export_errors_total", "counter", "OTLP exports that failed or raised; the log says why"),
     # --- sources
     _m("route_up", "gauge", "Whether the last scrape of the route's engine endpoint succeeded" + AS_OF, ("route",)),
     _m("route_info", "gauge", "Route facts; always 1" + AS_OF,
@@ -66,60 +72,60 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("route_kv_cache_usage_ratio", "gauge", "Mean KV-cache usage over the route's engines, 0-1" + AS_OF, ("route",)),
     # --- detection
     _m("route_acceptance_baseline_ratio", "gauge", "Pinned baseline acceptance rate of the route" + AS_OF, ("route",),
-       issue="detection"),
+       area="detection"),
     _m("route_acceptance_drop_ratio", "gauge", "Relative acceptance drop, 1 - current / baseline" + AS_OF, ("route",),
-       issue="detection"),
+       area="detection"),
     _m("route_acceptance_degraded", "gauge", "Detector verdict: acceptance dropped below the baseline (1) or not (0)"
-       + AS_OF, ("route",), issue="detection"),
+       + AS_OF, ("route",), area="detection"),
     _m("route_acceptance_cusum", "gauge", "CUSUM evidence statistic of an acceptance drop (alarm at the threshold)"
-       + AS_OF, ("route",), issue="detection"),
+       + AS_OF, ("route",), area="detection"),
     _m("route_model_changes_total", "counter", "Model, engine version or draft length changes seen on the route",
-       ("route",), issue="detection"),
+       ("route",), area="detection"),
     _m("route_last_model_change_timestamp_seconds", "gauge", "Unix time of the last model change on the route",
-       ("route",), issue="detection"),
+       ("route",), area="detection"),
     # --- crossover
     _m("route_crossover_batch_size", "gauge", "Batch size above which speculative decoding lowers throughput" + AS_OF,
-       ("route", "source"), issue="crossover"),
+       ("route", "source"), area="crossover"),
     _m("route_batch_size", "gauge", "Time-weighted running requests per engine of the route" + AS_OF, ("route",),
-       issue="crossover"),
+       area="crossover"),
     _m("route_above_crossover", "gauge", "Route batch above its crossover, with hysteresis (1) or not (0)" + AS_OF,
-       ("route",), issue="crossover"),
+       ("route",), area="crossover"),
     _m("route_predicted_speedup_ratio", "gauge", "Predicted spec / plain throughput at the current batch" + AS_OF,
-       ("route",), issue="crossover"),
+       ("route",), area="crossover"),
     _m("route_compute_bound", "gauge", "The route's GPUs look compute-bound by GPM tensor and DRAM activity" + AS_OF,
-       ("route",), issue="crossover"),
+       ("route",), area="crossover"),
     # --- gpu
-    _m("nvml_up", "gauge", "Whether NVML loaded and answered (1) or not (0)", issue="gpu"),
-    _m("gpu_up", "gauge", "Whether the GPU answered NVML in the last cycle", ("gpu",), issue="gpu"),
-    _m("gpu_info", "gauge", "GPU facts; always 1", ("gpu", "uuid", "name", "driver"), issue="gpu"),
-    _m("route_gpu_info", "gauge", "Route to GPU mapping; always 1", ("route", "gpu"), issue="gpu"),
+    _m("nvml_up", "gauge", "Whether NVML loaded and answered (1) or not (0)", area="gpu"),
+    _m("gpu_up", "gauge", "Whether the GPU answered NVML in the last cycle", ("gpu",), area="gpu"),
+    _m("gpu_info", "gauge", "GPU facts; always 1", ("gpu", "uuid", "name", "driver"), area="gpu"),
+    _m("route_gpu_info", "gauge", "Route to GPU mapping; always 1", ("route", "gpu"), area="gpu"),
     # GPU fields, one per row of sources/gpu_fields.py (a test checks they agree)
     _m("gpu_utilization_ratio", "gauge", "Share of the last sample period in which any kernel ran, 0-1; liveness "
        "only (it reads ~1 at any decode batch): use gpu_sm_active_ratio and gpu_tensor_active_ratio for load",
-       ("gpu",), issue="gpu"),
-    _m("gpu_memory_used_bytes", "gauge", "GPU memory in use", ("gpu",), issue="gpu"),
-    _m("gpu_memory_total_bytes", "gauge", "GPU memory installed", ("gpu",), issue="gpu"),
-    _m("gpu_power_watts", "gauge", "GPU power draw", ("gpu",), issue="gpu"),
-    _m("gpu_power_limit_watts", "gauge", "GPU enforced power limit", ("gpu",), issue="gpu"),
-    _m("gpu_sm_clock_hertz", "gauge", "GPU SM clock frequency", ("gpu",), issue="gpu"),
-    _m("gpu_memory_clock_hertz", "gauge", "GPU memory clock frequency", ("gpu",), issue="gpu"),
-    _m("gpu_temperature_celsius", "gauge", "GPU die temperature", ("gpu",), issue="gpu"),
+       ("gpu",), area="gpu"),
+    _m("gpu_memory_used_bytes", "gauge", "GPU memory in use", ("gpu",), area="gpu"),
+    _m("gpu_memory_total_bytes", "gauge", "GPU memory installed", ("gpu",), area="gpu"),
+    _m("gpu_power_watts", "gauge", "GPU power draw", ("gpu",), area="gpu"),
+    _m("gpu_power_limit_watts", "gauge", "GPU enforced power limit", ("gpu",), area="gpu"),
+    _m("gpu_sm_clock_hertz", "gauge", "GPU SM clock frequency", ("gpu",), area="gpu"),
+    _m("gpu_memory_clock_hertz", "gauge", "GPU memory clock frequency", ("gpu",), area="gpu"),
+    _m("gpu_temperature_celsius", "gauge", "GPU die temperature", ("gpu",), area="gpu"),
     _m("gpu_clock_throttle_reasons", "gauge", "Bitmask of active NVML clock event (throttle) reasons, 0 if none: "
        "0x1 gpu_idle, 0x2 applications_clocks_setting, 0x4 sw_power_cap, 0x8 hw_slowdown, 0x10 sync_boost, "
        "0x20 sw_thermal_slowdown, 0x40 hw_thermal_slowdown, 0x80 hw_power_brake_slowdown, 0x100 display_clock_setting",
-       ("gpu",), issue="gpu"),
+       ("gpu",), area="gpu"),
     _m("gpu_ecc_corrected_errors_total", "counter", "Corrected ECC memory errors since the driver was loaded",
-       ("gpu",), issue="gpu"),
+       ("gpu",), area="gpu"),
     _m("gpu_ecc_uncorrected_errors_total", "counter", "Uncorrected ECC memory errors since the driver was loaded",
-       ("gpu",), issue="gpu"),
+       ("gpu",), area="gpu"),
     _m("gpu_sm_active_ratio", "gauge", "Share of SMs busy over the last evaluation interval, 0-1 (GPM, Hopper+)"
-       + AS_OF, ("gpu",), issue="gpu"),
+       + AS_OF, ("gpu",), area="gpu"),
     _m("gpu_tensor_active_ratio", "gauge", "Share of time the SMs ran any tensor-core instruction over the last "
-       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), issue="gpu"),
+       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), area="gpu"),
     _m("gpu_dram_bandwidth_utilization_ratio", "gauge", "DRAM bandwidth used relative to the peak over the last "
-       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), issue="gpu"),
+       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), area="gpu"),
     _m("gpu_sm_occupancy_ratio", "gauge", "Resident warps relative to the SMs' maximum over the last evaluation "
-       "interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), issue="gpu"),
+       "interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), area="gpu"),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}

@@ -9,8 +9,12 @@ import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 from specwatch import __version__
+
+# Third-party modules that only offline tools use, and the extra that installs each (pyproject.toml).
+OPTIONAL_DEPENDENCIES = {"matplotlib": "plot", "grafanalib": "mixin"}
 
 # name -> (module under specwatch.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -44,19 +48,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.set_defaults(_module=module)
         if only is not None and name != only:
             continue
-        mod = _load(module)
-        if mod is not None:
-            mod.add_arguments(p)
+        _load(module).add_arguments(p)
     return parser
 
 
-def _load(module: str):
-    try:
-        return importlib.import_module(f"specwatch.commands.{module}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"specwatch.commands.{module}":
-            return None  # command not built yet
-        raise
+def _load(module: str) -> Any:
+    return importlib.import_module(f"specwatch.commands.{module}")
 
 
 def _chosen_command(argv: list[str]) -> str:
@@ -69,7 +66,20 @@ def _chosen_command(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(only=_chosen_command(argv))
+    chosen = _chosen_command(argv)
+    try:
+        return _run(argv, chosen)
+    except ModuleNotFoundError as exc:
+        extra = OPTIONAL_DEPENDENCIES.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"specwatch {chosen}: needs {exc.name}, which the daemon does not: "
+              f"pip install 'specwatch[{extra}]'", file=sys.stderr)
+        return 2
+
+
+def _run(argv: list[str], chosen: str) -> int:
+    parser = build_parser(only=chosen)
     args = parser.parse_args(argv)
     level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
     # Under systemd the journal stamps every line itself (JOURNAL_STREAM is set), so leave the time out there.
@@ -81,9 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     mod = _load(args._module)
-    if mod is None:
-        print(f"specwatch {args.command}: not available in this build", file=sys.stderr)
-        return 2
     try:
         return int(mod.main(args) or 0)
     except KeyboardInterrupt:

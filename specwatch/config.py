@@ -85,10 +85,50 @@ class CrossoverConfig:
 
 
 @dataclass(frozen=True)
+class Authorization:
+    """An `Authorization: <type> <credentials>` header; the credentials inline or read from a file per
+    request (so a rotated token is picked up without a reload)."""
+
+    type: str = "Bearer"
+    credentials: str = field(default="", repr=False)
+    credentials_file: str = ""
+
+
+@dataclass(frozen=True)
+class BasicAuth:
+    username: str
+    password: str = field(default="", repr=False)
+    password_file: str = ""  # read per request, like Authorization.credentials_file
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca_file: str = ""  # "" = the system's CAs
+    cert_file: str = ""  # client certificate, with key_file
+    key_file: str = ""
+    server_name: str = ""  # "" = the URL's host; used for SNI and to verify the certificate
+    insecure_skip_verify: bool = False
+
+
+@dataclass(frozen=True)
+class HttpClientConfig:
+    """How engine endpoints are reached, as Prometheus's `http_config` (the subset a scrape uses)."""
+
+    authorization: Authorization | None = None
+    basic_auth: BasicAuth | None = None
+    tls_config: TlsConfig = field(default_factory=TlsConfig)
+    headers: tuple[tuple[str, str], ...] = ()  # (name, value) pairs, in the order given
+
+
+DEFAULT_HTTP_CLIENT = HttpClientConfig()
+
+
+@dataclass(frozen=True)
 class RouteConfig:
     name: str
     url: str
     engine: str = "auto"
+    http: HttpClientConfig = DEFAULT_HTTP_CLIENT
     match: Mapping[str, str] = field(default_factory=dict)
     engines: tuple[str, ...] = ()
     gpus: tuple[int, ...] | None = None  # None = automatic process -> GPU mapping
@@ -136,7 +176,8 @@ class _Checker:
     def fail(self, path: str, msg: str) -> None:
         self.problems.append(f"{path}: {msg}")
 
-    def mapping(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict | None:
+    def mapping(self, value: Any, path: str, allowed: set[str],
+                required: set[str] | frozenset[str] = frozenset()) -> dict | None:
         if value is None:
             value = {}
         if not isinstance(value, dict):
@@ -235,7 +276,106 @@ def _http_url(c: _Checker, value: Any, path: str) -> str:
     parsed = urlparse(value)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         c.fail(path, f"not an http(s) URL: {value!r}")
+    elif "@" in parsed.netloc:  # the message leaves the URL out: it holds a secret
+        c.fail(path, "credentials in the URL are not allowed (and would not be sent); "
+                     "use basic_auth or authorization")
+        return ""
     return value
+
+
+# Headers the client sets itself, or that have their own keys (authorization, basic_auth); as Prometheus
+# refuses them in `http_headers`.
+_RESERVED_HEADERS = frozenset(("authorization", "host", "accept", "accept-encoding", "connection", "content-length",
+                               "content-type", "keep-alive", "proxy-authorization", "te", "trailer",
+                               "transfer-encoding", "upgrade", "user-agent"))
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
+
+
+def _secret(c: _Checker, d: dict, path: str, inline: str, from_file: str) -> tuple[str, str]:
+    """(inline value, file name) of a secret given inline or in a file, never both."""
+    if inline in d and from_file in d:
+        c.fail(path, f"give {inline} or {from_file}, not both")
+    value = d.get(inline)
+    if value is not None and not isinstance(value, str):
+        c.fail(f"{path}.{inline}", "must be a string")
+        value = None
+    return value or "", c.string(d.get(from_file), f"{path}.{from_file}")
+
+
+def _authorization(c: _Checker, raw: Any, path: str) -> Authorization | None:
+    d = c.mapping(raw, path, {"type", "credentials", "credentials_file"})
+    if d is None:
+        return None
+    auth_type = c.string(d.get("type"), f"{path}.type", Authorization.type)
+    if auth_type.lower() == "basic":
+        c.fail(f"{path}.type", "Basic is set with basic_auth, not authorization")
+    elif not _HEADER_NAME_RE.match(auth_type):
+        c.fail(f"{path}.type", f"must be one word like Bearer, got {auth_type!r}")
+    credentials, credentials_file = _secret(c, d, path, "credentials", "credentials_file")
+    if not credentials and not credentials_file:
+        c.fail(path, "give credentials or credentials_file")
+    return Authorization(type=auth_type, credentials=credentials, credentials_file=credentials_file)
+
+
+def _basic_auth(c: _Checker, raw: Any, path: str) -> BasicAuth | None:
+    d = c.mapping(raw, path, {"username", "password", "password_file"}, {"username"})
+    if d is None:
+        return None
+    username = c.string(d.get("username"), f"{path}.username")
+    if ":" in username:
+        c.fail(f"{path}.username", "must not contain ':'")
+    password, password_file = _secret(c, d, path, "password", "password_file")
+    return BasicAuth(username=username, password=password, password_file=password_file)
+
+
+def _tls_config(c: _Checker, raw: Any, path: str) -> TlsConfig:
+    d = c.mapping(raw, path, {"ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify"})
+    if d is None:
+        return TlsConfig()
+    if ("cert_file" in d) != ("key_file" in d):
+        c.fail(path, "cert_file and key_file go together")
+    skip = d.get("insecure_skip_verify", False)
+    if not isinstance(skip, bool):
+        c.fail(f"{path}.insecure_skip_verify", f"must be true or false, got {skip!r}")
+        skip = False
+    return TlsConfig(ca_file=c.string(d.get("ca_file"), f"{path}.ca_file"),
+                     cert_file=c.string(d.get("cert_file"), f"{path}.cert_file"),
+                     key_file=c.string(d.get("key_file"), f"{path}.key_file"),
+                     server_name=c.string(d.get("server_name"), f"{path}.server_name"),
+                     insecure_skip_verify=skip)
+
+
+def _headers(c: _Checker, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
+    headers = []
+    for name, value in c.string_map(raw, path).items():
+        if not _HEADER_NAME_RE.match(name):
+            c.fail(f"{path}.{name}", "not a valid header name")
+        elif name.lower() in _RESERVED_HEADERS:
+            c.fail(f"{path}.{name}", "set by specwatch itself (credentials go in authorization or basic_auth)")
+        elif not value.isascii() or any(ch in value for ch in "\r\n\0"):
+            c.fail(f"{path}.{name}", "the value must be ASCII text on one line")
+        else:
+            headers.append((name, value))
+    return tuple(headers)
+
+
+_HTTP_CLIENT_KEYS = {"authorization", "basic_auth", "tls_config", "headers"}
+
+
+def _http_client(c: _Checker, d: dict, path: str, base: HttpClientConfig) -> HttpClientConfig:
+    """The HTTP client keys of `d` (a route, or `scrape`); each key given replaces the same key of `base`."""
+    prefix = f"{path}." if path else ""
+    authorization, basic_auth = base.authorization, base.basic_auth
+    if "authorization" in d and "basic_auth" in d:
+        c.fail(path or "scrape", "give authorization or basic_auth, not both")
+    if "authorization" in d:
+        authorization, basic_auth = _authorization(c, d["authorization"], f"{prefix}authorization"), None
+    if "basic_auth" in d:
+        authorization, basic_auth = None, _basic_auth(c, d["basic_auth"], f"{prefix}basic_auth")
+    return HttpClientConfig(
+        authorization=authorization, basic_auth=basic_auth,
+        tls_config=_tls_config(c, d["tls_config"], f"{prefix}tls_config") if "tls_config" in d else base.tls_config,
+        headers=_headers(c, d["headers"], f"{prefix}headers") if "headers" in d else base.headers)
 
 
 _DETECTION_KEYS = {"drop", "warmup_drafted_tokens", "warmup_duration", "min_drafted_tokens", "min_duration",
@@ -302,7 +442,7 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
         c.fail(path, "give exactly one of sweep, estimate, batch_size")
         return None
     kind = present[0]
-    hold = c.duration(d.get("hold"), f"{path}.hold", 600.0, -1)
+    hold = c.duration(d.get("hold"), f"{path}.hold", CrossoverConfig.hold_seconds, -1)
     if kind == "sweep":
         f = c.string(d["sweep"], f"{path}.sweep")
         return CrossoverConfig(kind="sweep", sweep_file=f, hold_seconds=hold)
@@ -316,14 +456,15 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
     est = CrossoverEstimateConfig(
         gpu=c.string(e.get("gpu"), f"{p}.gpu"),
         params=c.number(e.get("params"), f"{p}.params", None, lo=0.0, lo_open=True),
-        dtype=c.string(e.get("dtype"), f"{p}.dtype", "bf16", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4")),
+        dtype=c.string(e.get("dtype"), f"{p}.dtype", CrossoverEstimateConfig.dtype,
+                       choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4")),
         layers=c.number(e.get("layers"), f"{p}.layers", None, lo=1, integer=True),
         hidden_size=c.number(e.get("hidden_size"), f"{p}.hidden_size", None, lo=1, integer=True),
         kv_heads=c.number(e.get("kv_heads"), f"{p}.kv_heads", None, lo=1, integer=True),
         head_dim=c.number(e.get("head_dim"), f"{p}.head_dim", None, lo=1, integer=True),
         hf_config=c.string(e.get("hf_config"), f"{p}.hf_config"),
         context=c.number(e.get("context"), f"{p}.context", None, lo=0.0),
-        draft=c.string(e.get("draft"), f"{p}.draft", "eagle"),
+        draft=c.string(e.get("draft"), f"{p}.draft", CrossoverEstimateConfig.draft),
     )
     if not re.match(r"^(eagle|eagle3|mtp|ngram|model:\d+(\.\d+)?)$", est.draft):
         c.fail(f"{p}.draft", f"must be eagle, eagle3, mtp, ngram or model:<billions>, got {est.draft!r}")
@@ -331,10 +472,11 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
 
 
 _ROUTE_KEYS = {"name", "engine", "url", "match", "engines", "gpus", "version_url", "detection", "drop",
-               "baseline", "crossover"}
+               "baseline", "crossover"} | _HTTP_CLIENT_KEYS
 
 
-def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig) -> RouteConfig | None:
+def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig,
+           http: HttpClientConfig) -> RouteConfig | None:
     d = c.mapping(raw, path, _ROUTE_KEYS, {"name", "url"})
     if d is None:
         return None
@@ -366,7 +508,8 @@ def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig) -> Rout
         det = DetectionConfig(**{**det.__dict__, "drop": c.number(d["drop"], f"{path}.drop", det.drop,
                                                                    lo=0.0, hi=0.95, lo_open=True)})
     return RouteConfig(
-        name=name, url=url, engine=c.string(d.get("engine"), f"{path}.engine", "auto", ENGINE_KINDS),
+        name=name, url=url, engine=c.string(d.get("engine"), f"{path}.engine", RouteConfig.engine, ENGINE_KINDS),
+        http=_http_client(c, d, path, http),
         match=c.string_map(d.get("match"), f"{path}.match"), engines=tuple(engines), gpus=gpus,
         version_url=version_url, detection=det, baseline=_baseline(c, d.get("baseline"), f"{path}.baseline"),
         crossover=_crossover(c, d.get("crossover"), f"{path}.crossover"),
@@ -382,16 +525,17 @@ def parse_config(raw: Any, source: str = "") -> Config:
     d = c.mapping(raw, "", _TOP_KEYS)
     if d is None:
         raise ConfigError(c.problems, source)
-    interval = c.duration(d.get("interval"), "interval", 5.0)
-    state_dir = c.string(d.get("state_dir"), "state_dir", DEFAULT_STATE_DIR)
-    scrape = c.mapping(d.get("scrape"), "scrape", {"timeout", "max_body_bytes"}) or {}
-    timeout = c.duration(scrape.get("timeout"), "scrape.timeout", 2.0)
+    interval = c.duration(d.get("interval"), "interval", Config.interval_seconds)
+    state_dir = c.string(d.get("state_dir"), "state_dir", Config.state_dir)
+    scrape = c.mapping(d.get("scrape"), "scrape", {"timeout", "max_body_bytes"} | _HTTP_CLIENT_KEYS) or {}
+    timeout = c.duration(scrape.get("timeout"), "scrape.timeout", Config.scrape_timeout_seconds)
     if timeout >= interval and "timeout" in scrape:
         c.fail("scrape.timeout", f"must be shorter than interval ({interval:g}s)")
-    max_body = c.number(scrape.get("max_body_bytes"), "scrape.max_body_bytes", 16 * 1024 * 1024, lo=1024,
+    max_body = c.number(scrape.get("max_body_bytes"), "scrape.max_body_bytes", Config.max_body_bytes, lo=1024,
                         integer=True)
+    http = _http_client(c, scrape, "scrape", DEFAULT_HTTP_CLIENT)
     gpu_raw = c.mapping(d.get("gpu"), "gpu", {"enabled"}) or {}
-    gpu = GpuConfig(enabled=c.string(gpu_raw.get("enabled"), "gpu.enabled", "auto", GPU_MODES))
+    gpu = GpuConfig(enabled=c.string(gpu_raw.get("enabled"), "gpu.enabled", GpuConfig.enabled, GPU_MODES))
     detection = _detection(c, d.get("detection"), "detection", DetectionConfig())
 
     otlp = None
@@ -400,8 +544,10 @@ def parse_config(raw: Any, source: str = "") -> Config:
         if o is not None:
             ep = _http_url(c, o.get("endpoint"), "otlp.endpoint") if "endpoint" in o else ""
             otlp = OtlpConfig(endpoint=ep,
-                              protocol=c.string(o.get("protocol"), "otlp.protocol", "http/protobuf", OTLP_PROTOCOLS),
-                              interval_seconds=c.duration(o.get("interval"), "otlp.interval", 60.0),
+                              protocol=c.string(o.get("protocol"), "otlp.protocol", OtlpConfig.protocol,
+                                                OTLP_PROTOCOLS),
+                              interval_seconds=c.duration(o.get("interval"), "otlp.interval",
+                                                          OtlpConfig.interval_seconds),
                               headers=c.string_map(o.get("headers"), "otlp.headers"))
             if otlp.protocol == "grpc" and not _module_available(OTLP_GRPC_MODULE):
                 c.fail("otlp.protocol", "grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
@@ -416,7 +562,7 @@ def parse_config(raw: Any, source: str = "") -> Config:
         raw_routes = []
     seen: dict[str, int] = {}
     for i, r in enumerate(raw_routes):
-        route = _route(c, r, f"routes[{i}]", detection)
+        route = _route(c, r, f"routes[{i}]", detection, http)
         if route is None:
             continue
         if route.name in seen:
@@ -448,6 +594,28 @@ def load_config(path: str | Path) -> Config:
     return parse_config(read_yaml_file(path), path)
 
 
+def unreadable_files(cfg: Config) -> list[str]:
+    """Secret and certificate files the routes name that cannot be read now, as `route: key: problem`.
+
+    Not config errors: they are read at scrape time (a rotated token or certificate is picked up without a
+    reload), so a missing one fails that route's scrapes, not the config. `check-config` warns about them."""
+    problems = []
+    for r in cfg.routes:
+        http = r.http
+        files = {"tls_config.ca_file": http.tls_config.ca_file, "tls_config.cert_file": http.tls_config.cert_file,
+                 "tls_config.key_file": http.tls_config.key_file,
+                 "authorization.credentials_file": http.authorization.credentials_file if http.authorization else "",
+                 "basic_auth.password_file": http.basic_auth.password_file if http.basic_auth else ""}
+        for key, name in files.items():
+            if name:
+                try:
+                    with open(name, "rb"):
+                        pass
+                except OSError as exc:
+                    problems.append(f"{r.name}: {key}: cannot read {name}: {exc.strerror}")
+    return problems
+
+
 def summarize(cfg: Config) -> str:
     """A short human summary, printed by `check-config` on success."""
     lines = [f"interval {cfg.interval_seconds:g}s, state_dir {cfg.state_dir}, gpu {cfg.gpu.enabled}, "
@@ -462,6 +630,15 @@ def summarize(cfg: Config) -> str:
             extra.append(f"crossover {r.crossover.kind}")
         if r.baseline:
             extra.append(f"pinned baseline {r.baseline.acceptance_ratio:g}")
-        lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}" + (f" ({'; '.join(extra)})" if extra else ""))
+        if r.http.authorization:
+            extra.append(f"authorization {r.http.authorization.type}")
+        if r.http.basic_auth:
+            extra.append(f"basic_auth {r.http.basic_auth.username}")
+        if r.http.tls_config.cert_file:
+            extra.append("client certificate")
+        if r.http.tls_config.insecure_skip_verify:
+            extra.append("certificate NOT verified")
+        details = f" ({'; '.join(extra)})" if extra else ""
+        lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}{details}")
     return "\n".join(lines)
 

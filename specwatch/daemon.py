@@ -15,7 +15,6 @@ pool starts threads past hung calls within a quarter of the scrape timeout (at m
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import threading
 import time
@@ -26,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from specwatch.config import Config, GpuConfig, RouteConfig
-from specwatch.detectors.base import EvaluatorContext, RouteEvaluator, build_route_evaluators
+from specwatch.detectors.base import EvaluatorContext, RouteEvaluator
+from specwatch.detectors.registry import build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
-from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot, build
+from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
+from specwatch.sources import engines, nvml
 from specwatch.sources.base import ERROR_REASONS, EngineSource, NoData, SourceError
 from specwatch.tracking.routes import RouteTracker
 
@@ -82,23 +83,10 @@ def run_source(call: Callable[[], Any]) -> ScrapeOutcome:
 
 
 def _default_source_factory(route_cfg: RouteConfig, config: Config) -> EngineSource:
-    try:
-        engines = importlib.import_module("specwatch.sources.engines")
-    except ModuleNotFoundError as exc:
-        if exc.name != "specwatch.sources.engines":
-            raise
-        raise SourceError("internal", "engine sources (specwatch.sources.engines) are not in this build") from exc
     return engines.make_source(route_cfg, config)
 
 
 def _default_gpu_source_factory(gpu_cfg: GpuConfig) -> GpuSource | None:
-    try:
-        nvml = importlib.import_module("specwatch.sources.nvml")
-    except ModuleNotFoundError as exc:
-        if exc.name != "specwatch.sources.nvml":
-            raise
-        log.info("GPU metrics off: specwatch.sources.nvml is not in this build")
-        return None
     return nvml.make_gpu_source(gpu_cfg)
 
 
@@ -116,6 +104,8 @@ class _Route:
         self.scrape_duration: float | None = None
         self.inflight: Future | None = None
         self.failing_evaluators: set[int] = set()
+        # evaluator name (or "build") -> failures; kept across reloads, so the counter never goes back
+        self.evaluator_errors: dict[str, float] = {}
         self._config = config
         self._source_factory = source_factory
         self._source: EngineSource | None = None
@@ -311,10 +301,10 @@ class Daemon:
             route.record(ScrapeOutcome(reason="internal", message=f"tracking: {exc}"))
             obs = route.tracker.observe_down(now, gpus=gpu_indexes)
             base = route.tracker.state_fields(error_reason="internal")
-        # Every field is gathered first and the RouteState built once: building it is the costliest step of
-        # a route's evaluation after tracking itself.
+        # Every field is gathered first and the RouteState built once.
         fields: dict[str, Any] = {"scrape_duration_seconds": route.scrape_duration,
                                   "errors_total": dict(route.errors_total), "gpus": gpu_indexes}
+        errors = route.evaluator_errors
         route_gpus: Sequence[GpuSample] = [gpus_by_index[i] for i in gpu_indexes if i in gpus_by_index]
         for i, evaluator in enumerate(route.evaluators):
             try:
@@ -323,6 +313,7 @@ class Daemon:
                     raise TypeError(f"not RouteState fields: {sorted(updates.keys() - _ROUTE_STATE_FIELDS)}")
                 fields.update(updates)
             except Exception:  # noqa: BLE001 - a detector bug costs its fields, not the route
+                errors[evaluator.name] = errors.get(evaluator.name, 0.0) + 1
                 if i not in route.failing_evaluators:
                     log.exception("route %s: evaluator %s failed; its fields are left out",
                                   route.cfg.name, type(evaluator).__name__)
@@ -331,8 +322,9 @@ class Daemon:
                 if i in route.failing_evaluators:
                     log.info("route %s: evaluator %s works again", route.cfg.name, type(evaluator).__name__)
                 route.failing_evaluators.discard(i)
+        fields["evaluator_errors_total"] = dict(errors)
         base.update(fields)
-        return build(RouteState, base)
+        return RouteState(**base)
 
     def _drain_state_errors(self) -> None:
         errors, self._ctx.state_errors[:] = list(self._ctx.state_errors), []
@@ -363,6 +355,9 @@ class Daemon:
         except Exception:  # noqa: BLE001
             log.exception("route %s: building its detectors failed; exporting it without them", route.cfg.name)
             route.evaluators = []
+            route.evaluator_errors["build"] = route.evaluator_errors.get("build", 0.0) + 1
+        for evaluator in route.evaluators:  # exported from 0, so the first failure is an increase
+            route.evaluator_errors.setdefault(evaluator.name, 0.0)
 
     def _build_gpu_source(self) -> None:
         try:
@@ -401,16 +396,16 @@ class Daemon:
             if not any(r.evaluators for r in kept if r is not None):
                 self._ctx = EvaluatorContext(config=new, clock=self._clock)
             self._ctx.config = new
-            routes = []
-            for route, cfg in zip(kept, new.routes):
-                if route is None:
-                    route = self._new_route(cfg)
+            routes: list[_Route] = []
+            for entry, cfg in zip(kept, new.routes):
+                if entry is None:
+                    entry = self._new_route(cfg)
                     log.info("reload: route %s added (%s)", cfg.name, cfg.url)
-                elif route in changed:
-                    route.rebuild(cfg, new)
-                    self._build_evaluators(route)
+                elif entry in changed:
+                    entry.rebuild(cfg, new)
+                    self._build_evaluators(entry)
                     log.info("reload: route %s updated", cfg.name)
-                routes.append(route)
+                routes.append(entry)
             self._routes = routes
             if old.gpu != new.gpu:
                 self._close_gpu_source()

@@ -2,9 +2,9 @@
 
 A healthy cycle is 64 short calls (a loopback GET and a parse, well under a millisecond each), nearly all
 CPU under one GIL: four workers run them as fast as 66 threads would, without the futex wake-ups and GIL
-hand-offs of 66 threads taking turns (64 GET + parse calls over loopback, side by side in one process:
-89.0 ms of CPU through a 66-thread ThreadPoolExecutor, 80.1 ms here; in another run 79.2 and 69.5 ms). But a hung source must cost only its own route, so the pool grows
-past stuck workers: a worker busy on one call for `stall_seconds` (far above a healthy call) is *stalled*
+hand-offs of 66 threads taking turns (64 GET + parse calls over loopback, side by side in one process: about
+10% less CPU than through a 66-thread ThreadPoolExecutor). But a hung source must cost only its own route, so
+the pool grows past stuck workers: a worker busy on one call for `stall_seconds` (far above a healthy call) is *stalled*
 and stops counting against `core_workers`; and when every working thread is stalled while calls wait, a
 thread is woken or started for each waiting call (up to `max_workers`), so no healthy call waits behind
 hung ones for more than about `stall_seconds`. Idle threads are woken last-in first-out, so those beyond

@@ -1,4 +1,5 @@
-"""SIMULATED acceptance traces: cumulative counters of one route, one scrape per `interval` (docs/detection.md §8).
+"""SIMULATED acceptance traces: cumulative counters of one route, one scrape per `interval`
+(docs/design/detection-research.md §8).
 
 The model, per request: a scale s = u / m with u ~ Beta(κm, κ(1-m)) (request heterogeneity) multiplies the
 profile's conditional acceptance α_j; each verify step accepts a prefix (step j is tried only if j-1 was

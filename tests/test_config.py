@@ -39,6 +39,9 @@ def test_example_config_is_valid():
     assert cfg.route("code").detection.min_drafted_tokens == cfg.detection.min_drafted_tokens  # inherited
 
 
+EXCLUSIVE = {"authorization": "basic_auth", "basic_auth": "authorization"}
+
+
 def test_example_config_shows_every_key(monkeypatch):
     """Each mapping's allowed keys must all appear in the example (schemas shared by several paths, like
     detection at the top and per route, may be covered by any of them)."""
@@ -54,7 +57,10 @@ def test_example_config_shows_every_key(monkeypatch):
 
     monkeypatch.setattr(config_module._Checker, "mapping", recording)
     load_config(EXAMPLE)
-    missing = {key for allowed, present in seen.items() for key in allowed - present}
+    shown_anywhere = set().union(*seen.values())
+    missing = {key for allowed, present in seen.items() for key in allowed - present
+               # keys that exclude each other: one shown here, the other shown elsewhere
+               if not (EXCLUSIVE.get(key) in present and key in shown_anywhere)}
     assert missing == set(), f"examples/specwatch.yml does not show: {sorted(missing)}"
 
 
@@ -139,7 +145,8 @@ def test_each_problem_names_its_path(raw, want):
 
 def test_route_detection_inherits_and_overrides():
     cfg = parse_config({"detection": {"drop": 0.1, "cusum_threshold": 12},
-                        "routes": [{**ROUTE, "detection": {"cusum_threshold": 30}}, {**ROUTE, "name": "b", "drop": 0.3}]})
+                        "routes": [{**ROUTE, "detection": {"cusum_threshold": 30}},
+                                   {**ROUTE, "name": "b", "drop": 0.3}]})
     a, b = cfg.routes
     assert a.detection.drop == 0.1 and a.detection.cusum_threshold == 30
     assert b.detection.drop == 0.3 and b.detection.cusum_threshold == 12

@@ -96,7 +96,8 @@ def test_uncalibrated_model_has_no_crossover_below_ridge_at_gamma_1():
 
 
 def test_closed_form_worked_example():
-    # docs/crossover.md §3: Llama-3-8B bf16, c = 0.1, gamma 4, alpha 0.7, short context, H200 at peak: ~98.
+    # docs/design/crossover-research.md §3:
+    # Llama-3-8B bf16, c = 0.1, gamma 4, alpha 0.7, short context, H200 at peak: ~98.
     hardware, _ = gpus.lookup("H200")
     peak = Efficiency(memory=1.0, compute=1.0, verify_attention=1.0)
     shape = LLAMA3_8B

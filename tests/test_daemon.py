@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 import requests
+from prometheus_client import CollectorRegistry
 
 from specwatch import daemon as daemon_module
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon, run_source
 from specwatch.export.http import serve
+from specwatch.export.prometheus import SnapshotCollector
 from specwatch.scrape_pool import CORE_WORKERS, STALL_SECONDS
 from specwatch.scheduler import run_tick, start_scheduler
 from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
@@ -200,8 +202,8 @@ def test_source_factory_failure_is_a_failed_scrape_and_is_retried(no_evaluators)
 
 
 class RecordingEvaluator:
-    def __init__(self, updates: dict | None = None, fail: bool = False) -> None:
-        self.updates, self.fail = updates or {}, fail
+    def __init__(self, updates: dict | None = None, fail: bool = False, name: str = "recording") -> None:
+        self.updates, self.fail, self.name = updates or {}, fail, name
         self.seen: list[tuple[Any, Any]] = []
         self.closed = False
 
@@ -232,8 +234,8 @@ class FakeGpuSource:
 
 def test_evaluators_merge_their_fields_and_a_failing_one_is_skipped(monkeypatch, caplog):
     good = RecordingEvaluator({"baseline_ratio": 0.8, "degraded": False})
-    bad = RecordingEvaluator(fail=True)
-    wrong_field = RecordingEvaluator({"no_such_field": 1})
+    bad = RecordingEvaluator(fail=True, name="bad")
+    wrong_field = RecordingEvaluator({"no_such_field": 1}, name="wrong_field")
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [good, bad, wrong_field])
     gpu = FakeGpuSource()
     clock = FakeClock()
@@ -249,8 +251,40 @@ def test_evaluators_merge_their_fields_and_a_failing_one_is_skipped(monkeypatch,
     assert obs.route == "r" and obs.up and obs.d_drafts == 100 and obs.window_acceptance["1m"] == 0.75
     assert obs.gpus == (0,) and [g.index for g in gpus] == [0]
     assert snap.nvml_up is True and [g.index for g in snap.gpus] == [0, 1] and route.gpus == (0,)
+    assert route.evaluator_errors_total == {"recording": 0.0, "bad": 2.0, "wrong_field": 2.0}
     d.close()
     assert good.closed and bad.closed and gpu.closed
+
+
+def test_an_evaluator_forced_to_raise_is_counted_on_metrics_and_survives_a_reload(monkeypatch, tmp_path):
+    """The real evaluators, the acceptance-drop one made to raise: its failures are a counter on /metrics,
+    the other evaluator's series stays at 0, and a reload that rebuilds the evaluators keeps the count."""
+    from specwatch.detectors.acceptance_drop import AcceptanceDropEvaluator
+
+    def broken(self, obs, gpus):
+        raise ZeroDivisionError("forced")
+
+    monkeypatch.setattr(AcceptanceDropEvaluator, "evaluate", broken)
+    raw = {"interval": "1s", "scrape": {"timeout": "100ms"}, "gpu": {"enabled": "false"}, "state_dir": str(tmp_path),
+           "routes": [{"name": "r", "url": "http://127.0.0.1:9/r", "crossover": {"batch_size": 32}}]}
+    config = parse_config(raw)
+    clock = FakeClock()
+    d = Daemon(config, source_factory=lambda r, c: CountingSource(), clock=clock)
+    try:
+        for _ in range(3):
+            d.tick(clock.advance(5))
+        registry = CollectorRegistry()
+        registry.register(SnapshotCollector(lambda: d.snapshot))
+        value = registry.get_sample_value
+        assert value("specwatch_evaluator_errors_total", {"route": "r", "evaluator": "acceptance_drop"}) == 3
+        assert value("specwatch_evaluator_errors_total", {"route": "r", "evaluator": "above_crossover"}) == 0
+        assert value("specwatch_route_up", {"route": "r"}) == 1  # the route is still exported
+        raw["routes"][0]["drop"] = 0.3  # a changed route: its evaluators are rebuilt
+        d.reload(parse_config(raw))
+        snap = d.tick(clock.advance(5))
+        assert snap.route("r").evaluator_errors_total["acceptance_drop"] == 4
+    finally:
+        d.close()
 
 
 def test_reload_keeps_state_of_unchanged_routes_and_closes_removed_ones(monkeypatch):

@@ -4,7 +4,6 @@ back below it (hysteresis), and a clean exit on Ctrl-C."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -84,8 +83,6 @@ def _routes(port: int) -> dict:
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(importlib.util.find_spec("specwatch.sources.engines") is None,
-                    reason="the engine sources are not in this build yet")
 def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "specwatch", "demo", "--duration", "120",

@@ -59,7 +59,8 @@ PAGE_DEADLINE_SECONDS = 140.0
 EVALUATION_INTERVAL_SECONDS = 1.0
 # Every simulated route drafts k=4 tokens with a conditional acceptance of 0.7 per position, an acceptance rate
 # of (0.7 + 0.7^2 + 0.7^3 + 0.7^4) / 4 = 0.443, pinned in the config (a learned baseline needs minutes of
-# warm-up for its overdispersion estimate); 2.45 is the overdispersion of that profile (docs/detection.md §3).
+# warm-up for its overdispersion estimate); 2.45 is the overdispersion of that profile
+# (docs/design/detection-research.md §3).
 PINNED_BASELINE = {"acceptance_ratio": 0.443, "overdispersion": 2.45}
 
 def _scenarios(workdir: Path) -> tuple[Path, Path, Path]:
@@ -123,8 +124,8 @@ def stack(tmp_path_factory):
         procs.start("sim-code", [*simulate, "--seed", "2", "--port", str(ports["code"]), "--scenario", str(steady)])
         procs.start("sim-rag", [*simulate, "--seed", "3", "--port", str(ports["rag"]), "--scenario", str(bump)])
         for route in ("chat", "code", "rag"):
-            wait_until(f"the {route} simulator", lambda: answers(f"http://127.0.0.1:{ports[route]}/metrics"),
-                       30, procs)
+            wait_until(f"the {route} simulator", lambda url=f"http://127.0.0.1:{ports[route]}/metrics": answers(url),
+                       60, procs)
         # No earlier than simulated time 0 of every simulator, so "not paged before the fault" is checked strictly.
         started = time.monotonic()
         procs.start("specwatch", [sys.executable, "-c", DAEMON_WITH_FAKE_NVML, str(REPO / "tests"), "run",
@@ -215,7 +216,7 @@ def test_alertmanager_inhibits_route_alerts_while_specwatch_is_down(stack):
     time.sleep(1.5)  # the source alert must be known before the target is flushed
     post(alert("SpecwatchAcceptanceDegraded", "critical", instance="blind-node:9448", route="inhibited"),
          alert("SpecwatchAcceptanceDegraded", "critical", instance="seeing-node:9448", route="not-inhibited"))
-    wait_until("the control page from the node that is up", lambda: _pages_for(webhook, "not-inhibited"), 20, procs)
+    wait_until("the control page from the node that is up", lambda: _pages_for(webhook, "not-inhibited"), 60, procs)
     time.sleep(3)  # several group intervals: an inhibition failure would have been delivered by now
     assert _pages_for(webhook, "inhibited") == []
     assert any(a["labels"]["alertname"] == "SpecwatchTargetDown" for _, a, _ in webhook.alerts("/ticket"))

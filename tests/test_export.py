@@ -44,6 +44,7 @@ def full_snapshot() -> Snapshot:
         mean_acceptance_length={"1m": 2.74, "5m": 2.8, "1h": 2.86}, position_acceptance_ratio=(0.8, 0.6, 0.4),
         draft_length=3.0, running_requests=24.0, waiting_requests=2.0, kv_usage_ratio=0.41,
         scrape_duration_seconds=0.012, errors_total={"connection": 0.0, "timeout": 2.0}, gpus=(0, 1),
+        evaluator_errors_total={"above_crossover": 0.0, "acceptance_drop": 3.0},
         baseline_ratio=0.7, drop_ratio=0.142857, degraded=False, cusum_statistic=3.5, model_changes_total=1.0,
         last_model_change_timestamp=1764400000.0, crossover_batch_size=32.0, crossover_source="sweep",
         batch_size=12.0, above_crossover=False, predicted_speedup_ratio=1.35, compute_bound=False,
@@ -110,9 +111,15 @@ def test_a_failing_section_costs_only_itself(monkeypatch, caplog):
         raise RuntimeError("bug")
 
     monkeypatch.setattr(prom_export, "_SECTIONS", (broken, *prom_export._SECTIONS))
-    names = {f.name for f in render_families(full_snapshot())}
-    assert "specwatch_route_up" in names and "specwatch_gpu_up" in names
+    errors = prom_export.ExportErrors()
+    families = {f.name: f for f in render_families(full_snapshot(), errors)}
+    assert "specwatch_route_up" in families and "specwatch_gpu_up" in families
     assert any("rendering broken failed" in r.getMessage() for r in caplog.records)
+    counted = {s.labels["section"]: s.value for s in families["specwatch_render_errors"].samples
+               if s.name == "specwatch_render_errors_total"}
+    assert counted == {"broken": 1.0, "route": 0.0, "self": 0.0, "detection": 0.0, "crossover": 0.0, "gpu": 0.0}
+    render_families(full_snapshot(), errors)  # the counter counts on across scrapes
+    assert errors.counts()[0] == {"broken": 2.0}
 
 
 def test_unknown_gpu_field_is_not_exported():

@@ -1,6 +1,6 @@
 """Acceptance figures computed from two fixture scrapes equal vLLM's own formulas on the counters fed in.
 
-vLLM's formulas (engine-metrics.md §1.2, SpecDecodingLogging.log()): over a window, summed across engines
+vLLM's formulas (docs/engines.md §1.2, SpecDecodingLogging.log()): over a window, summed across engines
 before dividing, r = Δaccepted / Δdraft_tokens, τ = 1 + Δaccepted / Δdrafts, p_j = Δper_pos[j] / Δdrafts,
 K = Δdraft_tokens / Δdrafts. The truth sidecars hold the exact counters the capture fed vLLM's stat logger.
 """

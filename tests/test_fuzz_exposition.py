@@ -22,10 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.config import parse_config
 from specwatch.sources.base import SourceError
 
-exposition = pytest.importorskip("specwatch.sources.exposition", reason="the exposition parser is not in this build")
-engines = pytest.importorskip("specwatch.sources.engines", reason="engine sources are not in this build")
-vllm_source = pytest.importorskip("specwatch.sources.vllm")
-sglang_source = pytest.importorskip("specwatch.sources.sglang")
+from specwatch.sources import engines, exposition
+from specwatch.sources import sglang as sglang_source
+from specwatch.sources import vllm as vllm_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WATCHDOG_SECONDS = 5.0
@@ -258,10 +257,9 @@ def _outcome(text: str, **options: Any) -> Any:
 
 
 def _strictly(patch: pytest.MonkeyPatch) -> None:
-    """No line read inline, no body read whole: every sample line goes through the strict reader."""
+    """No line read inline: every sample line goes through the strict reader."""
     patch.setattr(exposition, "_plain_labels", lambda text: None)
     patch.setattr(exposition, "_USUAL_TAIL_RE", exposition.re.compile("(?!)"))
-    patch.setattr(exposition, "_parse_usual_body", lambda *args: None)
 
 
 @FUZZ
@@ -272,42 +270,3 @@ def test_usual_lines_read_inline_agree_with_the_strict_reader(text, comments):
         _strictly(patch)
         strict = _outcome(text, comments=comments, unique=True)
     assert inline == strict
-
-
-# ----------------------------------------- a body read whole (filtered to the wanted families) against line by line
-ANY_LINE = (sample_line() | exposition_like_line()
-            | st.sampled_from(["", "", " ", "\t", "# HELP vllm:num_requests_running x", "# EOF", "  # EOF", "#",
-                               "<html>", "vllm:num_requests_running 1", 'vllm:num_requests_running{a="x"} 2',
-                               "vllm:num_requests_running_total 3", "\r", "vllm:num_requests_running 1\r"]))
-
-
-@FUZZ
-@given(st.lists(ANY_LINE, max_size=8).map("\n".join), st.sampled_from(["", "\n", "\n\n", "\r\n"]))
-def test_a_body_read_whole_agrees_with_reading_it_line_by_line(text, end):
-    text += end
-    whole = _outcome(text, comments=False, unique=True)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(exposition, "_parse_usual_body", lambda *args: None)
-        by_line = _outcome(text, comments=False, unique=True)
-    assert whole == by_line
-
-
-def test_a_filtered_body_is_read_whole():
-    """The fast path is taken where it is meant to be: a body of comments and usual lines of wanted families."""
-    body = ("# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n"
-            'vllm:num_requests_running{engine="0"} 3.0\n\nvllm:num_requests_running{engine="1"} 4.0\n')
-    samples, _, _, every_line = exposition._reader(frozenset({"vllm:num_requests_running"}), False)
-    whole = exposition._parse_usual_body("\n" + body, samples, every_line, True)
-    assert whole is not None and [s.value for s in whole["vllm:num_requests_running"].samples] == [3.0, 4.0]
-    for other in ("vllm:other 1\n", "vllm:num_requests_running 1 1700000000000\n", "<html>\n", "# EOF\n",
-                  'vllm:num_requests_running{engine="0"} 5.0\n'):  # the last: a duplicate series
-        assert exposition._parse_usual_body("\n" + body + other, samples, every_line, True) is None, other
-    # A body longer than one window is read whole across windows, and a bad line in a later window still counts.
-    long_body = "".join(f'vllm:num_requests_running{{engine="{i}"}} {i}.0\n' for i in range(400))
-    assert len(long_body) > 3 * exposition._WHOLE_BODY_WINDOW
-    whole = exposition._parse_usual_body("\n" + long_body, samples, every_line, True)
-    assert whole is not None and len(whole["vllm:num_requests_running"].samples) == 400
-    assert whole["vllm:num_requests_running"].samples[399].value == 399.0
-    later = long_body.replace('engine="', 'engine="x')
-    assert exposition._parse_usual_body("\n" + long_body + later, samples, every_line, True) is not None
-    assert exposition._parse_usual_body("\n" + long_body + "<html>\n" + later, samples, every_line, True) is None

@@ -43,7 +43,7 @@ def two_cycles(src, t0=0.0):
 def test_every_field_row_has_a_catalog_entry_labelled_by_gpu_only():
     for metric in NVML_METRICS | GPM_METRICS:
         spec = catalog.BY_NAME[catalog.PREFIX + metric]
-        assert spec.labels == ("gpu",) and spec.issue == "gpu"
+        assert spec.labels == ("gpu",) and spec.area == "gpu"
         assert spec.type == ("counter" if metric.endswith("_total") else "gauge"), metric
     for metric in GPM_METRICS:
         assert metric.endswith("_ratio")
@@ -227,7 +227,7 @@ def test_real_pynvml_on_a_host_without_a_driver_exports_nvml_down_and_no_gpu_sam
         pytest.skip("NVML loads on this machine")
     except pynvml.NVMLError:
         pass
-    prometheus = pytest.importorskip("specwatch.export.prometheus")
+    from specwatch.export import prometheus
     from prometheus_client import CollectorRegistry, generate_latest
 
     from specwatch.snapshot import Snapshot

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch import catalog
-from specwatch.config import ConfigError, OtlpConfig, parse_config
+from specwatch.config import OtlpConfig
 from specwatch.export import otel
-from specwatch.export.prometheus import SnapshotCollector
+from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import GpuSample, RouteState, Snapshot
 
 SNAPSHOT = Snapshot(
@@ -155,7 +155,7 @@ class _NullExporter(MetricExporter):
 def test_each_snapshot_is_rendered_once_per_collection(monkeypatch):
     renders = []
     real = otel.render
-    monkeypatch.setattr(otel, "render", lambda snap: renders.append(snap) or real(snap))
+    monkeypatch.setattr(otel, "render", lambda snap, errors: renders.append(snap) or real(snap, errors))
     current = [SNAPSHOT]
     export = otel.OtlpExport(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600),
                              lambda: current[0], exporter=_NullExporter())
@@ -170,70 +170,32 @@ def test_each_snapshot_is_rendered_once_per_collection(monkeypatch):
         export.shutdown()
 
 
-def test_unreachable_collector_neither_raises_nor_hangs_shutdown():
-    """The exporter's timeout follows the interval, so a dead collector cannot stall SIGTERM handling."""
+def test_unreachable_collector_neither_raises_nor_hangs_shutdown_and_is_counted_on_metrics():
+    """The exporter's timeout follows the interval, so a dead collector cannot stall SIGTERM handling; the
+    failure reaches /metrics through the ExportErrors the two exports share."""
+    errors = ExportErrors()
     started = time.monotonic()
-    export = otel.start_otlp(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=1), lambda: SNAPSHOT)
+    export = otel.start_otlp(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), lambda: SNAPSHOT,
+                             errors)
     export.force_flush(timeout_seconds=5)  # the SDK logs the failure; its return value does not report it
     export.shutdown(timeout_seconds=1)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10
+    failures = errors.counts()[1]
+    assert failures >= 1
+    assert f"specwatch_otlp_export_errors_total {failures}" in render_text(SNAPSHOT, errors=errors).decode()
 
 
-@pytest.mark.parametrize("endpoint, expected", [
-    ("http://collector:4318", "http://collector:4318/v1/metrics"),
-    ("http://collector:4318/", "http://collector:4318/v1/metrics"),
-    ("https://gw.example/otlp/v1/metrics", "https://gw.example/otlp/v1/metrics"),
-])
-def test_metrics_endpoint(endpoint, expected):
-    assert otel.metrics_endpoint(endpoint, "http/protobuf") == expected
-
-
-@pytest.mark.parametrize("name, unit", [
-    ("specwatch_route_acceptance_ratio", "1"), ("specwatch_evaluation_duration_seconds", "s"),
-    ("specwatch_gpu_memory_used_bytes", "By"), ("specwatch_gpu_energy_joules_total", "J"),
-    ("specwatch_route_drafts_total", "1"), ("specwatch_gpu_temperature_celsius", "Cel"),
-])
-def test_unit_for(name, unit):
-    assert otel.unit_for(name) == unit
-
-
-def test_grpc_without_its_package_is_a_clear_config_error():
-    if otel.otlp_config_problems(OtlpConfig(endpoint="http://c:4317", protocol="grpc")) == []:
-        pytest.skip("opentelemetry-exporter-otlp-proto-grpc is installed here")
-    with pytest.raises(ConfigError, match="opentelemetry-exporter-otlp-proto-grpc"):
-        otel.start_otlp(OtlpConfig(endpoint="http://c:4317", protocol="grpc"), lambda: SNAPSHOT)
-
-
-def test_config_section_reaches_start_otlp():
-    cfg = parse_config({"otlp": {"endpoint": "http://127.0.0.1:4318", "interval": "15s",
-                                 "headers": {"authorization": "Bearer t"}}})
-    assert cfg.otlp == OtlpConfig(endpoint="http://127.0.0.1:4318", protocol="http/protobuf",
-                                  interval_seconds=15.0, headers={"authorization": "Bearer t"})
-
-
-def test_a_failing_snapshot_source_exports_nothing_then_recovers():
-    exported = []
-
-    class _Capture(_NullExporter):
+def test_an_exporter_that_raises_is_counted_and_a_successful_one_is_not():
+    class Raising(_NullExporter):
         def export(self, metrics_data, timeout_millis=10_000, **kwargs):
-            exported.append({m.name for rm in metrics_data.resource_metrics for sm in rm.scope_metrics
-                             for m in sm.metrics if m.data.data_points})
-            return MetricExportResult.SUCCESS
+            raise ConnectionError("collector gone")
 
-    state = {"fail": True}
-
-    def get_snapshot():
-        if state["fail"]:
-            raise RuntimeError("snapshot unavailable")
-        return SNAPSHOT
-
-    export = otel.OtlpExport(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), get_snapshot,
-                             exporter=_Capture())
-    try:
-        export.force_flush()
-        assert all(names == set() for names in exported)  # nothing (or nothing but empty metrics) went out
-        state["fail"] = False
-        export.force_flush()
-    finally:
-        export.shutdown()
-    assert "specwatch_route_acceptance_ratio" in exported[-1]
+    for exporter, expected in ((_NullExporter(), 0.0), (Raising(), 1.0)):
+        errors = ExportErrors()
+        export = otel.OtlpExport(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), lambda: SNAPSHOT,
+                                 exporter=exporter, errors=errors)
+        try:
+            export.force_flush()
+            assert errors.counts()[1] == expected
+        finally:
+            export.shutdown()

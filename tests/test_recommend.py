@@ -54,7 +54,7 @@ class MemoryBound:
 @pytest.mark.parametrize("alpha,c,k,speedup", [(0.7, 0.10, 4, 1.98), (0.6, 0.05, 4, 1.92), (0.8, 0.20, 4, 1.87),
                                               (0.8, 0.05, 8, 3.09)])
 def test_best_k_reproduces_doc_grid(alpha, c, k, speedup):
-    # docs/crossover.md §7 grid (iid, memory-bound): gamma* and its speedup.
+    # docs/design/crossover-research.md §7 grid (iid, memory-bound): gamma* and its speedup.
     positions = positions_from_alpha(alpha, 12)
     times = MemoryBound(c)
     assert best_k(positions, times, 1) == k

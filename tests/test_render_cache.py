@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 
+from specwatch.export import http as http_module
 from specwatch.export.http import RenderCache
 from specwatch.snapshot import EMPTY_SNAPSHOT, RouteState
 
@@ -34,10 +35,13 @@ def test_scrapes_of_one_snapshot_share_one_render_per_format_and_encoding():
     assert cache.renders == 3 and fresh != plain and b"specwatch_last_evaluation_timestamp_seconds 2.0" in fresh
 
 
-def test_a_small_body_is_never_gzipped():
-    cache = RenderCache(lambda: EMPTY_SNAPSHOT)
-    body, _, gzipped = cache.body(TEXT, "gzip")
-    assert not gzipped and body.startswith(b"# HELP")
+def test_a_small_body_is_never_gzipped(monkeypatch):
+    plain, _, _ = RenderCache(lambda: EMPTY_SNAPSHOT).body(TEXT, "")
+    monkeypatch.setattr(http_module, "GZIP_MIN_BYTES", len(plain) + 1)
+    body, _, gzipped = RenderCache(lambda: EMPTY_SNAPSHOT).body(TEXT, "gzip")
+    assert not gzipped and body == plain
+    monkeypatch.setattr(http_module, "GZIP_MIN_BYTES", len(plain))
+    assert RenderCache(lambda: EMPTY_SNAPSHOT).body(TEXT, "gzip")[2]
 
 
 def test_a_prometheus_scrape_gets_gzipped_openmetrics_rendered_once_for_both_of_an_ha_pair():

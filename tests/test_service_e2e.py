@@ -24,12 +24,16 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_otel import receiver  # noqa: F401 (fixture)
+import test_otel
 from test_webconfig import make_pki
 
 pytestmark = pytest.mark.e2e  # real daemon processes: about 15 s for the module on a busy 2-core box
+receiver = test_otel.receiver  # the OTLP receiver fixture, shared
 
-STARTUP_TIMEOUT = 20.0
+# Generous on purpose: a wait ends as soon as its event happens, and a 2-core box shared with other builds
+# can stall a daemon for many seconds. Only a failing test ever waits this long.
+STARTUP_TIMEOUT = 60.0
+WAIT_TIMEOUT = 60.0
 CLOSED_PORT_URL = "http://127.0.0.1:9/metrics"  # discard port: connection refused, instantly
 
 
@@ -74,7 +78,7 @@ class Daemon:
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
-    def stop(self, timeout: float = 15.0) -> int:
+    def stop(self, timeout: float = WAIT_TIMEOUT) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -107,7 +111,7 @@ def scrape(url: str, **kwargs) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(response.text) for s in family.samples}
 
 
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
+def wait_until(predicate, timeout: float = WAIT_TIMEOUT, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -145,7 +149,9 @@ def test_sighup_rejects_a_broken_config_and_applies_a_good_one(tmp_path, daemons
         assert problem in problems  # every problem is logged, not just the first
 
     write_config(config, ["chat", "code"])
+    mark = len(d.log)
     d.signal(signal.SIGHUP)
+    d.wait_for_log(r"configuration reloaded", start=mark)  # the event; the new route shows from the next cycle
     after_good = wait_until(lambda: (m := scrape(d.url))[("specwatch_config_last_reload_successful", ())] == 1
                             and "code" in routes_in(m) and m, what="reload metric 1 and route code")
     assert routes_in(after_good) == {"chat", "code"}
@@ -178,7 +184,8 @@ def test_tls_and_basic_auth_on_a_running_daemon(tmp_path, daemons):
     password = "scrape-me"
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config: {{cert_file: server.crt, key_file: server.key}}\n"
-                   f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}'}}\n")
+                   f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}'}}"
+                   "\n")
     d = daemons(write_config(tmp_path / "specwatch.yml", ["chat"]), f"--web.config.file={web}")
     assert d.url.startswith("https://127.0.0.1:")
     ca = str(pki["ca.crt"])

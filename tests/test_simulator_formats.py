@@ -4,7 +4,6 @@ the engines' own code when present, and parsed by specwatch's own engine sources
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
@@ -210,10 +209,8 @@ def test_simulator_matches_the_captured_fixture(fixture):
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_specwatch_sources_parse_the_simulator_like_the_fixture(engine):
-    try:
-        sources = importlib.import_module("specwatch.sources.engines")
-    except ModuleNotFoundError:
-        pytest.skip("specwatch.sources.engines is not in this build yet")
+    from specwatch.sources import engines as sources
+
     if engine == "vllm":
         metrics = VllmMetrics("m", engines=2, k=3)
     else:

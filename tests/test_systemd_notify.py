@@ -45,7 +45,7 @@ class NotifySocket:
     def states(self, since: float = 0.0) -> list[str]:
         return [m for t, m in list(self.messages) if t >= since]
 
-    def wait_for(self, state: str, timeout: float = 20.0) -> float:
+    def wait_for(self, state: str, timeout: float = 60.0) -> float:  # ends at the event; generous for loaded boxes
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for t, m in list(self.messages):

@@ -49,7 +49,8 @@ def test_injected_drop_lowers_the_ratio_by_the_requested_fraction() -> None:
                                       drops=(Drop(start=4 * 3600.0, ratio=0.20),))))
     before, after = _ratio(samples, 0, 4 * 3600.0), _ratio(samples, 4 * 3600.0 + 60, 8 * 3600.0)
     assert 1 - after / before == pytest.approx(0.20, abs=0.02)
-    assert 0.85 < drop_scale("eagle3", 4, 30.0, 0.20) < 0.97  # a ~7-9% per-position drop (detection.md §1)
+    # ~7-9% per position (docs/design/detection-research.md §1)
+    assert 0.85 < drop_scale("eagle3", 4, 30.0, 0.20) < 0.97
 
 
 def test_model_change_restarts_counters() -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 
-from specwatch.snapshot import EngineCounters, EngineSample, RouteObservation, RouteState, build
+from specwatch.snapshot import EngineCounters, EngineSample, RouteState
 from specwatch.tracking.routes import RouteTracker, parse_version, sglang_acceptance_ratio
 from specwatch.tracking.windows import MAX_POINTS, Sums, WindowRing
 
@@ -279,27 +278,3 @@ def test_state_fields_are_the_state_as_keyword_arguments():
         tracker.observe(vllm_sample(1000.0 + 5 * step, engine.counters()))
         assert RouteState(**tracker.state_fields()) == tracker.state()
     assert tracker.state().acceptance_ratio, "windows filled: the up path was compared"
-
-
-@pytest.mark.parametrize("cls, values", [
-    (RouteState, {"name": "r", "up": True, "drafts_total": 3.0, "gpus": (1,), "acceptance_ratio": {"5m": 0.5}}),
-    (RouteState, {"name": "r", "up": False}),
-    (RouteObservation, {"route": "r", "ts": 1.0, "up": True, "k": 4, "d_accepted_per_pos": (1.0, 2.0)}),
-    (EngineCounters, {"engine": "0", "drafts": 1.0, "accepted_per_pos": (1.0,)}),
-])
-def test_build_makes_what_init_makes(cls, values):
-    built = build(cls, values)
-    assert built == cls(**values) and repr(built) == repr(cls(**values))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        built.up = False  # type: ignore[misc]
-    other = build(cls, dict(values))
-    for name in ("acceptance_ratio", "errors_total", "running_per_engine"):  # default factories: never shared
-        if hasattr(built, name) and name not in values:
-            assert getattr(built, name) is not getattr(other, name)
-
-
-def test_build_refuses_unknown_and_missing_fields():
-    with pytest.raises(TypeError, match="unknown fields \\['nmae'\\]"):
-        build(RouteState, {"name": "r", "up": True, "nmae": "typo"})
-    with pytest.raises(TypeError, match="missing fields \\['up'\\]"):
-        build(RouteState, {"name": "r"})

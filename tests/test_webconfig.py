@@ -107,7 +107,8 @@ def test_client_ca_and_client_auth_type_must_agree(tmp_path, pki):
 def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
     (tmp_path / "garbage.crt").write_text("not a certificate")
     with pytest.raises(ConfigError, match="cannot load certificate"):
-        load_web_config(write(tmp_path, f"tls_server_config: {{cert_file: garbage.crt, key_file: {pki['server.key']}}}"))
+        load_web_config(write(tmp_path,
+                              f"tls_server_config: {{cert_file: garbage.crt, key_file: {pki['server.key']}}}"))
     with pytest.raises(ConfigError, match="cannot load certificate"):
         load_web_config(write(tmp_path, "tls_server_config: {cert_file: missing.crt, key_file: missing.key}"))
 
@@ -128,7 +129,8 @@ def test_unreadable_and_invalid_yaml_files(tmp_path):
 
 
 def test_exporter_toolkit_only_keys_are_accepted(tmp_path, pki):
-    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
+    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]),
+                                                  "key_file": str(pki["server.key"]),
                                                   "cipher_suites": ["TLS_AES_128_GCM_SHA256"], "min_version": "TLS13"},
                             "http_server_config": {"http2": True}})
     assert cfg.ssl_context().minimum_version == ssl.TLSVersion.TLSv1_3
@@ -235,7 +237,8 @@ basic_auth_users: {{prometheus: '{USER_HASH}'}}
 
 
 def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
-    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
+    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]),
+                                                  "key_file": str(pki["server.key"]),
                                                   "min_version": "TLS13"}})
     url = serve(cfg)
     client = ssl.create_default_context(cafile=str(pki["ca.crt"]))

@@ -2,8 +2,8 @@
 
 - vLLM V0 (removed by v0.10.0): the spec-decode gauges and counters and the scheduler gauges as declared in
   V0's `vllm/engine/metrics.py` (label `model_name` only, `disable_created_metrics()`, so no `_created`).
-- SGLang 0.4.3 / 0.5.4: names, types, label sets and HELP from `shared/reference/sglang-metrics-inventory.tsv`
-  (HELP is the text of the newest version holding each name) and the label table of engine-metrics.md §2.2.
+- SGLang 0.4.3 / 0.5.4: names, types, label sets and HELP from `docs/reference/sglang-metrics-inventory.tsv`
+  (HELP is the text of the newest version holding each name) and the label table of docs/engines.md §2.2.
   Rendered in multiprocess mode, like the server.
 """
 
@@ -82,7 +82,7 @@ def capture_sglang_legacy(args: Any) -> list[tuple[str, str, dict]]:
 
     inventory = _inventory(args.inventory)
     version = args.version
-    # engine-metrics.md §2.2: 0.4.3 has model_name only; 0.4.10-0.5.6 add tp/pp/dp ranks and engine_type.
+    # docs/engines.md §2.2: 0.4.3 has model_name only; 0.4.10-0.5.6 add tp/pp/dp ranks and engine_type.
     sched_labels = {"model_name": args.model}
     if version != "0.4.3":
         sched_labels.update(engine_type="unified", tp_rank="0", pp_rank="0", dp_rank="0")

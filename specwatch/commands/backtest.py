@@ -115,7 +115,8 @@ class PrometheusClient:
     def _one(self, query: str, start: float, end: float, step: float) -> list[_Series]:
         url = f"{self.base_url}/api/v1/query_range"
         try:
-            resp = self.session.get(url, params={"query": query, "start": start, "end": end, "step": step},
+            params: dict[str, str | float] = {"query": query, "start": start, "end": end, "step": step}
+            resp = self.session.get(url, params=params,
                                     timeout=TIMEOUT_SECONDS, headers={"Accept": "application/json"})
             body = resp.json()
         except requests.RequestException as exc:

@@ -137,7 +137,8 @@ def _show(store: BaselineStore, route: str) -> int:
         print(f"cusum statistic:   {float(cusum[0]):.2f}")
         if sprt:
             print(f"change verdict:    SPRT {sprt[2]} (llr {float(sprt[0]):.2f} over {float(sprt[1]):.0f} tokens)")
-        print(f"model changes:     {state.get('model_changes_total', 0)} (last {_when(state.get('last_model_change'))})")
+        last_change = _when(state.get("last_model_change"))
+        print(f"model changes:     {state.get('model_changes_total', 0)} (last {last_change})")
         print(f"learning sample:   {float(learner.get('drafted', 0.0)):.0f} drafted tokens of the current model")
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specwatch.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, summarize
+from specwatch.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, summarize, unreadable_files
 from specwatch.export.http import load_web_config
 
 
@@ -30,6 +30,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"SUCCESS: {args.config_file} is valid")
         print(summarize(config))
+        for problem in unreadable_files(config):  # read at scrape time, so not an error: the scrapes fail
+            print(f"WARNING: {problem}", file=sys.stderr)
     if args.web_config_file:
         try:
             load_web_config(args.web_config_file)

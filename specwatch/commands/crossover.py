@@ -111,7 +111,8 @@ def _estimate(args: argparse.Namespace) -> int:
         print(json.dumps({"crossover_batch_size": None if bstar is None else round(bstar, 1), "speedup": speedups}))
         return 0
     print(f"GPU {model.hardware.name} ({model.efficiency.source}); target {model.shape.params / 1e9:.1f}B "
-          f"{model.dtype}; draft {model.draft.kind}; gamma {gamma}, tau {tau(positions):.2f}, "
+          f"{model.dtype}; draft {model.draft.kind if model.draft else 'none'}; gamma {gamma}, "
+          f"tau {tau(positions):.2f}, "
           f"context {args.context:g}")
     if bstar is None:
         print("B*: none (speculation wins at every batch up to 4096)")

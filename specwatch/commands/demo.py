@@ -37,7 +37,8 @@ NON_TTY_PRINT_EVERY_SECONDS = 15.0  # scripted runs: a table every so often, not
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=0.0,
                         help="stop after this many seconds (default: run until Ctrl-C)")
-    parser.add_argument("--time-scale", type=float, help="simulated engines run S x real time (default: the plan's, 10)")
+    parser.add_argument("--time-scale", type=float,
+                        help="simulated engines run S x real time (default: the plan's, 10)")
     parser.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:0",
                         help="where the daemon serves /metrics and /api/v1/routes (default: a free loopback port)")
     parser.add_argument("--refresh", type=float, default=1.0, help="status table refresh interval, seconds")
@@ -74,13 +75,15 @@ def _run(args: argparse.Namespace, stop: threading.Event) -> int:
     sims: dict[str, RunningSimulator] = {}
     daemon = server = scheduler = None
     final = None
-    tmp = None if args.state_dir else tempfile.TemporaryDirectory(prefix="specwatch-demo-")
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if not args.state_dir:
+        tmp = tempfile.TemporaryDirectory(prefix="specwatch-demo-")
     try:
         specs = {r.name: simulation_spec(r, time_scale, seed=args.seed + 100 * i) for i, r in enumerate(plan.routes)}
         for route in plan.routes:
             sims[route.name] = start_inprocess(specs[route.name])
         raw = daemon_config(plan, {n: s.url + "/metrics" for n, s in sims.items()}, specs,
-                            args.state_dir or tmp.name)
+                            args.state_dir or (tmp.name if tmp else ""))
         config = parse_config(raw, "demo config")
         daemon = Daemon(config)
         server = serve(args.listen_address, lambda: daemon.snapshot)

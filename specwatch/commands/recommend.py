@@ -72,6 +72,7 @@ def _recommend(args: argparse.Namespace) -> tuple[Recommendation, tuple[float, .
     if not positions:
         raise ValueError(f"route {args.route}: no per-position acceptance yet (the engine must expose per-position "
                          "counters and have drafted in the last 5 minutes)")
+    times: SweepStepTimes | ModelStepTimes
     if sweep:
         times = SweepStepTimes(sweep)
     elif args.gpu or args.params or args.hf_config or args.layers:

@@ -9,7 +9,6 @@ sent only after cycles that really completed, so a hung loop stops petting the w
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import signal
 import threading
@@ -18,7 +17,9 @@ from typing import Any
 from specwatch import __version__, systemd_notify
 from specwatch.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from specwatch.daemon import Daemon
+from specwatch.export import otel
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, serve
+from specwatch.export.prometheus import ExportErrors
 from specwatch.scheduler import schedule, start_scheduler
 
 log = logging.getLogger("specwatch")
@@ -40,17 +41,12 @@ def log_config_error(exc: ConfigError, what: str) -> None:
         log.error("  %s", problem)
 
 
-def start_otlp(config: Config, daemon: Daemon) -> Any:
-    """Start OTLP export when configured; None when not configured or not available."""
+def start_otlp(config: Config, daemon: Daemon, errors: ExportErrors) -> otel.OtlpExport | None:
+    """Start OTLP export when configured; None when not configured or when it cannot start."""
     if config.otlp is None:
         return None
     try:
-        otel = importlib.import_module("specwatch.export.otel")
-    except ModuleNotFoundError as exc:
-        log.warning("otlp is configured but OTLP export is not available in this build (%s); skipping it", exc)
-        return None
-    try:
-        return otel.start_otlp(config.otlp, lambda: daemon.snapshot)
+        return otel.start_otlp(config.otlp, lambda: daemon.snapshot, errors)
     except Exception:  # noqa: BLE001 - a broken collector endpoint must not stop /metrics
         log.exception("starting OTLP export to %s failed; continuing without it", config.otlp.endpoint)
         return None
@@ -78,8 +74,9 @@ class Service:
 
     def run(self) -> int:
         daemon = Daemon(self.config)
+        self._export_errors = ExportErrors()  # one for /metrics and OTLP, so /metrics counts OTLP's failures
         try:
-            server = serve(self.listen_address, lambda: daemon.snapshot, self.web_config)
+            server = serve(self.listen_address, lambda: daemon.snapshot, self.web_config, self._export_errors)
         except (OSError, ValueError) as exc:
             log.error("cannot listen on %s: %s", self.listen_address, exc)
             daemon.close()
@@ -97,9 +94,11 @@ class Service:
         if watchdog_every is not None and watchdog_every < self.config.interval_seconds:
             log.warning("WatchdogSec/2 (%gs) is shorter than the interval (%gs): systemd will kill a healthy "
                         "daemon; raise WatchdogSec", watchdog_every, self.config.interval_seconds)
-        pet = lambda _snapshot: systemd_notify.watchdog()  # noqa: E731
+        def pet(_snapshot: object) -> None:
+            systemd_notify.watchdog()
+
         scheduler = start_scheduler(daemon, self.config.interval_seconds, on_tick=pet)
-        otlp = start_otlp(self.config, daemon)
+        otlp = start_otlp(self.config, daemon, self._export_errors)
 
         while not self._stop:
             self._wake.wait()
@@ -134,7 +133,7 @@ class Service:
         if new.otlp != old.otlp:
             if otlp is not None:
                 otlp.shutdown()
-            otlp = start_otlp(new, daemon)
+            otlp = start_otlp(new, daemon, self._export_errors)
         log.info("configuration reloaded from %s: %d route(s)", self.config_file, len(new.routes))
         systemd_notify.ready()
         return otlp

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", metavar="FILE", help="YAML/JSON scenario: starting setup and timed events")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel engines (vLLM `engine`, SGLang `dp_rank`)")
     parser.add_argument("--model", help=f"served model name (default: the scenario's, else {DEFAULT_MODEL})")
-    parser.add_argument("--k", type=int, help="draft tokens per step, 0 = speculation off (default: scenario's, else 4)")
+    parser.add_argument("--k", type=int,
+                        help="draft tokens per step, 0 = speculation off (default: scenario's, else 4)")
     parser.add_argument("--acceptance", metavar="ALPHA[,ALPHA...]",
                         help="conditional acceptance per position: one value for all, or k values (default 0.7)")
     parser.add_argument("--step-time", choices=("table", "analytic"), default="table",
@@ -35,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-table", metavar="FILE",
                         help="step-time table in the reference JSON format (default: packaged H200 Llama-3-8B)")
     parser.add_argument("--context", type=int, default=1024, help="context per sequence for the table (default 1024)")
-    parser.add_argument("--load", type=float, help="built-in offered concurrency at start (default: scenario's, else 0)")
+    parser.add_argument("--load", type=float,
+                        help="built-in offered concurrency at start (default: scenario's, else 0)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="run S times faster than real time (default 1)")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="max running requests per engine (default 256)")
     parser.add_argument("--custom-labels", metavar="NAME[,NAME...]", default="",

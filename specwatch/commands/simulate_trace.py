@@ -27,7 +27,8 @@ def _drop(text: str) -> Drop:
             raise ValueError
         return Drop(start=_duration(parts[0]), ratio=ratio, end=_duration(parts[2]) if len(parts) == 3 else None)
     except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"--drop wants AT:RATIO[:UNTIL] like 6h:0.2 or 6h:0.2:8h, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--drop wants AT:RATIO[:UNTIL] like 6h:0.2 or 6h:0.2:8h, got {text!r}") from None
 
 
 def _change(text: str) -> ModelChange:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from specwatch.crossover.sweep import (BUILTIN_PROMPTS, DEFAULT_CONCURRENCY, SweepSettings, load_prompts,
                                        run_sweep)
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # matplotlib (the `plot` extra) is imported before measuring, so a node without it learns so at once.
+    from specwatch.crossover.plot import plot_sweep
+
     try:
         prompts = load_prompts(args.prompts) if args.prompts else list(BUILTIN_PROMPTS)
     except ValueError as exc:
@@ -58,7 +62,6 @@ def main(args: argparse.Namespace) -> int:
 
     doc = outcome.document
     if doc["levels"]:
-        from specwatch.crossover.plot import plot_sweep  # matplotlib only when there is something to draw
         plot_sweep(doc, plot_path)
     _print_summary(doc)
     print(f"wrote {args.output}" + (f" and {plot_path}" if doc["levels"] else ""))
@@ -75,7 +78,7 @@ def _with_progress(settings: SweepSettings, output: str):
     columns = (TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=False) as progress:
         overall = progress.add_task("levels", total=len(settings.concurrency) * 2)
-        current = {"label": None, "task": None}
+        current: dict[str, Any] = {"label": None, "task": None}
 
         def on_progress(label: str, done: int, total: int) -> None:
             if label != current["label"]:

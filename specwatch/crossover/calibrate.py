@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from specwatch.crossover.model import Efficiency, StepModel
 
@@ -61,7 +61,7 @@ def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str) -
     has_verify = any(p.q > 1 for p in points)
     names = ["memory", "compute", "step_overhead_s"] + (["verify_attention"] if has_verify else [])
 
-    def evaluate(values: dict[str, float]) -> float:
+    def evaluate(values: dict[str, Any]) -> float:
         eff = replace(model.efficiency, **values)
         if not has_verify:
             eff = replace(eff, verify_attention=eff.memory)

@@ -26,9 +26,9 @@ def resolve_shape(inp: EstimateInputs, default: ModelShape | None = None) -> Mod
         return load_hf_config(inp.hf_config)
     explicit = (inp.layers, inp.hidden_size, inp.kv_heads, inp.head_dim)
     if any(v is not None for v in explicit):
-        if any(v is None for v in explicit):
-            raise ValueError("give all of --layers, --hidden-size, --kv-heads, --head-dim (or --hf-config)")
         layers, hidden, kv_heads, head_dim = explicit
+        if layers is None or hidden is None or kv_heads is None or head_dim is None:
+            raise ValueError("give all of --layers, --hidden-size, --kv-heads, --head-dim (or --hf-config)")
         heads = max(1, hidden // head_dim)
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
         if inp.params:  # size the MLP so the total matches --params

@@ -1,6 +1,8 @@
 """Choose the draft length k per batch size from measured per-position acceptance and step times.
 
-    G(B, k) = (1 + p_1 + ... + p_k) / T_step(B, k),  T_step(B, 0) = T_plain(B)      (docs/crossover.md §7)
+    G(B, k) = (1 + p_1 + ... + p_k) / T_step(B, k),  T_step(B, 0) = T_plain(B)
+
+(docs/design/crossover-research.md §7)
 
 k*(B) = argmax_k G over 0..K, where K is the draft length now running: acceptance beyond K is censored, so
 the schedule never proposes more than K. The per-batch k* is written out as vLLM's
@@ -131,5 +133,5 @@ def recommend(positions: Sequence[float], times: StepTimes, batch_now: float, ma
     sglang_reason = ("each slot offers the draft lengths within 5% of the best at its batch, so SGLang's "
                      "acceptance EMA picks among them" + ("; [0] slots never draft" if off is not None else ""))
     return Recommendation(k_now=k_now, batch_now=batch_now, speedup_now=speedup_now,
-                          ranges=tuple(tuple(r) for r in ranges), sglang=sglang,
+                          ranges=tuple((start, end, k) for start, end, k in ranges), sglang=sglang,
                           vllm_reason=vllm_reason, sglang_reason=sglang_reason)

@@ -1,7 +1,6 @@
 """The H200 reference table (Llama-3-8B-shaped target, EAGLE-style draft): loading and the speedups it implies.
 
-Shipped as `specwatch/data/h200-crossover-llama3-8b.json`; in a source checkout without it, the shared copy
-`../shared/reference/` is used. Field meanings: `/work/shared/reference/README.md`.
+Shipped as `specwatch/data/h200-crossover-llama3-8b.json`. Field meanings: `docs/reference/README.md`.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from specwatch.crossover.model import expected_tokens, interpolate_crossover
 
 FILE_NAME = "h200-crossover-llama3-8b.json"
 _PACKAGED = Path(__file__).resolve().parent.parent / "data" / FILE_NAME
-_SHARED = Path(__file__).resolve().parents[3] / "shared" / "reference" / FILE_NAME
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ class ReferenceTable:
 
 
 def default_path() -> Path:
-    return _PACKAGED if _PACKAGED.exists() else _SHARED
+    return _PACKAGED
 
 
 def load_reference(path: str | Path | None = None) -> ReferenceTable:

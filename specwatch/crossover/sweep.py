@@ -88,7 +88,8 @@ def load_prompts(path: str | Path) -> list[dict[str, Any]]:
             obj = json.loads(line)
         except ValueError as exc:
             raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
-        if not isinstance(obj, dict) or not (isinstance(obj.get("prompt"), str) or isinstance(obj.get("messages"), list)):
+        if not isinstance(obj, dict) or not (isinstance(obj.get("prompt"), str)
+                                             or isinstance(obj.get("messages"), list)):
             raise ValueError(f"{path}:{n}: expected an object with a \"prompt\" string or a \"messages\" list")
         prompts.append(obj)
     if not prompts:
@@ -146,7 +147,7 @@ def stream_one(session: requests.Session, url: str, model: str, prompt: dict[str
     except (requests.RequestException, ValueError) as exc:
         return RequestResult(False, error=f"{type(exc).__name__}: {exc}")
     tokens = usage_tokens if usage_tokens is not None else chunks
-    if first is None:
+    if first is None or last is None:
         return RequestResult(False, error="stream ended without any token")
     tpot = (last - first) / (tokens - 1) if tokens > 1 else None
     return RequestResult(True, tokens, first - start, tpot, clock() - start)
@@ -284,7 +285,7 @@ def summarize(results: Sequence[RequestResult], elapsed: float, concurrency: int
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
     errors = [r.error for r in results if not r.ok]
-    out = {"requests": len(results), "failed": len(errors), "output_tokens": tokens,
+    out: dict[str, Any] = {"requests": len(results), "failed": len(errors), "output_tokens": tokens,
            "duration_s": round(elapsed, 4),
            "output_tokens_per_s": concurrency * tokens_per_request / mean_latency if mean_latency else 0.0,
            "requests_per_s": concurrency / mean_latency if mean_latency else 0.0,

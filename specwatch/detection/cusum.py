@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from specwatch.detection.overdispersion import DispersionModel
 
-# Wald's thresholds for a bounded-error verdict after a model change (detection.md §6):
+# Wald's thresholds for a bounded-error verdict after a model change (docs/design/detection-research.md §6):
 # α = 1e-3 (false "regressed"), β = 0.05 (missed regression).
 SPRT_ALPHA = 1e-3
 SPRT_BETA = 0.05

@@ -1,8 +1,8 @@
 """The design effect φ of drafted tokens: how much more a ratio varies than a binomial of the same size.
 
 Mean design effect: φ̂ = Σ_t D_t (r_t - r̄)² / ((n - 1) r̄ (1 - r̄)), over n blocks t of D_t drafted tokens
-and ratio r_t (detection.md §3). Intervals are merged into blocks of at least `block_seconds` so that one
-request spread over two scrapes does not hide its own correlation.
+and ratio r_t (docs/design/detection-research.md §3). Intervals are merged into blocks of at least
+`block_seconds` so that one request spread over two scrapes does not hide its own correlation.
 
 Dispersion model: φ is not one number. A block of many requests varies like a binomial scaled by φ, but a
 block of one request varies by that request's own acceptance however long it is, so on a quiet route a

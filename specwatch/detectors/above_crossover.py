@@ -176,6 +176,8 @@ def compute_bound(gpus: Sequence[GpuSample], indexes: Sequence[int]) -> bool | N
 
 
 class AboveCrossoverEvaluator:
+    name = "above_crossover"
+
     def __init__(self, source: CrossoverSource | None, hold_seconds: float) -> None:
         self.source = source  # None: the configured source was unusable (logged at build)
         self.batches: dict[str, TimeWeightedMean] = {}
@@ -223,8 +225,8 @@ class AboveCrossoverEvaluator:
         for engine, running in running_per_engine.items():
             if running is not None and running == running:  # skip NaN
                 self.batches.setdefault(engine, TimeWeightedMean(self.batch_window)).add(obs.ts, float(running))
-        means = [self.batches[e].mean(obs.ts) for e in running_per_engine if e in self.batches]
-        means = [m for m in means if m is not None]
+        means = [m for e in running_per_engine if e in self.batches
+                 if (m := self.batches[e].mean(obs.ts)) is not None]
         return sum(means) / len(means) if means else None
 
     def close(self) -> None:
@@ -233,11 +235,13 @@ class AboveCrossoverEvaluator:
 
 def build_source(cfg: CrossoverConfig) -> CrossoverSource:
     """Raises ValueError with a message naming what is wrong (unreadable sweep, unknown GPU, ...)."""
-    if cfg.kind == "batch_size":
-        return FixedCrossover(float(cfg.batch_size))
+    if cfg.kind == "batch_size" and cfg.batch_size is not None:
+        return FixedCrossover(cfg.batch_size)
     if cfg.kind == "sweep":
         return SweptCrossover(load_sweep(cfg.sweep_file))
-    return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context)
+    if cfg.kind == "estimate" and cfg.estimate is not None:
+        return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context)
+    raise ValueError(f"crossover {cfg.kind!r} without its settings")
 
 
 def build_evaluator(ctx: EvaluatorContext, route_cfg: RouteConfig) -> AboveCrossoverEvaluator | None:

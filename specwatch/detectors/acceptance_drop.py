@@ -49,11 +49,12 @@ PIN_MIN_BLOCKS = 240
 # The confirmation window stretches back until it holds this many effective (drafted / φ) tokens, so that
 # on a quiet route it has the power to confirm a real drop instead of vetoing it on noise.
 CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
-# h bounds false alarms per effective (drafted / φ) token, so per hour they grow with traffic (detection.md §4).
+# h bounds false alarms per effective (drafted / φ) token, so per hour they grow with traffic
+# (docs/design/detection-research.md §4).
 # The configured `cusum_threshold` is h for a route with this many effective tokens per second or more (about
 # 350 drafted tokens/s at φ 35); a quieter route uses h - ln(BUSY_EFFECTIVE_TOKENS_PER_SECOND / rate), which
 # keeps its expected false alarms per hour those of the busy route, but never less than MIN_ADAPTED_THRESHOLD:
-# below it, 5% drifts page at 1 req/min in a quarter of 60-route-day samples (detection.md §5).
+# below it, 5% drifts page at 1 req/min in a quarter of 60-route-day samples (docs/detection.md §5).
 BUSY_EFFECTIVE_TOKENS_PER_SECOND = 10.0
 MIN_ADAPTED_THRESHOLD = 7.0
 TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)
@@ -102,7 +103,7 @@ class TrafficRate:
         self.decayed_tokens = 0.0  # Σ D_i e^{-(last - t_i) / τ}
 
     def add(self, now: float, drafted: float) -> None:
-        if self.start is None:
+        if self.start is None or self.last is None:
             self.start = self.last = now
         if now > self.last:
             self.decayed_tokens *= math.exp(-(now - self.last) / self.time_constant)
@@ -131,7 +132,8 @@ class OpenBlock:
 
     def __init__(self, seconds: float = BLOCK_SECONDS) -> None:
         self.seconds = seconds
-        self.clear()
+        self.start: float | None = None
+        self.accepted = self.drafted = 0.0
 
     def add(self, now: float, accepted: float, drafted: float) -> tuple[float, float, float] | None:
         """Add an interval; return (start, accepted, drafted) of the block it closed, if any."""
@@ -148,7 +150,7 @@ class OpenBlock:
         return closed
 
     def clear(self) -> None:
-        self.start: float | None = None
+        self.start = None
         self.accepted = self.drafted = 0.0
 
 
@@ -190,6 +192,8 @@ class ShortWindow:
 
 class AcceptanceDropEvaluator:
     """RouteEvaluator for one route (see module docstring). Not thread-safe: the daemon loop owns it."""
+
+    name = "acceptance_drop"
 
     def __init__(self, route: RouteConfig, store: BaselineStore) -> None:
         self.route = route.name
@@ -289,7 +293,8 @@ class AcceptanceDropEvaluator:
         return adapted_threshold(self.cfg.cusum_threshold, rate / max(1.0, self.reference.overdispersion))
 
     def _decide(self, now: float, test: _Test, threshold: float) -> None:
-        window = self.window
+        window, reference = self.window, self.reference
+        assert reference is not None  # `test` was derived from it
         n_eff = test.effective_tokens(window)
         lower, upper = wilson_bounds(n_eff * window.accepted / window.drafted if window.drafted > 0 else 0.0, n_eff)
         if not self.degraded:
@@ -301,7 +306,7 @@ class AcceptanceDropEvaluator:
             if (by_cusum or by_sprt) and upper < test.r_ok:
                 self.degraded = True
                 log.warning("route %s: acceptance dropped: %.3f over the short window vs baseline %.3f (%s)",
-                            self.route, self.window.ratio() or 0.0, self.reference.acceptance_ratio,
+                            self.route, self.window.ratio() or 0.0, reference.acceptance_ratio,
                             "CUSUM" if by_cusum else "SPRT after a model change")
         elif lower > test.r_resolve:
             self.degraded = False
@@ -309,7 +314,7 @@ class AcceptanceDropEvaluator:
             if self.sprt is not None:
                 self.sprt = Sprt()  # judge the recovered model afresh before adopting it
             log.info("route %s: acceptance back to baseline (%.3f vs %.3f)", self.route,
-                     self.window.ratio() or 0.0, self.reference.acceptance_ratio)
+                     self.window.ratio() or 0.0, reference.acceptance_ratio)
 
     # ------------------------------------------------------------------ baselines
     def _maybe_set_first_reference(self, now: float) -> None:
@@ -328,9 +333,10 @@ class AcceptanceDropEvaluator:
                 dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
                 source="config", created=now, updated=now), persist=False)
         elif self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
-            self._set_reference(self._learned(now, "learned", created=None), persist=True)
+            learned = self._learned(now, "learned", created=None)
+            self._set_reference(learned, persist=True)
             log.info("route %s: learned baseline %.3f (φ %.1f) for %s", self.route,
-                     self.reference.acceptance_ratio, self.reference.overdispersion, key.label())
+                     learned.acceptance_ratio, learned.overdispersion, key.label())
 
     def _learned(self, now: float, source: str, created: float | None) -> Baseline:
         assert self.key is not None
@@ -347,10 +353,11 @@ class AcceptanceDropEvaluator:
             return
         if self.learner.drafted < REFRESH_GROWTH * ref.drafted_tokens and not self._pin_due(now):
             return
-        self._set_reference(self._learned(now, ref.source, created=ref.created), persist=True, keep_evidence=True)
-        if self.reference.pinned:
+        refined = self._learned(now, ref.source, created=ref.created)
+        self._set_reference(refined, persist=True, keep_evidence=True)
+        if refined.pinned:
             log.info("route %s: baseline %.3f pinned for %s after %.0f drafted tokens", self.route,
-                     self.reference.acceptance_ratio, self.reference.key.label(), self.reference.drafted_tokens)
+                     refined.acceptance_ratio, refined.key.label(), refined.drafted_tokens)
 
     def _maybe_adopt(self, now: float) -> None:
         cfg = self.cfg
@@ -359,10 +366,11 @@ class AcceptanceDropEvaluator:
                 or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)):
             return
         old = self.reference
-        self._set_reference(self._learned(now, "adopted", created=None), persist=True)
+        adopted = self._learned(now, "adopted", created=None)
+        self._set_reference(adopted, persist=True)
         self.sprt = None
         log.info("route %s: adopted the baseline %.3f of %s after a clean period (was %.3f for %s)", self.route,
-                 self.reference.acceptance_ratio, self.reference.key.label(), old.acceptance_ratio if old else 0.0,
+                 adopted.acceptance_ratio, adopted.key.label(), old.acceptance_ratio if old else 0.0,
                  old.key.label() if old else "-")
 
     def _set_reference(self, baseline: Baseline, persist: bool, keep_evidence: bool = False) -> None:

@@ -1,24 +1,22 @@
 """The evaluator protocol: per route, per cycle, turn a RouteObservation into RouteState fields.
 
 Detectors (acceptance drop) and the crossover flag implement it; the daemon builds one list per route with
-`build_route_evaluators()` and merges their outputs into the route's `RouteState` with
-`dataclasses.replace`. Evaluators never see other routes, sources or exporters.
+`registry.build_route_evaluators()` and merges their outputs into the route's `RouteState`. Evaluators
+never see other routes, sources or exporters.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from specwatch.config import Config, RouteConfig
+from specwatch.config import Config
 from specwatch.snapshot import GpuSample, RouteObservation
-
-log = logging.getLogger(__name__)
 
 
 class RouteEvaluator(Protocol):
+    name: str  # the `evaluator` label of specwatch_evaluator_errors_total
+
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
         """Return RouteState field updates (e.g. {"degraded": True, "baseline_ratio": 0.61})."""
         ...
@@ -36,27 +34,3 @@ class EvaluatorContext:
     clock: Callable[[], float]
     shared: dict[str, Any] = field(default_factory=dict)
     state_errors: list[str] = field(default_factory=list)  # appended to by evaluators; exported as a counter
-
-
-# "module:factory" entries; a factory is `(ctx, route_cfg) -> RouteEvaluator | None`. Missing modules are
-# skipped so a partial build still runs.
-EVALUATOR_FACTORIES: tuple[str, ...] = (
-    "specwatch.detectors.acceptance_drop:build_evaluator",
-    "specwatch.detectors.above_crossover:build_evaluator",
-)
-
-
-def build_route_evaluators(ctx: EvaluatorContext, route: RouteConfig) -> list[RouteEvaluator]:
-    evaluators = []
-    for entry in EVALUATOR_FACTORIES:
-        module_name, func = entry.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
-        evaluator = getattr(module, func)(ctx, route)
-        if evaluator is not None:
-            evaluators.append(evaluator)
-    return evaluators

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import html
-import importlib
 import ipaddress
 import json
 import logging
@@ -28,8 +27,8 @@ from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from specwatch import __version__
-from specwatch.config import ConfigError
-from specwatch.export.prometheus import SnapshotCollector, render_text
+from specwatch.export import webconfig
+from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -57,12 +56,6 @@ def load_web_config(path: str) -> WebConfig | None:
     """The optional `--web.config.file`; None when not given. Raises ConfigError listing its problems."""
     if not path:
         return None
-    try:
-        webconfig = importlib.import_module("specwatch.export.webconfig")
-    except ModuleNotFoundError as exc:
-        if exc.name != "specwatch.export.webconfig":
-            raise
-        raise ConfigError(["TLS and basic auth are not available in this build"], path) from exc
     return webconfig.load_web_config(path)
 
 
@@ -136,20 +129,21 @@ class RenderCache:
     (pinned), never a newer one published meanwhile under the old one's key.
     """
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot], errors: ExportErrors | None = None) -> None:
         self._get_snapshot = get_snapshot
+        self.errors = errors or ExportErrors()
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._bodies: dict[tuple[str, bool], tuple[bytes, bool]] = {}
         self._rendering: Snapshot | None = None
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self._pinned))
+        self.registry.register(SnapshotCollector(self._pinned, self.errors))
         self.renders = 0  # for tests: how many times the registry was encoded
 
     def _render(self, snapshot: Snapshot, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
         is_openmetrics = own_writer_format(encoder)
         if is_openmetrics is not None:  # specwatch's own writer: the same bytes, a third to an eighth of the CPU
-            return render_text(snapshot, is_openmetrics)
+            return render_text(snapshot, is_openmetrics, self.errors)
         self._rendering = snapshot
         try:
             return encoder(self.registry)
@@ -253,8 +247,8 @@ class MetricsServer:
 
     def __init__(self, server: _Server, thread: threading.Thread, scheme: str) -> None:
         self._server, self._thread = server, thread
-        host, port = server.server_address[:2]
-        self.port: int = port
+        host, port = str(server.server_address[0]), int(server.server_address[1])
+        self.port = port
         display = f"[{host}]" if ":" in str(host) else host
         self.url = f"{scheme}://{display}:{port}"
 
@@ -264,13 +258,15 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def serve(address: str, get_snapshot: Callable[[], Snapshot], web_config: WebConfig | None = None) -> MetricsServer:
-    """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind)."""
+def serve(address: str, get_snapshot: Callable[[], Snapshot], web_config: WebConfig | None = None,
+          errors: ExportErrors | None = None) -> MetricsServer:
+    """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind).
+    `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors)."""
     host, port = parse_listen_address(address)
-    server_cls = _Server
+    server_cls: type[_Server] = _Server
     if _is_ipv6(host):
         server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-    server = server_cls((host, port), _make_handler(get_snapshot, RenderCache(get_snapshot), web_config))
+    server = server_cls((host, port), _make_handler(get_snapshot, RenderCache(get_snapshot, errors), web_config))
     scheme = "http"
     ssl_context = web_config.ssl_context() if web_config is not None else None
     if ssl_context is not None:

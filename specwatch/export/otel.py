@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from specwatch import __version__, catalog
 from specwatch.config import ConfigError, OtlpConfig
-from specwatch.export.prometheus import render_families
+from specwatch.export.prometheus import ExportErrors, render_families
 from specwatch.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,11 @@ def metrics_endpoint(endpoint: str, protocol: str) -> str:
 
 
 # --------------------------------------------------------------------------- Snapshot -> samples
-def render(snap: Snapshot) -> dict[str, list[Sample]]:
+def render(snap: Snapshot, errors: ExportErrors | None = None) -> dict[str, list[Sample]]:
     """Every sample of `snap` keyed by catalog name, taken from the Prometheus collector's own rendering, so
     both exports carry the same names, labels and values by construction (absent values stay absent)."""
     out: dict[str, list[Sample]] = defaultdict(list)
-    for family in render_families(snap):
+    for family in render_families(snap, errors):
         for sample in family.samples:
             if sample.name in catalog.BY_NAME:  # counters' `_created` companions have no OTLP equivalent
                 out[sample.name].append((sample.value, sample.labels))
@@ -80,8 +80,10 @@ def render(snap: Snapshot) -> dict[str, list[Sample]]:
 class OtlpExport:
     """A running OTLP export. `force_flush()` exports now; `shutdown()` exports once more and stops."""
 
-    def __init__(self, cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], exporter: Any = None) -> None:
-        """`exporter` replaces the OTLP exporter the config describes (tests)."""
+    def __init__(self, cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], exporter: Any = None,
+                 errors: ExportErrors | None = None) -> None:
+        """`exporter` replaces the OTLP exporter the config describes (tests); `errors` counts failed
+        exports and sections that fail to render."""
         from opentelemetry.metrics import Observation
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -92,9 +94,10 @@ class OtlpExport:
         self._lock = threading.Lock()
         self._rendered_for: Snapshot | None = None
         self._rendered: dict[str, list[Sample]] = {}
+        self.errors = errors or ExportErrors()
 
         self._reader = PeriodicExportingMetricReader(
-            exporter if exporter is not None else _build_exporter(cfg),
+            _counting(exporter if exporter is not None else _build_exporter(cfg), self.errors),
             export_interval_millis=cfg.interval_seconds * 1000,
             export_timeout_millis=min(cfg.interval_seconds, 30.0) * 1000)
         # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES, the usual place for host and cluster attributes.
@@ -113,7 +116,7 @@ class OtlpExport:
                 snap = self._get_snapshot()
                 if snap is not self._rendered_for:
                     self._rendered_for, self._rendered = snap, {}
-                    self._rendered = render(snap)
+                    self._rendered = render(snap, self.errors)
             except Exception:  # a bad Snapshot must not stop the export of later ones
                 log.exception("otlp: cannot render the snapshot; exporting nothing for it")
             return self._rendered.get(name, [])
@@ -133,6 +136,41 @@ class OtlpExport:
             log.exception("otlp: shutdown failed")
 
 
+def _counting_exporter_class() -> type:
+    # Imported here, like the SDK in OtlpExport: a daemon without `otlp:` never loads it.
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    class CountingExporter(MetricExporter):
+        """Another exporter, with each failed or raising export counted in specwatch_otlp_export_errors_total."""
+
+        def __init__(self, inner: Any, errors: ExportErrors) -> None:
+            super().__init__(preferred_temporality=inner._preferred_temporality,
+                             preferred_aggregation=inner._preferred_aggregation)
+            self._inner, self._errors = inner, errors
+
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            try:
+                result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            except Exception:
+                self._errors.count_otlp()
+                raise  # the SDK's reader logs it
+            if result is not MetricExportResult.SUCCESS:
+                self._errors.count_otlp()
+            return result
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return bool(self._inner.force_flush(timeout_millis=timeout_millis))
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    return CountingExporter
+
+
+def _counting(inner: Any, errors: ExportErrors) -> Any:
+    return _counting_exporter_class()(inner, errors)
+
+
 def _build_exporter(cfg: OtlpConfig) -> Any:
     problems = otlp_config_problems(cfg)
     if problems:
@@ -149,10 +187,11 @@ def _build_exporter(cfg: OtlpConfig) -> Any:
     return OTLPMetricExporter(endpoint=endpoint, headers=headers, timeout=timeout)
 
 
-def start_otlp(otlp_cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot]) -> OtlpExport:
+def start_otlp(otlp_cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot],
+               errors: ExportErrors | None = None) -> OtlpExport:
     """Start exporting `get_snapshot()` every `otlp_cfg.interval_seconds`. Raises ConfigError for an unusable
     protocol; network failures are the SDK's to retry and log, never the daemon's to crash on."""
-    export = OtlpExport(otlp_cfg, get_snapshot)
+    export = OtlpExport(otlp_cfg, get_snapshot, errors=errors)
     log.info("otlp: exporting to %s (%s) every %gs", metrics_endpoint(otlp_cfg.endpoint, otlp_cfg.protocol),
              otlp_cfg.protocol, otlp_cfg.interval_seconds)
     return export

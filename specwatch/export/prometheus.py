@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from functools import partial
 from typing import Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 
@@ -46,7 +47,7 @@ class _ClientFamily:
 
     def __init__(self, spec: MetricSpec) -> None:
         cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
-        self.metric: Metric = cls(spec.name, spec.help, labels=spec.labels)
+        self.metric: CounterMetricFamily | GaugeMetricFamily = cls(spec.name, spec.help, labels=spec.labels)
 
     def add(self, value: float | bool | None, /, *label_values: str) -> None:
         if value is not None and math.isfinite(value := float(value)):
@@ -72,7 +73,7 @@ class _Families(Generic[F]):
     prometheus_client families (`_ClientFamily`) or text-format lines (`_TextFamily`)."""
 
     def __init__(self, new_family: Callable[[MetricSpec], F]) -> None:
-        self._new_family = new_family
+        self._new_family: Callable[[MetricSpec], F] = new_family
         self.families: dict[str, F | _Dropped] = {}
 
     def __call__(self, name: str) -> Family:
@@ -98,6 +99,29 @@ class _Families(Generic[F]):
 Families = Callable[[str], Family]  # what sections write to: f("route_up") is this scrape's route_up family
 
 
+class ExportErrors:
+    """Failures of the exporters themselves, for /metrics: sections that raised while rendering, OTLP
+    exports that failed. One per process, shared by the HTTP server and the OTLP export; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._render: dict[str, float] = {}
+        self._otlp = 0.0
+
+    def count_render(self, section: str) -> None:
+        with self._lock:
+            self._render[section] = self._render.get(section, 0.0) + 1
+
+    def count_otlp(self) -> None:
+        with self._lock:
+            self._otlp += 1
+
+    def counts(self) -> tuple[dict[str, float], float]:
+        """(render errors by section, OTLP export errors)."""
+        with self._lock:
+            return dict(self._render), self._otlp
+
+
 def _self_metrics(s: Snapshot, f: Families) -> None:
     f("build_info").add(1, __version__)
     if s.timestamp > 0:  # before the first evaluation there is no "last evaluation"
@@ -120,6 +144,10 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
     for r in routes:
         for reason, count in sorted(r.errors_total.items()):
             errors.add(count, r.name, reason)
+    evaluator_errors = f("evaluator_errors_total")
+    for r in routes:
+        for evaluator, count in sorted(r.evaluator_errors_total.items()):
+            evaluator_errors.add(count, r.name, evaluator)
     counting = [r for r in routes if r.acceptance_source == "counter"]  # gauge-only engines have no counters
     _per_route(f, "route_drafts_total", counting, "drafts_total")
     _per_route(f, "route_draft_tokens_total", counting, "draft_tokens_total")
@@ -192,35 +220,49 @@ _SECTIONS: tuple[Callable[[Snapshot, Families], None], ...] = (
     _self_metrics, _route_metrics, _detection_metrics, _crossover_metrics, _gpu_metrics)
 
 
-def render_families(snapshot: Snapshot) -> list[Metric]:
-    """All metric families for one snapshot. Never raises; a failing section is logged and left out."""
+def section_name(section: Callable[[Snapshot, Families], None]) -> str:
+    """The `section` label of a section function: `_route_metrics` -> `route`."""
+    return section.__name__.strip("_").removesuffix("_metrics")
+
+
+def render_families(snapshot: Snapshot, errors: ExportErrors | None = None) -> list[Metric]:
+    """All metric families for one snapshot. Never raises; a failing section is logged, counted in `errors`
+    (a fresh ExportErrors when not given) and left out."""
     families = _Families(_ClientFamily)
-    _render(snapshot, families)
+    _render(snapshot, families, errors or ExportErrors())
     return [family.metric for family in families.rendered()]
 
 
-def render_text(snapshot: Snapshot, openmetrics: bool = False) -> bytes:
+def render_text(snapshot: Snapshot, openmetrics: bool = False, errors: ExportErrors | None = None) -> bytes:
     """The snapshot in the Prometheus text format (or OpenMetrics): exactly the bytes client_python's
     `generate_latest` (`openmetrics.exposition.generate_latest`) writes for `render_families(snapshot)`,
     without building its Metric objects. Never raises, like render_families."""
     families = _Families(partial(_TextFamily, openmetrics=openmetrics))
-    _render(snapshot, families)
+    _render(snapshot, families, errors or ExportErrors())
     return text_body(families.rendered(), openmetrics)
 
 
-def _render(snapshot: Snapshot, families: Families) -> None:
+def _render(snapshot: Snapshot, families: Families, errors: ExportErrors) -> None:
     for section in _SECTIONS:
         try:
             section(snapshot, families)
         except Exception:  # noqa: BLE001 - a rendering bug must not turn /metrics into a 500
             log.exception("rendering %s failed; the rest of /metrics is still served", section.__name__)
+            errors.count_render(section_name(section))
+    # Last, so this render's own failures are in it; every section from 0, so the first failure is an increase.
+    render_errors, otlp_errors = errors.counts()
+    family = families("render_errors_total")
+    for name in sorted({section_name(s) for s in _SECTIONS} | render_errors.keys()):
+        family.add(render_errors.get(name, 0.0), name)
+    families("otlp_export_errors_total").add(otlp_errors)
 
 
 class SnapshotCollector(Collector):
     """A prometheus_client collector over whatever Snapshot `get_snapshot()` returns at scrape time."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot], errors: ExportErrors | None = None) -> None:
         self._get_snapshot = get_snapshot
+        self._errors = errors or ExportErrors()
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -228,7 +270,7 @@ class SnapshotCollector(Collector):
         except Exception:  # noqa: BLE001
             log.exception("reading the snapshot failed; serving an empty /metrics")
             return iter(())
-        return iter(render_families(snapshot))
+        return iter(render_families(snapshot, self._errors))
 
     def describe(self) -> Iterator[Metric]:
         # Unchecked collector: families vary with the snapshot, so registration must not call collect().

@@ -95,7 +95,7 @@ class _ReloadingContext:
 
     def _files_stamp(self) -> tuple:
         paths = (self._tls.cert_file, self._tls.key_file, self._tls.client_ca_file)
-        stamp = []
+        stamp: list[tuple[int, int, int] | str | None] = []
         for p in paths:
             try:
                 st = os.stat(p) if p else None
@@ -132,7 +132,7 @@ class _BasicAuth:
 
         self._bcrypt = bcrypt
         self._users = {u: h.encode() for u, h in users.items()}
-        cost = max(int(_BCRYPT_RE.match(h).group(1)) for h in users.values())
+        cost = max(int(m.group(1)) for m in map(_BCRYPT_RE.match, users.values()) if m)  # validated at load
         self._dummy_hash = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(cost))
         self._cache_key = secrets.token_bytes(32)
         self._cache: dict[bytes, float] = {}  # digest -> expiry (monotonic)
@@ -140,10 +140,8 @@ class _BasicAuth:
         self._clock = clock
 
     def check(self, user: str, password: str) -> bool:
-        hashed = self._users.get(user)
-        known = hashed is not None
-        if not known:
-            hashed = self._dummy_hash
+        known = user in self._users
+        hashed = self._users.get(user, self._dummy_hash)
         # length-prefixed parts, so no (user, password) pair can collide with another's encoding
         parts = (user.encode(), hashed, password.encode())
         digest = hmac.new(self._cache_key, b"".join(len(p).to_bytes(4, "big") + p for p in parts),

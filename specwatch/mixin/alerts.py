@@ -160,6 +160,19 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
             "gone and routes back in warm-up.",
         ),
         _alert(
+            "SpecwatchInternalErrors",
+            "\nor ".join(f"sum by ({', '.join(s.node_labels)}) "
+                         f"(increase(specwatch_{name}_errors_total{sel}[{s.internal_errors_window}])) > 0"
+                         for name in ("evaluator", "render", "otlp_export")) + "\n",
+            s.internal_errors_for, TICKET,
+            "specwatch keeps failing internally: an evaluator, a /metrics section or the OTLP export.",
+            "specwatch on {{ $labels.instance }} has kept failing for "
+            f"{s.internal_errors_for}: an evaluator, a /metrics section or the OTLP export failed "
+            f"{{{{ $value | printf \"%.0f\" }}}} times in the last {s.internal_errors_window}, and what it "
+            "produces is missing. specwatch_evaluator_errors_total, specwatch_render_errors_total and "
+            "specwatch_otlp_export_errors_total say which part; the journal has the error.",
+        ),
+        _alert(
             "SpecwatchConfigReloadFailed",
             f"specwatch_config_last_reload_successful{sel} == 0",
             s.config_reload_failed_for, TICKET,

@@ -12,7 +12,6 @@ import json
 from typing import Any, Iterator
 
 from grafanalib import core as g
-from grafanalib._gen import DashboardEncoder
 
 from specwatch.mixin import rules
 from specwatch.mixin.settings import Settings
@@ -106,7 +105,15 @@ def _dashboard(s: Settings, slug: str, title: str, description: str, panels: lis
         annotations=g.Annotations(list=annotations or []),
     ).auto_panel_ids()
     # Through JSON once so the result is plain data: comparable, serialisable, free of grafanalib objects.
-    return json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder))
+    return json.loads(json.dumps(dashboard.to_json_data(), default=_json_data))
+
+
+def _json_data(obj: Any) -> Any:
+    """grafanalib objects nested in a dashboard, as their JSON data (what grafanalib's own encoder does)."""
+    to_json_data = getattr(obj, "to_json_data", None)
+    if to_json_data is None:
+        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+    return to_json_data()
 
 
 # --------------------------------------------------------------------------- Fleet overview
@@ -116,7 +123,7 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
     acceptance_long = rules.ACCEPTANCE.format(w=long_) + FLEET_ROUTE
     baseline = rules.BASELINE + FLEET_ROUTE
     drop_long = rules.ACCEPTANCE_DROP.format(w=long_) + FLEET_ROUTE
-    red_at = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+    red_at: list[dict[str, Any]] = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
     rows = [
         [
             (_stat("Routes", "Routes served by at least one node.",

@@ -7,6 +7,7 @@ site adapts them by `dataclasses.replace(DEFAULT, ...)` and regenerating, never 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from dataclasses import dataclass
 
 
@@ -25,6 +26,9 @@ class Settings:
     model_change_window_seconds: float = 6 * 3600.0
     # State store errors alert when the counter grew within this window.
     state_errors_window: str = "15m"
+    # specwatch's own failures (evaluators, render sections, OTLP exports) count within this window; with
+    # `internal_errors_for` longer than it, one isolated failure never opens a ticket, a recurring one does.
+    internal_errors_window: str = "10m"
     # Bits of specwatch_gpu_clock_throttle_reasons (NVML clock event reasons) that mean the GPU is slowed by
     # hardware or heat, not by idling, sync boost or an administrator's power cap.
     gpu_throttle_bits: tuple[tuple[str, int], ...] = (("hw_slowdown", 0x8), ("sw_thermal_slowdown", 0x20),
@@ -40,6 +44,7 @@ class Settings:
     gpu_throttling_for: str = "15m"
     state_errors_for: str = "0m"
     config_reload_failed_for: str = "10m"
+    internal_errors_for: str = "15m"
 
     # Fleet recording-rule windows: a short one for dashboards and a long one that rides out task-mix noise.
     fleet_windows: tuple[str, ...] = ("5m", "1h")
@@ -70,8 +75,8 @@ class Settings:
 
     def with_all_for(self, duration: str) -> "Settings":
         """A copy with every alert's `for:` set to `duration` (fast end-to-end tests)."""
-        return dataclasses.replace(self, **{f.name: duration for f in dataclasses.fields(self)
-                                            if f.name.endswith("_for")})
+        changes: dict[str, Any] = {f.name: duration for f in dataclasses.fields(self) if f.name.endswith("_for")}
+        return dataclasses.replace(self, **changes)
 
 
 DEFAULT = Settings()

@@ -62,6 +62,7 @@ def load_demo_plan(text: str | None = None) -> DemoPlan:
     interval = parse_duration(raw.get("interval", "2s"))
     if interval is None or interval <= 0:
         problems.append(f"interval: not a duration: {raw.get('interval')!r}")
+        interval = 0.0
     routes = []
     for i, r in enumerate(raw.get("routes") or []):
         if not isinstance(r, dict) or set(r) - {"name", "engine", "dp", "scenario"}:

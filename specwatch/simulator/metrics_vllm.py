@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -139,7 +139,8 @@ SLEEP_STATE_VALUES = {"awake": 1, "weights_offloaded": 0, "discard_all": 0}  # n
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
     """vLLM's request-size buckets: 1, 2, 5, 10, 20, 50, ... up to max_value."""
-    out, exponent = [], 0
+    out: list[int] = []
+    exponent = 0
     while True:
         for m in (1, 2, 5):
             value = m * 10 ** exponent
@@ -267,5 +268,5 @@ class VllmMetrics:
             return Counter(fam.name, fam.help, labelnames=labels, registry=registry)
         if fam.kind == "gauge":
             return Gauge(fam.name, fam.help, labelnames=labels, registry=registry)
-        buckets = build_1_2_5_buckets(self._max_model_len) if fam.buckets == _SIZES else list(fam.buckets)
+        buckets: list[Any] = build_1_2_5_buckets(self._max_model_len) if fam.buckets == _SIZES else list(fam.buckets)
         return Histogram(fam.name, fam.help, labelnames=labels, buckets=buckets, registry=registry)

@@ -203,7 +203,7 @@ def _number(value: Any, path: str, problems: list[str], lo: float | None = None,
         problems.append(f"{path}: must be a whole number, got {value!r}")
         return None
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        problems.append(f"{path}: must be within {lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}, "
-                        f"got {value!r}")
+        low, high = lo if lo is not None else "-inf", hi if hi is not None else "inf"
+        problems.append(f"{path}: must be within {low}..{high}, got {value!r}")
         return None
     return int(value) if integer else float(value)

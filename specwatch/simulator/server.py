@@ -45,7 +45,7 @@ class SimulatorHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = str(self.server_address[0]), self.server_address[1]
         return f"http://{host}:{port}"
 
 

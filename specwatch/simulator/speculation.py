@@ -88,6 +88,8 @@ def parse_profile(raw: float | Sequence[float], k: int | None) -> AcceptanceProf
         if k is None or k < 1:
             raise ValueError("a scalar acceptance needs k >= 1")
         return AcceptanceProfile.iid(float(raw), k)
+    if isinstance(raw, (int, float)):  # a bool
+        raise ValueError(f"acceptance must be a number or a list of numbers, got {raw!r}")
     alphas = tuple(float(a) for a in raw)
     if k is not None and len(alphas) != k:
         raise ValueError(f"acceptance lists {len(alphas)} positions but k is {k}")

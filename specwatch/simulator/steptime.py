@@ -22,11 +22,11 @@ REFERENCE_TABLE = "h200-crossover-llama3-8b.json"
 
 
 class StepTimeModel(Protocol):
-    def target_seconds(self, batch: int, tokens_per_seq: int) -> float:
+    def target_seconds(self, batch: float, tokens_per_seq: int) -> float:
         """One full target forward over `batch` sequences with `tokens_per_seq` new tokens each."""
         ...
 
-    def draft_seconds(self, batch: int) -> float:
+    def draft_seconds(self, batch: float) -> float:
         """One draft step (one proposed token per sequence) at `batch`."""
         ...
 
@@ -51,11 +51,11 @@ class AnalyticStepTime:
     draft_floor_seconds: float = 2.2e-4
     draft_seconds_per_seq: float = 1.5e-6
 
-    def target_seconds(self, batch: int, tokens_per_seq: int) -> float:
+    def target_seconds(self, batch: float, tokens_per_seq: int) -> float:
         compute = self.compute_seconds_per_token * batch * tokens_per_seq
         return max(self.floor_seconds, compute) + self.kv_seconds_per_seq * batch * self.context / 1024
 
-    def draft_seconds(self, batch: int) -> float:
+    def draft_seconds(self, batch: float) -> float:
         return self.draft_floor_seconds + self.draft_seconds_per_seq * batch
 
 
@@ -85,13 +85,13 @@ class TableStepTime:
     def batches(self) -> tuple[int, ...]:
         return tuple(self._batches)
 
-    def target_seconds(self, batch: int, tokens_per_seq: int) -> float:
+    def target_seconds(self, batch: float, tokens_per_seq: int) -> float:
         return _interp(self._qs, [self._target_at_q(batch, q) for q in self._qs], tokens_per_seq)
 
-    def draft_seconds(self, batch: int) -> float:
+    def draft_seconds(self, batch: float) -> float:
         return _interp(self._batches, [self._draft[b] for b in self._batches], batch)
 
-    def _target_at_q(self, batch: int, q: int) -> float:
+    def _target_at_q(self, batch: float, q: int) -> float:
         return _interp(self._batches, [self._target[(b, q)] for b in self._batches], batch)
 
     @classmethod

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from specwatch.config import Config, RouteConfig
+from specwatch.config import Config, HttpClientConfig, RouteConfig
 from specwatch.snapshot import EngineSample
 from specwatch.sources import sglang, vllm
 from specwatch.sources.base import SourceError
@@ -101,6 +101,7 @@ class SharedEndpoint:
     def __init__(self, url: str, fetcher: HttpFetcher) -> None:
         self.url = url
         self.fetcher = fetcher
+        self.key: _EndpointKey = (url, fetcher.timeout, fetcher.max_body, fetcher.client)
         self.name_filter = NameFilter(url, FILTER_NAMES)
         self.users = 0  # sources holding it (the registry's reference count)
         self._lock = threading.Lock()
@@ -139,19 +140,24 @@ def _copy(exc: SourceError) -> SourceError:
     return SourceError(exc.reason, str(exc))
 
 
+_EndpointKey = tuple[str, float, int, HttpClientConfig]  # URL, timeout, body cap, how to reach it
+
+
 class _EndpointRegistry:
-    """The SharedEndpoints in use, by (URL, timeout, body cap); an endpoint closes with its last source."""
+    """The SharedEndpoints in use, by URL, timeout, body cap and HTTP client settings (routes that reach one
+    URL with different credentials fetch it separately); an endpoint closes with its last source."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._endpoints: dict[tuple[str, float, int], SharedEndpoint] = {}
+        self._endpoints: dict[_EndpointKey, SharedEndpoint] = {}
 
-    def acquire(self, url: str, timeout: float, max_body: int) -> SharedEndpoint:
+    def acquire(self, url: str, timeout: float, max_body: int, client: HttpClientConfig) -> SharedEndpoint:
+        key = (url, timeout, max_body, client)
         with self._lock:
-            endpoint = self._endpoints.get((url, timeout, max_body))
+            endpoint = self._endpoints.get(key)
             if endpoint is None:
-                endpoint = SharedEndpoint(url, HttpFetcher(timeout, max_body))
-                self._endpoints[(url, timeout, max_body)] = endpoint
+                endpoint = SharedEndpoint(url, HttpFetcher(timeout, max_body, client=client))
+                self._endpoints[key] = endpoint
             endpoint.users += 1
             return endpoint
 
@@ -160,7 +166,7 @@ class _EndpointRegistry:
             endpoint.users -= 1
             if endpoint.users > 0:
                 return
-            key = (endpoint.url, endpoint.fetcher.timeout, endpoint.fetcher.max_body)
+            key = endpoint.key
             if self._endpoints.get(key) is endpoint:
                 del self._endpoints[key]
         endpoint.fetcher.close()
@@ -233,7 +239,8 @@ def _sibling_url(metrics_url: str, path: str) -> str:
 
 
 def make_source(route: RouteConfig, config: Config) -> HttpEngineSource:
-    """The daemon's factory: an HTTP source with the configured scrape timeout and body cap, sharing its
-    /metrics fetch with every other route on the same URL."""
-    endpoint = ENDPOINTS.acquire(route.url, config.scrape_timeout_seconds, config.max_body_bytes)
-    return HttpEngineSource(route, HttpFetcher(config.scrape_timeout_seconds, config.max_body_bytes), endpoint)
+    """The daemon's factory: an HTTP source with the configured scrape timeout, body cap and HTTP client
+    settings, sharing its /metrics fetch with every other route on the same URL reached the same way."""
+    endpoint = ENDPOINTS.acquire(route.url, config.scrape_timeout_seconds, config.max_body_bytes, route.http)
+    fetcher = HttpFetcher(config.scrape_timeout_seconds, config.max_body_bytes, client=route.http)
+    return HttpEngineSource(route, fetcher, endpoint)

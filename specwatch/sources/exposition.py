@@ -6,12 +6,8 @@ checks that the line can start a sample or comment, stops at `# EOF`, and picks 
 families through a prefix tree of their names. No other line is ever split. Wanted lines of the usual
 shape (plain `name="value"` labels, then the value) are read inline by one regex match and a cache of
 label sets; any other wanted line goes through a strict character-by-character reader. On a full vLLM
-exposition (95.6 KB, 986 lines) this and the extraction take 0.21 ms against 18.4 ms for prometheus_client's
-parser (scripts/bench_overhead.py, figure 1; docs/benchmarks.md, session 4, run K).
-
-A body filtered down to the wanted families (`?name[]=`, name_filter.py) is all comments and usual lines;
-with `comments=False` such a body is classified and read whole, a findall per 1 KB, with no Python per
-line beyond building its samples (`_parse_usual_body`); a body with any other line is read line by line.
+exposition (95.6 KB, 986 lines) this and the extraction take about 1% of the time of prometheus_client's
+parser (scripts/bench_overhead.py, figure 1; docs/benchmarks.md).
 
 Also accepted: OpenMetrics-style input (`# EOF`, exemplars after ` # `, `# UNIT`), and names whose `:`
 was escaped to `_` by format negotiation (`vllm_spec_decode_…` is read as `vllm:spec_decode_…`).
@@ -37,13 +33,11 @@ _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _PLAIN_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
 _PLAIN_LABELS_RE = re.compile("(?:" + _PLAIN_LABEL + ",)*(?:" + _PLAIN_LABEL + ")?")
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
-_UNLABELLED = (_NO_LABELS, frozenset())
-_new_tuple = tuple.__new__  # Sample(...) through NamedTuple's Python-level __new__ costs 3x more
+_UNLABELLED: tuple[Mapping[str, str], frozenset] = (_NO_LABELS, frozenset())
 _PLAIN_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # What follows a wanted name on a sample line of the usual shape: `{labels}` (checked plain by _plain_labels),
 # blanks, a value without `_` (float() takes `1_0`, the format does not) and the end of the line.
 _USUAL_TAIL_RE = re.compile(r"(?:\{([^}\n]*)\})?[ \t]+([^\s_]+)[ \t\r]*(?=\n|\Z)")
-_WHOLE_BODY_WINDOW = 1024  # characters classified per findall by _parse_usual_body
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = frozenset(("counter", "gauge", "histogram", "summary", "untyped", "unknown", "gaugehistogram", "info",
                     "stateset"))
@@ -109,12 +103,7 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
         except UnicodeDecodeError as exc:
             raise ExpositionError(0, f"not UTF-8 at byte {exc.start}") from None
     text = "\n" + text  # every line, the first included, now starts after a "\n": one anchor for the scan
-    samples, metadata, scanner, every_line = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted),
-                                                      comments)
-    if not comments:
-        whole = _parse_usual_body(text, samples, every_line, unique)
-        if whole is not None:
-            return whole
+    samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), comments)
     families: dict[str, Family] = {}
     seen: set[tuple[str, frozenset]] | None = set() if unique else None
     # One C-level regex scan stops only at `# EOF`, at garbage and at lines of wanted families; Python only
@@ -135,13 +124,14 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
                 label_set = _UNLABELLED if labels_text is None else _plain_labels(labels_text)
                 if label_set is not None:
                     try:
-                        sample = _new_tuple(Sample, (target[1], label_set[0], float(value_text), None))
+                        sample = Sample(target[1], label_set[0], float(value_text), None)
                     except ValueError:
                         pass
             if sample is None:
                 sample = _parse_sample(head, text, line_start, match_end, samples)
                 label_set = sample.labels, frozenset(sample.labels.items())
             if seen is not None:
+                assert label_set is not None  # read inline above, or from the strict reader's sample
                 series = (sample.name, label_set[1])
                 if series in seen:
                     raise ExpositionError(_lineno(text, line_start),
@@ -164,63 +154,14 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
     return families
 
 
-def _parse_usual_body(text: str, samples: Mapping[str, tuple[str, str]], every_line: re.Pattern[str],
-                      unique: bool) -> dict[str, Family] | None:
-    """parse() of a newline-prefixed exposition in which every line is a comment, empty or a wanted sample of
-    the usual shape, as a body filtered down to the wanted families (name_filter.py) is: every line classified
-    by one C-level findall, with no Python per line beyond building the samples. None when any line is of
-    another kind (or needs the strict reader's word): parse() then reads the text line by line, as any other.
-
-    `every_line` (see `_reader`) matches at each line start and never past the line's end, and its last
-    alternative matches anything, so findall yields exactly one (name, labels, value, other) per line: a usual
-    sample line fills the first three, a comment or empty line none, and any other line (junk, a wanted line
-    of another shape, another family's sample, an OpenMetrics `# EOF`) `other`.
-    """
-    families: dict[str, Family] = {}
-    seen: set[tuple[str, frozenset]] | None = set() if unique else None
-    start, n = 0, len(text)
-    while start < n:
-        # A window of whole lines at a time: a body that is not all usual lines (a whole exposition) is given
-        # up within its first few KB, not after a pass over all of it.
-        stop = text.find("\n", start + _WHOLE_BODY_WINDOW)
-        if stop == -1:
-            stop = n
-        for spelled, labels_text, value_text, other in every_line.findall(text, start, stop):
-            if not spelled:
-                if other:
-                    return None
-                continue  # a comment or an empty line
-            family_name, sample_name = samples[spelled]
-            label_set = _plain_labels(labels_text) if labels_text else _UNLABELLED
-            if label_set is None:
-                return None
-            try:
-                value = float(value_text)
-            except ValueError:
-                return None
-            if seen is not None:
-                series = (sample_name, label_set[1])
-                if series in seen:
-                    return None  # the line-by-line reading says which line
-                seen.add(series)
-            family = families.get(family_name)
-            if family is None:
-                family = families[family_name] = Family(family_name)
-            family.samples.append(_new_tuple(Sample, (sample_name, label_set[0], value, None)))
-        start = stop
-    return families
-
-
 @functools.lru_cache(maxsize=64)
 def _reader(wanted: frozenset[str], comments: bool = True) -> tuple[dict[str, tuple[str, str]], dict[str, str],
-                                                                     re.Pattern[str], re.Pattern[str]]:
-    """Everything `parse` derives from `wanted`, built once per set of names: the aliases, the line scanner and
-    the line classifier of `_parse_usual_body`."""
+                                                                     re.Pattern[str]]:
+    """Everything `parse` derives from `wanted`, built once per set of names: the aliases and the line
+    scanner."""
     samples, metadata = _aliases(wanted)
     scanner = _line_scanner(frozenset(samples), frozenset(metadata) if comments else frozenset())
-    every_line = re.compile(r"\n(?:[ \t]*(" + (_trie_pattern(samples) or "(?!)") + ")" + _USUAL_TAIL_RE.pattern +
-                            r"|(?:#(?! EOF)[^\n]*)?(?=\n|\Z)|([^\n]*))")
-    return samples, metadata, scanner, every_line
+    return samples, metadata, scanner
 
 
 def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str]) -> re.Pattern[str]:

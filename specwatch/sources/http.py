@@ -14,12 +14,20 @@ parses the status, the headers and a chunked or sized body. A filtered GET cost 
 against 146-152 us through http.client (same server, same process, alternating).
 What a scrape needs from a client is here, a few lines each: one connection kept per host, redirects, a
 stale kept-alive connection retried once, gzip that a server sends unasked decoded, TLS.
+
+Each fetcher follows one `HttpClientConfig` (Prometheus's `http_config` keys): extra headers on every
+request; an `Authorization` header (bearer-style or basic) sent only to the origin of the URL asked for, so a
+redirect to another host never carries the secret; secrets in files read on every request, as Prometheus
+does, so a rotated token needs no reload; a TLS context with its own CA, client certificate, server name or
+no verification, rebuilt when one of its files changes.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
+import os
 import socket
 import ssl
 import threading
@@ -31,6 +39,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httptools
 
+from specwatch.config import DEFAULT_HTTP_CLIENT, Config, HttpClientConfig, TlsConfig
 from specwatch.sources.base import SourceError
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
@@ -62,11 +71,15 @@ class HttpFetcher:
     busy opens another for that request rather than wait behind a hung one; only one is kept afterwards.
     """
 
-    def __init__(self, timeout_seconds: float = 2.0, max_body_bytes: int = 16 * 1024 * 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, timeout_seconds: float = Config.scrape_timeout_seconds,
+                 max_body_bytes: int = Config.max_body_bytes, clock: Callable[[], float] = time.monotonic,
+                 client: HttpClientConfig = DEFAULT_HTTP_CLIENT) -> None:
         self.timeout = timeout_seconds
         self.max_body = max_body_bytes
         self.clock = clock
+        self.client = client
+        self._headers = "".join(f"{name}: {value}\r\n" for name, value in client.headers)
+        self._tls = _TlsContext(client.tls_config)
         self._lock = threading.Lock()  # guards _idle and _generation
         self._idle: dict[Origin, _Connection] = {}  # kept-alive connections not in use, oldest first
         self._generation = 0  # bumped by close(): connections in use at that moment are not kept afterwards
@@ -77,14 +90,18 @@ class HttpFetcher:
         accept = ACCEPT if accept is None else accept
         target, visited = url, {url}
         try:
+            credentials = _authorization_header(self.client, url)
+            home = self._request(url, url, accept)[0]
             for _ in range(_MAX_REDIRECTS + 1):
-                body, location = self._exchange(url, target, accept, deadline)
+                body, location = self._exchange(url, target, accept, deadline, credentials)
                 if location is None:
                     return body
                 target = urljoin(target, location)
                 if target in visited:
                     raise SourceError("connection", f"GET {url}: redirect loop at {target}")
                 visited.add(target)
+                if self._request(url, target, accept)[0] != home:
+                    credentials = b""  # the secret is for the origin configured, not wherever it redirects
         except SourceError:
             raise
         except (OSError, httptools.HttpParserError, ValueError, zlib.error) as exc:
@@ -108,11 +125,14 @@ class HttpFetcher:
             conn.close()
         self._urls.clear()
 
-    def _exchange(self, url: str, target: str, accept: str, deadline: float) -> tuple[bytes, str | None]:
+    def _exchange(self, url: str, target: str, accept: str, deadline: float,
+                  credentials: bytes) -> tuple[bytes, str | None]:
         """One GET of `target` on its host's connection: (body, None), or (b"", location) for a redirect."""
-        origin, request = self._request(url, target, accept)
+        origin, head = self._request(url, target, accept)
+        request = head + credentials + b"\r\n"
         conn, generation = self._checkout(origin)
         response: _Response | None = None
+        result: tuple[bytes, str | None]
         try:
             response = self._send(conn, url, request, deadline)
             location = response.header(b"location") if response.status in _REDIRECT_STATUSES else None
@@ -155,11 +175,12 @@ class HttpFetcher:
             return self._send_once(conn, url, request, deadline)
 
     def _send_once(self, conn: _Connection, url: str, request: bytes, deadline: float) -> _Response:
-        if conn.sock is None:
-            conn.connect(self._remaining(url, deadline))
+        sock = conn.sock
+        if sock is None:
+            sock = conn.connect(self._remaining(url, deadline), self._tls)
         else:
-            self._bound(conn.sock, url, deadline)
-        conn.sock.sendall(request)
+            self._bound(sock, url, deadline)
+        sock.sendall(request)
         response = _Response()
         try:
             while True:
@@ -186,12 +207,12 @@ class HttpFetcher:
             if len(body) > cap:
                 raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
             return body
-        body = bytearray()
+        whole = bytearray()
         while True:
             chunks, response.chunks = response.chunks, []
             for chunk in chunks:
-                body += decoder.decode(chunk, cap + 1 - len(body)) if decoder else chunk
-                if len(body) > cap:
+                whole += decoder.decode(chunk, cap + 1 - len(whole)) if decoder else chunk
+                if len(whole) > cap:
                     raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
             if response.complete:
                 break
@@ -203,12 +224,13 @@ class HttpFetcher:
                 response.complete = True  # a body delimited by the server closing the connection
         if decoder:
             decoder.check_complete(url)
-        return bytes(body)
+        return bytes(whole)
 
     def _feed(self, conn: _Connection, response: _Response, url: str, deadline: float,
               before_headers: bool = False) -> None:
         """One read from the socket into the parser; EOF is noted on the response."""
         sock = conn.sock
+        assert sock is not None  # read only after _send_once connected it
         self._bound(sock, url, deadline)
         buffer = _read_buffer()
         n = sock.recv_into(buffer)
@@ -244,8 +266,8 @@ class HttpFetcher:
         return remaining
 
     def _request(self, url: str, target: str, accept: str) -> tuple[Origin, bytes]:
-        """(origin, the request's bytes) of `target`, built once per URL and Accept. Raises SourceError for
-        a URL it cannot use."""
+        """(origin, the request's head without its closing blank line or credentials) of `target`, built
+        once per URL and Accept. Raises SourceError for a URL it cannot use."""
         key = target if accept is ACCEPT else f"{accept}\n{target}"
         known = self._urls.get(key)
         if known is not None:
@@ -266,7 +288,7 @@ class HttpFetcher:
         if any(c <= " " or c == "\x7f" for c in path) or not path.isascii():
             raise SourceError("connection", f"GET {url}: invalid URL {target!r}: the path needs percent-encoding")
         request = (f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nAccept-Encoding: identity\r\n"
-                   f"Accept: {accept}\r\nUser-Agent: specwatch\r\n\r\n").encode("ascii")
+                   f"Accept: {accept}\r\nUser-Agent: specwatch\r\n{self._headers}").encode("latin-1")
         known = (scheme, host, port), request
         if len(self._urls) >= _URLS_KEPT:
             self._urls.clear()
@@ -302,17 +324,18 @@ class _Connection:
         self.origin = origin
         self.sock: socket.socket | None = None
 
-    def connect(self, timeout: float) -> None:
+    def connect(self, timeout: float, tls: _TlsContext) -> socket.socket:
         scheme, host, port = self.origin
         sock = socket.create_connection((host, port), timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one small write
             if scheme == "https":
-                sock = _tls_context().wrap_socket(sock, server_hostname=host)
+                sock = tls.context().wrap_socket(sock, server_hostname=tls.config.server_name or host)
         except BaseException:
             sock.close()
             raise
         self.sock = sock
+        return sock
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -343,7 +366,7 @@ class _Response:
     def release(self) -> None:
         """Drop the parser: it holds this object as its protocol, and a reference cycle per GET would leave
         every response for the cyclic garbage collector (64 a cycle: a gen-0 collection every ~1.2 cycles)."""
-        self.parser = None
+        del self.parser
 
     def header(self, name: bytes) -> str | None:
         """The first header of that (lower-case) name, decoded as HTTP/1.1 headers are (ISO-8859-1)."""
@@ -405,11 +428,72 @@ def _read_buffer() -> bytearray:
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """Certificates verified against the system's CAs, host names checked, TLS 1.2 or later: as urllib3's
-    defaults were. One context for every connection (loading the CAs takes milliseconds)."""
-    context = ssl.create_default_context()
+    defaults were. One context for every connection without a `tls_config` (loading the CAs takes
+    milliseconds)."""
+    return _new_tls_context(TlsConfig())
+
+
+def _new_tls_context(config: TlsConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=config.ca_file or None)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(["http/1.1"])
+    if config.cert_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    if config.insecure_skip_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     return context
+
+
+class _TlsContext:
+    """The SSL context of one `tls_config`, rebuilt on the next connection after one of its files changes
+    (a renewed client certificate is used without a reload); connections are kept alive, so that check is
+    rare."""
+
+    def __init__(self, config: TlsConfig) -> None:
+        self.config = config
+        self._files = tuple(f for f in (config.ca_file, config.cert_file, config.key_file) if f)
+        self._lock = threading.Lock()
+        self._built: tuple[tuple[int, ...], ssl.SSLContext] | None = None
+
+    def context(self) -> ssl.SSLContext:
+        if self.config == TlsConfig():
+            return _tls_context()
+        stamp = tuple(os.stat(f).st_mtime_ns for f in self._files)
+        with self._lock:
+            if self._built is None or self._built[0] != stamp:
+                self._built = stamp, _new_tls_context(self.config)
+            return self._built[1]
+
+
+def _authorization_header(client: HttpClientConfig, url: str) -> bytes:
+    """The `Authorization` header line the config asks for, b"" for none. Secrets in files are read now."""
+    if client.authorization is not None:
+        auth = client.authorization
+        value = f"{auth.type} {_secret(auth.credentials, auth.credentials_file, url)}"
+    elif client.basic_auth is not None:
+        basic = client.basic_auth
+        pair = f"{basic.username}:{_secret(basic.password, basic.password_file, url)}".encode()
+        value = "Basic " + base64.b64encode(pair).decode("ascii")
+    else:
+        return b""
+    try:
+        line = f"Authorization: {value}\r\n".encode("latin-1")
+    except UnicodeEncodeError:
+        raise SourceError("connection", f"GET {url}: the credentials are not ASCII/Latin-1 text") from None
+    if line.count(b"\n") != 1 or b"\r" in line[:-2]:
+        raise SourceError("connection", f"GET {url}: the credentials span several lines")
+    return line
+
+
+def _secret(inline: str, file: str, url: str) -> str:
+    if not file:
+        return inline
+    try:
+        with open(file, encoding="utf-8") as f:
+            return f.read().strip()  # a trailing newline is not part of a token, as Prometheus reads it
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError("connection", f"GET {url}: cannot read {file}: {exc}") from None
 
 
 class _Decoder:

@@ -78,12 +78,14 @@ class NameFilter:
     def _filtered(self, get: Callable[[str], bytes], checking: bool = False) -> bytes | None:
         """The filtered answer; None when the filter itself failed (while checking: whatever failed, since the
         whole exposition has just been fetched)."""
+        url = self.filtered_url
+        assert url is not None  # called only when the filter is in use
         try:
-            return get(self.filtered_url)
+            return get(url)
         except SourceError as exc:
             if not checking and exc.reason not in _FILTER_FAULTS:
                 # The endpoint's own failure; its message names the URL without the long parameter list.
-                raise SourceError(exc.reason, str(exc).replace(self.filtered_url, self.url + "?name[]=...")) from None
+                raise SourceError(exc.reason, str(exc).replace(url, self.url + "?name[]=...")) from None
             log.debug("%s: filtered scrape failed (%s): %s", self.url, exc.reason, exc)
             return None
 

@@ -1,7 +1,7 @@
 """The GPU source: NVML fields and Hopper GPM activity per GPU, and the route -> GPU mapping.
 
-Absent beats wrong (style.md §5). NVML is initialised and every GPU handle obtained once; each field of
-`gpu_fields.py` is queried on its own, and a field NVML answers NotSupported or NoPermission for is left
+Absent beats wrong (docs/architecture.md, Isolation). NVML is initialised and every GPU handle obtained once;
+each field of `gpu_fields.py` is queried on its own, and a field NVML answers NotSupported or NoPermission for is left
 out (never 0, never NaN). A GPU that is lost is exported as `gpu_up 0` while the others carry on. Without
 NVML (no driver, a CPU host, no nvidia-ml-py) the source reports `nvml_up` False, logs one line, and tries
 to load it again every minute, so a driver loaded later is picked up.
@@ -393,6 +393,8 @@ class GpuSource:
         self._loaded = False
 
     def _shutdown(self) -> None:
+        if self._nvml is None:
+            return
         try:
             self._nvml.nvmlShutdown()
         except Exception as exc:  # already gone; nothing left to release
@@ -447,7 +449,9 @@ def make_gpu_source(gpu_cfg: GpuConfig, nvml: Any = None, **kwargs: Any) -> GpuS
     import_error = ""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         except ImportError as exc:
             import_error = f"the nvidia-ml-py package (module pynvml) is not installed: {exc}"
     return GpuSource(nvml, required=gpu_cfg.enabled == "true", import_error=import_error, **kwargs)

@@ -107,7 +107,7 @@ def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:
 def socket_inodes(pid: int, proc_root: str = "/proc") -> set[int]:
     """Inodes of the sockets a process holds open (empty when its fd table is unreadable)."""
     fd_dir = os.path.join(proc_root, str(pid), "fd")
-    inodes = set()
+    inodes: set[int] = set()
     try:
         names = os.listdir(fd_dir)
     except OSError:

@@ -3,7 +3,7 @@
 SGLang always renders in multiprocess mode. Scheduler gauges come per scheduler (`dp_rank`, and `tp_rank`
 when --enable-metrics-for-all-schedulers duplicates them); tokenizer counters are server-wide, per request
 label set (`is_streaming`, `priority`, custom labels such as `route`). Spec gauges are interval averages over
-the last --decode-log-interval decode steps; counters exist from 0.5.13 (engine-metrics.md §2).
+the last --decode-log-interval decode steps; counters exist from 0.5.13 (docs/engines.md §2).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
 
     per_rank: dict[str, dict] = {}
     for family, field_name in SCHEDULER_GAUGES.items():
-        for dp_rank, sample in _one_per_scheduler(selected.get(family, ())).items():
+        for dp_rank, sample in _one_per_scheduler(selected.get(family, [])).items():
             if not engines or dp_rank in engines:
                 per_rank.setdefault(dp_rank, {})[field_name] = gauge_value(sample.value)
     if not per_rank:
@@ -87,7 +87,7 @@ def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:
     Never sums over `priority` (0.5.23 puts the total under priority="" beside per-priority breakdowns);
     keeps tp_rank 0 when all TP ranks report (--enable-metrics-for-all-schedulers); ignores `pid`.
     """
-    best: dict[str, tuple[tuple[int, float], Sample]] = {}
+    best: dict[str, tuple[tuple[int, float | str], Sample]] = {}
     for sample in samples:
         labels = sample.labels
         if labels.get(_PRIORITY, "") != "":

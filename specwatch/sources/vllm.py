@@ -1,7 +1,7 @@
 """vLLM /metrics -> EngineSample. The maps below are the whole contract with vLLM; comments give versions.
 
 V1 (the only engine since v0.10.0) exports per-engine counters; the legacy V0 engine exported lifetime
-gauges and counters that were sums of sums, so for V0 only the gauges are read (engine-metrics.md §1.3).
+gauges and counters that were sums of sums, so for V0 only the gauges are read (docs/engines.md §1.3).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import functools
 import math
 from typing import Mapping
 
-from specwatch.snapshot import EngineCounters, EngineSample, build
+from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
 
@@ -42,7 +42,7 @@ WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED} | set(GAUGES) | set(KV_US
 
 # How each family's samples land on an engine's EngineCounters fields, in one table so that one loop reads
 # every family (the KV usage family, first present of KV_USAGE, is added per exposition).
-_SUM, _CREATED, _GAUGE, _POSITION = "sum", "created", "gauge", "position"
+_SUM, _CREATED, _GAUGE, _POSITION = "sum", "created", "gauge", "position"  # the roles
 _ROLES: tuple[tuple[str, str, str], ...] = (
     *((family, field_name, _SUM) for family, field_name in COUNTERS.items()),
     (CREATED, "created", _CREATED),
@@ -79,11 +79,11 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
         positions = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
         k = max(k, len(positions))
         fields.update(engine=engine, accepted_per_pos=positions)
-        counters.append(build(EngineCounters, fields))
-    return build(EngineSample, dict(
+        counters.append(EngineCounters(**fields))
+    return EngineSample(
         ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none", model_name=model,
         engine_version=version, speculation_enabled=spec_on, num_speculative_tokens=(k or None) if spec_on else None,
-        engines=tuple(counters)))
+        engines=tuple(counters))
 
 
 def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
@@ -99,11 +99,11 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
             fields = out.get(engine)
             if fields is None:
                 fields = out[engine] = {}
-            if role is _SUM:
+            if role == _SUM:
                 sum_into(fields, field_name, sample)
-            elif role is _GAUGE:
+            elif role == _GAUGE:
                 fields[field_name] = gauge_value(sample.value)
-            elif role is _POSITION:
+            elif role == _POSITION:
                 position = sample.labels.get("position")
                 if position is not None:
                     per_pos = fields.get("per_pos")

@@ -23,7 +23,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 from specwatch.detection.overdispersion import DispersionEstimator, DispersionModel
 
@@ -270,7 +270,7 @@ class BaselineStore:
             self._failing = False
         return result
 
-    def _transaction(self, what: str, statements: Callable[[sqlite3.Connection], None]) -> bool:
+    def _transaction(self, what: str, statements: Callable[[sqlite3.Connection], object]) -> bool:
         def tx(conn: sqlite3.Connection) -> bool:
             conn.execute("BEGIN IMMEDIATE")
             statements(conn)
@@ -286,7 +286,7 @@ class BaselineStore:
         return _row_to_baseline(rows[0]) if rows else None
 
     def baselines(self, route: str | None = None) -> list[Baseline]:
-        sql, args = f"SELECT {_BASELINE_COLUMNS} FROM baselines", ()
+        sql, args = f"SELECT {_BASELINE_COLUMNS} FROM baselines", cast(tuple[str, ...], ())
         if route is not None:
             sql, args = sql + " WHERE route=?", (route,)
         rows = self._run("listing baselines", lambda c: c.execute(sql + " ORDER BY route, updated", args)

@@ -27,14 +27,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwatch.snapshot import (WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState,
-                                build)
+from specwatch.snapshot import WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState
 from specwatch.tracking.counters import ResetSafeCounter
 from specwatch.tracking.windows import Sums, WindowRing
 
 # Windows in which per-position ratios and the effective draft length are reported (catalog: over 5m).
 DETAIL_WINDOW = "5m"
-_ZERO = Sums()  # one shared empty Sums (immutable) rather than a new one per route and cycle
 # spec_accept_rate switched from counting the bonus token to excluding it between these releases.
 _SGLANG_NEW_RATE_SINCE = (0, 5, 11)
 
@@ -164,7 +162,7 @@ def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int 
 
 
 def _sum_present(values: list[float | None]) -> float | None:
-    present = [v for v in values if _finite(v) is not None]
+    present = [x for v in values if (x := _finite(v)) is not None]
     return sum(present) if present else None
 
 
@@ -192,7 +190,7 @@ class RouteTracker:
         version = parse_version(sample.engine_version) if sample.engine_version else None
         k = self._k(sample)
         source = sample.acceptance_source
-        inc = gauge_now = _ZERO
+        inc = gauge_now = Sums()
         init: Sums | None = None  # values adopted at first sight: only in a counter's first cycle
         reset = False
         self._lifetime_ratio = None
@@ -207,7 +205,7 @@ class RouteTracker:
                     i, a, r = _sglang_counter_sums(eng, e, engine_k)
                 else:
                     i, a, r = _vllm_sums(eng, e)
-                inc = i if inc is _ZERO else inc.plus(i)  # the first engine's sums as they are: 0 + x is x
+                inc = inc.plus(i)
                 if a is not None:
                     init = a if init is None else init.plus(a)
                 reset = reset or r
@@ -228,7 +226,7 @@ class RouteTracker:
         self._last = sample
         window_acceptance, self._mean_lengths = self._window_values()
 
-        obs = build(RouteObservation, dict(
+        obs = RouteObservation(
             route=self.name, ts=sample.ts, up=True, model_name=sample.model_name,
             engine_version=sample.engine_version, engine_kind=sample.engine_kind,
             acceptance_source=sample.acceptance_source, k=k, reset=reset,
@@ -236,11 +234,12 @@ class RouteTracker:
             d_accepted_per_pos=inc.per_pos,
             gauge_acceptance_ratio=(self._lifetime_ratio if sample.acceptance_source == "lifetime_gauge"
                                     else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
-            running_per_engine={e.engine: e.running for e in sample.engines if _finite(e.running) is not None},
+            running_per_engine={e.engine: running for e in sample.engines
+                                if (running := _finite(e.running)) is not None},
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
             gpus=gpus,
-        ))
+        )
         self._last_obs = obs
         return obs
 
@@ -276,7 +275,7 @@ class RouteTracker:
             drafts_total=totals.drafts, draft_tokens_total=totals.draft_tokens,
             accepted_tokens_total=totals.accepted, gpus=obs.gpus if obs else (),
         )
-        if not up or last is None:
+        if not up or last is None or obs is None:
             # Windowed values and gauges describe the present; while the source is down there is none.
             return base
         detail = self._ring.delta(self.windows[DETAIL_WINDOW]) if DETAIL_WINDOW in self.windows else None
@@ -335,6 +334,6 @@ class RouteTracker:
 
     @staticmethod
     def _kv_usage(sample: EngineSample) -> float | None:
-        values = [e.kv_usage for e in sample.engines if _finite(e.kv_usage) is not None]
+        values = [x for e in sample.engines if (x := _finite(e.kv_usage)) is not None]
         return sum(values) / len(values) if values else None
 

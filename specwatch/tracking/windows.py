@@ -28,7 +28,6 @@ MAX_POINTS = 4096
 # Points younger than this are all kept (the 1m and 5m windows are exact); older ones this far apart.
 EXACT_SECONDS = WINDOW_SECONDS["5m"]
 COARSE_STEP_SECONDS = 15.0
-_UNCACHED = object()  # a window's delta not computed since the last append (None is a valid delta)
 # Dropped rows are removed from the front of the arrays in batches of at least this many (one memmove).
 _COMPACT_ROWS = 64
 
@@ -64,25 +63,20 @@ class Sums(NamedTuple):
 _SCALARS = ("drafts", "draft_tokens", "accepted", "gauge_ratio_weight", "gauge_ratio_weighted",
             "gauge_length_weight", "gauge_length_weighted")
 _NS = len(_SCALARS)
-_scalars_of = operator.itemgetter(*(Sums._fields.index(name) for name in _SCALARS))
-
-
-_new = tuple.__new__  # Sums(...) through NamedTuple's Python-level __new__ costs twice as much
 
 
 def _sums_of(row: Sequence[float], positions: int) -> Sums:
     """The Sums a stored row holds (the inverse of `append`'s layout: the scalars, then the positions)."""
-    return _new(Sums, (row[0], row[1], row[2], tuple(row[_NS:_NS + positions]), row[3], row[4], row[5], row[6]))
+    return Sums(**dict(zip(_SCALARS, row)), per_pos=tuple(row[_NS:_NS + positions]))
 
 
 def _combine(a: Sums, b: Sums, sign: float) -> Sums:
-    # Spelled out rather than looping over the fields: this runs several times per route and cycle.
-    return _new(Sums, (a.drafts + sign * b.drafts, a.draft_tokens + sign * b.draft_tokens,
-                       a.accepted + sign * b.accepted, _add_positions(a.per_pos, b.per_pos, sign),
-                       a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
-                       a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
-                       a.gauge_length_weight + sign * b.gauge_length_weight,
-                       a.gauge_length_weighted + sign * b.gauge_length_weighted))
+    return Sums(drafts=a.drafts + sign * b.drafts, draft_tokens=a.draft_tokens + sign * b.draft_tokens,
+                accepted=a.accepted + sign * b.accepted, per_pos=_add_positions(a.per_pos, b.per_pos, sign),
+                gauge_ratio_weight=a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
+                gauge_ratio_weighted=a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
+                gauge_length_weight=a.gauge_length_weight + sign * b.gauge_length_weight,
+                gauge_length_weighted=a.gauge_length_weighted + sign * b.gauge_length_weighted)
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:
@@ -130,7 +124,7 @@ class WindowRing:
         self._cache.clear()
         if len(sums.per_pos) > self._width - _NS:
             self._widen(len(sums.per_pos))
-        row = [*_scalars_of(sums), *sums.per_pos]
+        row = [*(getattr(sums, name) for name in _SCALARS), *sums.per_pos]
         row += (0.0,) * (self._width - len(row))
         if len(self._ts) > self._first and ts <= self._ts[-1]:
             # A clock step backwards (or a duplicate tick): replace rather than break time order.
@@ -201,10 +195,9 @@ class WindowRing:
 
     def delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         """(newest - base, span in seconds) for a window ending at the newest point; None without two points."""
-        cached = self._cache.get(window_seconds, _UNCACHED)
-        if cached is _UNCACHED:
-            cached = self._cache[window_seconds] = self._delta(window_seconds)
-        return cached
+        if window_seconds not in self._cache:  # None is a valid delta, so membership, not a None check
+            self._cache[window_seconds] = self._delta(window_seconds)
+        return self._cache[window_seconds]
 
     def _delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         ts, first = self._ts, self._first
