@@ -204,7 +204,8 @@ def start_alerting(procs: Processes, workdir: Path, webhook: Webhook, ports: dic
     found = binaries()
     procs.start("alertmanager", [found["alertmanager"], f"--config.file={alertmanager_config(workdir, webhook)}",
                                  f"--storage.path={workdir / 'alertmanager-data'}",
-                                 f"--web.listen-address=127.0.0.1:{ports['alertmanager']}", "--cluster.listen-address="])
+                                 f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+                                 "--cluster.listen-address="])
     config = prometheus_config(workdir, ports["daemon"], ports["alertmanager"], evaluation_interval_seconds, alert_for)
     procs.start("prometheus", [found["prometheus"], f"--config.file={config}",
                                f"--storage.tsdb.path={workdir / 'prometheus-data'}",

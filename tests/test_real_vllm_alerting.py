@@ -66,8 +66,9 @@ def story(engine_env, tiny_models, tmp_path_factory):
         }
         (workdir / "specwatch.yml").write_text(yaml.safe_dump(config))
         daemon = f"http://127.0.0.1:{ports['daemon']}"
-        procs.start("specwatch", [sys.executable, "-m", "specwatch", "run", "--config.file",
-                                  str(workdir / "specwatch.yml"), "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
+        config_file = workdir / "specwatch.yml"
+        procs.start("specwatch", [sys.executable, "-m", "specwatch", "run", "--config.file", str(config_file),
+                                  "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
         wait_until("specwatch to answer", lambda: answers(f"{daemon}/-/ready"), 60, procs)
         prometheus, _ = start_alerting(procs, workdir, webhook, ports)
         with BackgroundLoad(server.base_url, "tiny", concurrency=2, max_tokens=32, max_seconds=1500) as load:

@@ -34,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
     parser.add_argument("--output", default="crossover.json", help="result file (default crossover.json)")
     parser.add_argument("--plot", default="", help="PNG plot (default: the output name with .png)")
-    parser.add_argument("--note", default="", help="free text kept in the result file and the plot "
-                                                   "(e.g. the GPU and engine flags)")
+    parser.add_argument("--note", default="",
+                        help="free text kept in the result file and the plot (e.g. the GPU and engine flags)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -53,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     settings = SweepSettings(plain_url=args.plain, spec_url=args.spec, concurrency=args.concurrency,
                              prompts=prompts, prompts_source=args.prompts or "builtin", max_tokens=args.max_tokens,
-                             requests_per_client=args.requests_per_client, model=args.model, timeout_s=args.timeout, note=args.note)
+                             requests_per_client=args.requests_per_client, model=args.model, timeout_s=args.timeout,
+                             note=args.note)
     plot_path = args.plot or (args.output[:-5] if args.output.endswith(".json") else args.output) + ".png"
     if args.quiet:
         outcome = run_sweep(settings, args.output)

@@ -51,4 +51,4 @@ def measure(base_url: str, model: str, requests: int = 24, concurrency: int = 2,
     if missing:
         raise RuntimeError("responses carry no metrics.speculative_decoding: start the server with "
                            "--per-request-spec-decode-metrics summary")
-    return from_request_metrics(r.spec_metrics for r in results)
+    return from_request_metrics(r.spec_metrics for r in results if r.spec_metrics is not None)

@@ -16,6 +16,7 @@ import logging
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +30,7 @@ from specwatch.scheduler import start_scheduler
 from specwatch.testbed.baseline import measure as measure_baseline
 from specwatch.testbed.engine_env import VLLM_VERSION, cpu_support, ensure_engine_env
 from specwatch.testbed.load import BackgroundLoad
-from specwatch.testbed.models import GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE, build_tiny_models
+from specwatch.testbed.models import GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE, TinyModels, build_tiny_models
 from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
 
 K = 3
@@ -57,7 +58,7 @@ def run_real_demo(console: Console, listen_address: str, duration: float, bump_a
     console.print(f"starting vLLM on {server.base_url} (about a minute; log: {server.log_path})...")
     server.start()
     daemon = http = scheduler = load = None
-    story = {"phase": "good drafter", "bumped_at": None}
+    story = _Story()
     try:
         baseline = measure_baseline(server.base_url, "tiny")
         console.print(f"baseline measured from the engine's per-request metrics: acceptance "
@@ -83,8 +84,8 @@ def run_real_demo(console: Console, listen_address: str, duration: float, bump_a
         def frame(doc: dict) -> Group:
             from specwatch.commands.status import render_status_table
 
-            since = "" if story["bumped_at"] is None else f", {time.monotonic() - story['bumped_at']:.0f}s since"
-            head = Text(f"REAL vLLM {VLLM_VERSION} (CPU): {story['phase']}{since}; "
+            since = "" if story.bumped_at is None else f", {time.monotonic() - story.bumped_at:.0f}s since"
+            head = Text(f"REAL vLLM {VLLM_VERSION} (CPU): {story.phase}{since}; "
                         f"{load.stats.ok} requests served", style="dim")
             return Group(render_status_table(doc), head)
 
@@ -104,11 +105,17 @@ def run_real_demo(console: Console, listen_address: str, duration: float, bump_a
         server.stop()
 
 
-def _bump_later(server: VllmServer, spec: VllmServerSpec, models, delay: float, story: dict,
+@dataclass
+class _Story:
+    phase: str = "good drafter"
+    bumped_at: float | None = None
+
+
+def _bump_later(server: VllmServer, spec: VllmServerSpec, models: TinyModels, delay: float, story: _Story,
                 stop: threading.Event) -> None:
     if stop.wait(delay):
         return
-    story["phase"] = "redeploying with a worse drafter (same model name)"
+    story.phase = "redeploying with a worse drafter (same model name)"
     log.warning("demo: redeploying vLLM with a noisier drafter under the same model name")
     try:
         server.restart(spec.with_speculative(model=str(models.drafter(WORSE_DRAFTER_NOISE))))
@@ -116,5 +123,5 @@ def _bump_later(server: VllmServer, spec: VllmServerSpec, models, delay: float, 
         if not stop.is_set():
             log.error("demo: the redeploy failed: %s", exc)
         return
-    story["bumped_at"] = time.monotonic()
-    story["phase"] = "worse drafter since the redeploy"
+    story.bumped_at = time.monotonic()
+    story.phase = "worse drafter since the redeploy"

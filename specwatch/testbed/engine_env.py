@@ -113,13 +113,10 @@ def _base_python() -> str:
 
 
 def _run(argv: list[str], what: str, show_progress: bool) -> None:
-    if show_progress:
-        result = subprocess.run(argv)
-        output = ""
-    else:
-        result = subprocess.run(argv, capture_output=True, text=True)
-        output = "\n".join(line for line in (result.stdout + result.stderr).splitlines()
-                           if not line.startswith("WARNING: Location"))
+    """Run a step of the install; with progress, its output goes to the terminal as it comes."""
+    result = subprocess.run(argv, capture_output=not show_progress, text=True)
+    output = "\n".join(line for line in ((result.stdout or "") + (result.stderr or "")).splitlines()
+                       if not line.startswith("WARNING: Location"))
     if result.returncode != 0:
         raise EngineEnvError(f"{what} failed with exit code {result.returncode}:\n{output[-4000:]}\n"
                              f"(where pip cannot find torch==2.13.0+cpu, set {EXTRA_PIP_ARGS_ENV}="

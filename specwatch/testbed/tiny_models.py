@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 SEED = 20261202
 VOCAB_SIZE = 1024
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         target.mkdir(parents=True, exist_ok=True)
         vocab = build_tokenizer(target)
         build_target(target, vocab)
-    built = {"target": str(target), "drafters": {}}
+    built: dict[str, Any] = {"target": str(target), "drafters": {}}
     for noise in args.drafter_noise:
         dest = args.dest / f"drafter-noise-{noise:g}"
         if not (dest / "model.safetensors").exists():

@@ -6,7 +6,8 @@ Everything the engine writes (its log, ZMQ sockets, caches, temp files) goes und
 
 Settings that make vLLM fit a 2-core test machine:
 - `VLLM_CPU_KVCACHE_SPACE` (GiB): without it the CPU worker asks for most of RAM and may refuse to start;
-- `OMP_NUM_THREADS=2`, threads not pinned to cores (`VLLM_CPU_OMP_THREADS_BIND=nobind`), and `--enforce-eager` (no torch.compile: start-up in about a minute instead of many);
+- `OMP_NUM_THREADS=2`, threads not pinned to cores (`VLLM_CPU_OMP_THREADS_BIND=nobind`), and
+  `--enforce-eager` (no torch.compile: start-up in about a minute instead of many);
 - float32 weights: the tiny models are float32, and bf16 matmuls need AVX-512 BF16 to be fast.
 """
 
