@@ -52,6 +52,7 @@ class Sums(NamedTuple):
     gauge_ratio_weighted: float = 0.0
     gauge_length_weight: float = 0.0
     gauge_length_weighted: float = 0.0
+    generation_tokens: float = 0.0  # tokens the route generated: with no drafts, speculation was inactive
 
     def plus(self, other: "Sums") -> "Sums":
         return _combine(self, other, 1.0)
@@ -62,7 +63,7 @@ class Sums(NamedTuple):
 
 # The scalar fields in row order; a row is these followed by the per-position sums.
 _SCALARS = ("drafts", "draft_tokens", "accepted", "gauge_ratio_weight", "gauge_ratio_weighted",
-            "gauge_length_weight", "gauge_length_weighted")
+            "gauge_length_weight", "gauge_length_weighted", "generation_tokens")
 _NS = len(_SCALARS)
 _scalars_of = operator.itemgetter(*(Sums._fields.index(name) for name in _SCALARS))
 
@@ -72,7 +73,8 @@ _new = tuple.__new__  # Sums(...) through NamedTuple's Python-level __new__ cost
 
 def _sums_of(row: Sequence[float], positions: int) -> Sums:
     """The Sums a stored row holds (the inverse of `append`'s layout: the scalars, then the positions)."""
-    return _new(Sums, (row[0], row[1], row[2], tuple(row[_NS:_NS + positions]), row[3], row[4], row[5], row[6]))
+    return _new(Sums, (row[0], row[1], row[2], tuple(row[_NS:_NS + positions]), row[3], row[4], row[5], row[6],
+                       row[7]))
 
 
 def _combine(a: Sums, b: Sums, sign: float) -> Sums:
@@ -82,7 +84,8 @@ def _combine(a: Sums, b: Sums, sign: float) -> Sums:
                        a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
                        a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
                        a.gauge_length_weight + sign * b.gauge_length_weight,
-                       a.gauge_length_weighted + sign * b.gauge_length_weighted))
+                       a.gauge_length_weighted + sign * b.gauge_length_weighted,
+                       a.generation_tokens + sign * b.generation_tokens))
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:
