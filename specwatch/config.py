@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-ENGINE_KINDS = ("vllm", "sglang", "auto")
+ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto")
 GPU_MODES = ("auto", "true", "false")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"

@@ -249,6 +249,14 @@ class RouteTracker:
         elif source == "gauge":
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
+        elif source == "none":
+            # Engines whose spec counters appear only once they count (llama.cpp before its first drafted
+            # request finished) are being sampled already: what then appears started from 0.
+            for e in sample.engines:
+                eng = self._engines.get(e.engine)
+                if eng is None:
+                    eng = self._engines[e.engine] = _Engine()
+                eng.seen = True
         elif source == "lifetime_gauge":
             rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
