@@ -16,9 +16,11 @@ source and the traffic is synthetic:
   041ec8b0a9da, `get_prometheus_expfmt(exclude_prefixes=["python_", "process_"], add_prefix="trtllm_")`)
   applied to the TensorRT-LLM text. The prefix-stripped, backend="trtllm" spelling is NOT from Dynamo's
   source (not found there); its fixture only exercises that spelling.
-- llama.cpp: `server_task_result_metrics::to_metrics()` in tools/server/server-task.cpp (the stream
-  format: `# HELP llamacpp:<name> <help>`, `# TYPE`, `llamacpp:<name> <value>` with the C++ stream's
-  default 6 significant digits), counters accumulated per slot and added at request finish.
+- llama.cpp: `server_task_result_metrics::to_metrics()` in tools/server/server-task.cpp of the llama.cpp
+  vendored in PyPI's llama-cpp-python 0.3.36 sdist (llama.cpp commit 0c1e57098bba): the stream format
+  `# HELP llamacpp:<name> <help>`, `# TYPE`, `llamacpp:<name> <value>`, the counters and gauges written as
+  doubles (the C++ stream's default 6 significant digits), the per-position counter as uint64; a slot's counts
+  added to the server's when the slot resets after its request (`metrics_on_prediction`).
 
     .venv/bin/python scripts/capture/transcribed.py --out tests/fixtures
 
@@ -266,8 +268,8 @@ def llamacpp_text(m: dict) -> str:
     if m["accepted_per_pos"]:
         out += ["# HELP llamacpp:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position",
                 "# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter"]
-        out += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {cpp_number(v)}'
-                for i, v in enumerate(m["accepted_per_pos"])]
+        out += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {int(v)}'
+                for i, v in enumerate(m["accepted_per_pos"])]  # std::vector<uint64_t>: printed exactly
     return "\n".join(out) + "\n"
 
 
@@ -368,7 +370,8 @@ def capture_trtllm(out: Path, seed: int) -> None:
 
 def capture_llamacpp(out: Path, seed: int) -> None:
     head_lines = ["engine: llama.cpp llama-server --metrics, transcribed from tools/server/server-task.cpp "
-                  "server_task_result_metrics::to_metrics() (ggml-org/llama.cpp PR #26389 counters)",
+                  "server_task_result_metrics::to_metrics() of llama.cpp 0c1e57098bba (vendored in "
+                  "llama-cpp-python 0.3.36)",
                   "how made: scripts/capture/transcribed.py (the C++ stream format, default 6 significant digits; "
                   "slot counts added at request finish; synthetic traffic)",
                   f"args: n_max=3 accept_p=0.7 seed={seed}"]

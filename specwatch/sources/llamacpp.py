@@ -1,13 +1,15 @@
 """llama.cpp `llama-server --metrics` /metrics -> EngineSample. The maps below are the whole contract with
 llama.cpp; comments give where each name comes from (docs/engines.md has the citations).
 
+Checked against llama.cpp commit 0c1e57098bba (the tree vendored in llama-cpp-python 0.3.36).
 llama-server writes its exposition by hand (`server_task_result_metrics::to_metrics()` in
 tools/server/server-task.cpp): `llamacpp:` names, no labels at all (one model, one engine per server), no
-`_created`. The speculative counters are server-lifetime sums that a slot adds its own counts to when its
-request finishes, so they move in lumps at request completion, never mid-request: a 1m window on a route
-with long requests can hold none of them. Values are written with the C++ stream's default 6 significant
-digits, so counters above 999999 are rounded (1.23457e+06): ratios of large deltas stay right, small
-deltas on a large counter are quantised.
+`_created`. The speculative counters are server-lifetime sums that a slot adds its own counts to when it
+resets after its request (`metrics_on_prediction`, tools/server/server-context.cpp), so they move in lumps
+at request completion, never mid-request: a 1m window on a route with long requests can hold none of them.
+Counters are written as doubles with the C++ stream's default 6 significant digits, so values above 999999
+are rounded (1.23457e+06): ratios of large deltas stay right, small deltas on a large counter are
+quantised. The per-position counter is a uint64 and printed exactly.
 """
 
 from __future__ import annotations
