@@ -356,3 +356,13 @@ def test_sglang_adaptive_step_zero_is_speculation_inactive():
         obs = tracker.observe(sample(10.0 + 10 * i, 200.0 + 64 * i, 500.0 + 64 * i, 0, 1))
         assert obs.d_draft_tokens == 0.0
     assert tracker.state().speculation_active is False
+
+
+def test_stray_drafts_under_one_per_hundred_generated_tokens_read_inactive():
+    """A K=0 schedule band still drafts when the batch dips for a step: 3 tokens in 1000 is speculation off."""
+    tracker = RouteTracker("r")
+    tracker.observe(_vllm(0.0, 100.0, 300.0, k=3))
+    tracker.observe(_vllm(400.0, 101.0, 1300.0, k=3))  # 3 draft tokens, 1000 generated
+    assert tracker.state().speculation_active is False
+    tracker.observe(_vllm(800.0, 105.0, 2300.0, k=3))  # 12 draft tokens, 1000 generated
+    assert tracker.state().speculation_active is True
