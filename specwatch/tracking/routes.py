@@ -141,15 +141,18 @@ def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool
         _vllm_keys(k, len(drafted_pos)),
         (e.drafts, e.draft_tokens, e.accepted_tokens, e.generation_tokens, *per_pos, *drafted_pos), e.created)
     inc = _counter_sums(increases, k)
-    drafted = tuple(increases[4 + k:])
+    drafted = tuple(increases[4 + k:]) if drafted_pos else ()
     if initials is None:
         return inc, None, reset, drafted
     return inc, _counter_sums(initials, k), reset, drafted
 
 
+_new_sums = tuple.__new__  # Sums(...) with keywords goes through NamedTuple's Python-level __new__: twice the cost
+
+
 def _counter_sums(values: list[float], k: int) -> Sums:
-    return Sums(drafts=values[0], draft_tokens=values[1], accepted=values[2], per_pos=tuple(values[4:4 + k]),
-                generation_tokens=values[3])
+    """Sums of (drafts, draft_tokens, accepted, generation, *per_pos, ...) in Sums' field order."""
+    return _new_sums(Sums, (values[0], values[1], values[2], tuple(values[4:4 + k]), 0.0, 0.0, 0.0, 0.0, values[3]))
 
 
 @functools.lru_cache(maxsize=None)
