@@ -64,9 +64,13 @@ METRICS: tuple[MetricSpec, ...] = (
        "Mean tokens per verify step including the bonus token, 1 + accepted / drafts over the window" + AS_OF,
        ("route", "window")),
     _m("route_position_acceptance_ratio", "gauge",
-       "Share of drafts whose token at this position was accepted, over the window" + AS_OF,
+       "Share of drafts whose token at this position was accepted, over the window (where the engine counts "
+       "drafted tokens per position, of the drafts that reached it)" + AS_OF,
        ("route", "position", "window")),
     _m("route_draft_length", "gauge", "Effective draft length k, draft tokens / drafts over 5m" + AS_OF, ("route",)),
+    _m("route_speculation_active", "gauge", "Whether drafts were proposed over 5m (1) or the route generated tokens "
+       "with none, or fewer than 1 draft token per 100, although speculation is configured (0); absent while idle"
+       + AS_OF, ("route",)),
     _m("route_running_requests", "gauge", "Running requests summed over the route's engines" + AS_OF, ("route",)),
     _m("route_waiting_requests", "gauge", "Waiting requests summed over the route's engines" + AS_OF, ("route",)),
     _m("route_kv_cache_usage_ratio", "gauge", "Mean KV-cache usage over the route's engines, 0-1" + AS_OF, ("route",)),

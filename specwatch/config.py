@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-ENGINE_KINDS = ("vllm", "sglang", "auto")
+ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto")
 GPU_MODES = ("auto", "true", "false")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"
@@ -50,6 +50,10 @@ class DetectionConfig:
     cusum_threshold: float = 10.0  # h, in φ-scaled nats (docs/detection.md: how to tune)
     adopt_after_seconds: float = 3600.0  # clean period before a bumped model's own baseline is adopted
     confirm_window_seconds: float = 300.0  # short window that confirms a drop is ongoing and resolves it
+    # Evidence is weighed in blocks this long (or up to an idle scrape): long against one request, so a request
+    # split over two scrapes does not hide its own correlation. A busy route of short requests can use less,
+    # for a faster verdict; the design effect of a block of many whole requests does not depend on its length.
+    block_seconds: float = 60.0
     pin_drafted_tokens: int = 1_000_000  # a learned baseline keeps refining until this many tokens ...
     pin_seconds: float = 86400.0  # ... or this long, then it is pinned
 
@@ -379,7 +383,7 @@ def _http_client(c: _Checker, d: dict, path: str, base: HttpClientConfig) -> Htt
 
 
 _DETECTION_KEYS = {"drop", "warmup_drafted_tokens", "warmup_duration", "min_drafted_tokens", "min_duration",
-                   "cusum_threshold", "adopt_after", "confirm_window", "pin_drafted_tokens", "pin_duration"}
+                   "cusum_threshold", "adopt_after", "confirm_window", "pin_drafted_tokens", "pin_duration", "block"}
 
 
 def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> DetectionConfig:
@@ -402,6 +406,7 @@ def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> Detec
         pin_drafted_tokens=c.number(d.get("pin_drafted_tokens"), f"{path}.pin_drafted_tokens",
                                     base.pin_drafted_tokens, lo=0, integer=True),
         pin_seconds=c.duration(d.get("pin_duration"), f"{path}.pin_duration", base.pin_seconds, -1),
+        block_seconds=c.duration(d.get("block"), f"{path}.block", base.block_seconds),
     )
 
 

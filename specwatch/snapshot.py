@@ -29,6 +29,9 @@ class EngineCounters:
     draft_tokens: float | None = None
     accepted_tokens: float | None = None
     accepted_per_pos: tuple[float, ...] = ()
+    # Draft tokens proposed at each position (TensorRT-LLM): the denominators that keep per-position rates
+    # true when the draft length varies. Empty where the engine exports none (p_j is then per draft).
+    drafted_per_pos: tuple[float, ...] = ()
     generation_tokens: float | None = None
     created: float | None = None
     running: float | None = None
@@ -50,7 +53,7 @@ class EngineSample:
     """Everything one scrape of one route's endpoint yields, filtered by the route's `match`/`engines`."""
 
     ts: float
-    engine_kind: str  # "vllm" | "vllm-v0" | "sglang"
+    engine_kind: str  # "vllm" | "vllm-v0" | "sglang" | "trtllm" | "llamacpp"
     acceptance_source: AcceptanceSource
     model_name: str = ""
     engine_version: str = ""
@@ -92,6 +95,9 @@ class RouteState:
     mean_acceptance_length: Mapping[str, float] = field(default_factory=dict)  # window -> tau
     position_acceptance_ratio: tuple[float, ...] = ()  # 5m window, p_j per position
     draft_length: float | None = None  # effective k
+    # 1: drafts were proposed over 5m; 0: the route generated tokens with none, speculation configured;
+    # None: no generation (idle) or speculation not configured
+    speculation_active: bool | None = None
     running_requests: float | None = None
     waiting_requests: float | None = None
     kv_usage_ratio: float | None = None
@@ -163,6 +169,7 @@ class RouteObservation:
     d_draft_tokens: float = 0.0
     d_accepted: float = 0.0
     d_accepted_per_pos: tuple[float, ...] = ()
+    d_generation_tokens: float = 0.0
     gauge_acceptance_ratio: float | None = None
     running_per_engine: Mapping[str, float] = field(default_factory=dict)
     kv_usage: float | None = None

@@ -359,3 +359,41 @@ def test_odd_observations_never_raise(tmp_path_factory, cycles) -> None:
         for value in fields.values():
             assert value is None or isinstance(value, bool) or math.isfinite(value)
     ev.close()
+
+
+def test_a_draft_length_that_follows_load_is_not_a_model_change(tmp_path: Path) -> None:
+    """SGLang's adaptive tiers and a batch-size schedule move k without a restart: the baseline stays."""
+    ev = build_evaluator(_ctx(tmp_path), _route())
+    for i, k in enumerate([4, 4, 2, 1, 0, 3, 4]):
+        fields = ev.evaluate(RouteObservation(route="chat", ts=float(i), up=True, model_name="m", engine_version="1",
+                                              k=k, d_drafts=10.0 * k, d_draft_tokens=10.0 * k * k,
+                                              d_accepted=5.0 * k * k), ())
+    assert fields["model_changes_total"] == 0.0
+    assert ev.key == BaselineKey("m", "1", 4)
+    # the same k change together with an engine restart is a redeployment
+    fields = ev.evaluate(RouteObservation(route="chat", ts=10.0, up=True, model_name="m", engine_version="1", k=2,
+                                          reset=True), ())
+    assert fields["model_changes_total"] == 1.0 and ev.key == BaselineKey("m", "1", 2)
+    # and a new model name is one whatever k does
+    fields = ev.evaluate(RouteObservation(route="chat", ts=11.0, up=True, model_name="m2", engine_version="1", k=3), ())
+    assert fields["model_changes_total"] == 2.0
+    ev.close()
+
+
+def test_shorter_evidence_blocks_give_a_faster_verdict_on_a_busy_route(tmp_path: Path) -> None:
+    """A pinned baseline and a clear drop from the first second: the verdict waits for the first block to close."""
+    flagged = {}
+    for block in (60.0, 15.0):
+        detection = dataclasses.replace(FAST, block_seconds=block, min_duration_seconds=5.0,
+                                        confirm_window_seconds=10.0, min_drafted_tokens=300)
+        route = _route(detection, baseline=PinnedBaseline(acceptance_ratio=0.6, overdispersion=2.0))
+        ev = build_evaluator(_ctx(tmp_path / str(block), detection), route)
+        for second in range(1, 121):  # 200 draft tokens a second accepted at 0.36: a 40% drop
+            fields = ev.evaluate(RouteObservation(route="chat", ts=float(second), up=True, model_name="m", k=4,
+                                                  d_drafts=50.0, d_draft_tokens=200.0, d_accepted=72.0,
+                                                  running_per_engine={"0": 8.0}), ())
+            if fields.get("degraded"):
+                flagged[block] = second
+                break
+        ev.close()
+    assert 60 <= flagged[60.0] <= 65 and 15 <= flagged[15.0] <= 20, flagged

@@ -85,7 +85,7 @@ def test_all_problems_are_reported_together():
         "gpu.enabled: must be one of auto, true, false",
         "routes[0].name: only letters, digits and _.:- are allowed",
         "routes[0].url: not an http(s) URL",
-        "routes[0].engine: must be one of vllm, sglang, auto",
+        "routes[0].engine: must be one of vllm, sglang, trtllm, llamacpp, auto",
         "routes[1].name: required",
         "routes[3].surprise: unknown key",
         "routes[3].name: duplicate route name 'dup' (first at routes[2])",

@@ -42,7 +42,7 @@ def full_snapshot() -> Snapshot:
         engine_version="0.33.0", acceptance_source="counter", drafts_total=120000.0, draft_tokens_total=360000.0,
         accepted_tokens_total=216000.0, acceptance_ratio={"1m": 0.58, "5m": 0.6, "1h": 0.62},
         mean_acceptance_length={"1m": 2.74, "5m": 2.8, "1h": 2.86}, position_acceptance_ratio=(0.8, 0.6, 0.4),
-        draft_length=3.0, running_requests=24.0, waiting_requests=2.0, kv_usage_ratio=0.41,
+        draft_length=3.0, speculation_active=True, running_requests=24.0, waiting_requests=2.0, kv_usage_ratio=0.41,
         scrape_duration_seconds=0.012, errors_total={"connection": 0.0, "timeout": 2.0}, gpus=(0, 1),
         evaluator_errors_total={"above_crossover": 0.0, "acceptance_drop": 3.0},
         baseline_ratio=0.7, drop_ratio=0.142857, degraded=False, cusum_statistic=3.5, model_changes_total=1.0,

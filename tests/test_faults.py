@@ -279,16 +279,19 @@ def test_label_explosion_is_bounded_in_output_and_time(tmp_path):
     source = ExplodedSource()
     clock = FakeClock(START)
     daemon = Daemon(make_config(tmp_path), source_factory=lambda r, c: source, clock=clock)
+    cpu = time.process_time()
     try:
         snapshots = run_cycles(daemon, clock, 3)
     finally:
         daemon.close()
+    cpu_per_cycle = (time.process_time() - cpu) / 3
     samples = exported(snapshots[-1])
     assert len(samples) < 200, "series must not scale with the engine's label values"
     state = snapshots[-1].route("r0")
     assert state.up and state.acceptance_ratio["1m"] == pytest.approx(0.5)
-    # Building the 10,000-engine sample is included; still far inside the 5 s interval on a shared CI box.
-    assert max(s.evaluation_duration_seconds for s in snapshots) < 2.0
+    # Building the 10,000-engine sample is included. CPU time, not wall time: other work on a loaded machine
+    # stretches the wall clock, not this process's CPU; the bound catches worse than linear, not noise.
+    assert cpu_per_cycle < 2.0, f"{cpu_per_cycle:.2f} CPU seconds a cycle"
 
 
 def test_gpu_lost_mid_run_costs_only_that_gpu(tmp_path):
@@ -693,11 +696,14 @@ def test_http_label_explosion_10000_series(engines, fault_server):
     noise = "".join(f'vllm:unrelated_total{{engine="{i}",model_name="m",x="{i}"}} 1.0\n' for i in range(10_000))
     for path, body in (("/many_engines", vllm_text(10.0, engines=engine_labels)),
                        ("/many_unrelated", "# TYPE vllm:unrelated counter\n" + noise + vllm_text(10.0))):
-        result, took = scrape_once(engines, fault_server.serve(path, body), timeout="3s")
+        cpu = time.process_time()
+        result, _ = scrape_once(engines, fault_server.serve(path, body), timeout="4.5s")
+        took = time.process_time() - cpu  # the server's threads too: both sides of the scrape, in CPU seconds
         if isinstance(result, SourceError):
             raise AssertionError(f"{path}: {result.reason}: {result}")
-        # ~2 s here for 90,000 wanted lines (6.7 MB); the bound catches anything worse than linear, not noise.
-        assert took < 8.0, f"{path}: {took:.2f}s"
+        # ~2 s here for 90,000 wanted lines (6.7 MB); the bound catches anything worse than linear, not noise,
+        # and CPU time does not stretch when other work loads the machine.
+        assert took < 8.0, f"{path}: {took:.2f} CPU seconds"
         expected = 10_000 if path == "/many_engines" else 1
         assert len(result.engines) == expected
         assert sum(e.drafts for e in result.engines) == 10.0 * expected

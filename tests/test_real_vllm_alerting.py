@@ -11,8 +11,9 @@ Across all of it specwatch's own counters never go backwards, though the engine'
 
 The baseline is pinned in the config, measured from the engine itself before the story starts: the acceptance
 rate from its counters, and the design effect from its per-request spec-decode metrics
-(`--per-request-spec-decode-metrics summary`). Alert `for:` durations are 5 s and the detector's guards are
-short (`min_duration` 5 s, `confirm_window` 10 s) so that the story takes minutes; the rules and the detector
+(`--per-request-spec-decode-metrics summary`). Alert `for:` durations are 5 s, the detector's guards are
+short (`min_duration` 5 s, `confirm_window` 10 s) and it weighs evidence in 15 s blocks (`detection.block`, for a
+busy route of short requests; 1 minute by default) so that the story takes minutes; the rules and the detector
 are otherwise the production ones.
 """
 
@@ -60,7 +61,8 @@ def story(engine_env, tiny_models, tmp_path_factory):
         config = {
             "interval": "1s", "state_dir": str(workdir / "state"), "gpu": {"enabled": "false"},
             "scrape": {"timeout": "0.9s"},
-            "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s"},
+            "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s",
+                          "block": "15s"},
             "routes": [{"name": "chat", "url": server.metrics_url, "engine": "vllm",
                         "baseline": baseline.config()}],
         }

@@ -9,8 +9,8 @@ test holds the real engine's counters to that prediction, request by request.
 
 Both routes are pinned to the base drafter's acceptance over the prompt set, with the design effect of its
 per-request spread, and are served from the start by the drafters that accept 0.95x and 0.80x as much. The
-detector runs with the short guards of the end-to-end tests (`min_duration` 5 s, `confirm_window` 10 s); its
-statistics are the production ones. docs/benchmarks.md ("Real engine") records the times measured.
+detector runs with the short guards of the end-to-end tests (`min_duration` 5 s, `confirm_window` 10 s) and 15 s
+evidence blocks (`detection.block`); its statistics are the production ones. docs/benchmarks.md ("Real engine") records the times measured.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def test_a_20_percent_drop_is_flagged_and_a_5_percent_drift_is_not(two_routes):
     config = parse_config({
         "interval": "15s", "state_dir": str(workdir / "state"), "gpu": {"enabled": "false"},
         "scrape": {"timeout": "10s"},
-        "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s"},
+        "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s",
+                          "block": "15s"},
         "routes": [{"name": name, "url": server.metrics_url, "engine": "vllm", "baseline": base.config()}
                    for name, server in servers.items()],
     })

@@ -90,7 +90,7 @@ def test_the_server_command_line_carries_the_speculative_config():
 def test_the_successor_design_reproduces_a_real_engines_requests_step_by_step():
     """Six requests captured verbatim from a real vLLM 0.32.0 serving the successor models (fixture
     provenance): the design predicts every step's accepted count, so every counter."""
-    path = Path(__file__).parent / "fixtures" / "vllm" / "successor_per_request_0.32.0.json"
+    path = Path(__file__).parent / "fixtures" / "vllm" / "responses" / "successor_per_request_0.32.0.json"
     capture = json.loads(path.read_text())
     wrong = successor.wrong_tokens(capture["vocab_size"], capture["wrong_fraction"])
     for request in capture["requests"]:

@@ -278,3 +278,66 @@ def test_state_fields_are_the_state_as_keyword_arguments():
         tracker.observe(vllm_sample(1000.0 + 5 * step, engine.counters()))
         assert RouteState(**tracker.state_fields()) == tracker.state()
     assert tracker.state().acceptance_ratio, "windows filled: the up path was compared"
+
+
+# --------------------------------------------------------------------------- speculation active
+def _vllm(ts: float, drafts: float, generation: float, k: int = 4) -> EngineSample:
+    e = EngineCounters(engine="0", drafts=drafts, draft_tokens=k * drafts, accepted_tokens=2 * drafts,
+                       accepted_per_pos=(drafts,) * k, generation_tokens=generation, running=8.0)
+    return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter", model_name="m",
+                        num_speculative_tokens=k, engines=(e,))
+
+
+def test_speculation_active_follows_drafts_against_generated_tokens():
+    """vLLM steps with K=0 (a schedule band) leave the spec counters still while generation goes on."""
+    tracker = RouteTracker("r")
+    tracker.observe(_vllm(0.0, 100.0, 300.0))
+    tracker.observe(_vllm(10.0, 150.0, 450.0))
+    assert tracker.state().speculation_active is True
+    # K=0 band: tokens generated, no drafts for longer than the 5m window
+    for i in range(1, 40):
+        tracker.observe(_vllm(10.0 + 10 * i, 150.0, 450.0 + 50 * i))
+    assert tracker.state().speculation_active is False
+    assert tracker.state().draft_length is None
+    # idle: nothing generated either
+    for i in range(40, 80):
+        tracker.observe(_vllm(10.0 + 10 * i, 150.0, 450.0 + 50 * 39))
+    assert tracker.state().speculation_active is None
+
+
+def test_speculation_active_is_absent_without_speculation_or_counters():
+    tracker = RouteTracker("r")
+    off = EngineSample(ts=0.0, engine_kind="vllm", acceptance_source="none", speculation_enabled=False,
+                       engines=(EngineCounters(engine="0", generation_tokens=10.0),))
+    tracker.observe(off)
+    tracker.observe(EngineSample(ts=10.0, engine_kind="vllm", acceptance_source="none", speculation_enabled=False,
+                                 engines=(EngineCounters(engine="0", generation_tokens=90.0),)))
+    assert tracker.state().speculation_active is None
+
+
+def test_sglang_adaptive_step_zero_is_speculation_inactive():
+    """At adaptive step 0 SGLang still counts 1-token verify calls: no draft tokens, so inactive."""
+    def sample(ts, verify, gen, steps, draft_tokens):
+        e = EngineCounters(engine="0", spec_verify_calls=verify, generation_tokens=gen, spec_num_steps=steps,
+                           spec_num_draft_tokens=draft_tokens, running=70.0)
+        return EngineSample(ts=ts, engine_kind="sglang", acceptance_source="counter", model_name="m",
+                            num_speculative_tokens=None, engines=(e,))
+
+    tracker = RouteTracker("r")
+    tracker.observe(sample(0.0, 100.0, 250.0, 3, 4))
+    obs = tracker.observe(sample(10.0, 200.0, 500.0, 3, 4))
+    assert obs.d_draft_tokens == 300.0 and tracker.state().speculation_active is True
+    for i in range(1, 40):
+        obs = tracker.observe(sample(10.0 + 10 * i, 200.0 + 64 * i, 500.0 + 64 * i, 0, 1))
+        assert obs.d_draft_tokens == 0.0
+    assert tracker.state().speculation_active is False
+
+
+def test_stray_drafts_under_one_per_hundred_generated_tokens_read_inactive():
+    """A K=0 schedule band still drafts when the batch dips for a step: 3 tokens in 1000 is speculation off."""
+    tracker = RouteTracker("r")
+    tracker.observe(_vllm(0.0, 100.0, 300.0, k=3))
+    tracker.observe(_vllm(400.0, 101.0, 1300.0, k=3))  # 3 draft tokens, 1000 generated
+    assert tracker.state().speculation_active is False
+    tracker.observe(_vllm(800.0, 105.0, 2300.0, k=3))  # 12 draft tokens, 1000 generated
+    assert tracker.state().speculation_active is True

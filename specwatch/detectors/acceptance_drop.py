@@ -13,7 +13,8 @@ Per route and cycle (docs/detection.md has the reasoning and the tuning guide):
    stay those of a busy route), the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
    and the short-window Wilson upper bound is below r_ok (the drop is still going on).
 4. Resolve when the short-window Wilson lower bound is above (1 - 2 drop/3) r0 (0.90 r0); S restarts at 0.
-5. Model change (new model, engine version or k): the old baseline stays the reference, a Wald SPRT on the
+5. Model change (new model, engine version, or k with an engine restart; a k that moves without one is the
+   engine's own schedule and changes nothing): the old baseline stays the reference, a Wald SPRT on the
    same likelihood ratio gives a verdict ("regressed" pages like the CUSUM), the new key learns its own
    baseline, adopted after `adopt_after` with a "no_regression" verdict and no page.
 
@@ -211,7 +212,7 @@ class AcceptanceDropEvaluator:
         self.last_model_change: float | None = None
         self.window = ShortWindow(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
         self.traffic = TrafficRate()
-        self.block = OpenBlock()
+        self.block = OpenBlock(self.cfg.block_seconds)
         self._test: _Test | None = None
         self._restore()
         store.register(self.route, self.persisted_state)
@@ -226,7 +227,7 @@ class AcceptanceDropEvaluator:
             key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0))
             if self.key is None:
                 self._enter_key(key)
-            elif key != self.key:
+            elif key != self.key and not self._schedule_driven(key, obs):
                 self._model_changed(key, now)
             elif obs.reset:
                 self._count_change(now)  # a restart may have swapped weights under the same name
@@ -393,6 +394,14 @@ class AcceptanceDropEvaluator:
             self.cusum.reset()
 
     # ------------------------------------------------------------------ model changes
+    def _schedule_driven(self, key: BaselineKey, obs: RouteObservation) -> bool:
+        """A draft length that moved without an engine restart, on the same model and version: the engine's
+        own schedule (SGLang's adaptive tiers, a k that follows the batch) rather than a new deployment,
+        since changing the configured k takes a restart. The baseline learned at the old key stays."""
+        current = self.key
+        return (current is not None and not obs.reset and key.model_name == current.model_name
+                and key.engine_version == current.engine_version)
+
     def _count_change(self, now: float) -> None:
         self.model_changes_total += 1
         self.last_model_change = now

@@ -165,6 +165,7 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
         for position, value in enumerate(r.position_acceptance_ratio):
             position_ratio.add(value, r.name, str(position), "5m")
     _per_route(f, "route_draft_length", routes, "draft_length")
+    _per_route(f, "route_speculation_active", routes, "speculation_active")
     _per_route(f, "route_running_requests", routes, "running_requests")
     _per_route(f, "route_waiting_requests", routes, "waiting_requests")
     _per_route(f, "route_kv_cache_usage_ratio", routes, "kv_usage_ratio")

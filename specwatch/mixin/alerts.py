@@ -92,6 +92,16 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             + "). Use a batch-size schedule that drafts less at high batch.",
         ),
         _alert(
+            "SpecwatchSpeculationInactive",
+            f"specwatch_route_speculation_active{sel} == 0",
+            s.speculation_inactive_for, TICKET,
+            "A route generates tokens without speculative decoding although it is configured.",
+            "Route {{ $labels.route }} ({{ $labels.instance }}) has generated tokens for "
+            f"{s.speculation_inactive_for} without proposing a single draft token, while its engine has "
+            "speculation configured: a batch-size schedule at K=0, adaptive speculation at step 0, or the "
+            "engine's own acceptance gate switched the drafter off. Every request now pays full decode cost.",
+        ),
+        _alert(
             "SpecwatchSourceDown",
             f"specwatch_route_up{sel} == 0",
             s.source_down_for, TICKET,

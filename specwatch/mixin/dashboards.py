@@ -208,9 +208,12 @@ def route_detail(s: Settings) -> dict[str, Any]:
          (_timeseries("Mean acceptance length", "Tokens per verify step including the bonus token.",
                       [(f"specwatch_route_mean_acceptance_length{{{ROUTE}}}", "{{instance}} {{route}} {{window}}")],
                       "none", minimum=1), 6, 8),
-         (_timeseries("Draft length k", "Effective draft tokens per draft step over 5m.",
-                      [(f"specwatch_route_draft_length{{{ROUTE}}}", "{{instance}} {{route}}")], "none",
-                      minimum=0), 6, 8)],
+         (_timeseries("Draft length k", "Effective draft tokens per draft step over 5m, whatever the engine "
+                      "(a batch-size schedule or adaptive speculation moves it); speculating is 0 when the route "
+                      "generates without drafting.",
+                      [(f"specwatch_route_draft_length{{{ROUTE}}}", "{{instance}} {{route}}"),
+                       (f"specwatch_route_speculation_active{{{ROUTE}}}", "{{instance}} {{route}} speculating")],
+                      "none", minimum=0), 6, 8)],
         [(_timeseries("Batch vs crossover", "Time-weighted running requests per engine, against the batch size "
                       "above which speculation lowers throughput.",
                       [(f"specwatch_route_batch_size{{{ROUTE}}}", "{{instance}} {{route}} batch"),

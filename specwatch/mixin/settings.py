@@ -38,6 +38,7 @@ class Settings:
     acceptance_degraded_for: str = "5m"
     above_crossover_for: str = "15m"
     source_down_for: str = "5m"
+    speculation_inactive_for: str = "15m"
     target_down_for: str = "5m"
     stale_for: str = "5m"
     gpu_lost_for: str = "5m"

@@ -2,7 +2,8 @@
 
 `make_source(route, config)` is what the daemon calls; `parse_engine_sample()` is the same extraction
 without HTTP, for the simulator, replay and benchmarks. Engine `auto` is resolved from the first
-exposition (`vllm:` vs `sglang:` families) and then kept.
+exposition (the first `vllm:`, `sglang:`, `trtllm_` or `llamacpp:` family; a JSON list is TensorRT-LLM's
+iteration stats) and then kept.
 
 Routes on one URL (several models or DP engines behind one server, told apart by `match` / `engines`)
 share one `SharedEndpoint`: its /metrics is fetched and parsed once per cycle, and each route extracts
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from specwatch.config import Config, HttpClientConfig, RouteConfig
 from specwatch.snapshot import EngineSample
-from specwatch.sources import sglang, vllm
+from specwatch.sources import llamacpp, sglang, trtllm, vllm
 from specwatch.sources.base import SourceError
 from specwatch.sources.exposition import ExpositionError, Family, parse
 from specwatch.sources.http import HttpFetcher
@@ -41,25 +42,39 @@ ENGINES: Mapping[str, EngineKind] = {
     # SGLang answers on one of these two paths depending on the release; both carry `version`.
     "sglang": EngineKind(sglang.WANTED, sglang.extract,
                          (("/get_server_info", "version"), ("/server_info", "version"))),
+    # trtllm-serve lists /version among its endpoints; the JSON key is assumed, not checked.
+    "trtllm": EngineKind(trtllm.WANTED, trtllm.extract, (("/version", "version"),)),
+    # llama-server's /props carries `build_info` ("b<build>-<commit>") in recent releases.
+    "llamacpp": EngineKind(llamacpp.WANTED, llamacpp.extract, (("/props", "build_info"),)),
 }
 # What an endpoint is asked to filter its /metrics down to (name_filter.py): every engine kind's families, so
 # one request serves routes of any kind and `auto` detection still sees the engine's prefix.
 FILTER_NAMES = frozenset().union(*(kind.wanted for kind in ENGINES.values()))
-_KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(vllm|sglang)[:_]", re.M)
+# The first engine-prefixed line names the engine. vLLM and SGLang also appear as `vllm_`/`sglang_`
+# (OpenMetrics escaping, SGLang's gRPC sidecar); Dynamo once documented `trtllm:`.
+_KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(?:(vllm|sglang)[:_]|(trtllm)[_:]|(llamacpp):)", re.M)
+# Dynamo's prefix-stripped TensorRT-LLM spelling (unconfirmed): a spec counter sample with backend="trtllm".
+_BARE_TRTLLM_RE = re.compile(rb'^spec_decode_num_(?:draft|accepted)_tokens_total\{[^}\n]*backend="trtllm"', re.M)
 
 
 def detect_kind(body: str | bytes) -> str | None:
-    """The engine kind ("vllm" or "sglang") of the first engine-prefixed line; None when neither appears."""
+    """The engine kind of the first engine-prefixed line ("vllm", "sglang", "trtllm" or "llamacpp"); a JSON
+    list is TensorRT-LLM's iteration stats; None when nothing tells."""
     data = body.encode("utf-8", "replace") if isinstance(body, str) else bytes(body)
     m = _KIND_RE.search(data)
-    return m.group(1).decode() if m else None
+    if m:
+        return next(group for group in m.groups() if group).decode()
+    if trtllm.is_iteration_stats(data) or _BARE_TRTLLM_RE.search(data):
+        return "trtllm"
+    return None
 
 
 def parse_engine_sample(kind: str, body: str | bytes, route: RouteConfig, now: float,
                         version: str = "") -> EngineSample:
     """Parse one /metrics body for `route` (its `match` and `engines` filters). Raises SourceError only.
 
-    `kind` is "vllm", "sglang" or "auto" (detected from the body).
+    `kind` is an engine kind or "auto" (detected from the body). TensorRT-LLM's JSON iteration stats need
+    state across scrapes and are read through `SharedEndpoint` only.
     """
     kind, families = parse_families(kind, body)
     return ENGINES[kind].extract(families, route.match, route.engines, now, version)
@@ -68,13 +83,14 @@ def parse_engine_sample(kind: str, body: str | bytes, route: RouteConfig, now: f
 def parse_families(kind: str, body: str | bytes) -> tuple[str, dict[str, Family]]:
     """(the engine kind, its families) of one /metrics body, whatever route reads it. Raises SourceError only.
 
-    `kind` is "vllm", "sglang" or "auto" (detected from the body).
+    `kind` is an engine kind or "auto" (detected from the body).
     """
     if kind == "auto":
         detected = detect_kind(body)
         if detected is None:
             _parse_or_raise(body, frozenset())  # garbage is a parse error, not "no metrics"
-            raise SourceError("no_spec_metrics", "neither vllm: nor sglang: families in the exposition")
+            raise SourceError("no_spec_metrics",
+                              "no vllm:, sglang:, trtllm_ or llamacpp: families in the exposition")
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
@@ -109,6 +125,9 @@ class SharedEndpoint:
         self._readers: set[int] = set()
         self._body: bytes | SourceError = b""
         self._parsed: dict[str, tuple[str, dict[str, Family]] | SourceError] = {}
+        # trtllm-serve's JSON /metrics: per-iteration stats summed into counters here, once per fetch,
+        # because the server hands each iteration out once whichever route asked.
+        self._iteration_totals: trtllm.IterationStatsTotals | None = None
 
     def families(self, reader: object, kind: str, now: float) -> tuple[str, dict[str, Family]]:
         """(resolved kind, families) of this cycle's exposition for `reader`. Raises SourceError."""
@@ -126,13 +145,22 @@ class SharedEndpoint:
                 kind = detect_kind(self._body) or "auto"
             if kind not in self._parsed:
                 try:
-                    self._parsed[kind] = parse_families(kind, self._body)
+                    self._parsed[kind] = self._parse(kind, self._body)
                 except SourceError as exc:
                     self._parsed[kind] = exc
             parsed = self._parsed[kind]
         if isinstance(parsed, SourceError):
             raise _copy(parsed)
         return parsed
+
+    def _parse(self, kind: str, body: bytes) -> tuple[str, dict[str, Family]]:
+        if kind in ("trtllm", "auto") and trtllm.is_iteration_stats(body):
+            if self._iteration_totals is None:
+                self._iteration_totals = trtllm.IterationStatsTotals()
+                self.name_filter.disable()
+            self._iteration_totals.add(body)
+            return "trtllm", self._iteration_totals.families()
+        return parse_families(kind, body)
 
 
 def _copy(exc: SourceError) -> SourceError:
@@ -214,7 +242,7 @@ class HttpEngineSource:
 
     def _fetch_version(self, engine_kind: str) -> str:
         """The engine's version from its info endpoint; "" when unavailable (never fails the scrape)."""
-        endpoints = ENGINES["vllm" if engine_kind.startswith("vllm") else "sglang"].version_endpoints
+        endpoints = ENGINES["vllm" if engine_kind.startswith("vllm") else engine_kind].version_endpoints
         for path, key in endpoints:
             url = self.route.version_url or _sibling_url(self.route.url, path)
             try:

@@ -74,6 +74,12 @@ class NameFilter:
             self._check(get, body, now)
         return body
 
+    def disable(self) -> None:
+        """Never ask for a filtered answer again: the endpoint is not Prometheus text (TensorRT-LLM's JSON
+        iteration stats, which a second GET would drain)."""
+        self.filtered_url = ""
+        self.state = "off"
+
     # ------------------------------------------------------------------ internals
     def _filtered(self, get: Callable[[str], bytes], checking: bool = False) -> bytes | None:
         """The filtered answer; None when the filter itself failed (while checking: whatever failed, since the

@@ -34,7 +34,7 @@ from specwatch.testbed.models import GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE, Ti
 from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
 
 K = 3
-DETECTION = {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s"}
+DETECTION = {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s", "block": "15s"}
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,12 @@ from specwatch.tracking.windows import Sums, WindowRing
 
 # Windows in which per-position ratios and the effective draft length are reported (catalog: over 5m).
 DETAIL_WINDOW = "5m"
+# Below this many draft tokens per generated token over the window, speculation counts as inactive: a real vLLM
+# in a K=0 band of its batch-size schedule still drafts for the odd step whose batch dips at request boundaries
+# (3 draft tokens against ~1000 generated in tests/test_real_vllm_schedule.py), and those strays must not mask a
+# drafter that is off. Any step that drafts proposes at least one token per generated 1 + accepted, so a route
+# drafting on even a few percent of its steps stays well above it.
+MIN_ACTIVE_DRAFT_SHARE = 0.01
 # spec_accept_rate switched from counting the bonus token to excluding it between these releases.
 _SGLANG_NEW_RATE_SINCE = (0, 5, 11)
 
@@ -82,16 +88,23 @@ class _Engine:
     """Reset-safe counters of one engine, keyed by counter name ('drafts', 'pos:0', 'verify_calls', ...)."""
 
     counters: dict[str, ResetSafeCounter] = field(default_factory=dict)
+    seen: bool = False  # sampled in an earlier cycle
 
     def update(self, keys: tuple[str, ...], values: tuple[float | None, ...],
                created: float | None) -> tuple[list[float], list[float] | None, bool]:
-        """Several counters in one call (a vLLM engine has 3 + k each cycle): their increases, the values
+        """Several counters in one call (a vLLM engine has 4 + k each cycle): their increases, the values
         adopted at first sight (None when no counter was new, the steady state) and whether any was reset.
-        A missing, NaN or infinite value counts as no increase."""
+        A missing, NaN or infinite value counts as no increase.
+
+        A counter that appears on an engine already being sampled started from 0 in between: the engines
+        create a labelled series on its first increment (TensorRT-LLM's and llama.cpp's per-position
+        counters, any counter before the first request), so its whole value is new. Only the counters of an
+        engine seen for the first time are adopted as history that predates us."""
         counters = self.counters
         increases: list[float] = []
         initials: list[float] | None = None
         reset = False
+        known, self.seen = self.seen, True
         for j, (key, value) in enumerate(zip(keys, values)):
             if value is None or not math.isfinite(value):
                 increases.append(0.0)
@@ -99,6 +112,8 @@ class _Engine:
             counter = counters.get(key)
             if counter is None:  # not setdefault(): that would build a throwaway counter on every call
                 counter = counters[key] = ResetSafeCounter()
+                if known:
+                    counter.update(0.0, created)
             if counter.last_value is None:
                 increases.append(counter.update(value, created))
                 if counter.last_value is not None:  # adopted: its history predates us
@@ -112,25 +127,38 @@ class _Engine:
         return increases, initials, reset
 
 
-_VLLM_KEYS = ("drafts", "draft_tokens", "accepted")
+_VLLM_KEYS = ("drafts", "draft_tokens", "accepted", "generation")
 
 
-def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool]:
-    """(increases, values adopted at first sight or None, reset seen) of one vLLM engine's counters."""
-    per_pos = e.accepted_per_pos
-    increases, initials, reset = eng.update(_vllm_keys(len(per_pos)),
-                                            (e.drafts, e.draft_tokens, e.accepted_tokens, *per_pos), e.created)
-    inc = Sums(increases[0], increases[1], increases[2], tuple(increases[3:]))
+def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool, tuple[float, ...]]:
+    """(increases, values adopted at first sight or None, reset seen, drafted-per-position increases) of one
+    engine's counters: vLLM's, and TensorRT-LLM's and llama.cpp's, which share its layout."""
+    per_pos, drafted_pos = e.accepted_per_pos, e.drafted_per_pos
+    k = len(per_pos)
+    increases, initials, reset = eng.update(
+        _vllm_keys(k, len(drafted_pos)),
+        (e.drafts, e.draft_tokens, e.accepted_tokens, e.generation_tokens, *per_pos, *drafted_pos), e.created)
+    inc = _counter_sums(increases, k)
+    drafted = tuple(increases[4 + k:]) if drafted_pos else ()
     if initials is None:
-        return inc, None, reset
-    return inc, Sums(initials[0], initials[1], initials[2], tuple(initials[3:])), reset
+        return inc, None, reset, drafted
+    return inc, _counter_sums(initials, k), reset, drafted
+
+
+_new_sums = tuple.__new__  # Sums(...) with keywords goes through NamedTuple's Python-level __new__: twice the cost
+
+
+def _counter_sums(values: list[float], k: int) -> Sums:
+    """Sums of (drafts, draft_tokens, accepted, generation, *per_pos, ...) in Sums' field order."""
+    return _new_sums(Sums, (values[0], values[1], values[2], tuple(values[4:4 + k]), 0.0, 0.0, 0.0, 0.0, values[3]))
 
 
 @functools.lru_cache(maxsize=None)
-def _vllm_keys(k: int) -> tuple[str, ...]:
-    """('drafts', 'draft_tokens', 'accepted', 'pos:0', ..., 'pos:{k-1}'), built once per k rather than formatted
-    per engine and cycle."""
-    return _VLLM_KEYS + tuple(f"pos:{j}" for j in range(k))
+def _vllm_keys(k: int, drafted_positions: int = 0) -> tuple[str, ...]:
+    """('drafts', 'draft_tokens', 'accepted', 'generation', 'pos:0', ..., 'pos:{k-1}', 'dpos:0', ...), built
+    once per shape rather than formatted per engine and cycle."""
+    return (_VLLM_KEYS + tuple(f"pos:{j}" for j in range(k))
+            + tuple(f"dpos:{j}" for j in range(drafted_positions)))
 
 
 _SGLANG_KEYS = ("verify_calls", "generation_tokens")
@@ -142,7 +170,8 @@ def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None) -> tu
     per_verify = k or 0.0  # draft tokens per verify call; unknown k leaves draft tokens (and the ratio) absent
 
     def derived(verify: float, gen: float) -> Sums:
-        return Sums(drafts=verify, draft_tokens=verify * per_verify, accepted=max(0.0, gen - verify))
+        return Sums(drafts=verify, draft_tokens=verify * per_verify, accepted=max(0.0, gen - verify),
+                    generation_tokens=gen)
 
     return derived(*increases), (None if initials is None else derived(*initials)), reset
 
@@ -159,6 +188,12 @@ def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int 
                 gauge_ratio_weighted=weight * ratio if ratio is not None else 0.0,
                 gauge_length_weight=weight if tau is not None else 0.0,
                 gauge_length_weighted=weight * tau if tau is not None else 0.0)
+
+
+def _add_vectors(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    """Element-wise sum; a position one side lacks counts as 0."""
+    n = max(len(a), len(b))
+    return tuple((a[j] if j < len(a) else 0.0) + (b[j] if j < len(b) else 0.0) for j in range(n))
 
 
 def _sum_present(values: list[float | None]) -> float | None:
@@ -178,6 +213,10 @@ class RouteTracker:
         self.windows = dict(window_seconds or WINDOW_SECONDS)
         self._engines: dict[str, _Engine] = {}
         self._ring = WindowRing(horizon_seconds=max(self.windows.values()))
+        # Drafted tokens per position (TensorRT-LLM), in `per_pos` of a ring of their own: only engines that
+        # export them pay for it.
+        self._drafted_ring: WindowRing | None = None
+        self._drafted = Sums()
         self._observed = Sums()  # increases seen while tracking (windows)
         self._exported = Sums()  # engine values at first sight + increases (exported totals)
         self._last: EngineSample | None = None
@@ -193,6 +232,7 @@ class RouteTracker:
         inc = gauge_now = Sums()
         init: Sums | None = None  # values adopted at first sight: only in a counter's first cycle
         reset = False
+        drafted_inc: tuple[float, ...] = ()
         self._lifetime_ratio = None
         if source == "counter":
             sglang = sample.engine_kind == "sglang"
@@ -201,10 +241,14 @@ class RouteTracker:
                 if eng is None:
                     eng = self._engines[e.engine] = _Engine()
                 if sglang:
-                    engine_k = (e.spec_num_draft_tokens - 1) if e.spec_num_draft_tokens else k
+                    # Adaptive speculation at step 0 verifies without drafting: no draft tokens.
+                    engine_k = 0 if e.spec_num_steps == 0 else (
+                        (e.spec_num_draft_tokens - 1) if e.spec_num_draft_tokens else k)
                     i, a, r = _sglang_counter_sums(eng, e, engine_k)
                 else:
-                    i, a, r = _vllm_sums(eng, e)
+                    i, a, r, d = _vllm_sums(eng, e)
+                    if d:
+                        drafted_inc = _add_vectors(drafted_inc, d)
                 inc = inc.plus(i)
                 if a is not None:
                     init = a if init is None else init.plus(a)
@@ -212,6 +256,14 @@ class RouteTracker:
         elif source == "gauge":
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
+        elif source == "none":
+            # Engines whose spec counters appear only once they count (llama.cpp before its first drafted
+            # request finished) are being sampled already: what then appears started from 0.
+            for e in sample.engines:
+                eng = self._engines.get(e.engine)
+                if eng is None:
+                    eng = self._engines[e.engine] = _Engine()
+                eng.seen = True
         elif source == "lifetime_gauge":
             rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
@@ -223,6 +275,11 @@ class RouteTracker:
             self._exported = self._exported.plus(init)
         self._exported = self._exported.plus(inc)
         self._ring.append(sample.ts, self._observed)
+        if drafted_inc or self._drafted_ring is not None:
+            if self._drafted_ring is None:
+                self._drafted_ring = WindowRing(horizon_seconds=max(self.windows.values()))
+            self._drafted = Sums(per_pos=_add_vectors(self._drafted.per_pos, drafted_inc))
+            self._drafted_ring.append(sample.ts, self._drafted)
         self._last = sample
         window_acceptance, self._mean_lengths = self._window_values()
 
@@ -231,7 +288,7 @@ class RouteTracker:
             engine_version=sample.engine_version, engine_kind=sample.engine_kind,
             acceptance_source=sample.acceptance_source, k=k, reset=reset,
             d_drafts=inc.drafts, d_draft_tokens=inc.draft_tokens, d_accepted=inc.accepted,
-            d_accepted_per_pos=inc.per_pos,
+            d_accepted_per_pos=inc.per_pos, d_generation_tokens=inc.generation_tokens,
             gauge_acceptance_ratio=(self._lifetime_ratio if sample.acceptance_source == "lifetime_gauge"
                                     else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
             running_per_engine={e.engine: running for e in sample.engines
@@ -281,18 +338,35 @@ class RouteTracker:
         detail = self._ring.delta(self.windows[DETAIL_WINDOW]) if DETAIL_WINDOW in self.windows else None
         d5 = detail[0] if detail else None
         positions: tuple[float, ...] = ()
-        if d5 is not None and d5.drafts > 0:
+        drafted = self._drafted_ring.delta(self.windows[DETAIL_WINDOW]) if (
+            self._drafted_ring is not None and detail is not None) else None
+        if d5 is not None and drafted is not None:
+            # Per-position denominators: p_j = accepted at j / drafted at j, true however k varied.
+            positions = tuple(max(0.0, p) / n for p, n in zip(d5.per_pos, drafted[0].per_pos) if n > 0)
+        elif d5 is not None and d5.drafts > 0:
             positions = tuple(max(0.0, p) / d5.drafts for p in d5.per_pos)
         base.update(
             acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._mean_lengths,
             position_acceptance_ratio=positions,
             draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
+            speculation_active=self._speculation_active(d5, last),
             running_requests=_sum_present([e.running for e in last.engines]),
             waiting_requests=_sum_present([e.waiting for e in last.engines]), kv_usage_ratio=obs.kv_usage,
         )
         return base
 
     # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _speculation_active(d5: Sums | None, last: EngineSample) -> bool | None:
+        """Drafts proposed over the detail window: True; tokens generated with (next to) none on a route whose
+        engine has speculation configured: False (vLLM's K=0 schedule bands, SGLang's adaptive step 0, a
+        drafter switched off by the engine's own gate); otherwise (idle, speculation off, gauge-only) None."""
+        if d5 is None or last.acceptance_source != "counter" or not last.speculation_enabled:
+            return None
+        if d5.generation_tokens > 0:
+            return d5.draft_tokens >= MIN_ACTIVE_DRAFT_SHARE * d5.generation_tokens
+        return True if d5.draft_tokens > 0 else None
+
     def _window_values(self) -> tuple[dict[str, float], dict[str, float]]:
         """(acceptance ratio, mean acceptance length) by window, both from one pass over the ring's deltas."""
         source = self._last.acceptance_source if self._last is not None else "none"

@@ -51,6 +51,7 @@ class Sums(NamedTuple):
     gauge_ratio_weighted: float = 0.0
     gauge_length_weight: float = 0.0
     gauge_length_weighted: float = 0.0
+    generation_tokens: float = 0.0  # tokens the route generated: with no drafts, speculation was inactive
 
     def plus(self, other: "Sums") -> "Sums":
         return _combine(self, other, 1.0)
@@ -61,7 +62,7 @@ class Sums(NamedTuple):
 
 # The scalar fields in row order; a row is these followed by the per-position sums.
 _SCALARS = ("drafts", "draft_tokens", "accepted", "gauge_ratio_weight", "gauge_ratio_weighted",
-            "gauge_length_weight", "gauge_length_weighted")
+            "gauge_length_weight", "gauge_length_weighted", "generation_tokens")
 _NS = len(_SCALARS)
 
 
@@ -76,7 +77,8 @@ def _combine(a: Sums, b: Sums, sign: float) -> Sums:
                 gauge_ratio_weight=a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
                 gauge_ratio_weighted=a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
                 gauge_length_weight=a.gauge_length_weight + sign * b.gauge_length_weight,
-                gauge_length_weighted=a.gauge_length_weighted + sign * b.gauge_length_weighted)
+                gauge_length_weighted=a.gauge_length_weighted + sign * b.gauge_length_weighted,
+                generation_tokens=a.generation_tokens + sign * b.generation_tokens)
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:

@@ -1,0 +1,76 @@
+"""llama.cpp `llama-server --metrics` /metrics -> EngineSample. The maps below are the whole contract with
+llama.cpp; comments give where each name comes from (docs/engines.md has the citations).
+
+Checked against llama.cpp commit 0c1e57098bba (the tree vendored in llama-cpp-python 0.3.36).
+llama-server writes its exposition by hand (`server_task_result_metrics::to_metrics()` in
+tools/server/server-task.cpp): `llamacpp:` names, no labels at all (one model, one engine per server), no
+`_created`. The speculative counters are server-lifetime sums that a slot adds its own counts to when it
+resets after its request (`metrics_on_prediction`, tools/server/server-context.cpp), so they move in lumps
+at request completion, never mid-request: a 1m window on a route with long requests can hold none of them.
+Counters are written as doubles with the C++ stream's default 6 significant digits, so values above 999999
+are rounded (1.23457e+06): ratios of large deltas stay right, small deltas on a large counter are
+quantised. The per-position counter is a uint64 and printed exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from specwatch.snapshot import EngineCounters, EngineSample
+from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.exposition import Family
+from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into
+
+COUNTERS: Mapping[str, str] = {
+    "llamacpp:spec_decode_num_drafts_total": "drafts",  # verification steps (n_draft_verif_steps)
+    "llamacpp:spec_decode_num_draft_tokens_total": "draft_tokens",  # draft tokens generated
+    "llamacpp:spec_decode_num_accepted_tokens_total": "accepted_tokens",  # bonus token excluded
+    "llamacpp:tokens_predicted_total": "generation_tokens",  # tokens generated, added at request finish
+}
+# Accepted tokens per draft position, label `position` = 0..n_max-1 (the configured maximum draft length):
+# a step accepting n tokens counts positions 0..n-1, so p_j = per_pos[j] / drafts. Present once a request
+# that drafted has finished.
+PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+GAUGES: Mapping[str, str] = {
+    "llamacpp:requests_processing": "running",  # slots processing a request
+    "llamacpp:requests_deferred": "waiting",  # requests waiting for a free slot
+}
+SPEC_FAMILIES = frozenset(COUNTERS) - {"llamacpp:tokens_predicted_total"} | {PER_POSITION}
+WANTED = frozenset(COUNTERS) | {PER_POSITION} | frozenset(GAUGES)
+
+
+def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float,
+            version: str = "") -> EngineSample:
+    """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
+    if not any(families.get(n) and families[n].samples for n in WANTED):
+        raise SourceError("no_spec_metrics", "no llama.cpp families in the exposition "
+                                             "(is llama-server started with --metrics?)")
+    if engines and "0" not in engines:
+        raise NoData(f"llama.cpp has one engine per server (\"0\"), not engines={list(engines)}")
+    check_match_labels(families, match)
+    selected = {name: fam.matching(match) for name, fam in families.items()}
+
+    fields: dict[str, Any] = {}
+    for name, field_name in COUNTERS.items():
+        for sample in selected.get(name, ()):
+            sum_into(fields, field_name, sample)
+    for name, field_name in GAUGES.items():
+        values = [gauge_value(s.value) for s in selected.get(name, ())]
+        if values:
+            fields[field_name] = values[-1]
+    per_pos: dict[str, Any] = {}
+    for sample in selected.get(PER_POSITION, ()):
+        position = sample.labels.get("position")
+        if position is not None:
+            sum_into(per_pos, position, sample)
+    if per_pos and not any(v is None for v in per_pos.values()):
+        fields["accepted_per_pos"] = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
+
+    # The spec counters are written whether or not a draft model is loaded; they say speculation is
+    # configured only once they have counted something (or the per-position vector, sized by n_max, exists).
+    enabled = bool(fields.get("drafts") or fields.get("draft_tokens") or per_pos)
+    k = len(fields.get("accepted_per_pos", ())) or None
+    return EngineSample(ts=ts, engine_kind="llamacpp", acceptance_source="counter" if enabled else "none",
+                        model_name="", engine_version=version, speculation_enabled=enabled,
+                        num_speculative_tokens=k if enabled else None,
+                        engines=(EngineCounters(engine="0", **fields),))

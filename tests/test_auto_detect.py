@@ -1,0 +1,29 @@
+"""`engine: auto` names the engine of every committed fixture from its exposition alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specwatch.sources.engines import detect_kind
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EXPECTED = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "dynamo": "trtllm", "llamacpp": "llamacpp"}
+# Every /metrics body (and TensorRT-LLM's JSON iteration stats); `responses/` folders hold API responses, not bodies.
+BODIES = sorted(p for p in FIXTURES.rglob("*") if p.suffix in (".prom", ".json") and not p.name.endswith(".truth.json")
+                and "responses" not in p.relative_to(FIXTURES).parts)
+
+
+def test_every_engine_directory_has_fixtures():
+    assert {p.relative_to(FIXTURES).parts[0] for p in BODIES} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("path", BODIES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_auto_detects_the_engine(path):
+    assert detect_kind(path.read_bytes()) == EXPECTED[path.relative_to(FIXTURES).parts[0]]
+
+
+def test_other_expositions_name_no_engine():
+    assert detect_kind(b"# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n") is None
+    assert detect_kind(b'spec_decode_num_draft_tokens_total{backend="other"} 3\n') is None
