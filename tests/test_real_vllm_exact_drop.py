@@ -10,7 +10,8 @@ test holds the real engine's counters to that prediction, request by request.
 Both routes are pinned to the base drafter's acceptance over the prompt set, with the design effect of its
 per-request spread, and are served from the start by the drafters that accept 0.95x and 0.80x as much. The
 detector runs with the short guards of the end-to-end tests (`min_duration` 5 s, `confirm_window` 10 s) and 15 s
-evidence blocks (`detection.block`); its statistics are the production ones. docs/benchmarks.md ("Real engine") records the times measured.
+evidence blocks (`detection.block`); its statistics are the production ones. docs/benchmarks.md ("Real engine")
+records the times measured.
 """
 
 from __future__ import annotations
