@@ -146,6 +146,10 @@ def test_every_figure_equals_the_real_engines_own_counters(watched):
 
     drafts, draft_tokens = after["drafts"] - before["drafts"], after["draft_tokens"] - before["draft_tokens"]
     accepted = after["accepted"] - before["accepted"]
+    print(f"\n{method}: vLLM counted {drafts:.0f} drafts, {draft_tokens:.0f} draft tokens, {accepted:.0f} accepted "
+          f"(acceptance {accepted / max(draft_tokens, 1):.4f}); specwatch 1m acceptance "
+          f"{state.acceptance_ratio.get('1m')}, mean length {state.mean_acceptance_length.get('1m')}, "
+          f"k {state.draft_length}")
     assert drafts > 0, f"{method}: the engine drafted nothing ({after})"
     # A draft model always proposes k tokens; n-gram lookup proposes fewer when its match is short.
     assert draft_tokens == K * drafts if method == "draft_model" else draft_tokens <= K * drafts
