@@ -102,7 +102,7 @@ def test_iteration_stats_through_the_shared_endpoint():
 
     class DrainingServer:
         """trtllm-serve before its snapshot buffer: a GET hands out the pending iterations and drops them."""
-        timeout, max_body = 1.0, 1 << 20
+        timeout, max_body, client = 1.0, 1 << 20, None
         pending = b"[]"
 
         def get(self, url, accept=None):
