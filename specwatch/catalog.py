@@ -86,6 +86,10 @@ METRICS: tuple[MetricSpec, ...] = (
        ("route",), issue="crossover"),
     _m("route_predicted_speedup_ratio", "gauge", "Predicted spec / plain throughput at the current batch" + AS_OF,
        ("route",), issue="crossover"),
+    _m("route_speculation_gpu_seconds_lost_total", "counter", "GPU-seconds speculative decoding cost the route: "
+       "GPUs x time x (1 - predicted speedup) while the speedup is below 1", ("route",), issue="crossover"),
+    _m("route_speculation_gpu_seconds_saved_total", "counter", "GPU-seconds speculative decoding saved the route: "
+       "GPUs x time x (predicted speedup - 1) while the speedup is above 1", ("route",), issue="crossover"),
     _m("route_compute_bound", "gauge", "The route's GPUs look compute-bound by GPM tensor and DRAM activity" + AS_OF,
        ("route",), issue="crossover"),
     # --- gpu

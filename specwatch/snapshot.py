@@ -113,6 +113,8 @@ class RouteState:
     above_crossover: bool | None = None
     predicted_speedup_ratio: float | None = None
     compute_bound: bool | None = None
+    speculation_gpu_seconds_lost_total: float | None = None  # None: no speedup-predicting crossover source
+    speculation_gpu_seconds_saved_total: float | None = None
 
 
 @dataclass(frozen=True)

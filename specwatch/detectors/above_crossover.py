@@ -175,6 +175,44 @@ def compute_bound(gpus: Sequence[GpuSample], indexes: Sequence[int]) -> bool | N
     return sum(tensor) / len(tensor) >= TENSOR_ACTIVE_MIN and sum(dram) / len(dram) <= DRAM_UTILIZATION_MAX
 
 
+class GpuTimeLedger:
+    """GPU time speculation cost (above the crossover) or saved (below it), from the predicted speedup.
+
+    Over a cycle of dt seconds on G GPUs, speculation delivers its tokens in G dt GPU-seconds; plain decoding
+    at the same batch would have needed G dt S, S = predicted spec / plain throughput. The difference,
+    G dt (1 - S), is lost when positive and saved when negative. Cycles longer than MAX_ACCOUNTED_GAP_SECONDS
+    (a stalled daemon, an engine that was down) are not accounted: nothing is known about the gap.
+    """
+
+    MAX_ACCOUNTED_GAP_SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self.lost_seconds = 0.0
+        self.saved_seconds = 0.0
+        self._last_ts: float | None = None
+
+    def add(self, ts: float, speedup: float | None, gpus: int) -> None:
+        last, self._last_ts = self._last_ts, ts
+        if last is None or speedup is None or gpus <= 0:
+            return
+        dt = ts - last
+        if not 0 < dt <= self.MAX_ACCOUNTED_GAP_SECONDS:
+            return
+        difference = gpus * dt * (1.0 - speedup)
+        if difference > 0:
+            self.lost_seconds += difference
+        else:
+            self.saved_seconds -= difference
+
+    def gap(self) -> None:
+        """The route was down: the next cycle starts a new interval."""
+        self._last_ts = None
+
+    def fields(self) -> dict[str, float]:
+        return {"speculation_gpu_seconds_lost_total": self.lost_seconds,
+                "speculation_gpu_seconds_saved_total": self.saved_seconds}
+
+
 class AboveCrossoverEvaluator:
     def __init__(self, source: CrossoverSource | None, hold_seconds: float) -> None:
         self.source = source  # None: the configured source was unusable (logged at build)
@@ -183,8 +221,21 @@ class AboveCrossoverEvaluator:
         self.flag = Hysteresis(hold_seconds)
         # Averaging longer than the hold would only delay the flag (and a short demo hold must stay short).
         self.batch_window = min(BATCH_WINDOW_SECONDS, hold_seconds)
+        self.ledger = GpuTimeLedger()
 
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
+        update = self._evaluate(obs, gpus)
+        if update.get("predicted_speedup_ratio") is None or not update.get("batch_size"):
+            self.ledger.gap()  # no prediction, or nothing running: nothing to account this cycle
+        else:
+            # The route's GPUs as mapped (config or process map); without a mapping, one GPU per engine.
+            route_gpus = len(obs.gpus) or max(1, len(obs.running_per_engine))
+            self.ledger.add(obs.ts, update["predicted_speedup_ratio"], route_gpus)
+        if self.source is not None and self.source.name != "batch_size":
+            update.update(self.ledger.fields())  # a fixed B* predicts no speedup: no ledger to show
+        return update
+
+    def _evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> dict[str, Any]:
         update: dict[str, Any] = {"compute_bound": compute_bound(gpus, obs.gpus)}
         if not obs.up:
             return {**update, "batch_size": None, "above_crossover": None, "predicted_speedup_ratio": None}

@@ -160,6 +160,8 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_batch_size", routes, "batch_size")
     _per_route(f, "route_above_crossover", routes, "above_crossover")
     _per_route(f, "route_predicted_speedup_ratio", routes, "predicted_speedup_ratio")
+    _per_route(f, "route_speculation_gpu_seconds_lost_total", routes, "speculation_gpu_seconds_lost_total")
+    _per_route(f, "route_speculation_gpu_seconds_saved_total", routes, "speculation_gpu_seconds_saved_total")
     _per_route(f, "route_compute_bound", routes, "compute_bound")
 
 
