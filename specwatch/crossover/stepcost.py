@@ -2,8 +2,8 @@
 
 A forward with B sequences, q new tokens each (M = B x q rows) and context L costs, per layer:
 - **GEMMs** (QKV, O, MLP; the LM head once): each the slower of streaming its weights (memory roof) and its
-  FLOPs (compute roof). The compute side is counted in output tiles: ceil(M/tile_m) x ceil(N/tile_n) tiles run
-  in waves of one tile per SM, so a GEMM with 129 rows costs like one with 256, and one whose tiles fill 1.1
+  FLOPs (compute roof). The compute side is counted in output tiles: rows padded to 64, columns to 128, run in
+  waves of one tile per SM, so a GEMM with 65 rows costs like one with 128, and one whose tiles fill 1.1
   waves costs 2. That is why B* is not simply proportional to a ridge point: where the knee sits depends on
   M, N and K of each GEMM, not only on the parameter count.
 - **MoE experts**: only experts that receive a token stream their weights. With top-k of E experts and
@@ -44,7 +44,8 @@ def gemm_s(m: float, n: float, k: float, weight_bytes: float, hw: "Hardware", ef
         return 0.0
     memory = (n * k * weight_bytes + 2.0 * m * (n + k)) / (eff.memory * hw.bandwidth)
     tm = tile_m(m)
-    tiles = math.ceil(m / tm) * math.ceil(n / TILE_N)
+    # Rows are padded to 64, not to the tile: libraries pick among 64-, 128- and 256-row tiles to waste least.
+    tiles = math.ceil(m / 64) * 64 / tm * math.ceil(n / TILE_N)
     compute = waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
     return max(memory, compute)
 
