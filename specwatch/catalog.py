@@ -80,6 +80,8 @@ METRICS: tuple[MetricSpec, ...] = (
     # --- crossover
     _m("route_crossover_batch_size", "gauge", "Batch size above which speculative decoding lowers throughput" + AS_OF,
        ("route", "source"), issue="crossover"),
+    _m("route_crossover_band_batch_size", "gauge", "Confidence band of the live-calibrated crossover batch size "
+       "(jackknife over observed batches)" + AS_OF, ("route", "source", "bound"), issue="crossover"),
     _m("route_batch_size", "gauge", "Time-weighted running requests per engine of the route" + AS_OF, ("route",),
        issue="crossover"),
     _m("route_above_crossover", "gauge", "Route batch above its crossover, with hysteresis (1) or not (0)" + AS_OF,

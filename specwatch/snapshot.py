@@ -44,6 +44,10 @@ class EngineCounters:
     # vLLM V0 lifetime gauges (legacy; counters of V0 are known-wrong and never read).
     lifetime_acceptance_rate: float | None = None
     lifetime_efficiency: float | None = None
+    # vLLM `inter_token_latency_seconds` histogram: one observation per decoding request per engine step,
+    # the time since that request's previous step, so sum / count is the mean step time.
+    itl_seconds_sum: float | None = None
+    itl_count: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,10 @@ class RouteState:
     compute_bound: bool | None = None
     speculation_gpu_seconds_lost_total: float | None = None  # None: no speedup-predicting crossover source
     speculation_gpu_seconds_saved_total: float | None = None
+    # live calibration from the route's own step times (estimate sources)
+    live_crossover_batch_size: float | None = None
+    live_crossover_lower: float | None = None
+    live_crossover_upper: float | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,8 @@ class RouteObservation:
     kv_usage: float | None = None
     window_acceptance: Mapping[str, float] = field(default_factory=dict)  # window -> ratio
     gpus: tuple[int, ...] = ()
+    # engine -> (seconds, observations) added to its step-time histogram since the last cycle (vLLM)
+    step_time_per_engine: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- building them fast

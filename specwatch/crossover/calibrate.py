@@ -69,8 +69,13 @@ def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str,
 
 
 def fit_models(groups: Sequence[tuple[StepModel, Sequence[StepPoint]]], source: str,
-               names: Sequence[str] | None = None, tolerance: float = 1e-4) -> tuple[Efficiency, float]:
-    """One efficiency for several (model, points) groups, e.g. several shapes on one GPU."""
+               names: Sequence[str] | None = None, tolerance: float = 1e-4,
+               tie_decode_attention: bool = True) -> tuple[Efficiency, float]:
+    """One efficiency for several (model, points) groups, e.g. several shapes on one GPU.
+
+    With `tie_decode_attention` (a fit from scratch) decode attention follows memory unless fitted; without
+    it, it keeps the model's value (a refit of a calibrated GPU).
+    """
     points_total = sum(len(points) for _, points in groups)
     if not points_total:
         raise ValueError("calibration needs at least one measured step time")
@@ -84,7 +89,7 @@ def fit_models(groups: Sequence[tuple[StepModel, Sequence[StepPoint]]], source: 
         eff = replace(base, **values)
         if not has_verify:
             eff = replace(eff, verify_attention=eff.memory)
-        if "decode_attention" not in values:
+        if tie_decode_attention and "decode_attention" not in values:
             eff = replace(eff, decode_attention=eff.memory)
         return eff
 

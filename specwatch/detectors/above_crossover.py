@@ -19,6 +19,7 @@ from specwatch.config import CrossoverConfig, RouteConfig
 from specwatch.crossover.estimate import build_step_model
 from specwatch.crossover.live import (CrossoverSource, EstimatedCrossover, FixedCrossover, LiveInputs,
                                       SweptCrossover, positions_from_rate)
+from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
 from specwatch.crossover.sweepfile import load_sweep
 from specwatch.detectors.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation
@@ -222,6 +223,9 @@ class AboveCrossoverEvaluator:
         # Averaging longer than the hold would only delay the flag (and a short demo hold must stay short).
         self.batch_window = min(BATCH_WINDOW_SECONDS, hold_seconds)
         self.ledger = GpuTimeLedger()
+        # Live calibration needs the route's roofline model: `estimate` sources only.
+        self.live = LiveCalibration(source.model) if isinstance(source, EstimatedCrossover) else None
+        self._context = 1024.0
 
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
         update = self._evaluate(obs, gpus)
@@ -255,17 +259,39 @@ class AboveCrossoverEvaluator:
                           gpus_per_engine=max(1, len(obs.gpus) // engines))
         try:
             answer = self.source.answer(live)
+            live_answer = self._live(obs, live) if self.live is not None else None
         except (ValueError, ArithmeticError) as exc:  # bad input never takes the daemon down
             log.warning("route %s: crossover %s failed: %s", obs.route, self.source.name, exc)
             return {**update, "crossover_source": self.source.name, "crossover_batch_size": None,
                     "above_crossover": None, "predicted_speedup_ratio": None}
         update.update(crossover_source=self.source.name, crossover_batch_size=answer.batch_size,
                       predicted_speedup_ratio=answer.speedup)
+        threshold = answer.batch_size
+        if live_answer is not None:
+            update.update(live_crossover_batch_size=live_answer.batch_size, live_crossover_lower=live_answer.lower,
+                          live_crossover_upper=live_answer.upper)
+            if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
+                threshold = live_answer.batch_size
+                if batch:
+                    update["predicted_speedup_ratio"] = self.live.speedup(live.positions, self._context, batch)
         if batch is None or not answer.known:
             update["above_crossover"] = None
         else:
-            update["above_crossover"] = self.flag.update(obs.ts, batch, answer.batch_size)
+            update["above_crossover"] = self.flag.update(obs.ts, batch, threshold)
         return update
+
+    def _live(self, obs: RouteObservation, live: LiveInputs) -> LiveAnswer | None:
+        """Feed this cycle's per-engine step times to the live calibration; its answer for the live acceptance."""
+        if obs.reset:
+            self.live.clear()  # a restarted engine may run another draft or configuration
+        for engine, (seconds, count) in obs.step_time_per_engine.items():
+            mean_batch = self.batches[engine].mean(obs.ts) if engine in self.batches else None
+            if count > 0 and mean_batch:
+                self.live.add(mean_batch, seconds / count, count)
+        if not live.positions:
+            return None
+        self._context = self.source.live_context(live)
+        return self.live.answer(live.positions, self._context, obs.ts)
 
     def _batch(self, obs: RouteObservation) -> float | None:
         running_per_engine = obs.running_per_engine

@@ -44,7 +44,7 @@ ENGINES: Mapping[str, EngineKind] = {
 }
 # What an endpoint is asked to filter its /metrics down to (name_filter.py): every engine kind's families, so
 # one request serves routes of any kind and `auto` detection still sees the engine's prefix.
-FILTER_NAMES = frozenset().union(*(kind.wanted for kind in ENGINES.values()))
+FILTER_NAMES = frozenset().union(*(kind.wanted for kind in ENGINES.values())) | vllm.FILTER_EXTRA
 _KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(vllm|sglang)[:_]", re.M)
 
 

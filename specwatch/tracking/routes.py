@@ -135,6 +135,17 @@ def _vllm_keys(k: int) -> tuple[str, ...]:
     return _VLLM_KEYS + tuple(f"pos:{j}" for j in range(k))
 
 
+_STEP_TIME_KEYS = ("itl_sum", "itl_count")
+
+
+def _step_time(eng: _Engine, e: EngineCounters) -> tuple[float, float] | None:
+    """(seconds, observations) added to the engine's step-time histogram this cycle; None without one."""
+    if e.itl_seconds_sum is None or e.itl_count is None:
+        return None
+    (seconds, count), _, _ = eng.update(_STEP_TIME_KEYS, (e.itl_seconds_sum, e.itl_count), None)
+    return seconds, count
+
+
 _SGLANG_KEYS = ("verify_calls", "generation_tokens")
 
 
@@ -196,6 +207,7 @@ class RouteTracker:
         init: Sums | None = None  # values adopted at first sight: only in a counter's first cycle
         reset = False
         self._lifetime_ratio = None
+        step_times: dict[str, tuple[float, float]] = {}
         if source == "counter":
             sglang = sample.engine_kind == "sglang"
             for e in sample.engines:
@@ -207,6 +219,9 @@ class RouteTracker:
                     i, a, r = _sglang_counter_sums(eng, e, engine_k)
                 else:
                     i, a, r = _vllm_sums(eng, e)
+                    step_time = _step_time(eng, e)
+                    if step_time is not None:
+                        step_times[e.engine] = step_time
                 inc = i if inc is _ZERO else inc.plus(i)  # the first engine's sums as they are: 0 + x is x
                 if a is not None:
                     init = a if init is None else init.plus(a)
@@ -240,6 +255,7 @@ class RouteTracker:
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
             gpus=gpus,
+            step_time_per_engine=step_times,
         ))
         self._last_obs = obs
         return obs
