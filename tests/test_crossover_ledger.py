@@ -3,8 +3,8 @@
 The demo's `code` route ramps its load from 8 to 160 concurrent requests, past its crossover (~64), and back
 to 16. Two simulated engines with the route's step-time table and acceptance, one speculating (k = 4) and
 one not, are stepped through that ramp offline (`SimEngine.advance`) in the demo's evaluation cycles. The
-crossover evaluator gets the speculating engine's batch and acceptance each cycle and a sweep of the same
-engines (their steady-state throughput per batch), as `specwatch sweep` would have measured it. Its
+crossover evaluator gets the speculating engine's batch and acceptance each cycle and the sweep the demo
+configures its daemon with (the engines' steady-state throughput per batch). Its
 counters must grow lost while the route is above the crossover, saved while below, and agree with what the
 two engines actually produced: sum over cycles of dt x (1 - spec tokens / plain tokens).
 """
@@ -16,14 +16,10 @@ import pytest
 from specwatch.crossover.live import SweptCrossover
 from specwatch.detectors.above_crossover import AboveCrossoverEvaluator, GpuTimeLedger
 from specwatch.simulator.clock import SimClock
-from specwatch.simulator.demo import load_demo_plan, route_crossover, simulation_spec
+from specwatch.simulator.demo import engine_sweep, load_demo_plan, route_crossover, simulation_spec
 from specwatch.simulator.engine import EngineSettings, SimEngine, StepRecord
 from specwatch.simulator.speculation import parse_profile
-from specwatch.simulator.steptime import step_seconds
 from specwatch.snapshot import RouteObservation
-
-SWEEP_LEVELS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
 
 class _Steps:
     def __init__(self) -> None:
@@ -34,17 +30,6 @@ class _Steps:
 
     def on_finish(self, engine, request, now) -> None:
         pass
-
-
-def sweep_of(step_time, k: int, tau: float) -> dict:
-    """Steady-state throughput of the plain and speculating engines at each level (decode only)."""
-    levels = []
-    for b in SWEEP_LEVELS:
-        plain = b / step_seconds(step_time, b, 0)
-        spec = b * tau / step_seconds(step_time, b, k)
-        levels.append({"concurrency": b, "plain": {"output_tokens_per_s": plain},
-                       "spec": {"output_tokens_per_s": spec}})
-    return {"levels": levels, "mean_acceptance_length": tau, "num_speculative_tokens": k}
 
 
 def test_ledger_arithmetic():
@@ -76,7 +61,7 @@ def test_demo_ramp_lost_above_saved_below_matches_the_engines():
 
     spec_engine, spec_steps = engine(spec.k)
     plain_engine, plain_steps = engine(0)
-    source = SweptCrossover(sweep_of(spec.step_time, spec.k, profile.mean_tokens_per_step()))
+    source = SweptCrossover(engine_sweep(spec))  # what the demo's daemon is configured with
     evaluator = AboveCrossoverEvaluator(source, hold_seconds=60.0)
 
     cycle = plan.interval_seconds * plan.time_scale  # the demo's evaluation interval, in simulated seconds
