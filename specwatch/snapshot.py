@@ -44,10 +44,6 @@ class EngineCounters:
     # vLLM V0 lifetime gauges (legacy; counters of V0 are known-wrong and never read).
     lifetime_acceptance_rate: float | None = None
     lifetime_efficiency: float | None = None
-    # vLLM `inter_token_latency_seconds` histogram: one observation per decoding request per engine step,
-    # the time since that request's previous step, so sum / count is the mean step time.
-    itl_seconds_sum: float | None = None
-    itl_count: float | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +58,10 @@ class EngineSample:
     speculation_enabled: bool = True
     num_speculative_tokens: int | None = None  # k, e.g. the number of vLLM `position` values
     engines: tuple[EngineCounters, ...] = ()
+    # engine -> (sum, count) of vLLM's `inter_token_latency_seconds` histogram: one observation per decoding
+    # request per engine step, the time since that request's previous step, so sum / count is the mean step
+    # time. Kept apart from EngineCounters, which is built per engine on the hot path.
+    step_time_totals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -81,9 +81,13 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
         raise NoData(f"no vLLM engine matches engines={list(engines)}")
     spec_on = bool(selected.get("vllm:spec_decode_num_drafts_total"))
     counters = []
+    step_times = {}
     k = 0
     for engine in sorted(by_engine, key=label_sort_key):
         fields = by_engine[engine]
+        seconds, count = fields.pop("itl_seconds_sum", None), fields.pop("itl_count", None)
+        if seconds is not None and count is not None:
+            step_times[engine] = (seconds, count)
         per_pos = fields.pop("per_pos", {})
         positions = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
         k = max(k, len(positions))
@@ -92,7 +96,7 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     return build(EngineSample, dict(
         ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none", model_name=model,
         engine_version=version, speculation_enabled=spec_on, num_speculative_tokens=(k or None) if spec_on else None,
-        engines=tuple(counters)))
+        engines=tuple(counters), step_time_totals=step_times))
 
 
 def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:

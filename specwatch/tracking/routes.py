@@ -138,11 +138,9 @@ def _vllm_keys(k: int) -> tuple[str, ...]:
 _STEP_TIME_KEYS = ("itl_sum", "itl_count")
 
 
-def _step_time(eng: _Engine, e: EngineCounters) -> tuple[float, float] | None:
-    """(seconds, observations) added to the engine's step-time histogram this cycle; None without one."""
-    if e.itl_seconds_sum is None or e.itl_count is None:
-        return None
-    (seconds, count), _, _ = eng.update(_STEP_TIME_KEYS, (e.itl_seconds_sum, e.itl_count), None)
+def _step_time(eng: _Engine, seconds_total: float, count_total: float) -> tuple[float, float]:
+    """(seconds, observations) added to the engine's step-time histogram since the last cycle."""
+    (seconds, count), _, _ = eng.update(_STEP_TIME_KEYS, (seconds_total, count_total), None)
     return seconds, count
 
 
@@ -219,13 +217,14 @@ class RouteTracker:
                     i, a, r = _sglang_counter_sums(eng, e, engine_k)
                 else:
                     i, a, r = _vllm_sums(eng, e)
-                    step_time = _step_time(eng, e)
-                    if step_time is not None:
-                        step_times[e.engine] = step_time
                 inc = i if inc is _ZERO else inc.plus(i)  # the first engine's sums as they are: 0 + x is x
                 if a is not None:
                     init = a if init is None else init.plus(a)
                 reset = reset or r
+            for engine, (seconds, count) in sample.step_time_totals.items():
+                eng = self._engines.get(engine)
+                if eng is not None:
+                    step_times[engine] = _step_time(eng, seconds, count)
         elif source == "gauge":
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
