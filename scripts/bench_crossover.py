@@ -56,7 +56,8 @@ def estimator_section() -> list[str]:
     table = load_reference()
     run = table.run(1024)
     hardware, shipped = gpus.lookup("H200")
-    base = StepModel(LLAMA3_8B, hardware, Efficiency(), draft=Draft.parse("eagle3", LLAMA3_8B))
+    base = StepModel(LLAMA3_8B, hardware, Efficiency(verify_reads_per_query_head=True),
+                     draft=Draft.parse("eagle3", LLAMA3_8B))
     started = time.perf_counter()
     fitted, rms = fit_efficiency(base, reference_points(run), "bench")
     fit_ms = (time.perf_counter() - started) * 1000

@@ -90,12 +90,18 @@ METRICS: tuple[MetricSpec, ...] = (
     # --- crossover
     _m("route_crossover_batch_size", "gauge", "Batch size above which speculative decoding lowers throughput" + AS_OF,
        ("route", "source"), area="crossover"),
+    _m("route_crossover_band_batch_size", "gauge", "Confidence band of the live-calibrated crossover batch size "
+       "(jackknife over observed batches)" + AS_OF, ("route", "source", "bound"), area="crossover"),
     _m("route_batch_size", "gauge", "Time-weighted running requests per engine of the route" + AS_OF, ("route",),
        area="crossover"),
     _m("route_above_crossover", "gauge", "Route batch above its crossover, with hysteresis (1) or not (0)" + AS_OF,
        ("route",), area="crossover"),
     _m("route_predicted_speedup_ratio", "gauge", "Predicted spec / plain throughput at the current batch" + AS_OF,
        ("route",), area="crossover"),
+    _m("route_speculation_gpu_seconds_lost_total", "counter", "GPU-seconds speculative decoding cost the route: "
+       "GPUs x time x (1 - predicted speedup) while the speedup is below 1", ("route",), area="crossover"),
+    _m("route_speculation_gpu_seconds_saved_total", "counter", "GPU-seconds speculative decoding saved the route: "
+       "GPUs x time x (predicted speedup - 1) while the speedup is above 1", ("route",), area="crossover"),
     _m("route_compute_bound", "gauge", "The route's GPUs look compute-bound by GPM tensor and DRAM activity" + AS_OF,
        ("route",), area="crossover"),
     # --- gpu

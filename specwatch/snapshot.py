@@ -60,6 +60,10 @@ class EngineSample:
     speculation_enabled: bool = True
     num_speculative_tokens: int | None = None  # k, e.g. the number of vLLM `position` values
     engines: tuple[EngineCounters, ...] = ()
+    # engine -> (sum, count) of vLLM's `inter_token_latency_seconds` histogram: one observation per decoding
+    # request per engine step, the time since that request's previous step, so sum / count is the mean step
+    # time. Kept apart from EngineCounters, which is built per engine on the hot path.
+    step_time_totals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,12 @@ class RouteState:
     above_crossover: bool | None = None
     predicted_speedup_ratio: float | None = None
     compute_bound: bool | None = None
+    speculation_gpu_seconds_lost_total: float | None = None  # None: no speedup-predicting crossover source
+    speculation_gpu_seconds_saved_total: float | None = None
+    # live calibration from the route's own step times (estimate sources)
+    live_crossover_batch_size: float | None = None
+    live_crossover_lower: float | None = None
+    live_crossover_upper: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,3 +185,5 @@ class RouteObservation:
     kv_usage: float | None = None
     window_acceptance: Mapping[str, float] = field(default_factory=dict)  # window -> ratio
     gpus: tuple[int, ...] = ()
+    # engine -> (seconds, observations) added to its step-time histogram since the last cycle (vLLM)
+    step_time_per_engine: Mapping[str, tuple[float, float]] = field(default_factory=dict)

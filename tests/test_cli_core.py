@@ -97,6 +97,13 @@ def test_status_table_shows_optional_columns_only_when_present():
     text = table_text(routes_document(full)["routes"])  # the bare list works too
     assert "baseline" in text and "0.70 -28.6%" in text and "DEGRADED" in text
     assert "40.0/32.0" in text and "ABOVE" in text and "– 0.50* –" in text
+    assert "GPU-h" not in text  # no speedup-predicting source: no ledger column
+    ledger = Snapshot(timestamp=1.0, routes=(
+        route("code", up=True, batch_size=120.0, crossover_batch_size=64.4, above_crossover=True,
+              speculation_gpu_seconds_lost_total=5400.0, speculation_gpu_seconds_saved_total=720.0),
+    ))
+    text = table_text(routes_document(ledger))
+    assert "GPU-h lost/saved" in text and "1.50/0.20" in text
 
 
 def test_status_against_a_live_daemon(capsys):

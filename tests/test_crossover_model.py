@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specwatch.cli import main as cli_main
-from specwatch.crossover import gpus
+from specwatch.crossover import gpus, shapes
 from specwatch.crossover.calibrate import fit_efficiency, reference_points
 from specwatch.crossover.hfconfig import shape_from_hf_config
 from specwatch.crossover.model import (LLAMA3_8B, Draft, Efficiency, StepModel, closed_form_crossover,
@@ -71,22 +71,96 @@ def test_interpolate_crossover_edges():
     assert interpolate_crossover([(4, 1.5), (16, 0.5)], log_x=True) == pytest.approx(8.0)
 
 
-@pytest.mark.parametrize("gamma", [2, 4])
-@pytest.mark.parametrize("alpha", [0.6, 0.7, 0.8])
-def test_calibrated_estimate_within_25_percent_of_h200(table, gamma, alpha):
-    measured = table.run(1024).measured_crossover(gamma, alpha)
-    estimated = h200_model().crossover(positions_from_alpha(alpha, gamma), 1024)
-    assert estimated == pytest.approx(measured, rel=0.25)
+@pytest.fixture(scope="module")
+def shape_tables():
+    return {t.name: t for t in shapes.load_tables()}
 
 
-def test_refit_reproduces_shipped_h200_efficiency(table):
-    fitted, rms = fit_efficiency(h200_model(Efficiency()), reference_points(table.run(1024)), "test")
+# Dense GQA shapes where the shipped calibration holds; llama3.2-1b (head dim 64), the MHA llama2-7b and the
+# MoE miss, as docs/benchmarks.md reports.
+HELD_SHAPES = ("qwen2.5-1.5b", "llama3-8b", "qwen2.5-14b", "codellama-34b")
+
+
+def test_shape_tables_load(shape_tables):
+    assert len(shape_tables) == 7
+    moe = shape_tables["qwen3-30b-a3b"].shape
+    assert moe.experts == 128 and moe.experts_per_token == 8
+    assert moe.params / 1e9 == pytest.approx(30.5, abs=0.3)
+    assert moe.active_params / 1e9 == pytest.approx(3.03, abs=0.01)  # 3.3 B with the embedding
+    assert shape_tables["llama2-7b"].shape.gqa_ratio == 1
+    assert shape_tables["codellama-34b"].shape.params / 1e9 == pytest.approx(33.7, abs=0.2)
+
+
+@pytest.mark.parametrize("name", HELD_SHAPES)
+def test_calibrated_estimate_within_25_percent_of_shape_tables(shape_tables, name):
+    for cell in shapes.score(shape_tables[name], gpus.CALIBRATED["H200"]):
+        assert cell.error is not None and abs(cell.error) <= 0.25, cell
+
+
+def test_held_out_shape_predicted_within_25_percent(shape_tables):
+    """Fit without CodeLlama-34B (the largest shape, GQA 8), predict its B*."""
+    held = shape_tables["codellama-34b"]
+    eff, _ = shapes.fit([t for t in shape_tables.values() if t is not held])
+    for cell in shapes.score(held, eff):
+        assert cell.error is not None and abs(cell.error) <= 0.25, cell
+
+
+def test_refit_reproduces_shipped_h200_efficiency(shape_tables):
+    fitted, rms = shapes.fit(list(shape_tables.values()))
     shipped = gpus.CALIBRATED["H200"]
-    assert rms < 0.05
-    assert fitted.memory == pytest.approx(shipped.memory, abs=0.01)
-    assert fitted.compute == pytest.approx(shipped.compute, abs=0.02)
-    assert fitted.verify_attention == pytest.approx(shipped.verify_attention, abs=0.01)
-    assert fitted.step_overhead_s == pytest.approx(shipped.step_overhead_s, abs=5e-5)
+    assert rms < 0.10
+    for name in ("memory", "compute", "verify_attention", "decode_attention"):
+        assert getattr(fitted, name) == pytest.approx(getattr(shipped, name), abs=0.01), name
+    assert fitted.layer_overhead_s == pytest.approx(shipped.layer_overhead_s, abs=2e-6)
+    assert fitted.step_overhead_s == pytest.approx(shipped.step_overhead_s, abs=2e-5)
+
+
+def test_reference_table_single_fit_still_works(table):
+    """`crossover calibrate --reference` fits the 8B table alone with the per-kernel model."""
+    fitted, rms = fit_efficiency(h200_model(Efficiency(verify_reads_per_query_head=True)),
+                                 reference_points(table.run(1024)), "test")
+    assert rms < 0.10
+    measured = table.run(1024).measured_crossover(4, 0.7)
+    assert h200_model(fitted).crossover(positions_from_alpha(0.7, 4), 1024) == pytest.approx(measured, rel=0.25)
+
+
+def test_moe_touches_experts_as_batch_grows():
+    from specwatch.crossover.stepcost import experts_touched
+    assert experts_touched(1, 128, 8) == pytest.approx(8)
+    assert experts_touched(16, 128, 8) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 16))
+    assert experts_touched(2048, 128, 8) == pytest.approx(128, rel=1e-6)
+
+
+def test_params_raw_count_is_converted(capsys):
+    rc = cli_main(["crossover", "estimate", "--gpu", "H200", "--params", "70e9", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0
+    assert "raw parameter count: 70 billion" in out.err
+    doc = json.loads(out.out)
+    assert any("70B" in line for line in doc["assumptions"])
+    assert any("outside the validated" in w for w in doc["warnings"])
+    rc = cli_main(["crossover", "estimate", "--gpu", "H200", "--params", "70", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["crossover_batch_size"] == doc["crossover_batch_size"]
+
+
+def test_params_ambiguous_exits_2(capsys):
+    assert cli_main(["crossover", "estimate", "--gpu", "H200", "--params", "20000"]) == 2
+    assert "neither billions" in capsys.readouterr().err
+
+
+def test_estimate_prints_assumptions_and_no_warning_inside_validated_range(capsys):
+    rc = cli_main(["crossover", "estimate", "--gpu", "H200", "--layers", "48", "--hidden-size", "5120",
+                   "--kv-heads", "8", "--head-dim", "128", "--params", "14.7", "--context", "1024"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "Assumptions:" in out and "GQA 5" in out and "context 1024" in out
+    assert "warning:" not in out
+    rc = cli_main(["crossover", "estimate", "--gpu", "L40S", "--params", "8", "--context", "32768", "--dtype", "fp8"])
+    out = capsys.readouterr().out
+    assert "warning: L40S has no measured efficiencies" in out
+    assert "warning: context 32768 is outside" in out
+    assert "warning: fp8 weights" in out
 
 
 def test_uncalibrated_model_has_no_crossover_below_ridge_at_gamma_1():
@@ -148,7 +222,7 @@ def test_cli_estimate_json(capsys):
                    "--draft", "eagle3", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"crossover_batch_size", "speedup"}
+    assert set(out) == {"crossover_batch_size", "speedup", "assumptions", "warnings"}
     assert 50 < out["crossover_batch_size"] < 100
     assert out["speedup"]["1"] > 1 > out["speedup"]["256"]
 

@@ -14,6 +14,8 @@ import urllib.request
 import pytest
 
 from specwatch.config import parse_config
+from specwatch.crossover.live import LiveInputs, SweptCrossover
+from specwatch.crossover.sweepfile import load_sweep
 from specwatch.simulator.demo import daemon_config, load_demo_plan, route_crossover, simulation_spec
 from specwatch.simulator.launch import free_port
 from specwatch.simulator.scenario import ScenarioError
@@ -54,7 +56,9 @@ def test_generated_config_is_valid_and_uses_each_engines_own_crossover(tmp_path)
     assert config.state_dir == str(tmp_path) and config.gpu.enabled == "false"
     code = config.route("code")
     assert code.url == urls["code"] and code.engine == "sglang"
-    assert 64 < code.crossover.batch_size < 96  # k=4, alpha 0.7 on the H200 table: the reference's bracket
+    # k=4, alpha 0.7 on the H200 table: the sweep of the engines crosses in the reference's bracket
+    swept = SweptCrossover(load_sweep(code.crossover.sweep_file)).answer(LiveInputs(positions=(), batch=None))
+    assert code.crossover.kind == "sweep" and 64 < swept.batch_size < 96
     assert code.detection.min_duration_seconds <= 15
     chat_profile = parse_profile(specs["chat"].acceptance, specs["chat"].k)
     # pinned to what the simulated engine really starts with, so the drop is measured against the truth

@@ -48,6 +48,8 @@ def full_snapshot() -> Snapshot:
         baseline_ratio=0.7, drop_ratio=0.142857, degraded=False, cusum_statistic=3.5, model_changes_total=1.0,
         last_model_change_timestamp=1764400000.0, crossover_batch_size=32.0, crossover_source="sweep",
         batch_size=12.0, above_crossover=False, predicted_speedup_ratio=1.35, compute_bound=False,
+        speculation_gpu_seconds_lost_total=120.0, speculation_gpu_seconds_saved_total=3600.0,
+        live_crossover_batch_size=40.0, live_crossover_lower=35.0, live_crossover_upper=46.0,
     )
     code = RouteState(
         name="code", up=False, engine_kind="sglang", model_name="Qwen/Qwen3-8B", engine_version="0.5.10",

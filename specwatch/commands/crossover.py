@@ -8,8 +8,9 @@ import sys
 from dataclasses import replace
 
 from specwatch.crossover.calibrate import fit_efficiency, reference_points, sweep_points
-from specwatch.crossover.estimate import EstimateInputs, build_step_model
-from specwatch.crossover.model import LLAMA3_8B, positions_from_alpha, tau
+from specwatch.crossover.estimate import (EstimateInputs, assumptions, build_step_model, params_in_billions,
+                                          validation_warnings)
+from specwatch.crossover.model import LLAMA3_8B, positions_from_alpha
 from specwatch.crossover.reference import load_reference
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="", help="GPU name (H200, H100-SXM, ...); default: detected through NVML")
-    p.add_argument("--params", type=float, help="target parameters in billions")
+    p.add_argument("--params", type=float,
+                   help="target parameters in billions (70 for a 70B model); a raw count such as 70e9 is converted")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"))
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden-size", type=int)
@@ -74,10 +76,14 @@ def _batches(text: str) -> tuple[int, ...]:
 
 
 def estimate_inputs(args: argparse.Namespace) -> EstimateInputs:
-    return EstimateInputs(gpu=args.gpu, params=args.params, dtype=args.dtype, layers=args.layers,
+    params = None
+    if args.params is not None:
+        params, note = params_in_billions(args.params)
+        if note:
+            print(f"specwatch crossover: {note}", file=sys.stderr)
+    return EstimateInputs(gpu=args.gpu, params=params, dtype=args.dtype, layers=args.layers,
                           hidden_size=args.hidden_size, kv_heads=args.kv_heads, head_dim=args.head_dim,
                           hf_config=args.hf_config, draft=args.draft)
-
 
 
 
@@ -95,7 +101,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    model = build_step_model(estimate_inputs(args))
+    inputs = estimate_inputs(args)
+    model = build_step_model(inputs)
     positions = args.positions or positions_from_alpha(args.alpha, args.gamma)
     gamma = len(positions)
     if args.calibrate_from:
@@ -108,12 +115,15 @@ def _estimate(args: argparse.Namespace) -> int:
     bstar = model.crossover(positions, args.context)
     speedups = {str(b): round(model.speedup(b, positions, args.context), 3) for b in args.batches}
     if args.json:
-        print(json.dumps({"crossover_batch_size": None if bstar is None else round(bstar, 1), "speedup": speedups}))
+        print(json.dumps({"crossover_batch_size": None if bstar is None else round(bstar, 1), "speedup": speedups,
+                          "assumptions": assumptions(model, inputs, positions, args.context),
+                          "warnings": validation_warnings(model, inputs, args.context)}))
         return 0
-    print(f"GPU {model.hardware.name} ({model.efficiency.source}); target {model.shape.params / 1e9:.1f}B "
-          f"{model.dtype}; draft {model.draft.kind if model.draft else 'none'}; gamma {gamma}, "
-          f"tau {tau(positions):.2f}, "
-          f"context {args.context:g}")
+    print("Assumptions:")
+    for line in assumptions(model, inputs, positions, args.context):
+        print(f"  {line}")
+    for line in validation_warnings(model, inputs, args.context):
+        print(f"warning: {line}")
     if bstar is None:
         print("B*: none (speculation wins at every batch up to 4096)")
     else:

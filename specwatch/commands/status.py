@@ -61,6 +61,11 @@ def _number(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else _DASH
 
 
+def _hours(seconds: Any) -> str:
+    """GPU-seconds as GPU-hours since the daemon started (the counters' lifetime)."""
+    return f"{seconds / 3600:.2f}" if isinstance(seconds, (int, float)) else _DASH
+
+
 def _cell(text: str) -> Text:
     return Text(text, no_wrap=True, overflow="ellipsis")
 
@@ -73,7 +78,8 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
     """A rich Table of routes, from the /api/v1/routes document (or its `routes` list).
 
     The baseline column appears when any route has a baseline or a verdict, batch/crossover when any has a
-    crossover or a batch size, and then a verdict column (DEGRADED, ABOVE the crossover, or ok).
+    crossover or a batch size, GPU-hours lost/saved by speculation (since the daemon started) when any route's
+    crossover source predicts a speedup, and then a verdict column (DEGRADED, ABOVE the crossover, or ok).
     """
     doc = routes_json if isinstance(routes_json, Mapping) else {"routes": list(routes_json)}
     routes: list[Mapping[str, Any]] = [r for r in doc.get("routes", []) if isinstance(r, Mapping)]
@@ -82,6 +88,7 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
                else "no evaluation yet")
     detection = _any(routes, "baseline_ratio", "drop_ratio", "degraded")
     crossover = _any(routes, "crossover_batch_size", "batch_size", "above_crossover")
+    ledger = _any(routes, "speculation_gpu_seconds_lost_total", "speculation_gpu_seconds_saved_total")
 
     table = Table(title="specwatch routes", caption=caption, header_style="bold")
     # One line per route. Numbers never shrink; when the terminal is narrow, engine and model are cut short.
@@ -94,6 +101,8 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
         numbers.append("baseline drop")
     if crossover:
         numbers.append("batch/xover")
+    if ledger:
+        numbers.append("GPU-h lost/saved")
     for header in numbers:
         table.add_column(header, justify="right", no_wrap=True)
     if detection or crossover:
@@ -123,6 +132,9 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
             row.append(f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}")
             if r.get("above_crossover"):
                 verdict.append("ABOVE ", style="bold yellow")
+        if ledger:
+            lost, saved = r.get("speculation_gpu_seconds_lost_total"), r.get("speculation_gpu_seconds_saved_total")
+            row.append(f"{_hours(lost)}/{_hours(saved)}")
         if detection or crossover:
             row.append(verdict if verdict.plain else Text("ok", style="green") if r.get("up") else Text(_DASH))
         table.add_row(*row)

@@ -14,9 +14,12 @@ from typing import Any, Iterable, Sequence
 
 from specwatch.crossover.model import Efficiency, StepModel
 
-# (lower, upper) bounds per parameter; overhead in seconds.
+# (lower, upper) bounds per parameter; overheads in seconds.
 _BOUNDS = {"memory": (0.2, 1.0), "compute": (0.05, 1.0), "verify_attention": (0.02, 1.0),
-           "step_overhead_s": (0.0, 0.02)}
+           "step_overhead_s": (0.0, 0.02), "decode_attention": (0.1, 1.0), "layer_overhead_s": (0.0, 0.0005)}
+# Everything the per-kernel model has: what a table with plain, verify and draft times of several shapes fits.
+ALL_PARAMETERS = ("memory", "compute", "verify_attention", "decode_attention", "layer_overhead_s",
+                  "step_overhead_s")
 
 
 @dataclass(frozen=True)
@@ -41,44 +44,71 @@ def predict(model: StepModel, p: StepPoint) -> float:
 
 def loss(model: StepModel, points: Sequence[StepPoint]) -> float:
     """Mean squared log error: relative, so 5 ms and 80 ms steps weigh alike."""
+    return _sum_sq_log(model, points) / len(points)
+
+
+def _sum_sq_log(model: StepModel, points: Sequence[StepPoint]) -> float:
     total = 0.0
     for p in points:
         predicted = predict(model, p)
         if predicted <= 0 or p.seconds <= 0:
             return math.inf
         total += math.log(predicted / p.seconds) ** 2
-    return total / len(points)
+    return total
 
 
-def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str) -> tuple[Efficiency, float]:
+def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str,
+                   names: Sequence[str] | None = None) -> tuple[Efficiency, float]:
     """Best efficiencies for `points` and the RMS relative (log) error of the fit.
 
-    Parameters the points cannot inform keep the model's values: no multi-token point -> verify_attention
-    stays equal to memory.
+    By default fits memory, compute and the per-forward overhead, plus verify_attention when there are
+    multi-token points; parameters the points cannot inform keep the model's values (no multi-token point ->
+    verify_attention stays equal to memory).
     """
-    if not points:
-        raise ValueError("calibration needs at least one measured step time")
-    has_verify = any(p.q > 1 for p in points)
-    names = ["memory", "compute", "step_overhead_s"] + (["verify_attention"] if has_verify else [])
+    return fit_models([(model, points)], source, names)
 
-    def evaluate(values: dict[str, Any]) -> float:
-        eff = replace(model.efficiency, **values)
+
+def fit_models(groups: Sequence[tuple[StepModel, Sequence[StepPoint]]], source: str,
+               names: Sequence[str] | None = None, tolerance: float = 1e-4,
+               tie_decode_attention: bool = True) -> tuple[Efficiency, float]:
+    """One efficiency for several (model, points) groups, e.g. several shapes on one GPU.
+
+    With `tie_decode_attention` (a fit from scratch) decode attention follows memory unless fitted; without
+    it, it keeps the model's value (a refit of a calibrated GPU).
+    """
+    points_total = sum(len(points) for _, points in groups)
+    if not points_total:
+        raise ValueError("calibration needs at least one measured step time")
+    base = groups[0][0].efficiency
+    has_verify = any(p.q > 1 for _, points in groups for p in points)
+    if names is None:
+        names = ["memory", "compute", "step_overhead_s"] + (["verify_attention"] if has_verify else [])
+    names = list(names)
+
+    def efficiency(values: dict[str, Any]) -> Efficiency:
+        eff = replace(base, **values)
         if not has_verify:
             eff = replace(eff, verify_attention=eff.memory)
-        return loss(model.with_efficiency(eff), points)
+        if tie_decode_attention and "decode_attention" not in values:
+            eff = replace(eff, decode_attention=eff.memory)
+        return eff
+
+    def evaluate(values: dict[str, float]) -> float:
+        eff = efficiency(values)
+        return sum(_sum_sq_log(model.with_efficiency(eff), points) for model, points in groups) / points_total
 
     # Coarse grid over the two roofs, then pattern search over everything.
-    start = {n: getattr(model.efficiency, n) for n in names}
+    start = {n: getattr(base, n) for n in names}
     best, best_loss = dict(start), evaluate(start)
     for mem, comp in itertools.product((0.4, 0.6, 0.8), (0.2, 0.4, 0.7)):
         cand = {**start, "memory": mem, "compute": comp}
-        if has_verify:
+        if has_verify and "verify_attention" in names:
             cand["verify_attention"] = mem / 2
         cand_loss = evaluate(cand)
         if cand_loss < best_loss:
             best, best_loss = cand, cand_loss
     steps = {n: (hi - lo) / 8 for n, (lo, hi) in _BOUNDS.items()}
-    while max(steps[n] / (_BOUNDS[n][1] - _BOUNDS[n][0]) for n in names) > 1e-4:
+    while max(steps[n] / (_BOUNDS[n][1] - _BOUNDS[n][0]) for n in names) > tolerance:
         improved = False
         for n in names:
             for sign in (1, -1):
@@ -89,10 +119,7 @@ def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str) -
                     best, best_loss, improved = cand, cand_loss, True
         if not improved:
             steps = {n: s / 2 for n, s in steps.items()}
-    eff = replace(model.efficiency, **best, source=source)
-    if not has_verify:
-        eff = replace(eff, verify_attention=eff.memory)
-    return eff, math.sqrt(best_loss)
+    return replace(efficiency(best), source=source), math.sqrt(best_loss)
 
 
 def reference_points(run, qs: Iterable[int] = (1, 5), with_draft: bool = True) -> list[StepPoint]:

@@ -56,3 +56,82 @@ def build_step_model(inp: EstimateInputs, default_shape: ModelShape | None = Non
     shape = resolve_shape(inp, default_shape)
     return StepModel(shape=shape, hardware=hardware, efficiency=efficiency, dtype=inp.dtype,
                      draft=Draft.parse(inp.draft, shape))
+
+
+# --params is in billions. Nothing served has more than a few thousand billion parameters, and a raw count
+# is at least millions: values in between are neither, and are refused.
+MAX_BILLIONS = 5000.0
+MIN_RAW_COUNT = 1e6
+
+
+def params_in_billions(value: float) -> tuple[float, str | None]:
+    """--params as billions, and a note when a raw count was converted. Raises ValueError when ambiguous."""
+    if not value > 0:
+        raise ValueError(f"--params must be positive, got {value:g}")
+    if value <= MAX_BILLIONS:
+        return value, None
+    if value >= MIN_RAW_COUNT:
+        billions = value / 1e9
+        return billions, (f"--params {value:g} read as a raw parameter count: {billions:g} billion "
+                          f"(the flag takes billions: --params {billions:g})")
+    raise ValueError(f"--params {value:g} is neither billions (at most {MAX_BILLIONS:g}) nor a raw parameter count "
+                     f"(at least {MIN_RAW_COUNT:g}); for a 70B model say --params 70 or --params 70e9")
+
+
+def assumptions(model: StepModel, inp: EstimateInputs, positions: tuple[float, ...], context: float) -> list[str]:
+    """What an estimate rests on, one line each, for printing with it."""
+    hw, eff, shape = model.hardware, model.efficiency, model.shape
+    if inp.hf_config:
+        origin = f"from {inp.hf_config}"
+    elif inp.layers is not None:
+        origin = "from --layers/--hidden-size/--kv-heads/--head-dim"
+    elif inp.params:
+        origin = f"a Llama-like shape scaled to {inp.params:g}B (pass --hf-config for the real one)"
+    else:
+        origin = "default"
+    moe = f", MoE {shape.experts} experts top-{shape.experts_per_token}" if shape.experts else ""
+    lines = [
+        f"GPU {hw.name}: {hw.bandwidth / 1e12:g} TB/s, {hw.flops(model.dtype) / 1e12:g} dense TFLOP/s "
+        f"({model.dtype}), {hw.sms} SMs",
+        f"efficiency: memory {eff.memory:.3f}, compute {eff.compute:.3f}, decode attention "
+        f"{eff.decode_attention:.3f}, verify attention {eff.verify_attention:.3f}"
+        f"{' (per query head)' if eff.verify_reads_per_query_head else ''}, overhead "
+        f"{eff.layer_overhead_s * 1e6:.0f} us/layer + {eff.step_overhead_s * 1e6:.0f} us/step ({eff.source})",
+        f"target {shape.params / 1e9:.2f}B params, {origin}: {shape.layers} layers, hidden {shape.hidden_size}, "
+        f"{shape.attention_heads} heads / {shape.kv_heads} KV heads (GQA {shape.gqa_ratio:g}), head dim "
+        f"{shape.head_dim}, FFN {shape.intermediate_size}{moe}, vocab {shape.vocab_size}",
+        f"draft {model.draft.kind if model.draft else 'none'}"
+        + (f": {model.draft.params / 1e9:.2f}B params" if model.draft and model.draft.params else ""),
+        f"gamma {len(positions)}, acceptance p_j {', '.join(f'{p:.2f}' for p in positions)}, tau "
+        f"{1 + sum(positions):.2f}; context {context:g} tokens per sequence",
+        "kernel-level step times: no scheduler, sampler or rejection cost (real engines cross earlier)",
+    ]
+    return lines
+
+
+def validation_warnings(model: StepModel, inp: EstimateInputs, context: float) -> list[str]:
+    """Where this estimate leaves what the estimator was validated on (`docs/benchmarks.md`)."""
+    from specwatch.crossover import gpus, shapes
+
+    warnings = []
+    rng = shapes.validated_range()
+    if model.hardware.name not in gpus.CALIBRATED:
+        warnings.append(f"{model.hardware.name} has no measured efficiencies: default derating, B* likely optimistic")
+    billions = model.shape.params / 1e9
+    lo, hi = rng["params_billions"]
+    if not lo * 0.9 <= billions <= hi * 1.1:
+        warnings.append(f"{billions:.1f}B parameters is outside the validated {lo:.1f}-{hi:.1f}B")
+    lo, hi = rng["gqa_ratio"]
+    if not lo <= model.shape.gqa_ratio <= hi:
+        warnings.append(f"GQA ratio {model.shape.gqa_ratio:g} is outside the validated {lo:g}-{hi:g}")
+    lo, hi = rng["context"]
+    if not lo * 0.5 <= context <= hi * 2:
+        warnings.append(f"context {context:g} is outside the validated {lo:g}-{hi:g} tokens (long-context verify "
+                        "attention is not validated)")
+    if model.dtype != "bf16":
+        warnings.append(f"{model.dtype} weights: only bf16 was measured")
+    if model.shape.experts:
+        warnings.append("MoE: validated on one shape (Qwen3-30B-A3B) with uniform routing only")
+    if inp.params and not inp.hf_config and inp.layers is None:
+        warnings.append("shape guessed from the parameter count: GQA, width and depth are Llama-like guesses")
+    return warnings

@@ -15,23 +15,25 @@ GB = 1e9
 T = 1e12
 
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    Hardware("A100-40GB", 1555 * GB, 312 * T, None, 40 * GB),
-    Hardware("A100-80GB", 2039 * GB, 312 * T, None, 80 * GB),
+    Hardware("A100-40GB", 1555 * GB, 312 * T, None, 40 * GB, sms=108),
+    Hardware("A100-80GB", 2039 * GB, 312 * T, None, 80 * GB, sms=108),
     Hardware("H100-SXM", 3350 * GB, 989 * T, 1979 * T, 80 * GB),
-    Hardware("H100-PCIE", 2000 * GB, 756 * T, 1513 * T, 80 * GB),
+    Hardware("H100-PCIE", 2000 * GB, 756 * T, 1513 * T, 80 * GB, sms=114),
     Hardware("H200", 4800 * GB, 989 * T, 1979 * T, 141 * GB),
-    Hardware("B200", 8000 * GB, 2250 * T, 4500 * T, 180 * GB),
-    Hardware("L40S", 864 * GB, 362 * T, 733 * T, 48 * GB),
-    Hardware("L4", 300 * GB, 121 * T, 242 * T, 24 * GB),
-    Hardware("MI300X", 5300 * GB, 1307 * T, 2615 * T, 192 * GB),
+    Hardware("B200", 8000 * GB, 2250 * T, 4500 * T, 180 * GB, sms=148),
+    Hardware("L40S", 864 * GB, 362 * T, 733 * T, 48 * GB, sms=142),
+    Hardware("L4", 300 * GB, 121 * T, 242 * T, 24 * GB, sms=58),
+    Hardware("MI300X", 5300 * GB, 1307 * T, 2615 * T, 192 * GB, sms=304),
 )}
 
-# Fitted by `specwatch.crossover.calibrate.fit_reference()` on the H200 reference table
-# (context 1024, plain decode + gamma 4 verify + draft step times; gamma 2 and 7 held out).
-# `scripts/bench_crossover.py` refits these and fails loudly if they drift.
+# Fitted by `specwatch.crossover.shapes.fit()` on the seven H200 step-time tables in specwatch/data
+# (Llama-3.2-1B ... CodeLlama-34B and Qwen3-30B-A3B, context 1024: plain, verify q = 3/5/8 and draft steps).
+# `scripts/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
 CALIBRATED: dict[str, Efficiency] = {
-    "H200": Efficiency(memory=0.654, compute=0.715, verify_attention=0.160, step_overhead_s=0.000193,
-                       source="fitted: H200 reference table, torch 2.11 CUDA graphs, ctx 1024, gamma 4"),
+    "H200": Efficiency(memory=0.772, compute=0.781, verify_attention=0.484, step_overhead_s=0.0,
+                       decode_attention=0.790, layer_overhead_s=72e-6, verify_reads_per_query_head=True,
+                       source="fitted: seven H200 step-time tables (1.5-34B, GQA 1-8, one MoE), "
+                              "torch 2.11 CUDA graphs, ctx 1024"),
 }
 
 DEFAULT_EFFICIENCY = Efficiency()

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from specwatch.crossover.stepcost import forward_s
+
 BYTES_PER_WEIGHT = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
 KV_BYTES = 2.0  # KV cache kept in bf16/fp16 whatever the weight format (the common serving default)
 EAGLE3_DRAFT_VOCAB = 32_000
@@ -23,7 +25,11 @@ MAX_BATCH = 4096.0  # beyond this no engine schedules a batch; "no crossover" ab
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A dense decoder. `params` counts every weight (embedding and LM head included)."""
+    """A decoder. `params` counts every weight (embedding and LM head included).
+
+    Dense by default; with `experts` > 0 each layer's MLP is `experts` gated experts of width
+    `intermediate_size`, `experts_per_token` of them used per token (uniform routing assumed).
+    """
 
     layers: int
     hidden_size: int
@@ -32,12 +38,36 @@ class ModelShape:
     intermediate_size: int
     vocab_size: int
     attention_heads: int
+    experts: int = 0
+    experts_per_token: int = 0
+
+    @property
+    def attention_params(self) -> float:
+        attn = 2 * self.hidden_size * self.attention_heads * self.head_dim  # q, o
+        return attn + 2 * self.hidden_size * self.kv_heads * self.head_dim  # k, v
 
     @property
     def layer_params(self) -> float:
-        attn = 2 * self.hidden_size * self.attention_heads * self.head_dim  # q, o
-        attn += 2 * self.hidden_size * self.kv_heads * self.head_dim  # k, v
-        return attn + 3 * self.hidden_size * self.intermediate_size  # gated MLP
+        if self.experts:
+            mlp = self.experts * 3 * self.hidden_size * self.intermediate_size + self.hidden_size * self.experts
+        else:
+            mlp = 3 * self.hidden_size * self.intermediate_size  # gated MLP
+        return self.attention_params + mlp
+
+    @property
+    def mlp_width_per_token(self) -> int:
+        """FFN width one token passes through: top-k x expert width for an MoE."""
+        return self.intermediate_size * (self.experts_per_token if self.experts else 1)
+
+    @property
+    def gqa_ratio(self) -> float:
+        return self.attention_heads / self.kv_heads
+
+    @property
+    def active_params(self) -> float:
+        """Weights one token is multiplied by (every layer's active part plus the LM head)."""
+        mlp = 3 * self.hidden_size * self.mlp_width_per_token
+        return self.layers * (self.attention_params + mlp) + self.vocab_size * self.hidden_size
 
     @property
     def params(self) -> float:
@@ -80,6 +110,7 @@ class Hardware:
     flops_bf16: float
     flops_fp8: float | None
     memory_bytes: float
+    sms: int = 132  # streaming multiprocessors (compute units): the wave size of a GEMM's tiles
 
     def flops(self, dtype: str) -> float:
         # Weight-only int4 runs its GEMMs in bf16; fp8/fp4 use the FP8 tensor path where the GPU has one.
@@ -102,26 +133,36 @@ class Efficiency:
     verify_attention: float = 0.85
     step_overhead_s: float = 0.0
     source: str = "default derating (uncalibrated)"
+    decode_attention: float = 0.85  # KV streaming of a plain decode step (q = 1)
+    layer_overhead_s: float = 0.0  # fixed cost per layer (kernel boundaries)
+    # True: the verify pass reads KV once per query head (attention kernels without GQA packing, e.g. the
+    # SDPA kernel of the H200 tables); False: once per KV head, like decode.
+    verify_reads_per_query_head: bool = False
 
 
 @dataclass(frozen=True)
 class Draft:
-    """What one draft step costs: weights streamed and KV bytes per cached token (0 for n-gram)."""
+    """What one draft step runs: a small decoder `shape` (None for n-gram), its weights and KV bytes per token."""
 
     kind: str
     params: float
     kv_bytes_per_token: float
+    shape: "ModelShape | None" = None
 
     @classmethod
     def parse(cls, spec: str, target: ModelShape) -> "Draft":
-        """`eagle` (one layer + the target's vocab head), `eagle3` (32k head), `mtp`, `ngram`, `model:<B>`."""
-        one_layer_kv = 2 * target.kv_heads * target.head_dim * KV_BYTES
+        """`eagle` (one layer + the target's vocab head), `eagle3` (32k head), `mtp`, `ngram`, `model:<B>`.
+
+        A head's layer is dense and as wide as the target; for an MoE target its FFN is top-k x expert width.
+        """
         if spec == "ngram":
             return cls("ngram", 0.0, 0.0)
-        if spec in ("eagle", "mtp"):
-            return cls(spec, target.layer_params + target.vocab_size * target.hidden_size, one_layer_kv)
-        if spec == "eagle3":
-            return cls(spec, target.layer_params + EAGLE3_DRAFT_VOCAB * target.hidden_size, one_layer_kv)
+        if spec in ("eagle", "mtp", "eagle3"):
+            vocab = EAGLE3_DRAFT_VOCAB if spec == "eagle3" else target.vocab_size
+            head = ModelShape(layers=1, hidden_size=target.hidden_size, kv_heads=target.kv_heads,
+                              head_dim=target.head_dim, intermediate_size=target.mlp_width_per_token,
+                              vocab_size=vocab, attention_heads=target.attention_heads)
+            return cls(spec, head.active_params, head.kv_bytes_per_token, head)
         if spec.startswith("model:"):
             try:
                 billions = float(spec.split(":", 1)[1])
@@ -130,7 +171,7 @@ class Draft:
             if not billions > 0:
                 raise ValueError(f"draft {spec!r}: size must be positive")
             shape = ModelShape.from_params(billions)
-            return cls(spec, billions * 1e9, shape.kv_bytes_per_token)
+            return cls(spec, billions * 1e9, shape.kv_bytes_per_token, shape)
         raise ValueError(f"unknown draft {spec!r}: use eagle, eagle3, mtp, ngram or model:<billions>")
 
 
@@ -164,21 +205,14 @@ class StepModel:
     draft: Draft | None = None
 
     def target_step_s(self, batch: float, q: int, context: float) -> float:
-        e, hw = self.efficiency, self.hardware
-        # The embedding is only gathered, so the bytes streamed per step are the GEMM weights.
-        weights = self.shape.gemm_params * BYTES_PER_WEIGHT[self.dtype] / (e.memory * hw.bandwidth)
-        gemm = 2 * self.shape.gemm_params * batch * q / (e.compute * hw.flops(self.dtype))
-        kv_eff = e.memory if q == 1 else e.verify_attention
-        kv = batch * (context + q) * self.shape.kv_bytes_per_token / (kv_eff * hw.bandwidth)
-        return e.step_overhead_s + max(weights, gemm) + kv
+        return forward_s(self.shape, batch, q, context, self.hardware, self.efficiency, self.dtype,
+                         BYTES_PER_WEIGHT[self.dtype], self.hardware.sms)
 
     def draft_step_s(self, batch: float, context: float) -> float:
-        if self.draft is None or self.draft.params == 0:
+        if self.draft is None or self.draft.shape is None:
             return 0.0
-        e, hw = self.efficiency, self.hardware
-        weights = self.draft.params * BYTES_PER_WEIGHT[self.dtype] / (e.memory * hw.bandwidth)
-        gemm = 2 * self.draft.params * batch / (e.compute * hw.flops(self.dtype))
-        return max(weights, gemm) + batch * context * self.draft.kv_bytes_per_token / (e.memory * hw.bandwidth)
+        return forward_s(self.draft.shape, batch, 1, context, self.hardware, self.efficiency, self.dtype,
+                         BYTES_PER_WEIGHT[self.dtype], self.hardware.sms)
 
     def spec_step_s(self, batch: float, gamma: int, context: float) -> float:
         return self.target_step_s(batch, gamma + 1, context) + gamma * self.draft_step_s(batch, context)

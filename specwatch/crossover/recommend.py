@@ -111,7 +111,12 @@ def recommend(positions: Sequence[float], times: StepTimes, batch_now: float, ma
         raise ValueError("no per-position acceptance yet: nothing to recommend")
     if max_batch < 1:
         raise ValueError("max batch must be >= 1")
-    per_batch = [best_k(positions, times, b) for b in range(1, max_batch + 1)]
+    # k never rises with batch: verify cost only grows with it, and the step-time model's tile-quantization
+    # ripples must not make a schedule draft more at a larger batch than at a smaller one.
+    per_batch: list[int] = []
+    for b in range(1, max_batch + 1):
+        k = best_k(positions, times, b)
+        per_batch.append(min(k, per_batch[-1]) if per_batch else k)
     ranges: list[list[int]] = []
     for b, k in enumerate(per_batch, start=1):
         if ranges and ranges[-1][2] == k:

@@ -19,6 +19,7 @@ from specwatch.config import CrossoverConfig, RouteConfig
 from specwatch.crossover.estimate import build_step_model
 from specwatch.crossover.live import (CrossoverSource, EstimatedCrossover, FixedCrossover, LiveInputs,
                                       SweptCrossover, positions_from_rate)
+from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
 from specwatch.crossover.sweepfile import load_sweep
 from specwatch.detectors.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation
@@ -175,6 +176,44 @@ def compute_bound(gpus: Sequence[GpuSample], indexes: Sequence[int]) -> bool | N
     return sum(tensor) / len(tensor) >= TENSOR_ACTIVE_MIN and sum(dram) / len(dram) <= DRAM_UTILIZATION_MAX
 
 
+class GpuTimeLedger:
+    """GPU time speculation cost (above the crossover) or saved (below it), from the predicted speedup.
+
+    Over a cycle of dt seconds on G GPUs, speculation delivers its tokens in G dt GPU-seconds; plain decoding
+    at the same batch would have needed G dt S, S = predicted spec / plain throughput. The difference,
+    G dt (1 - S), is lost when positive and saved when negative. Cycles longer than MAX_ACCOUNTED_GAP_SECONDS
+    (a stalled daemon, an engine that was down) are not accounted: nothing is known about the gap.
+    """
+
+    MAX_ACCOUNTED_GAP_SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self.lost_seconds = 0.0
+        self.saved_seconds = 0.0
+        self._last_ts: float | None = None
+
+    def add(self, ts: float, speedup: float | None, gpus: int) -> None:
+        last, self._last_ts = self._last_ts, ts
+        if last is None or speedup is None or gpus <= 0:
+            return
+        dt = ts - last
+        if not 0 < dt <= self.MAX_ACCOUNTED_GAP_SECONDS:
+            return
+        difference = gpus * dt * (1.0 - speedup)
+        if difference > 0:
+            self.lost_seconds += difference
+        else:
+            self.saved_seconds -= difference
+
+    def gap(self) -> None:
+        """The route was down: the next cycle starts a new interval."""
+        self._last_ts = None
+
+    def fields(self) -> dict[str, float]:
+        return {"speculation_gpu_seconds_lost_total": self.lost_seconds,
+                "speculation_gpu_seconds_saved_total": self.saved_seconds}
+
+
 class AboveCrossoverEvaluator:
     name = "above_crossover"
 
@@ -185,8 +224,24 @@ class AboveCrossoverEvaluator:
         self.flag = Hysteresis(hold_seconds)
         # Averaging longer than the hold would only delay the flag (and a short demo hold must stay short).
         self.batch_window = min(BATCH_WINDOW_SECONDS, hold_seconds)
+        self.ledger = GpuTimeLedger()
+        # Live calibration needs the route's roofline model: `estimate` sources only.
+        self.live = LiveCalibration(source.model) if isinstance(source, EstimatedCrossover) else None
+        self._context = 1024.0
 
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
+        update = self._evaluate(obs, gpus)
+        if update.get("predicted_speedup_ratio") is None or not update.get("batch_size"):
+            self.ledger.gap()  # no prediction, or nothing running: nothing to account this cycle
+        else:
+            # The route's GPUs as mapped (config or process map); without a mapping, one GPU per engine.
+            route_gpus = len(obs.gpus) or max(1, len(obs.running_per_engine))
+            self.ledger.add(obs.ts, update["predicted_speedup_ratio"], route_gpus)
+        if self.source is not None and self.source.name != "batch_size":
+            update.update(self.ledger.fields())  # a fixed B* predicts no speedup: no ledger to show
+        return update
+
+    def _evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> dict[str, Any]:
         update: dict[str, Any] = {"compute_bound": compute_bound(gpus, obs.gpus)}
         if not obs.up:
             return {**update, "batch_size": None, "above_crossover": None, "predicted_speedup_ratio": None}
@@ -206,17 +261,41 @@ class AboveCrossoverEvaluator:
                           gpus_per_engine=max(1, len(obs.gpus) // engines))
         try:
             answer = self.source.answer(live)
+            live_answer = self._live(obs, live) if self.live is not None else None
         except (ValueError, ArithmeticError) as exc:  # bad input never takes the daemon down
             log.warning("route %s: crossover %s failed: %s", obs.route, self.source.name, exc)
             return {**update, "crossover_source": self.source.name, "crossover_batch_size": None,
                     "above_crossover": None, "predicted_speedup_ratio": None}
         update.update(crossover_source=self.source.name, crossover_batch_size=answer.batch_size,
                       predicted_speedup_ratio=answer.speedup)
+        threshold = answer.batch_size
+        if live_answer is not None:
+            update.update(live_crossover_batch_size=live_answer.batch_size, live_crossover_lower=live_answer.lower,
+                          live_crossover_upper=live_answer.upper)
+            if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
+                threshold = live_answer.batch_size
+                if batch and self.live is not None:
+                    update["predicted_speedup_ratio"] = self.live.speedup(live.positions, self._context, batch)
         if batch is None or not answer.known:
             update["above_crossover"] = None
         else:
-            update["above_crossover"] = self.flag.update(obs.ts, batch, answer.batch_size)
+            update["above_crossover"] = self.flag.update(obs.ts, batch, threshold)
         return update
+
+    def _live(self, obs: RouteObservation, live: LiveInputs) -> LiveAnswer | None:
+        """Feed this cycle's per-engine step times to the live calibration; its answer for the live acceptance."""
+        calibration, source = self.live, self.source
+        assert calibration is not None and isinstance(source, EstimatedCrossover)  # only estimates calibrate live
+        if obs.reset:
+            calibration.clear()  # a restarted engine may run another draft or configuration
+        for engine, (seconds, count) in obs.step_time_per_engine.items():
+            mean_batch = self.batches[engine].mean(obs.ts) if engine in self.batches else None
+            if count > 0 and mean_batch:
+                calibration.add(mean_batch, seconds / count, count)
+        if not live.positions:
+            return None
+        self._context = source.live_context(live)
+        return calibration.answer(live.positions, self._context, obs.ts)
 
     def _batch(self, obs: RouteObservation) -> float | None:
         running_per_engine = obs.running_per_engine

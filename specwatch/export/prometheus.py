@@ -184,11 +184,17 @@ def _detection_metrics(s: Snapshot, f: Families) -> None:
 def _crossover_metrics(s: Snapshot, f: Families) -> None:
     routes = s.routes
     crossover = f("route_crossover_batch_size")
+    band = f("route_crossover_band_batch_size")
     for r in routes:
         crossover.add(r.crossover_batch_size, r.name, r.crossover_source)
+        crossover.add(r.live_crossover_batch_size, r.name, "live")
+        band.add(r.live_crossover_lower, r.name, "live", "lower")
+        band.add(r.live_crossover_upper, r.name, "live", "upper")
     _per_route(f, "route_batch_size", routes, "batch_size")
     _per_route(f, "route_above_crossover", routes, "above_crossover")
     _per_route(f, "route_predicted_speedup_ratio", routes, "predicted_speedup_ratio")
+    _per_route(f, "route_speculation_gpu_seconds_lost_total", routes, "speculation_gpu_seconds_lost_total")
+    _per_route(f, "route_speculation_gpu_seconds_saved_total", routes, "speculation_gpu_seconds_saved_total")
     _per_route(f, "route_compute_bound", routes, "compute_bound")
 
 

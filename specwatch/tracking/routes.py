@@ -161,6 +161,15 @@ def _vllm_keys(k: int, drafted_positions: int = 0) -> tuple[str, ...]:
             + tuple(f"dpos:{j}" for j in range(drafted_positions)))
 
 
+_STEP_TIME_KEYS = ("itl_sum", "itl_count")
+
+
+def _step_time(eng: _Engine, seconds_total: float, count_total: float) -> tuple[float, float]:
+    """(seconds, observations) added to the engine's step-time histogram since the last cycle."""
+    (seconds, count), _, _ = eng.update(_STEP_TIME_KEYS, (seconds_total, count_total), None)
+    return seconds, count
+
+
 _SGLANG_KEYS = ("verify_calls", "generation_tokens")
 
 
@@ -234,6 +243,7 @@ class RouteTracker:
         reset = False
         drafted_inc: tuple[float, ...] = ()
         self._lifetime_ratio = None
+        step_times: dict[str, tuple[float, float]] = {}
         if source == "counter":
             sglang = sample.engine_kind == "sglang"
             for e in sample.engines:
@@ -253,6 +263,10 @@ class RouteTracker:
                 if a is not None:
                     init = a if init is None else init.plus(a)
                 reset = reset or r
+            for engine, (seconds, count) in sample.step_time_totals.items():
+                eng = self._engines.get(engine)
+                if eng is not None:
+                    step_times[engine] = _step_time(eng, seconds, count)
         elif source == "gauge":
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
@@ -296,6 +310,7 @@ class RouteTracker:
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
             gpus=gpus,
+            step_time_per_engine=step_times,
         )
         self._last_obs = obs
         return obs

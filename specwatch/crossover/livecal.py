@@ -1,0 +1,113 @@
+"""Live calibration: the crossover re-fitted to the route's own engine step times, with a confidence band.
+
+A speculating vLLM engine reports its step period (`vllm:inter_token_latency_seconds`: one observation per
+decoding request per step, so Δsum / Δcount over a cycle is the mean step time) beside its running batch.
+Those are *speculative* step times, T_spec(B) = T(B, k+1) + k·T_draft(B), at the batches the route actually
+runs. They are binned by batch; the route's roofline model (`estimate:` config) has its memory, compute,
+verify-attention and per-step-overhead efficiencies re-fitted to the bins; the refitted model predicts the
+plain step time, which the engine never shows while it speculates, and B* is re-solved from it.
+
+The band is a jackknife over batch bins: B* refitted with each bin left out in turn; its lowest and highest
+values bound the estimate. One or two bins cannot separate the efficiencies (the band spans the calibrated
+GPU's B* and the refit's); it narrows as more distinct batches are observed. A bin keeps the mean of its
+observations weighted by their count, capped so an hour at one batch does not drown the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from specwatch.crossover.calibrate import StepPoint, fit_models
+from specwatch.crossover.model import StepModel
+
+BINS_PER_DOUBLING = 4  # batch bins: 2^(i/4), so neighbouring bins differ by ~19%
+MAX_BIN_WEIGHT = 5000.0  # observations; older weight is scaled down past this
+MIN_BINS = 3  # fewer cannot separate the efficiencies: the band stays wide
+FIT_PARAMETERS = ("memory", "compute", "verify_attention", "step_overhead_s")
+FIT_TOLERANCE = 5e-3
+REFIT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class LiveAnswer:
+    batch_size: float | None  # live B*; None: no crossover up to 4096, or nothing observed yet
+    lower: float | None
+    upper: float | None
+    bins: int  # distinct batch bins observed
+    rms: float | None  # RMS log error of the refit on the observed step times
+
+    @property
+    def settled(self) -> bool:
+        """Enough batches seen and a band within ±25% of B*: good enough to drive the flag."""
+        if self.batch_size is None or self.lower is None or self.upper is None or self.bins < MIN_BINS:
+            return False
+        return self.upper - self.lower <= 0.5 * self.batch_size
+
+
+class LiveCalibration:
+    def __init__(self, model: StepModel) -> None:
+        self.model = model
+        self._bins: dict[int, list[float]] = {}  # bin index -> [weight, weighted batch sum, weighted seconds sum]
+        self._cache: tuple | None = None
+
+    def add(self, batch: float, step_seconds: float, observations: float) -> None:
+        """One engine's cycle: its mean running batch, the mean step time over `observations` steps."""
+        if not (batch >= 1 and step_seconds > 0 and observations > 0) or not math.isfinite(step_seconds):
+            return
+        index = round(math.log2(batch) * BINS_PER_DOUBLING)
+        entry = self._bins.setdefault(index, [0.0, 0.0, 0.0])
+        entry[0] += observations
+        entry[1] += observations * batch
+        entry[2] += observations * step_seconds
+        if entry[0] > MAX_BIN_WEIGHT:
+            scale = MAX_BIN_WEIGHT / entry[0]
+            entry[:] = [v * scale for v in entry]
+
+    def clear(self) -> None:
+        """An engine restart (possibly another draft or config): start over."""
+        self._bins.clear()
+        self._cache = None
+
+    def points(self, k: int, context: float) -> list[StepPoint]:
+        return [StepPoint(bsum / w, k + 1, context, ssum / w, kind="spec")
+                for w, bsum, ssum in (self._bins[i] for i in sorted(self._bins))]
+
+    def answer(self, positions: Sequence[float], context: float, now: float) -> LiveAnswer:
+        """B* and its band; refitted when a batch bin appears, the acceptance or context moves, or
+        REFIT_SECONDS passed (a refit with its jackknife is n + 1 small fits)."""
+        k = len(positions)
+        if not k or not self._bins:
+            return LiveAnswer(None, None, None, len(self._bins), None)
+        key = (tuple(round(p, 2) for p in positions), round(context, -1), tuple(sorted(self._bins)))
+        if self._cache is not None and self._cache[0] == key and now - self._cache[1] < REFIT_SECONDS:
+            return self._cache[2]
+        points = self.points(k, context)
+        model, rms = self._fit(points)
+        b_star = model.crossover(positions, context)
+        estimates = [b_star]
+        if len(points) >= MIN_BINS:
+            for i in range(len(points)):
+                refit, _ = self._fit(points[:i] + points[i + 1:])
+                estimates.append(refit.crossover(positions, context))
+        else:  # too few batches to separate the efficiencies: the calibrated GPU is as likely
+            estimates.append(self.model.crossover(positions, context))
+        known = [b for b in estimates if b is not None]
+        lower = min(known) if known else None
+        upper = None if any(b is None for b in estimates) else max(known, default=None)
+        result = LiveAnswer(b_star, lower, upper, len(points), rms)
+        self._cache = (key, now, result, model)
+        return result
+
+    def speedup(self, positions: Sequence[float], context: float, batch: float) -> float | None:
+        """Predicted spec / plain throughput at `batch` from the last refit (None before any)."""
+        if self._cache is None or not positions:
+            return None
+        return self._cache[3].speedup(batch, positions, context)
+
+    def _fit(self, points: list[StepPoint]) -> tuple[StepModel, float]:
+        eff, rms = fit_models([(self.model, points)], "live", FIT_PARAMETERS, tolerance=FIT_TOLERANCE,
+                              tie_decode_attention=False)
+        eff = replace(eff, source=f"live: fitted to {len(points)} batch bins of the engine's step times")
+        return self.model.with_efficiency(eff), rms

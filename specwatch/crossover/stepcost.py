@@ -1,0 +1,131 @@
+"""Step time of one decoder forward, kernel by kernel: what makes model shapes differ.
+
+A forward with B sequences, q new tokens each (M = B x q rows) and context L costs, per layer:
+- **GEMMs** (QKV, O, MLP; the LM head once): each the slower of streaming its weights (memory roof) and its
+  FLOPs (compute roof). The compute side is counted in output tiles: rows padded to 64, columns to 128, run in
+  waves of one tile per SM, so a GEMM with 65 rows costs like one with 128, and one whose tiles fill 1.1
+  waves costs 2. That is why B* is not simply proportional to a ridge point: where the knee sits depends on
+  M, N and K of each GEMM, not only on the parameter count.
+- **MoE experts**: only experts that receive a token stream their weights. With top-k of E experts and
+  uniform routing, E x (1 - (1 - k/E)^M) experts are touched, each with M k / touched rows; the compute side
+  is tiled per expert. Small batches of an MoE therefore grow their weight traffic with B until every
+  expert is touched, which pushes B* far out.
+- **Attention**: plain decode (q = 1) reads each sequence's KV cache once (GQA-aware kernels). A verify pass
+  (q > 1) on a kernel that is not decode-optimised reads it once per *query* head, i.e. GQA-ratio times the
+  bytes, at its own efficiency; with fewer (sequence, head) blocks than SMs the kernel cannot fill the GPU.
+- **Activations**: elementwise kernels (norms, RoPE, residuals, SiLU, MoE gather/scatter) move the bytes
+  `activation_bytes_per_token` counts, per token and layer, at the memory efficiency.
+- **Fixed costs**: a per-layer cost (kernel boundaries) and a per-forward one.
+
+Efficiencies are fitted per GPU (`calibrate.py`); tile sizes are the common cuBLAS/CUTLASS Hopper choices.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specwatch.crossover.model import Efficiency, Hardware, ModelShape
+
+TILE_N = 128
+KV_BYTES = 2.0
+
+
+def tile_m(m: float) -> int:
+    """Row tile the GEMM libraries pick: narrow tiles for skinny (decode) GEMMs."""
+    return 64 if m <= 64 else 128
+
+
+def gemm_s(m: float, n: float, k: float, weight_bytes: float, hw: "Hardware", eff: "Efficiency",
+           dtype_flops: float, sms: int) -> float:
+    """One GEMM of m x k activations by a k x n weight: max(memory roof, tile-quantized compute roof)."""
+    if m <= 0:
+        return 0.0
+    memory = (n * k * weight_bytes + 2.0 * m * (n + k)) / (eff.memory * hw.bandwidth)
+    tm = tile_m(m)
+    # Rows are padded to 64, not to the tile: libraries pick among 64-, 128- and 256-row tiles to waste least.
+    tiles = math.ceil(m / 64) * 64 / tm * math.ceil(n / TILE_N)
+    compute = waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
+    return max(memory, compute)
+
+
+def waves(tiles: float, sms: int) -> float:
+    """Rounds of one tile per SM. Fewer tiles than SMs: libraries split K across the idle SMs (split-K), so
+    the work spreads evenly; more: the last, partial wave costs a whole one."""
+    if tiles < sms:
+        return tiles / sms
+    return float(math.ceil(tiles / sms))
+
+
+def experts_touched(m_tokens: float, experts: int, top_k: int) -> float:
+    """Expected distinct experts receiving at least one of m tokens under uniform top-k routing."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** m_tokens)
+
+
+def grouped_gemm_s(m_tokens: float, touched: float, n: float, k: float, weight_bytes: float, hw: "Hardware",
+                   eff: "Efficiency", dtype_flops: float, sms: int) -> float:
+    """Experts' GEMMs in one grouped launch: touched experts' weights, tiles counted per expert."""
+    if m_tokens <= 0 or touched <= 0:
+        return 0.0
+    rows = m_tokens / touched
+    tm = tile_m(rows)
+    tiles = touched * math.ceil(rows / tm) * math.ceil(n / TILE_N)
+    # A grouped launch has no split-K: with fewer tiles than SMs, only that share of the SMs streams weights.
+    fill = min(1.0, tiles / sms)
+    memory = (touched * n * k * weight_bytes + 2.0 * m_tokens * (n + k)) / (eff.memory * fill * hw.bandwidth)
+    compute = waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
+    return max(memory, compute)
+
+
+def activation_bytes_per_token(shape: "ModelShape") -> float:
+    """Bytes of elementwise traffic per token and layer: norms and residuals read/write d a few times,
+    RoPE rewrites q and k, the gated MLP's activation reads 2f and writes f (bf16)."""
+    d = shape.hidden_size
+    qk = (shape.attention_heads + shape.kv_heads) * shape.head_dim
+    ffn = shape.mlp_width_per_token
+    dispatch = 4 * d * shape.experts_per_token if shape.experts else 0  # gather and weighted scatter-add
+    return 2.0 * (8 * d + 3 * qk + 3 * ffn + dispatch)
+
+
+# Kernels per layer in the measured forward: a dense layer runs about 24; an MoE layer replaces the MLP's 4
+# with about 10 (router, gather, two grouped GEMMs, activation, gate, zero-fill, scatter-add).
+DENSE_LAYER_KERNELS = 24
+MOE_LAYER_KERNELS = 30
+
+
+def attention_s(batch: float, q: int, context: float, shape: "ModelShape", hw: "Hardware", eff: "Efficiency",
+                sms: int) -> float:
+    """One layer's attention over the KV cache (context + q positions per sequence)."""
+    per_head = batch * (context + q) * shape.head_dim * 2 * KV_BYTES  # K and V of one head
+    if q == 1:
+        return per_head * shape.kv_heads / (eff.decode_attention * hw.bandwidth)
+    heads = shape.attention_heads if eff.verify_reads_per_query_head else shape.kv_heads
+    fill = min(1.0, batch * heads / sms)  # (sequence, head) work items of the verify kernel vs SMs
+    return per_head * heads / (eff.verify_attention * fill * hw.bandwidth)
+
+
+def forward_s(shape: "ModelShape", batch: float, q: int, context: float, hw: "Hardware", eff: "Efficiency",
+              dtype: str, weight_bytes: float, sms: int, lm_head_vocab: int | None = None) -> float:
+    """Seconds of one forward of `shape` (all its layers, then its LM head over every new token)."""
+    m = batch * q
+    flops = hw.flops(dtype)
+    d, hd = shape.hidden_size, shape.head_dim
+    layer = gemm_s(m, (shape.attention_heads + 2 * shape.kv_heads) * hd, d, weight_bytes, hw, eff, flops, sms)
+    layer += gemm_s(m, d, shape.attention_heads * hd, weight_bytes, hw, eff, flops, sms)
+    if shape.experts:
+        touched = experts_touched(m, shape.experts, shape.experts_per_token)
+        routed = m * shape.experts_per_token
+        layer += gemm_s(m, shape.experts, d, weight_bytes, hw, eff, flops, sms)  # router
+        layer += grouped_gemm_s(routed, touched, 2 * shape.intermediate_size, d, weight_bytes, hw, eff, flops, sms)
+        layer += grouped_gemm_s(routed, touched, d, shape.intermediate_size, weight_bytes, hw, eff, flops, sms)
+    else:
+        layer += gemm_s(m, 2 * shape.intermediate_size, d, weight_bytes, hw, eff, flops, sms)
+        layer += gemm_s(m, d, shape.intermediate_size, weight_bytes, hw, eff, flops, sms)
+    layer += attention_s(batch, q, context, shape, hw, eff, sms)
+    layer += m * activation_bytes_per_token(shape) / (eff.memory * hw.bandwidth)
+    layer += eff.layer_overhead_s * (MOE_LAYER_KERNELS if shape.experts else DENSE_LAYER_KERNELS) \
+        / DENSE_LAYER_KERNELS
+    vocab = lm_head_vocab or shape.vocab_size
+    head = gemm_s(m, vocab, d, weight_bytes, hw, eff, flops, sms)
+    return eff.step_overhead_s + shape.layers * layer + head

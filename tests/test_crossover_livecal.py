@@ -1,0 +1,94 @@
+"""Live calibration of the crossover from the route's own step times, driven by a SIMULATED vLLM engine.
+
+The simulated engine steps with the H200 reference table (k 4, iid alpha 0.7: true B* about 64) offline
+(`SimEngine.advance`) and records into the simulator's vLLM metrics; each cycle its /metrics text goes
+through the real vLLM source, the route tracker and the crossover evaluator of an `estimate:` route, as in
+the daemon. The load steps through batches 8 ... 128; the live B* and its band must settle near the engine's
+own crossover, and the band must narrow as more batches are seen.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specwatch.config import parse_config
+from specwatch.crossover import gpus
+from specwatch.crossover.livecal import LiveCalibration
+from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel, positions_from_alpha, tau
+from specwatch.detectors.above_crossover import build_evaluator
+from specwatch.detectors.base import EvaluatorContext
+from specwatch.simulator.clock import SimClock
+from specwatch.simulator.engine import EngineSettings, SimEngine
+from specwatch.simulator.metrics_vllm import VllmMetrics
+from specwatch.simulator.speculation import AcceptanceProfile
+from specwatch.simulator.steptime import crossover_batch, load_table, step_seconds
+from specwatch.sources.engines import parse_engine_sample
+from specwatch.tracking.routes import RouteTracker
+
+K, ALPHA = 4, 0.7
+LEVELS = (8, 16, 24, 32, 48, 64, 96, 128)
+CYCLE = 20.0  # simulated seconds per evaluation
+CYCLES_PER_LEVEL = 4
+
+
+def h200_model() -> StepModel:
+    hardware, efficiency = gpus.lookup("H200")
+    return StepModel(LLAMA3_8B, hardware, efficiency, draft=Draft.parse("eagle3", LLAMA3_8B))
+
+
+def test_band_is_wide_until_batches_separate_the_efficiencies():
+    table = load_table()
+    positions = positions_from_alpha(ALPHA, K)
+    live = LiveCalibration(h200_model())
+    assert live.answer(positions, 1024, 0.0).batch_size is None  # nothing observed
+    live.add(16, step_seconds(table, 16, K), 500)
+    one = live.answer(positions, 1024, 1.0)
+    assert one.bins == 1 and not one.settled
+    for b in (32, 64, 128):
+        live.add(b, step_seconds(table, b, K), 500)
+    four = live.answer(positions, 1024, 2.0)
+    assert four.bins == 4 and four.lower <= four.batch_size <= four.upper
+    live.clear()
+    assert live.answer(positions, 1024, 3.0).bins == 0
+
+
+def test_live_crossover_converges_on_the_simulated_engine():
+    table = load_table()
+    profile = AcceptanceProfile.iid(ALPHA, K)
+    true_b_star = crossover_batch(table, K, tau(positions_from_alpha(ALPHA, K)))
+    assert 55 < true_b_star < 75
+
+    metrics = VllmMetrics("llama", engines=1, k=K)
+    engine = SimEngine(0, EngineSettings(model_name="llama", step_time=table, k=K, profile=profile,
+                                         prefill_seconds_per_token=0.0), SimClock(), metrics, seed=3)
+    cfg = parse_config({"routes": [{"name": "chat", "url": "http://127.0.0.1:8000/metrics", "engine": "vllm",
+                                    "crossover": {"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3",
+                                                               "context": 1024}, "hold": "1m"}}]})
+    route = cfg.routes[0]
+    evaluator = build_evaluator(EvaluatorContext(config=cfg, clock=lambda: 0.0), route)
+    tracker = RouteTracker("chat")
+
+    t = 0.0
+    after_level: dict[int, dict] = {}
+    for level in LEVELS:
+        engine.set_offered_concurrency(level)
+        for _ in range(CYCLES_PER_LEVEL):
+            t += CYCLE
+            engine.advance(t)
+            sample = parse_engine_sample("vllm", metrics.render(), route, t)
+            obs = tracker.observe(sample)
+            update = evaluator.evaluate(obs, [])
+        after_level[level] = update
+
+    first_band = after_level[16]
+    final = after_level[LEVELS[-1]]
+    # The engine's step-time histogram reached the evaluator: a live B* with a band around it.
+    assert final["live_crossover_batch_size"] is not None
+    assert final["live_crossover_lower"] <= final["live_crossover_batch_size"] <= final["live_crossover_upper"]
+    # Within 30% of the engine's own crossover once batches 8-128 were seen.
+    assert final["live_crossover_batch_size"] == pytest.approx(true_b_star, rel=0.3)
+    # The band narrowed as batches were observed.
+    width = final["live_crossover_upper"] - final["live_crossover_lower"]
+    assert first_band["live_crossover_upper"] is None or \
+        width < first_band["live_crossover_upper"] - first_band["live_crossover_lower"]
+    assert width <= 0.5 * final["live_crossover_batch_size"]
