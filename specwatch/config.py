@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from specwatch.probe.prompts import PromptSetError, load_prompt_set  # a leaf module: json and PyYAML only
+
 ENGINE_KINDS = ("vllm", "sglang", "auto")
 GPU_MODES = ("auto", "true", "false")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
@@ -84,6 +86,23 @@ class CrossoverConfig:
     hold_seconds: float = 600.0  # the above-crossover flag keeps each state at least this long
 
 
+PROBE_APIS = ("auto", "openai", "sglang")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Canary probes of one route (specwatch/probe/): a fixed greedy prompt set sent every `every_seconds`."""
+
+    every_seconds: float = 900.0
+    on_change: bool = True  # a round at once when the engine restarts or its model, version or k changes
+    prompts: str = "builtin"  # "builtin" or a prompt file (JSON or YAML)
+    max_tokens: int = 128
+    concurrency: int = 1
+    timeout_seconds: float = 60.0  # per request
+    api: str = "auto"  # auto: vLLM -> openai, SGLang -> its native /generate
+    model: str = "auto"  # auto: the first model of /v1/models (vLLM) or the route's model name
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
@@ -96,6 +115,7 @@ class RouteConfig:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     baseline: PinnedBaseline | None = None
     crossover: CrossoverConfig | None = None
+    probe: ProbeConfig | None = None  # None: no canary probes (the default)
 
 
 @dataclass(frozen=True)
@@ -330,8 +350,43 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
     return CrossoverConfig(kind="estimate", estimate=est, hold_seconds=hold)
 
 
+_PROBE_KEYS = {"every", "on_change", "prompts", "max_tokens", "concurrency", "timeout", "api", "model"}
+
+
+def _probe(c: _Checker, raw: Any, path: str) -> ProbeConfig | None:
+    if raw is None:
+        return None
+    d = c.mapping(raw, path, _PROBE_KEYS)
+    if d is None:
+        return None
+    base = ProbeConfig()
+    on_change = d.get("on_change", base.on_change)
+    if not isinstance(on_change, bool):
+        c.fail(f"{path}.on_change", f"must be true or false, got {on_change!r}")
+        on_change = base.on_change
+    every = c.duration(d.get("every"), f"{path}.every", base.every_seconds)
+    if every < 10.0:
+        c.fail(f"{path}.every", f"must be at least 10s (a round sends every prompt), got {d.get('every')!r}")
+        every = base.every_seconds
+    prompts = c.string(d.get("prompts"), f"{path}.prompts", base.prompts)
+    if prompts and "prompts" in d:
+        try:
+            load_prompt_set(prompts)
+        except PromptSetError as exc:
+            c.fail(f"{path}.prompts", str(exc))
+    return ProbeConfig(
+        every_seconds=every, on_change=on_change, prompts=prompts,
+        max_tokens=c.number(d.get("max_tokens"), f"{path}.max_tokens", base.max_tokens, lo=1, hi=4096, integer=True),
+        concurrency=c.number(d.get("concurrency"), f"{path}.concurrency", base.concurrency, lo=1, hi=16,
+                             integer=True),
+        timeout_seconds=c.duration(d.get("timeout"), f"{path}.timeout", base.timeout_seconds),
+        api=c.string(d.get("api"), f"{path}.api", base.api, PROBE_APIS),
+        model=c.string(d.get("model"), f"{path}.model", base.model) or base.model,
+    )
+
+
 _ROUTE_KEYS = {"name", "engine", "url", "match", "engines", "gpus", "version_url", "detection", "drop",
-               "baseline", "crossover"}
+               "baseline", "crossover", "probe"}
 
 
 def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig) -> RouteConfig | None:
@@ -370,6 +425,7 @@ def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig) -> Rout
         match=c.string_map(d.get("match"), f"{path}.match"), engines=tuple(engines), gpus=gpus,
         version_url=version_url, detection=det, baseline=_baseline(c, d.get("baseline"), f"{path}.baseline"),
         crossover=_crossover(c, d.get("crossover"), f"{path}.crossover"),
+        probe=_probe(c, d.get("probe"), f"{path}.probe"),
     )
 
 
@@ -462,6 +518,8 @@ def summarize(cfg: Config) -> str:
             extra.append(f"crossover {r.crossover.kind}")
         if r.baseline:
             extra.append(f"pinned baseline {r.baseline.acceptance_ratio:g}")
+        if r.probe:
+            extra.append(f"probe every {r.probe.every_seconds:g}s ({r.probe.prompts})")
         lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}" + (f" ({'; '.join(extra)})" if extra else ""))
     return "\n".join(lines)
 

@@ -113,6 +113,14 @@ class RouteState:
     above_crossover: bool | None = None
     predicted_speedup_ratio: float | None = None
     compute_bound: bool | None = None
+    # canary probes (detectors/canary.py)
+    probe_acceptance_ratio: float | None = None
+    probe_baseline_ratio: float | None = None
+    probe_degraded: bool | None = None
+    probe_success: bool | None = None
+    probe_duration_seconds: float | None = None
+    probe_rounds_total: Mapping[str, float] = field(default_factory=dict)  # result -> count
+    probe_method: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,7 @@ class RouteObservation:
     d_accepted_per_pos: tuple[float, ...] = ()
     gauge_acceptance_ratio: float | None = None
     running_per_engine: Mapping[str, float] = field(default_factory=dict)
+    waiting_requests: float | None = None  # summed over the route's engines
     kv_usage: float | None = None
     window_acceptance: Mapping[str, float] = field(default_factory=dict)  # window -> ratio
     gpus: tuple[int, ...] = ()

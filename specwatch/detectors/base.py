@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from specwatch.config import Config, RouteConfig
 from specwatch.snapshot import GpuSample, RouteObservation
@@ -25,6 +25,16 @@ class RouteEvaluator(Protocol):
 
     def close(self) -> None:
         """Flush and release resources (state store handles); called on reload and shutdown."""
+        ...
+
+
+@runtime_checkable
+class ExcludesTokens(Protocol):
+    """An evaluator that sends requests of its own (canary probes): the daemon takes their tokens out of the
+    route's windows before tracking sees the next sample."""
+
+    def take_read(self) -> list[Any]:
+        """Acceptances (drafted, accepted, steps, per_position()) read since the last call."""
         ...
 
 
@@ -43,6 +53,7 @@ class EvaluatorContext:
 EVALUATOR_FACTORIES: tuple[str, ...] = (
     "specwatch.detectors.acceptance_drop:build_evaluator",
     "specwatch.detectors.above_crossover:build_evaluator",
+    "specwatch.detectors.canary:build_evaluator",
 )
 
 

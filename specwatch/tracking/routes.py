@@ -186,6 +186,13 @@ class RouteTracker:
         self._last_obs: RouteObservation | None = None
         self._lifetime_ratio: float | None = None
         self._mean_lengths: dict[str, float] = {}  # by window, as of the last observe()
+        self._excluded = Sums()  # canary probe tokens still to be taken out of the next increases
+
+    def exclude(self, drafts: float, draft_tokens: float, accepted: float, per_pos: tuple[float, ...] = ()) -> None:
+        """Leave these tokens (a canary probe's own) out of the windows and detector deltas: they are taken out
+        of the next increases, as far as those reach, the rest carried over. Exported totals keep them: those
+        are the engine's own counters."""
+        self._excluded = self._excluded.plus(Sums(drafts, draft_tokens, accepted, per_pos))
 
     # ------------------------------------------------------------------ updates
     def observe(self, sample: EngineSample, gpus: tuple[int, ...] = ()) -> RouteObservation:
@@ -218,12 +225,15 @@ class RouteTracker:
             rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
 
+        engine_inc = inc
+        if source == "counter" and self._excluded != _ZERO:
+            inc = self._take_excluded(inc)
         # Only one of inc and gauge_now can be non-zero, and adding a zero Sums changes nothing (no field
         # here is ever -0.0: all start at +0.0), so one plus() does the work of two.
         self._observed = self._observed.plus(gauge_now if source == "gauge" else inc)
         if init is not None:
             self._exported = self._exported.plus(init)
-        self._exported = self._exported.plus(inc)
+        self._exported = self._exported.plus(engine_inc)
         self._ring.append(sample.ts, self._observed)
         self._last = sample
         window_acceptance, self._mean_lengths = self._window_values()
@@ -237,6 +247,7 @@ class RouteTracker:
             gauge_acceptance_ratio=(self._lifetime_ratio if sample.acceptance_source == "lifetime_gauge"
                                     else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
             running_per_engine={e.engine: e.running for e in sample.engines if _finite(e.running) is not None},
+            waiting_requests=_sum_present([e.waiting for e in sample.engines]),
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
             gpus=gpus,
@@ -294,6 +305,19 @@ class RouteTracker:
         return base
 
     # ------------------------------------------------------------------ helpers
+    def _take_excluded(self, inc: Sums) -> Sums:
+        """`inc` less the excluded tokens it can hold (never below 0); what it cannot hold is kept for later."""
+        ex = self._excluded
+        take = Sums(min(inc.drafts, ex.drafts), min(inc.draft_tokens, ex.draft_tokens),
+                    min(inc.accepted, ex.accepted),
+                    tuple(min(inc.per_pos[j], ex.per_pos[j]) if j < len(ex.per_pos) else 0.0
+                          for j in range(len(inc.per_pos))))
+        self._excluded = Sums(ex.drafts - take.drafts, ex.draft_tokens - take.draft_tokens,
+                              ex.accepted - take.accepted,
+                              tuple(ex.per_pos[j] - (take.per_pos[j] if j < len(take.per_pos) else 0.0)
+                                    for j in range(len(ex.per_pos))))
+        return inc.minus(take)
+
     def _window_values(self) -> tuple[dict[str, float], dict[str, float]]:
         """(acceptance ratio, mean acceptance length) by window, both from one pass over the ring's deltas."""
         source = self._last.acceptance_source if self._last is not None else "none"
