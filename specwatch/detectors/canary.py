@@ -62,11 +62,11 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "CanaryEvaluat
         ctx.shared[STORE_KEY] = store
     evaluator = CanaryEvaluator(route, store, prompt_set)
     evaluator.runner = ProbeRunner(route, route.probe, prompt_set, engine_kind=lambda: evaluator.engine_kind,
-                                   scrape=_bracket_scraper(route, ctx.config), clock=ctx.clock)
+                                   scrape=bracket_scraper(route, ctx.config), clock=ctx.clock)
     return evaluator
 
 
-def _bracket_scraper(route: RouteConfig, config: Config) -> Callable[[], Any]:
+def bracket_scraper(route: RouteConfig, config: Config) -> Callable[[], Any]:
     """A full /metrics scrape of the route for counter bracketing, on the probe thread's own session (the
     daemon's cycle fetches a filtered body without the finished-request counter)."""
     session = requests.Session()
