@@ -47,6 +47,9 @@ def full_snapshot() -> Snapshot:
         baseline_ratio=0.7, drop_ratio=0.142857, degraded=False, cusum_statistic=3.5, model_changes_total=1.0,
         last_model_change_timestamp=1764400000.0, crossover_batch_size=32.0, crossover_source="sweep",
         batch_size=12.0, above_crossover=False, predicted_speedup_ratio=1.35, compute_bound=False,
+        probe_acceptance_ratio=0.55, probe_baseline_ratio=0.56, probe_degraded=False, probe_success=True,
+        probe_duration_seconds=9.5, probe_rounds_total={"ok": 12.0, "busy": 0.0, "error": 1.0, "skipped": 0.0},
+        probe_method="vllm_response",
     )
     code = RouteState(
         name="code", up=False, engine_kind="sglang", model_name="Qwen/Qwen3-8B", engine_version="0.5.10",
