@@ -428,3 +428,54 @@ def test_daemon_pages_a_drafter_bump_on_a_quiet_route_within_two_rounds(simulato
         assert states[-1].probe_acceptance_ratio < 0.9 * states[-1].probe_baseline_ratio
     finally:
         daemon.close()
+
+
+class _BlockingSession:
+    """A requests.Session stand-in whose POSTs wait until released (a round that is still running)."""
+
+    def __init__(self, release: threading.Event):
+        self.release = release
+
+    def post(self, *args, **kwargs):
+        self.release.wait(30)
+        raise requests.ConnectionError("released")
+
+    def get(self, *args, **kwargs):
+        raise requests.ConnectionError("no models endpoint")
+
+    def close(self):
+        pass
+
+
+def test_a_reloaded_runner_waits_for_the_round_its_predecessor_still_runs():
+    cfg = parse_config({"routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics", "probe": {}}]})
+    route, ps = cfg.routes[0], load_prompt_set(BUILTIN)
+    release = threading.Event()
+    old = ProbeRunner(route, route.probe, ps, engine_kind=lambda: "vllm",
+                      session_factory=lambda: _BlockingSession(release))
+    assert old.start()
+    new = ProbeRunner(route, route.probe, ps, engine_kind=lambda: "vllm", previous=old,
+                      session_factory=lambda: _BlockingSession(release))
+    assert new.running and not new.start()
+    release.set()
+    old.join(30)
+    assert not new.running and old.latest.outcome == "error"
+
+
+def test_probe_command_prints_a_per_prompt_table_and_adopts_a_fingerprint(simulator, tmp_path, capsys):
+    from specwatch.cli import main
+
+    sim = simulator()
+    config = tmp_path / "specwatch.yml"
+    config.write_text(f"state_dir: {tmp_path}\nroutes:\n  - name: chat\n    url: {sim.url}/metrics\n"
+                      f"    probe: {{max_tokens: 16}}\n")
+    assert main(["probe", "chat", "--config.file", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "code-fizzbuzz" in out and "math-primes" in out and "no fingerprint yet" in out
+    assert main(["probe", "chat", "--config.file", str(config), "--adopt"]) == 0
+    assert "adopted as the fingerprint" in capsys.readouterr().out
+    assert main(["probe", "chat", "--config.file", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "drop +0.0% over 32 prompts" in out and "-> clean" in out
+    assert main(["probe", "nope", "--config.file", str(config)]) == 2
+    assert "no route 'nope'" in capsys.readouterr().err

@@ -116,8 +116,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _table(rnd, reference: dict[str, Acceptance]) -> Table:
     table = Table(title="canary round", title_justify="left")
-    for name, justify in (("prompt", "left"), ("kind", "left"), ("acceptance", "right"),
-                          ("accepted length", "right"), ("fingerprint", "right"), ("change", "right")):
+    table.add_column("prompt", no_wrap=True)  # ids are what an operator greps for: never cut them
+    for name, justify in (("kind", "left"), ("acceptance", "right"), ("accepted length", "right"),
+                          ("fingerprint", "right"), ("change", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for p in rnd.prompts:
         a = p.acceptance

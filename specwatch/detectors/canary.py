@@ -41,6 +41,7 @@ from specwatch.tracking.baselines import BaselineKey, BaselineStore
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+RUNNERS_KEY = "probe_runners"  # ctx.shared: route name -> its runner, so a reload's new runner waits for the old
 BACKOFF_FIRST_SECONDS = 30.0
 BACKOFF_MAX_FACTOR = 4.0  # x every
 LOW_ROUNDS_TO_PAGE = 2
@@ -61,8 +62,10 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "CanaryEvaluat
         store = BaselineStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
         ctx.shared[STORE_KEY] = store
     evaluator = CanaryEvaluator(route, store, prompt_set)
-    evaluator.runner = ProbeRunner(route, route.probe, prompt_set, engine_kind=lambda: evaluator.engine_kind,
-                                   scrape=bracket_scraper(route, ctx.config), clock=ctx.clock)
+    runners = ctx.shared.setdefault(RUNNERS_KEY, {})
+    evaluator.runner = runners[route.name] = ProbeRunner(
+        route, route.probe, prompt_set, engine_kind=lambda: evaluator.engine_kind,
+        scrape=bracket_scraper(route, ctx.config), clock=ctx.clock, previous=runners.get(route.name))
     return evaluator
 
 
@@ -111,6 +114,8 @@ class CanaryEvaluator:
         self.rounds_total: dict[str, float] = dict.fromkeys(ROUND_RESULTS, 0.0)
         self.last: Round | None = None
         self.last_comparison: Comparison | None = None
+        self.reference_ratio: float | None = None  # pooled acceptance of the reference fingerprint
+        self.last_round_ts: float | None = None  # when the last round was started (obs time)
         self.method = ""
         store.acquire()
         self._restore()
@@ -123,7 +128,8 @@ class CanaryEvaluator:
             key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0))
             if self.key is None:
                 self.key = key
-                self.next_due = now if self.next_due is None else self.next_due
+                if self.next_due is None:  # after a restart of specwatch the schedule goes on
+                    self.next_due = now if self.last_round_ts is None else self.last_round_ts + self.cfg.every_seconds
             elif key != self.key or obs.reset:
                 if key != self.key:
                     log.info("route %s: canary: model changed from %s to %s", self.route, self.key.label(),
@@ -160,6 +166,7 @@ class CanaryEvaluator:
         if self.runner.start(reason):
             self.change_pending = False
             self.round_key = self.key
+            self.last_round_ts = now
             self.next_due = now + self.cfg.every_seconds
 
     def _backoff(self) -> float:
@@ -188,14 +195,15 @@ class CanaryEvaluator:
                 self._reset_verdict()
             self.reference_key = key
             reference = own
-        elif self.reference_key is not None and self._fingerprint(self.reference_key):
-            reference = self._fingerprint(self.reference_key)
+        elif self.reference_key is not None and (previous := self._fingerprint(self.reference_key)):
+            reference = previous
         else:
             self._adopt(key, read)
             self._save()
             return
         comparison = compare(read, reference, self.drop)
         self.last_comparison = comparison
+        self.reference_ratio = comparison.reference_ratio if comparison is not None else _pooled(reference)
         if comparison is not None:
             self._verdict(comparison)
             if self.reference_key != key:  # a new key on probation against the previous fingerprint
@@ -224,6 +232,7 @@ class CanaryEvaluator:
         if not usable:
             return
         self.store.put_fingerprint(self.route, key, self.prompt_hash, usable)
+        self.reference_ratio = _pooled({pid: Acceptance(*v) for pid, v in usable.items()})
         log.info("route %s: canary fingerprint for %s adopted (%d prompts)", self.route, key.label(), len(usable))
         self.reference_key = key
         self._reset_verdict()
@@ -247,19 +256,9 @@ class CanaryEvaluator:
             if rnd.outcome == "ok" and totals.ratio is not None:
                 out["probe_acceptance_ratio"] = totals.ratio
         if self.reference_key is not None:
-            reference = self._reference_ratio()
-            if reference is not None:
-                out["probe_baseline_ratio"] = reference
+            out["probe_baseline_ratio"] = self.reference_ratio
             out["probe_degraded"] = self.degraded
         return out
-
-    def _reference_ratio(self) -> float | None:
-        c = self.last_comparison
-        if c is not None:
-            return c.reference_ratio
-        fp = self._fingerprint(self.reference_key) if self.reference_key is not None else {}
-        drafted = sum(a.drafted for a in fp.values())
-        return sum(a.accepted for a in fp.values()) / drafted if drafted > 0 else None
 
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:
@@ -268,7 +267,7 @@ class CanaryEvaluator:
             "version": STATE_VERSION, "prompt_set": self.prompt_hash,
             "reference_key": [ref.model_name, ref.engine_version, ref.k] if ref is not None else None,
             "low_rounds": self.low_rounds, "clean_rounds": self.clean_rounds, "degraded": self.degraded,
-            "not_low_on_new_key": self.not_low_on_new_key})
+            "not_low_on_new_key": self.not_low_on_new_key, "last_round": self.last_round_ts})
 
     def _restore(self) -> None:
         state = self.store.probe_state(self.route)
@@ -280,7 +279,17 @@ class CanaryEvaluator:
             self.low_rounds, self.clean_rounds = int(state["low_rounds"]), int(state["clean_rounds"])
             self.degraded = bool(state["degraded"])
             self.not_low_on_new_key = int(state.get("not_low_on_new_key", 0))
+            last = state.get("last_round")
+            self.last_round_ts = None if last is None else float(last)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             log.error("route %s: unreadable canary state (%r); starting afresh", self.route, exc)
             self.reference_key = None
+            return
+        if self.reference_key is not None:
+            self.reference_ratio = _pooled(self._fingerprint(self.reference_key))
+
+
+def _pooled(prompts: Mapping[str, Acceptance]) -> float | None:
+    drafted = sum(a.drafted for a in prompts.values())
+    return sum(a.accepted for a in prompts.values()) / drafted if drafted > 0 else None
 

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -87,28 +87,42 @@ class _NoAcceptance(Exception):
     """The engine answered but reported no per-request acceptance: bracketing is needed."""
 
 
-@dataclass
 class ProbeRunner:
-    route: RouteConfig
-    probe: ProbeConfig
-    prompt_set: PromptSet
-    engine_kind: Callable[[], str]  # "vllm" | "sglang" | "" (not known yet), read when a round starts
-    scrape: Scrape | None = None  # None: no bracketing fallback
-    session_factory: Callable[[], requests.Session] = requests.Session
-    clock: Callable[[], float] = time.time
-    sleep: Callable[[float], None] = time.sleep
-    latest: Round | None = None
-    _seq: int = 0
-    _method: str = ""
-    _thread: threading.Thread | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _read: list[Acceptance] = field(default_factory=list)  # read since the last take_read()
+    """Rounds of one route, one at a time. `previous`: the runner this one replaces (a config reload), whose
+    round still in flight keeps this one from starting, so rounds never overlap across reloads either."""
+
+    def __init__(self, route: RouteConfig, probe: ProbeConfig, prompt_set: PromptSet,
+                 engine_kind: Callable[[], str], scrape: Scrape | None = None, *,
+                 session_factory: Callable[[], requests.Session] = requests.Session,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 previous: "ProbeRunner | None" = None) -> None:
+        self.route = route
+        self.probe = probe
+        self.prompt_set = prompt_set
+        self.engine_kind = engine_kind  # "vllm" | "sglang" | "" (not known yet), read when a round starts
+        self.scrape = scrape  # None: no bracketing fallback
+        self.session_factory = session_factory
+        self.clock = clock
+        self.sleep = sleep
+        self.latest: Round | None = None
+        self._previous = previous if previous is not None and previous.running else None
+        self._seq = 0
+        self._method = ""
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._read: list[Acceptance] = []  # read since the last take_read()
 
     # ------------------------------------------------------------------ control (tick thread)
     @property
     def running(self) -> bool:
         thread = self._thread
-        return thread is not None and thread.is_alive()
+        if thread is not None and thread.is_alive():
+            return True
+        if self._previous is not None:
+            if self._previous.running:
+                return True
+            self._previous = None
+        return False
 
     def start(self, reason: str = "schedule") -> bool:
         """Begin a round on its own thread; False when one is still running."""
