@@ -95,7 +95,7 @@ class ProbeRunner:
                  engine_kind: Callable[[], str], scrape: Scrape | None = None, *,
                  session_factory: Callable[[], requests.Session] = requests.Session,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 previous: "ProbeRunner | None" = None) -> None:
+                 previous: "ProbeRunner | None" = None, bracketing_only: bool = False) -> None:
         self.route = route
         self.probe = probe
         self.prompt_set = prompt_set
@@ -107,7 +107,8 @@ class ProbeRunner:
         self.latest: Round | None = None
         self._previous = previous if previous is not None and previous.running else None
         self._seq = 0
-        self._method = ""
+        self._bracketing_only = bracketing_only  # bracket even where the answer has acceptance (tests, comparison)
+        self._method = "bracketing" if bracketing_only else ""
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._read: list[Acceptance] = []  # read since the last take_read()
@@ -142,7 +143,7 @@ class ProbeRunner:
             thread.join(timeout)
 
     def forget_method(self) -> None:
-        self._method = ""
+        self._method = "bracketing" if self._bracketing_only else ""
 
     def take_read(self) -> list[Acceptance]:
         """Acceptances read since the last call: the probes' own tokens, which tracking leaves out of the
