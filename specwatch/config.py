@@ -471,6 +471,7 @@ def parse_config(raw: Any, source: str = "") -> Config:
         c.fail("routes", "must be a list")
         raw_routes = []
     seen: dict[str, int] = {}
+    probed: dict[str, int] = {}  # engine (scheme://host:port) -> the route that probes it
     for i, r in enumerate(raw_routes):
         route = _route(c, r, f"routes[{i}]", detection)
         if route is None:
@@ -479,6 +480,13 @@ def parse_config(raw: Any, source: str = "") -> Config:
             c.fail(f"routes[{i}].name", f"duplicate route name {route.name!r} (first at routes[{seen[route.name]}])")
         elif route.name:
             seen[route.name] = i
+        if route.probe is not None and route.url:
+            engine = urlparse(route.url)._replace(path="", params="", query="", fragment="").geturl()
+            if engine in probed:
+                c.fail(f"routes[{i}].probe", f"routes[{probed[engine]}] already probes {engine}: one route per "
+                                             "engine may probe it (rounds on one engine must not overlap)")
+            else:
+                probed[engine] = i
         routes.append(route)
     if c.problems:
         raise ConfigError(c.problems, source)

@@ -479,3 +479,10 @@ def test_probe_command_prints_a_per_prompt_table_and_adopts_a_fingerprint(simula
     assert "drop +0.0% over 32 prompts" in out and "-> clean" in out
     assert main(["probe", "nope", "--config.file", str(config)]) == 2
     assert "no route 'nope'" in capsys.readouterr().err
+
+
+def test_only_one_route_per_engine_may_probe_it():
+    with pytest.raises(ConfigError, match=r"routes\[1\].probe: routes\[0\] already probes http://h:8000"):
+        parse_config({"routes": [
+            {"name": "a", "url": "http://h:8000/metrics", "match": {"model_name": "x"}, "probe": {}},
+            {"name": "b", "url": "http://h:8000/metrics", "match": {"model_name": "y"}, "probe": {}}]})

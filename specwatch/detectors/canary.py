@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import requests
@@ -41,7 +42,9 @@ from specwatch.tracking.baselines import BaselineKey, BaselineStore
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-RUNNERS_KEY = "probe_runners"  # ctx.shared: route name -> its runner, so a reload's new runner waits for the old
+# Route name -> its latest runner, so that the runner a reload builds waits for its predecessor's round. Weak:
+# a runner lives while its evaluator or its round's thread does, whatever the daemon does with its context.
+_RUNNERS: "weakref.WeakValueDictionary[str, ProbeRunner]" = weakref.WeakValueDictionary()
 BACKOFF_FIRST_SECONDS = 30.0
 BACKOFF_MAX_FACTOR = 4.0  # x every
 LOW_ROUNDS_TO_PAGE = 2
@@ -62,10 +65,9 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "CanaryEvaluat
         store = BaselineStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
         ctx.shared[STORE_KEY] = store
     evaluator = CanaryEvaluator(route, store, prompt_set)
-    runners = ctx.shared.setdefault(RUNNERS_KEY, {})
-    evaluator.runner = runners[route.name] = ProbeRunner(
+    evaluator.runner = _RUNNERS[route.name] = ProbeRunner(
         route, route.probe, prompt_set, engine_kind=lambda: evaluator.engine_kind,
-        scrape=bracket_scraper(route, ctx.config), clock=ctx.clock, previous=runners.get(route.name))
+        scrape=bracket_scraper(route, ctx.config), clock=ctx.clock, previous=_RUNNERS.get(route.name))
     return evaluator
 
 
