@@ -19,6 +19,7 @@ The method found is kept for the next rounds and looked for again after `forget_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -174,7 +175,7 @@ class ProbeRunner:
             log.exception("route %s: canary round failed unexpectedly", self.route.name)
             result = Round(seq, started, 0.0, "error", self._method, f"internal: {type(exc).__name__}: {exc}",
                            reason=reason)
-        self.latest = Round(**{**result.__dict__, "duration_seconds": time.monotonic() - begin})
+        self.latest = dataclasses.replace(result, duration_seconds=time.monotonic() - begin)
 
     def _round(self, seq: int, started: float, reason: str) -> Round:
         session = self.session_factory()
@@ -218,6 +219,9 @@ class ProbeRunner:
         first = self._send(session, api, kind, model, prompts[0])
         if first.error == _NO_ACCEPTANCE:
             raise _NoAcceptance()
+        if first.error:  # a dead or hung engine costs one timeout, not one per prompt
+            return [first, *(PromptResult(p.id, p.kind, error="not sent: the first prompt failed")
+                             for p in prompts[1:])]
         with ThreadPoolExecutor(max_workers=self.probe.concurrency,
                                 thread_name_prefix=f"probe-{self.route.name}") as pool:
             rest = list(pool.map(lambda p: self._send(session, api, kind, model, p), prompts[1:]))
