@@ -10,6 +10,12 @@ fi
 if .venv/bin/specwatch generate --help >/dev/null 2>&1; then
   .venv/bin/specwatch generate --check || { echo "test: generated alerts/dashboards are stale: run 'specwatch generate'" >&2; exit 1; }
 fi
+# The real vLLM engine (CPU build) of the real_engine tests: installed into .venv-vllm once, a few minutes.
+case " $* " in
+  *"not real_engine"*|*"not e2e"*) ;;  # the real-engine tests are deselected: no need for the engine
+  *) .venv/bin/python -m specwatch.testbed.engine_env \
+       || echo "test: the real vLLM engine could not be installed; its tests will fail and say why" >&2 ;;
+esac
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ $rc -eq 5 ]; then

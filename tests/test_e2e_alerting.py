@@ -28,26 +28,19 @@ Everything listens on free loopback ports. A run takes about 1.5-2.5 minutes (th
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import socket
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 import yaml
 
-from specwatch.mixin import dashboards, render
+from alerting_stack import (DAEMON_WITH_FAKE_NVML, Processes, Webhook, answers, free_port, query, query_or_error,
+                            start_alerting, wait_until)
+from specwatch.mixin import dashboards
 from specwatch.mixin.settings import DEFAULT
 
 pytestmark = pytest.mark.e2e
@@ -68,115 +61,6 @@ EVALUATION_INTERVAL_SECONDS = 1.0
 # of (0.7 + 0.7^2 + 0.7^3 + 0.7^4) / 4 = 0.443, pinned in the config (a learned baseline needs minutes of
 # warm-up for its overdispersion estimate); 2.45 is the overdispersion of that profile (docs/detection.md §3).
 PINNED_BASELINE = {"acceptance_ratio": 0.443, "overdispersion": 2.45}
-
-# The real `specwatch run`, with tests/fake_nvml.py standing in for the pynvml module (no GPU here).
-DAEMON_WITH_FAKE_NVML = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); import fake_nvml; "
-    "sys.modules['pynvml'] = fake_nvml.basic_h200(1); "
-    "from specwatch.cli import main; sys.exit(main(sys.argv[1:]))"
-)
-
-
-def _binaries() -> dict[str, str]:
-    """Paths of prometheus and alertmanager, installing them when missing; skips the module if that fails."""
-    names = {"prometheus": "prometheus", "alertmanager": "prometheus-alertmanager"}
-    if not all(shutil.which(n) for n in names.values()):
-        subprocess.run(["bash", str(REPO / "scripts" / "ensure_prometheus.sh")], capture_output=True, timeout=300)
-    found = {key: shutil.which(name) for key, name in names.items()}
-    missing = [names[key] for key, path in found.items() if path is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed and scripts/ensure_prometheus.sh could not install them")
-    return {key: str(path) for key, path in found.items()}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_until(what: str, predicate: Callable[[], Any], timeout: float, procs: "Processes") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        procs.check_alive()
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{procs.logs()}")
-
-
-class Processes:
-    """Subprocesses of this test, each logging to its own file; all stopped at the end."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.running: list[tuple[str, subprocess.Popen, Path]] = []
-
-    def start(self, name: str, argv: list[str]) -> None:
-        log = self.workdir / f"{name}.log"
-        proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.running.append((name, proc, log))
-
-    def check_alive(self) -> None:
-        for name, proc, _ in self.running:
-            if proc.poll() is not None:
-                raise AssertionError(f"{name} exited with {proc.returncode}\n{self.logs()}")
-
-    def logs(self, tail: int = 25) -> str:
-        parts = []
-        for name, _, log in self.running:
-            # The scheduler's per-tick INFO lines would push everything useful out of the tail.
-            lines = [line for line in log.read_text(errors="replace").splitlines()
-                     if "apscheduler" not in line][-tail:]
-            parts.append(f"--- {name} (last {len(lines)} lines)\n" + "\n".join(lines))
-        return "\n".join(parts)
-
-    def stop_all(self) -> None:
-        for _, proc, _ in reversed(self.running):
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc, _ in self.running:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-
-
-class Webhook:
-    """Alertmanager's webhook receiver: records (arrival time, path, payload) of every notification."""
-
-    def __init__(self) -> None:
-        self.notifications: list[tuple[float, str, dict]] = []
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with outer.lock:
-                    outer.notifications.append((time.monotonic(), self.path, json.loads(body)))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def alerts(self, path: str) -> list[tuple[float, dict, dict]]:
-        """(arrival, alert, notification) for every alert posted to `path`."""
-        with self.lock:
-            return [(t, alert, body) for t, p, body in self.notifications if p == path for alert in body["alerts"]]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 def _scenarios(workdir: Path) -> tuple[Path, Path, Path]:
     drop = workdir / "chat-drop.yaml"
@@ -225,38 +109,10 @@ def _specwatch_config(workdir: Path, ports: dict[str, int]) -> Path:
     return path
 
 
-def _prometheus_config(workdir: Path, daemon_port: int, am_port: int) -> Path:
-    settings = replace(DEFAULT.with_all_for("5s"), evaluation_interval_seconds=EVALUATION_INTERVAL_SECONDS)
-    rules = workdir / "specwatch-rules.yaml"
-    rules.write_text(render.to_yaml(render.rules_document(settings)))
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [{"job_name": "specwatch", "static_configs": [{"targets": [f"127.0.0.1:{daemon_port}"]}]}],
-    }
-    path = workdir / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _alertmanager_config(workdir: Path, webhook: Webhook) -> Path:
-    config = yaml.safe_load((REPO / render.ALERTMANAGER_PATH).read_text())
-    urls = {DEFAULT.page_receiver: f"{webhook.url}/page", DEFAULT.ticket_receiver: f"{webhook.url}/ticket"}
-    for receiver in config["receivers"]:
-        for hook in receiver["webhook_configs"]:
-            hook["url"] = urls[receiver["name"]]
-    config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1m")
-    path = workdir / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    binaries = _binaries()
     workdir = tmp_path_factory.mktemp("e2e")
-    ports = {name: _free_port() for name in ("chat", "rag", "code", "daemon", "prometheus", "alertmanager")}
+    ports = {name: free_port() for name in ("chat", "rag", "code", "daemon", "prometheus", "alertmanager")}
     webhook = Webhook()
     procs = Processes(workdir)
     try:
@@ -267,58 +123,20 @@ def stack(tmp_path_factory):
         procs.start("sim-code", [*simulate, "--seed", "2", "--port", str(ports["code"]), "--scenario", str(steady)])
         procs.start("sim-rag", [*simulate, "--seed", "3", "--port", str(ports["rag"]), "--scenario", str(bump)])
         for route in ("chat", "code", "rag"):
-            _wait_until(f"the {route} simulator", lambda: _answers(f"http://127.0.0.1:{ports[route]}/metrics"),
-                        30, procs)
+            wait_until(f"the {route} simulator", lambda: answers(f"http://127.0.0.1:{ports[route]}/metrics"),
+                       30, procs)
         # No earlier than simulated time 0 of every simulator, so "not paged before the fault" is checked strictly.
         started = time.monotonic()
         procs.start("specwatch", [sys.executable, "-c", DAEMON_WITH_FAKE_NVML, str(REPO / "tests"), "run",
                                   "--config.file", str(_specwatch_config(workdir, ports)),
                                   "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
-        procs.start("alertmanager", [binaries["alertmanager"],
-                                     f"--config.file={_alertmanager_config(workdir, webhook)}",
-                                     f"--storage.path={workdir / 'alertmanager-data'}",
-                                     f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
-                                     "--cluster.listen-address="])
-        prometheus_config = _prometheus_config(workdir, ports["daemon"], ports["alertmanager"])
-        procs.start("prometheus", [binaries["prometheus"], f"--config.file={prometheus_config}",
-                                   f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-                                   f"--web.listen-address=127.0.0.1:{ports['prometheus']}"])
-        prometheus = f"http://127.0.0.1:{ports['prometheus']}"
-        _wait_until("Prometheus to scrape specwatch", lambda: _query(prometheus, 'up{job="specwatch"} == 1'),
-                    60, procs)
-        yield {"prometheus": prometheus, "alertmanager": f"http://127.0.0.1:{ports['alertmanager']}",
+        prometheus, alertmanager = start_alerting(procs, workdir, webhook, ports, EVALUATION_INTERVAL_SECONDS)
+        yield {"prometheus": prometheus, "alertmanager": alertmanager,
                "webhook": webhook, "procs": procs, "drop_at": started + DROP_AT_SECONDS,
                "bump_at": started + BUMP_AT_SECONDS}
     finally:
         procs.stop_all()
         webhook.close()
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def _query_or_error(prometheus: str, expr: str) -> tuple[list[dict], str]:
-    """Instant query: (result vector, "") or ([], what went wrong)."""
-    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.load(response)
-    except urllib.error.HTTPError as exc:  # Prometheus answers 400/422 with a JSON error body
-        body = json.loads(exc.read() or b"{}")
-    except (OSError, ValueError) as exc:
-        return [], f"{type(exc).__name__}: {exc}"
-    if body.get("status") != "success":
-        return [], f"{body.get('errorType', '?')}: {body.get('error', body)}"
-    return body["data"]["result"], ""
-
-
-def _query(prometheus: str, expr: str) -> list[dict]:
-    return _query_or_error(prometheus, expr)[0]
 
 
 def _pages_for(webhook: Webhook, route: str) -> list[tuple[float, dict, dict]]:
@@ -327,7 +145,7 @@ def _pages_for(webhook: Webhook, route: str) -> list[tuple[float, dict, dict]]:
 
 def _wait_for_chat_page(stack) -> tuple[float, dict, dict]:
     timeout = stack["drop_at"] + PAGE_DEADLINE_SECONDS - time.monotonic()
-    pages = _wait_until("the acceptance drop on route chat to be paged",
+    pages = wait_until("the acceptance drop on route chat to be paged",
                         lambda: [p for p in _pages_for(stack["webhook"], "chat") if p[1]["status"] == "firing"],
                         timeout, stack["procs"])
     return pages[0]
@@ -346,7 +164,7 @@ def test_injected_drop_pages_through_alertmanager(stack):
 
 def test_drop_after_a_model_bump_pages_naming_the_new_model(stack):
     timeout = stack["bump_at"] + PAGE_DEADLINE_SECONDS - time.monotonic()
-    pages = _wait_until("the drop after the model bump on route rag to be paged",
+    pages = wait_until("the drop after the model bump on route rag to be paged",
                         lambda: [p for p in _pages_for(stack["webhook"], "rag") if p[1]["status"] == "firing"],
                         timeout, stack["procs"])
     arrival, alert, notification = pages[0]
@@ -373,9 +191,9 @@ def test_undisturbed_route_never_pages(stack):
     from_prometheus = {a["labels"].get("route") for _, a, _ in webhook.alerts("/page")} - {"inhibited", "not-inhibited"}
     assert from_prometheus <= {"chat", "rag"}
     # The undisturbed route was really evaluated: a baseline, and a verdict of "not degraded".
-    verdict = _query(stack["prometheus"], 'specwatch_route_acceptance_degraded{route="code"}')
+    verdict = query(stack["prometheus"], 'specwatch_route_acceptance_degraded{route="code"}')
     assert verdict and verdict[0]["value"][1] == "0"
-    assert _query(stack["prometheus"], 'specwatch_route_model_changes_total{route="code"} > 0'), \
+    assert query(stack["prometheus"], 'specwatch_route_model_changes_total{route="code"} > 0'), \
         "the undisturbed route's model bump was not seen"
 
 
@@ -397,7 +215,7 @@ def test_alertmanager_inhibits_route_alerts_while_specwatch_is_down(stack):
     time.sleep(1.5)  # the source alert must be known before the target is flushed
     post(alert("SpecwatchAcceptanceDegraded", "critical", instance="blind-node:9448", route="inhibited"),
          alert("SpecwatchAcceptanceDegraded", "critical", instance="seeing-node:9448", route="not-inhibited"))
-    _wait_until("the control page from the node that is up", lambda: _pages_for(webhook, "not-inhibited"), 20, procs)
+    wait_until("the control page from the node that is up", lambda: _pages_for(webhook, "not-inhibited"), 20, procs)
     time.sleep(3)  # several group intervals: an inhibition failure would have been delivered by now
     assert _pages_for(webhook, "inhibited") == []
     assert any(a["labels"]["alertname"] == "SpecwatchTargetDown" for _, a, _ in webhook.alerts("/ticket"))
@@ -415,7 +233,7 @@ def test_every_dashboard_query_returns_data(stack):
     failures = []
     for name, board in sorted(dashboards.all_dashboards(DEFAULT).items()):
         for title, expr in dashboards.iter_queries(board):
-            result, error = _query_or_error(stack["prometheus"], _concrete(expr))
+            result, error = query_or_error(stack["prometheus"], _concrete(expr))
             if error:
                 failures.append(f"{name} / {title}: {error}: {expr}")
             elif not result:

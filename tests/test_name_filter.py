@@ -6,9 +6,11 @@ restricted registry: vLLM with one API server filters; SGLang's multiprocess reg
 
 from __future__ import annotations
 
+import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -120,7 +122,8 @@ def test_a_filter_that_stops_working_falls_back_within_the_same_cycle(vllm_sim):
 
 
 class _Refusing(BaseHTTPRequestHandler):
-    """A proxy that refuses query strings on /metrics (400), or, once `down`, closes every connection."""
+    """A proxy that refuses query strings on /metrics (400), or, once `down`, closes every connection.
+    Not refusing, it filters by `name[]` as prometheus_client does, or (`ignore_names`) answers everything."""
 
     protocol_version = "HTTP/1.1"
 
@@ -132,6 +135,10 @@ class _Refusing(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         status, body = (400, b"no query strings here") if "?" in self.path and self.server.refuse else (200, FIXTURE)
+        names = parse_qs(urlsplit(self.path).query).get("name[]")
+        if status == 200 and names and not self.server.ignore_names:
+            body = b"".join(line for line in FIXTURE.splitlines(keepends=True)
+                            if line.split(b"{")[0].split(b" ")[0].decode() in names)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -141,7 +148,7 @@ class _Refusing(BaseHTTPRequestHandler):
 @pytest.fixture
 def proxy():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    httpd.daemon_threads, httpd.refuse, httpd.down = True, True, False
+    httpd.daemon_threads, httpd.refuse, httpd.down, httpd.ignore_names = True, True, False, False
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
     yield httpd
@@ -159,15 +166,19 @@ def test_a_refused_filter_is_dropped_and_the_scrape_goes_on(proxy):
     fetcher.close()
 
 
-def test_a_server_that_ignores_the_parameters_is_scraped_correctly(proxy):
-    """Parameters ignored: the "filtered" answer is the whole exposition, the check passes, nothing is lost."""
+def test_a_server_that_ignores_the_parameters_is_scraped_whole_and_says_so(proxy, caplog):
+    """Parameters ignored (vLLM's CPU build 0.32 does this): the "filtered" answer is the whole exposition, so
+    the filter is off, the log says why, and nothing is lost."""
     proxy.refuse = False
+    proxy.ignore_names = True
     fetcher = RecordingFetcher()
     endpoint = SharedEndpoint(proxy.url, fetcher)
-    for cycle in range(3):
-        kind, families = endpoint.families("reader", "vllm", now=1000.0 + 5 * cycle)
-        assert families["vllm:spec_decode_num_drafts_total"].samples
-    assert fetcher.take() == ["full", "filtered", "filtered", "filtered"]
+    with caplog.at_level(logging.INFO, logger="specwatch.sources.name_filter"):
+        for cycle in range(3):
+            kind, families = endpoint.families("reader", "vllm", now=1000.0 + 5 * cycle)
+            assert families["vllm:spec_decode_num_drafts_total"].samples
+    assert fetcher.take() == ["full", "filtered", "full", "full"] and endpoint.name_filter.state == "off"
+    assert "ignores ?name[]=" in caplog.text and "scraping with ?name[]=" not in caplog.text
     fetcher.close()
 
 

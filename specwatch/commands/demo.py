@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refresh", type=float, default=1.0, help="status table refresh interval, seconds")
     parser.add_argument("--state-dir", help="baseline state directory (default: a temporary one, removed at exit)")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the simulated engines (default 1)")
+    parser.add_argument("--real", action="store_true",
+                        help="a REAL vLLM (CPU build, installed into .venv-vllm on first use) instead of the "
+                             "simulators: its drafter is swapped for a worse one and the route turns degraded")
+    parser.add_argument("--bump-after", type=float, default=90.0,
+                        help="with --real: seconds before the drafter is swapped (default 90)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,6 +59,8 @@ def main(args: argparse.Namespace) -> int:
     if previous is not signal.SIG_IGN:  # started in the background by a shell: leave Ctrl-C ignored, as asked
         signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
     try:
+        if args.real:
+            return _run_real(args, stop)
         return _run(args, stop)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -62,9 +69,7 @@ def main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, stop: threading.Event) -> int:
     plan = load_demo_plan()
     time_scale = args.time_scale or plan.time_scale
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)  # logs and CI: room for every column
+    console = _console()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per tick would drown the table
     sims: dict[str, RunningSimulator] = {}
     daemon = server = scheduler = None
@@ -82,7 +87,7 @@ def _run(args: argparse.Namespace, stop: threading.Event) -> int:
         daemon.tick()
         scheduler = start_scheduler(daemon, config.interval_seconds)
         _banner(console, plan.description, sims, server.url, time_scale)
-        _watch(console, daemon, sims, args.duration, args.refresh, stop)
+        _watch(console, daemon, lambda doc: _frame(doc, sims), args.duration, args.refresh, stop)
     except (ConfigError, OSError, ValueError) as exc:
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 1
@@ -117,7 +122,28 @@ def _banner(console: Console, description: str, sims: dict[str, RunningSimulator
                   f"(engines run {time_scale:g}x real time; Ctrl-C to stop)")
 
 
-def _watch(console: Console, daemon: Daemon, sims: dict[str, RunningSimulator], duration: float,
+def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
+    from specwatch.testbed.demo import run_real_demo
+    from specwatch.testbed.engine_env import EngineEnvError
+    from specwatch.testbed.vllm_server import VllmServerError
+
+    console = _console()
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    try:
+        return run_real_demo(console, args.listen_address, args.duration, args.bump_after, stop,
+                             lambda daemon, frame: _watch(console, daemon, frame, args.duration, args.refresh, stop),
+                             state_dir=args.state_dir)
+    except (EngineEnvError, VllmServerError, RuntimeError, OSError) as exc:
+        print(f"specwatch demo --real: {exc}", file=sys.stderr)
+        return 1
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=160)  # logs and CI: room for every column
+
+
+def _watch(console: Console, daemon: Daemon, frame: Callable[[dict[str, Any]], Group], duration: float,
            refresh: float, stop: threading.Event) -> None:
     """Refresh the table until `stop` is set (Ctrl-C) or `duration` seconds have passed."""
     deadline = time.monotonic() + duration if duration > 0 else None
@@ -131,10 +157,10 @@ def _watch(console: Console, daemon: Daemon, sims: dict[str, RunningSimulator], 
         saved = root.handlers[:]
         root.handlers = [RichHandler(console=console, show_path=False)]
         try:
-            with Live(_frame(routes_document(daemon.snapshot), sims), console=console, auto_refresh=False) as live:
+            with Live(frame(routes_document(daemon.snapshot)), console=console, auto_refresh=False) as live:
                 while running():
                     stop.wait(_nap(refresh, deadline))
-                    live.update(_frame(routes_document(daemon.snapshot), sims), refresh=True)
+                    live.update(frame(routes_document(daemon.snapshot)), refresh=True)
         finally:
             root.handlers = saved
         return
@@ -142,7 +168,7 @@ def _watch(console: Console, daemon: Daemon, sims: dict[str, RunningSimulator], 
     while running():
         stop.wait(_nap(refresh, deadline))
         if time.monotonic() >= next_print:
-            console.print(_frame(routes_document(daemon.snapshot), sims))
+            console.print(frame(routes_document(daemon.snapshot)))
             next_print += NON_TTY_PRINT_EVERY_SECONDS
 
 

@@ -91,13 +91,14 @@ class NameFilter:
         self._next_check = now + self.recheck_seconds
         filtered = self._filtered(get, checking=True)
         expected = self._series(whole)
-        if filtered is not None and expected and self._series(filtered) == expected:
+        if filtered is not None and expected and self._series(filtered) == expected and not self._unwanted(filtered):
             self._switch("on", now, f"it serves the {len(expected)} wanted series alone "
                                     f"({len(filtered)} of {len(whole)} bytes)")
         else:
             reason = ("the filtered request failed" if filtered is None else
-                      "its filtered answer differs from the whole exposition" if expected else
-                      "the whole exposition holds none of the wanted series")
+                      "the whole exposition holds none of the wanted series" if not expected else
+                      "it ignores ?name[]= (the filtered answer holds other series too)" if self._unwanted(filtered)
+                      else "its filtered answer differs from the whole exposition")
             self._switch("off", now, reason)
 
     def _switch(self, state: str, now: float, why: str) -> None:
@@ -113,6 +114,16 @@ class NameFilter:
         self.state = state
         if state == "check":
             self._next_check = float("-inf")
+
+    def _unwanted(self, body: bytes) -> bool:
+        """Whether `body` holds a sample of a series not asked for: an endpoint (vLLM's CPU build 0.32, a proxy)
+        that ignores `name[]` answers the whole exposition, and fetching it twice would save nothing."""
+        for line in body.splitlines():
+            if line and not line.startswith(b"#"):
+                name = line.split(b"{", 1)[0].split(b" ", 1)[0]
+                if name.decode(errors="replace") not in self.names:
+                    return True
+        return False
 
     def _series(self, body: bytes) -> frozenset[tuple]:
         """The wanted series (name and label set) in `body`; empty when it holds none or does not parse."""

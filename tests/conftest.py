@@ -1,0 +1,26 @@
+"""Fixtures shared across test modules: the real vLLM engine of specwatch.testbed.
+
+The engine venv is built on first use (a few minutes, once per checkout) and its tests carry the
+`real_engine` marker. Where the processor cannot run vLLM's CPU build, they skip and say why; where it can,
+a failure to install or start the engine is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specwatch.testbed.engine_env import cpu_support, ensure_engine_env
+from specwatch.testbed.models import TinyModels, build_tiny_models
+
+
+@pytest.fixture(scope="session")
+def engine_env():
+    supported, reason = cpu_support()
+    if not supported:
+        pytest.skip(f"the real vLLM engine cannot run on this machine: {reason}")
+    return ensure_engine_env()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(engine_env) -> TinyModels:
+    return build_tiny_models(engine_env)

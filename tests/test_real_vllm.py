@@ -1,0 +1,212 @@
+"""specwatch against a real vLLM (the CPU build, specwatch.testbed): what specwatch reports equals what the
+engine's own /metrics says, for draft-model and n-gram speculation.
+
+The daemon scrapes the engine through a recording proxy, so each cycle's figures are compared with the very
+body specwatch read, parsed independently by prometheus_client's parser. The engine serves a tiny locally made
+Llama with greedy requests: real scheduling, real drafting and verification, real counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.config import parse_config
+from specwatch.daemon import Daemon
+from specwatch.sources.engines import SharedEndpoint
+from specwatch.sources.http import HttpFetcher
+from specwatch.testbed.load import BackgroundLoad, run_requests
+from specwatch.testbed.models import GOOD_DRAFTER_NOISE
+from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
+
+K = 3
+MAX_NUM_SEQS = 2  # small, so that a few concurrent clients leave requests waiting
+
+
+class RecordingProxy:
+    """Forwards GETs to the engine and keeps every (path, body) it answered, for the test to compare."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.lock = threading.Lock()
+        self.answered: list[tuple[str, bytes]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                with urllib.request.urlopen(outer.upstream + self.path, timeout=30) as response:
+                    body, content_type = response.read(), response.headers.get("Content-Type", "text/plain")
+                with outer.lock:
+                    outer.answered.append((self.path, body))
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def take_metrics_body(self) -> str:
+        """The /metrics body the daemon used since the last call: the whole exposition when it fetched one (a
+        filter check fetches both), else the filtered one."""
+        with self.lock:
+            answered, self.answered = self.answered, []
+        bodies = [(path, body) for path, body in answered if path.startswith("/metrics")]
+        assert bodies, "the daemon fetched no /metrics"
+        whole = [body for path, body in bodies if "name[]=" not in path and "name%5B%5D=" not in path]
+        return (whole or [bodies[-1][1]])[-1].decode()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def engine_values(body: str) -> dict[str, object]:
+    """The figures specwatch derives, read from a vLLM exposition with prometheus_client's parser."""
+    sums: dict[str, float] = {}
+    positions: dict[int, float] = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                position = int(sample.labels["position"])
+                positions[position] = positions.get(position, 0.0) + sample.value
+            elif sample.name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:num_requests_running",
+                                 "vllm:num_requests_waiting"):
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return {"drafts": sums["vllm:spec_decode_num_drafts_total"],
+            "draft_tokens": sums["vllm:spec_decode_num_draft_tokens_total"],
+            "accepted": sums["vllm:spec_decode_num_accepted_tokens_total"],
+            "per_pos": tuple(positions[p] for p in sorted(positions)),
+            "running": sums["vllm:num_requests_running"], "waiting": sums["vllm:num_requests_waiting"]}
+
+
+SPECS = {
+    "draft_model": {"method": "draft_model", "num_speculative_tokens": K},
+    "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def served(request, engine_env, tiny_models, tmp_path_factory):
+    speculative = dict(SPECS[request.param])
+    if request.param == "draft_model":
+        speculative["model"] = str(tiny_models.drafter(GOOD_DRAFTER_NOISE))
+    spec = VllmServerSpec(model=tiny_models.target, speculative=speculative, max_num_seqs=MAX_NUM_SEQS)
+    with VllmServer(engine_env, spec, tmp_path_factory.mktemp(f"vllm-{request.param}")) as server:
+        yield request.param, server
+
+
+@pytest.fixture
+def watched(served, tmp_path):
+    """A daemon (real sources, tracking and detectors; no GPU) scraping the served engine through a proxy."""
+    method, server = served
+    proxy = RecordingProxy(server.base_url)
+    config = parse_config({"interval": "15s", "state_dir": str(tmp_path / "state"), "gpu": {"enabled": "false"},
+                           "scrape": {"timeout": "10s"},
+                           "routes": [{"name": "r", "url": proxy.url + "/metrics", "engine": "vllm"}]})
+    daemon = Daemon(config)
+    yield method, server, proxy, daemon
+    daemon.close()
+    proxy.close()
+
+
+def _route(daemon: Daemon, now: float | None = None):
+    snapshot = daemon.tick(now)
+    (state,) = snapshot.routes
+    assert state.up, state.error_reason
+    return state
+
+
+def test_every_figure_equals_the_real_engines_own_counters(watched):
+    method, server, proxy, daemon = watched
+    before_state = _route(daemon)
+    before = engine_values(proxy.take_metrics_body())
+    results = run_requests(server.base_url, "tiny", 12, concurrency=3, max_tokens=32)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    state = _route(daemon)
+    after = engine_values(proxy.take_metrics_body())
+
+    drafts, draft_tokens = after["drafts"] - before["drafts"], after["draft_tokens"] - before["draft_tokens"]
+    accepted = after["accepted"] - before["accepted"]
+    assert drafts > 0, f"{method}: the engine drafted nothing ({after})"
+    # A draft model always proposes k tokens; n-gram lookup proposes fewer when its match is short.
+    assert draft_tokens == K * drafts if method == "draft_model" else draft_tokens <= K * drafts
+    # Totals: the engine's own cumulative values (the server is fresh to this daemon: no restart to correct).
+    assert state.drafts_total == after["drafts"]
+    assert state.draft_tokens_total == after["draft_tokens"]
+    assert state.accepted_tokens_total == after["accepted"]
+    assert before_state.drafts_total == before["drafts"]
+    # Windows: both ticks lie within every window, so each is the ratio of these two scrapes' deltas.
+    for window in ("1m", "5m", "1h"):
+        assert state.acceptance_ratio[window] == pytest.approx(accepted / draft_tokens, rel=1e-12)
+        assert state.mean_acceptance_length[window] == pytest.approx(1 + accepted / drafts, rel=1e-12)
+    positions = [a - b for a, b in zip(after["per_pos"], before["per_pos"])]
+    assert state.position_acceptance_ratio == pytest.approx([p / drafts for p in positions], rel=1e-12)
+    assert sum(positions) == accepted
+    assert state.draft_length == pytest.approx(draft_tokens / drafts, rel=1e-12)
+    assert state.running_requests == after["running"] and state.waiting_requests == after["waiting"]
+    # Identity: the real /version, and the served model name.
+    assert state.engine_version == server.get("/version").split('"version":"')[1].split('"')[0] == "0.32.0"
+    assert state.model_name == "tiny" and state.engine_kind == "vllm" and state.acceptance_source == "counter"
+
+
+def test_running_and_waiting_follow_the_engine_under_load(watched):
+    method, server, proxy, daemon = watched
+    _route(daemon)
+    proxy.take_metrics_body()
+    seen_waiting = []
+    with BackgroundLoad(server.base_url, "tiny", concurrency=MAX_NUM_SEQS + 3, max_tokens=48, max_seconds=120):
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len([w for w in seen_waiting if w > 0]) < 3:
+            time.sleep(0.5)
+            state = _route(daemon)
+            engine = engine_values(proxy.take_metrics_body())
+            assert (state.running_requests, state.waiting_requests) == (engine["running"], engine["waiting"])
+            assert engine["running"] <= MAX_NUM_SEQS
+            seen_waiting.append(engine["waiting"])
+    assert len([w for w in seen_waiting if w > 0]) >= 3, f"{method}: no request ever waited: {seen_waiting}"
+
+
+def test_the_name_filter_is_used_only_if_the_real_server_honours_it(served, caplog):
+    method, server = served
+    wanted = "vllm:num_requests_running"
+    filtered = server.get(f"/metrics?name[]={wanted}")
+    samples = [line for line in filtered.splitlines() if line and not line.startswith("#")]
+    honours = bool(samples) and all(line.startswith(wanted) for line in samples)
+    fetcher = HttpFetcher(timeout_seconds=10.0)
+    endpoint = SharedEndpoint(server.metrics_url, fetcher)
+    with caplog.at_level(logging.INFO, logger="specwatch.sources.name_filter"):
+        kind, families = endpoint.families("reader", "vllm", now=time.time())
+    fetcher.close()
+    assert kind == "vllm" and families["vllm:spec_decode_num_drafts_total"].samples
+    if honours:
+        assert endpoint.name_filter.state == "on" and "scraping with ?name[]=" in caplog.text
+    else:
+        assert endpoint.name_filter.state == "off" and "ignores ?name[]=" in caplog.text
+        assert "scraping with ?name[]=" not in caplog.text
+
+
+def test_the_engine_log_shows_real_speculative_decoding(served):
+    """Not a mock: the engine itself reports its speculative config and the drafting it did."""
+    method, server = served
+    log = Path(server.log_path).read_text(errors="replace")
+    assert "speculative" in log.lower()
+    assert "vllm:spec_decode_num_drafts_total" in server.get("/metrics")

