@@ -7,7 +7,6 @@ import dataclasses
 import json
 import random
 import threading
-import time
 from pathlib import Path
 
 import pytest
