@@ -313,7 +313,7 @@ def simulator():
 
     def start(kind="vllm", per_request="summary", **kw):
         spec = SimulationSpec(engine_kind=kind, k=3, acceptance=0.7, time_scale=50, seed=3,
-                              per_request_spec_decode_metrics=per_request, **kw)
+                              per_request_spec_decode_metrics=per_request, repeatable_greedy=True, **kw)
         sim = RunningSimulator(Simulation(spec)).start()
         started.append(sim)
         return sim
