@@ -104,6 +104,21 @@ METRICS: tuple[MetricSpec, ...] = (
        "GPUs x time x (predicted speedup - 1) while the speedup is above 1", ("route",), area="crossover"),
     _m("route_compute_bound", "gauge", "The route's GPUs look compute-bound by GPM tensor and DRAM activity" + AS_OF,
        ("route",), area="crossover"),
+    # --- canary probes (only for routes with `probe:` configured)
+    _m("route_probe_acceptance_ratio", "gauge", "Draft acceptance of the last successful canary probe round, "
+       "accepted / drafted tokens over its prompts" + AS_OF, ("route",), area="probe"),
+    _m("route_probe_baseline_ratio", "gauge", "Acceptance of the canary fingerprint the rounds are judged "
+       "against, over the prompts paired in the last round" + AS_OF, ("route",), area="probe"),
+    _m("route_probe_degraded", "gauge", "Canary verdict: two rounds in a row dropped below the fingerprint "
+       "prompt by prompt (1) or not (0)" + AS_OF, ("route",), area="probe"),
+    _m("route_probe_success", "gauge", "Whether the last canary probe round read the engine's acceptance (1) "
+       "or failed or found it busy (0)" + AS_OF, ("route",), area="probe"),
+    _m("route_probe_duration_seconds", "gauge", "Duration of the last canary probe round" + AS_OF, ("route",),
+       area="probe"),
+    _m("route_probe_rounds_total", "counter", "Canary probe rounds by result (ok, busy, error, skipped: not "
+       "sent because the engine queued requests)", ("route", "result"), area="probe"),
+    _m("route_probe_method_info", "gauge", "How canary probes read acceptance (vllm_response, sglang_generate, "
+       "sglang_openai, bracketing); always 1" + AS_OF, ("route", "method"), area="probe"),
     # --- gpu
     _m("nvml_up", "gauge", "Whether NVML loaded and answered (1) or not (0)", area="gpu"),
     _m("gpu_up", "gauge", "Whether the GPU answered NVML in the last cycle", ("gpu",), area="gpu"),

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "measure the crossover: drive a plain and a spec server at rising concurrency"),
     "crossover": ("crossover", "estimate the crossover batch size from a calibrated roofline"),
     "recommend": ("recommend", "recommend a draft length and a batch-size schedule for a route"),
+    "probe": ("probe", "send one canary probe round to a route now and compare it with its fingerprint"),
     "generate": ("generate", "write (or --check) the alert rules and Grafana dashboards"),
 }
 

@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from specwatch.probe.prompts import PromptSetError, load_prompt_set  # a leaf module: json and PyYAML only
+
 ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto")
 GPU_MODES = ("auto", "true", "false")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
@@ -88,6 +90,23 @@ class CrossoverConfig:
     hold_seconds: float = 600.0  # the above-crossover flag keeps each state at least this long
 
 
+PROBE_APIS = ("auto", "openai", "sglang")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Canary probes of one route (specwatch/probe/): a fixed greedy prompt set sent every `every_seconds`."""
+
+    every_seconds: float = 900.0
+    on_change: bool = True  # a round at once when the engine restarts or its model, version or k changes
+    prompts: str = "builtin"  # "builtin" or a prompt file (JSON or YAML)
+    max_tokens: int = 128
+    concurrency: int = 1
+    timeout_seconds: float = 60.0  # per request
+    api: str = "auto"  # auto: vLLM -> openai, SGLang -> its native /generate
+    model: str = "auto"  # auto: the first model of /v1/models (vLLM) or the route's model name
+
+
 @dataclass(frozen=True)
 class Authorization:
     """An `Authorization: <type> <credentials>` header; the credentials inline or read from a file per
@@ -140,6 +159,7 @@ class RouteConfig:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     baseline: PinnedBaseline | None = None
     crossover: CrossoverConfig | None = None
+    probe: ProbeConfig | None = None  # None: no canary probes (the default)
 
 
 @dataclass(frozen=True)
@@ -476,8 +496,43 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
     return CrossoverConfig(kind="estimate", estimate=est, hold_seconds=hold)
 
 
+_PROBE_KEYS = {"every", "on_change", "prompts", "max_tokens", "concurrency", "timeout", "api", "model"}
+
+
+def _probe(c: _Checker, raw: Any, path: str) -> ProbeConfig | None:
+    if raw is None:
+        return None
+    d = c.mapping(raw, path, _PROBE_KEYS)
+    if d is None:
+        return None
+    base = ProbeConfig()
+    on_change = d.get("on_change", base.on_change)
+    if not isinstance(on_change, bool):
+        c.fail(f"{path}.on_change", f"must be true or false, got {on_change!r}")
+        on_change = base.on_change
+    every = c.duration(d.get("every"), f"{path}.every", base.every_seconds)
+    if every < 10.0:
+        c.fail(f"{path}.every", f"must be at least 10s (a round sends every prompt), got {d.get('every')!r}")
+        every = base.every_seconds
+    prompts = c.string(d.get("prompts"), f"{path}.prompts", base.prompts)
+    if prompts and "prompts" in d:
+        try:
+            load_prompt_set(prompts)
+        except PromptSetError as exc:
+            c.fail(f"{path}.prompts", str(exc))
+    return ProbeConfig(
+        every_seconds=every, on_change=on_change, prompts=prompts,
+        max_tokens=c.number(d.get("max_tokens"), f"{path}.max_tokens", base.max_tokens, lo=1, hi=4096, integer=True),
+        concurrency=c.number(d.get("concurrency"), f"{path}.concurrency", base.concurrency, lo=1, hi=16,
+                             integer=True),
+        timeout_seconds=c.duration(d.get("timeout"), f"{path}.timeout", base.timeout_seconds),
+        api=c.string(d.get("api"), f"{path}.api", base.api, PROBE_APIS),
+        model=c.string(d.get("model"), f"{path}.model", base.model) or base.model,
+    )
+
+
 _ROUTE_KEYS = {"name", "engine", "url", "match", "engines", "gpus", "version_url", "detection", "drop",
-               "baseline", "crossover"} | _HTTP_CLIENT_KEYS
+               "baseline", "crossover", "probe"} | _HTTP_CLIENT_KEYS
 
 
 def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig,
@@ -518,6 +573,7 @@ def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig,
         match=c.string_map(d.get("match"), f"{path}.match"), engines=tuple(engines), gpus=gpus,
         version_url=version_url, detection=det, baseline=_baseline(c, d.get("baseline"), f"{path}.baseline"),
         crossover=_crossover(c, d.get("crossover"), f"{path}.crossover"),
+        probe=_probe(c, d.get("probe"), f"{path}.probe"),
     )
 
 
@@ -566,6 +622,7 @@ def parse_config(raw: Any, source: str = "") -> Config:
         c.fail("routes", "must be a list")
         raw_routes = []
     seen: dict[str, int] = {}
+    probed: dict[str, int] = {}  # engine (scheme://host:port) -> the route that probes it
     for i, r in enumerate(raw_routes):
         route = _route(c, r, f"routes[{i}]", detection, http)
         if route is None:
@@ -574,6 +631,13 @@ def parse_config(raw: Any, source: str = "") -> Config:
             c.fail(f"routes[{i}].name", f"duplicate route name {route.name!r} (first at routes[{seen[route.name]}])")
         elif route.name:
             seen[route.name] = i
+        if route.probe is not None and route.url:
+            engine = urlparse(route.url)._replace(path="", params="", query="", fragment="").geturl()
+            if engine in probed:
+                c.fail(f"routes[{i}].probe", f"routes[{probed[engine]}] already probes {engine}: one route per "
+                                             "engine may probe it (rounds on one engine must not overlap)")
+            else:
+                probed[engine] = i
         routes.append(route)
     if c.problems:
         raise ConfigError(c.problems, source)
@@ -643,6 +707,8 @@ def summarize(cfg: Config) -> str:
             extra.append("client certificate")
         if r.http.tls_config.insecure_skip_verify:
             extra.append("certificate NOT verified")
+        if r.probe:
+            extra.append(f"probe every {r.probe.every_seconds:g}s ({r.probe.prompts})")
         details = f" ({'; '.join(extra)})" if extra else ""
         lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}{details}")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from specwatch.config import Config, GpuConfig, RouteConfig
-from specwatch.detectors.base import EvaluatorContext, RouteEvaluator
+from specwatch.detectors.base import EvaluatorContext, ExcludesTokens, RouteEvaluator
 from specwatch.detectors.registry import build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
 from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
@@ -290,6 +290,7 @@ class Daemon:
                         gpus_by_index: dict[int, GpuSample]) -> RouteState:
         route.record(outcome)
         gpu_indexes = self._route_gpus(route)
+        self._exclude_probe_tokens(route)
         try:
             if outcome.ok:
                 obs = route.tracker.observe(outcome.sample, gpus=gpu_indexes)
@@ -325,6 +326,17 @@ class Daemon:
         fields["evaluator_errors_total"] = dict(errors)
         base.update(fields)
         return RouteState(**base)
+
+    @staticmethod
+    def _exclude_probe_tokens(route: _Route) -> None:
+        """Canary probes' own tokens never reach the route's windows or its traffic detector."""
+        for evaluator in route.evaluators:
+            if isinstance(evaluator, ExcludesTokens):
+                try:
+                    for a in evaluator.take_read():
+                        route.tracker.exclude(a.steps, a.drafted, a.accepted, a.per_position())
+                except Exception:  # noqa: BLE001 - a probe bug must not stop tracking
+                    log.exception("route %s: taking canary probe tokens out failed", route.cfg.name)
 
     def _drain_state_errors(self) -> None:
         errors, self._ctx.state_errors[:] = list(self._ctx.state_errors), []

@@ -129,6 +129,14 @@ class RouteState:
     live_crossover_batch_size: float | None = None
     live_crossover_lower: float | None = None
     live_crossover_upper: float | None = None
+    # canary probes (detectors/canary.py)
+    probe_acceptance_ratio: float | None = None
+    probe_baseline_ratio: float | None = None
+    probe_degraded: bool | None = None
+    probe_success: bool | None = None
+    probe_duration_seconds: float | None = None
+    probe_rounds_total: Mapping[str, float] = field(default_factory=dict)  # result -> count
+    probe_method: str = ""
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,7 @@ class RouteObservation:
     d_generation_tokens: float = 0.0
     gauge_acceptance_ratio: float | None = None
     running_per_engine: Mapping[str, float] = field(default_factory=dict)
+    waiting_requests: float | None = None  # summed over the route's engines
     kv_usage: float | None = None
     window_acceptance: Mapping[str, float] = field(default_factory=dict)  # window -> ratio
     gpus: tuple[int, ...] = ()

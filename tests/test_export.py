@@ -50,6 +50,9 @@ def full_snapshot() -> Snapshot:
         batch_size=12.0, above_crossover=False, predicted_speedup_ratio=1.35, compute_bound=False,
         speculation_gpu_seconds_lost_total=120.0, speculation_gpu_seconds_saved_total=3600.0,
         live_crossover_batch_size=40.0, live_crossover_lower=35.0, live_crossover_upper=46.0,
+        probe_acceptance_ratio=0.55, probe_baseline_ratio=0.56, probe_degraded=False, probe_success=True,
+        probe_duration_seconds=9.5, probe_rounds_total={"ok": 12.0, "busy": 0.0, "error": 1.0, "skipped": 0.0},
+        probe_method="vllm_response",
     )
     code = RouteState(
         name="code", up=False, engine_kind="sglang", model_name="Qwen/Qwen3-8B", engine_version="0.5.10",
@@ -119,7 +122,8 @@ def test_a_failing_section_costs_only_itself(monkeypatch, caplog):
     assert any("rendering broken failed" in r.getMessage() for r in caplog.records)
     counted = {s.labels["section"]: s.value for s in families["specwatch_render_errors"].samples
                if s.name == "specwatch_render_errors_total"}
-    assert counted == {"broken": 1.0, "route": 0.0, "self": 0.0, "detection": 0.0, "crossover": 0.0, "gpu": 0.0}
+    assert counted == {"broken": 1.0, "route": 0.0, "self": 0.0, "detection": 0.0, "crossover": 0.0, "probe": 0.0,
+                       "gpu": 0.0}
     render_families(full_snapshot(), errors)  # the counter counts on across scrapes
     assert errors.counts()[0] == {"broken": 2.0}
 

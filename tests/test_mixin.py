@@ -115,7 +115,8 @@ def test_alerts_follow_the_conventions(rule_groups):
 
 def test_pages_are_only_acceptance_regressions(rule_groups):
     pages = {a["alert"] for a in all_alerts(rule_groups) if a["labels"]["severity"] == "critical"}
-    assert pages == {"SpecwatchAcceptanceDegraded", "SpecwatchAcceptanceDegradedAfterModelChange"}
+    assert pages == {"SpecwatchAcceptanceDegraded", "SpecwatchAcceptanceDegradedAfterModelChange",
+                     "SpecwatchCanaryAcceptanceDropped"}
     names = {a["alert"] for a in all_alerts(rule_groups)}
     assert {"SpecwatchRouteAboveCrossover", "SpecwatchSourceDown", "SpecwatchTargetDown", "SpecwatchStale",
             "SpecwatchGpuLost", "SpecwatchGpuThrottling", "SpecwatchStateStoreErrors"} <= names

@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SGLang: tokenizer metric labels requests may set with the x-custom-labels header "
                              "(like --tokenizer-metrics-allowed-custom-labels), e.g. route")
     parser.add_argument("--seed", type=int, help="random seed for reproducible acceptance draws and load")
+    parser.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary"), default="none",
+                        help="vLLM: answer completions with metrics.speculative_decoding, as vLLM 0.32+ does when "
+                             "started with this flag (default none, vLLM's default)")
+    parser.add_argument("--repeatable-greedy", action="store_true",
+                        help="temperature-0 requests accept the same way for the same prompt, as on a real engine "
+                             "(for canary probes; off by default so that a few replayed prompts still measure the "
+                             "configured acceptance)")
 
 
 def build_spec(args: argparse.Namespace, scenario: Scenario) -> SimulationSpec:
@@ -67,7 +74,9 @@ def build_spec(args: argparse.Namespace, scenario: Scenario) -> SimulationSpec:
     return SimulationSpec(engine_kind=args.engine, model_name=args.model or scenario.model_name or DEFAULT_MODEL,
                           dp=args.dp, k=k, acceptance=acceptance, step_time=step_time, time_scale=args.time_scale,
                           scenario=scenario, max_num_seqs=args.max_num_seqs, seed=args.seed,
-                          custom_labels=tuple(n for n in args.custom_labels.split(",") if n))
+                          custom_labels=tuple(n for n in args.custom_labels.split(",") if n),
+                          per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
+                          repeatable_greedy=args.repeatable_greedy)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ never see other routes, sources or exporters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from specwatch.config import Config
 from specwatch.snapshot import GpuSample, RouteObservation
@@ -23,6 +23,16 @@ class RouteEvaluator(Protocol):
 
     def close(self) -> None:
         """Flush and release resources (state store handles); called on reload and shutdown."""
+        ...
+
+
+@runtime_checkable
+class ExcludesTokens(Protocol):
+    """An evaluator that sends requests of its own (canary probes): the daemon takes their tokens out of the
+    route's windows before tracking sees the next sample."""
+
+    def take_read(self) -> list[Any]:
+        """Acceptances (drafted, accepted, steps, per_position()) read since the last call."""
         ...
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 from typing import Callable
 
 from specwatch.config import RouteConfig
-from specwatch.detectors import above_crossover, acceptance_drop
+from specwatch.detectors import above_crossover, acceptance_drop, canary
 from specwatch.detectors.base import EvaluatorContext, RouteEvaluator
 
 EvaluatorFactory = Callable[[EvaluatorContext, RouteConfig], "RouteEvaluator | None"]
 
-# A factory returns None for a route it does not apply to (above_crossover without a `crossover:` section).
-EVALUATOR_FACTORIES: tuple[EvaluatorFactory, ...] = (acceptance_drop.build_evaluator, above_crossover.build_evaluator)
+# A factory returns None for a route it does not apply to (above_crossover without a `crossover:` section,
+# canary without a `probe:` section).
+EVALUATOR_FACTORIES: tuple[EvaluatorFactory, ...] = (acceptance_drop.build_evaluator, above_crossover.build_evaluator,
+                                                     canary.build_evaluator)
 
 
 def build_route_evaluators(ctx: EvaluatorContext, route: RouteConfig) -> list[RouteEvaluator]:

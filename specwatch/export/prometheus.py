@@ -198,6 +198,25 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_compute_bound", routes, "compute_bound")
 
 
+def _probe_metrics(s: Snapshot, f: Families) -> None:
+    routes = [r for r in s.routes if r.probe_rounds_total]  # only routes with canary probes configured
+    if not routes:
+        return
+    _per_route(f, "route_probe_acceptance_ratio", routes, "probe_acceptance_ratio")
+    _per_route(f, "route_probe_baseline_ratio", routes, "probe_baseline_ratio")
+    _per_route(f, "route_probe_degraded", routes, "probe_degraded")
+    _per_route(f, "route_probe_success", routes, "probe_success")
+    _per_route(f, "route_probe_duration_seconds", routes, "probe_duration_seconds")
+    rounds = f("route_probe_rounds_total")
+    for r in routes:
+        for result, count in sorted(r.probe_rounds_total.items()):
+            rounds.add(count, r.name, result)
+    method = f("route_probe_method_info")
+    for r in routes:
+        if r.probe_method:
+            method.add(1, r.name, r.probe_method)
+
+
 def _gpu_metrics(s: Snapshot, f: Families) -> None:
     if s.nvml_up is None:  # GPU collection disabled
         return
@@ -224,7 +243,7 @@ def _per_route(f: Families, name: str, routes: Sequence[RouteState], attribute: 
 
 
 _SECTIONS: tuple[Callable[[Snapshot, Families], None], ...] = (
-    _self_metrics, _route_metrics, _detection_metrics, _crossover_metrics, _gpu_metrics)
+    _self_metrics, _route_metrics, _detection_metrics, _crossover_metrics, _probe_metrics, _gpu_metrics)
 
 
 def section_name(section: Callable[[Snapshot, Families], None]) -> str:

@@ -79,6 +79,21 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             f"{baseline}). Roll back, or if the new acceptance is expected, accept it as the new baseline.",
         ),
         _alert(
+            "SpecwatchCanaryAcceptanceDropped",
+            f"(specwatch_route_probe_degraded{sel} == 1)\n"
+            f"* on({s.on_route}) group_left(model_name, engine_version)\n  specwatch_route_info{sel}\n",
+            s.canary_dropped_for, PAGE,
+            "Canary probes accept fewer draft tokens than the route's fingerprint.",
+            "Two canary rounds in a row on route {{ $labels.route }} ({{ $labels.instance }}, model "
+            "{{ $labels.model_name }}, engine {{ $labels.engine_version }}) accepted "
+            + _lookup(s, "specwatch_route_probe_acceptance_ratio{SEL}", 'value | printf "%.2f"', "unknown")
+            + " of their draft tokens against the fingerprint's "
+            + _lookup(s, "specwatch_route_probe_baseline_ratio{SEL}", 'value | printf "%.2f"', "unknown")
+            + ", prompt by prompt on the same greedy prompts: the drafter or the target changed behaviour, "
+            "whatever the route's traffic. Roll back, or if the change is intended, `specwatch probe "
+            "{{ $labels.route }} --adopt`.",
+        ),
+        _alert(
             "SpecwatchRouteAboveCrossover",
             f"specwatch_route_above_crossover{sel} == 1",
             s.above_crossover_for, TICKET,

@@ -238,6 +238,25 @@ def route_detail(s: Settings) -> dict[str, Any]:
                         "{{instance}} {{route}} lost"),
                        (f"increase(specwatch_route_speculation_gpu_seconds_saved_total{{{ROUTE}}}[1h]) / 3600",
                         "{{instance}} {{route}} saved")], "none", minimum=0), 12, 5)],
+        [(_timeseries("Canary probes", "Acceptance of each canary probe round against the fingerprint it is "
+                      "judged by (dashed), the verdict (1: two rounds in a row dropped prompt by prompt), and "
+                      "rounds that failed or found the engine busy. Only routes with `probe:` configured.",
+                      [(f"specwatch_route_probe_acceptance_ratio{{{ROUTE}}}", "{{instance}} {{route}} probe"),
+                       (f"specwatch_route_probe_baseline_ratio{{{ROUTE}}}", "{{instance}} {{route}} fingerprint"),
+                       (f"specwatch_route_probe_degraded{{{ROUTE}}}", "{{instance}} {{route}} degraded"),
+                       (f"sum by (instance, route, result) (increase(specwatch_route_probe_rounds_total"
+                        f"{{{ROUTE},result!=\"ok\"}}[$__rate_interval]))",
+                        "{{instance}} {{route}} {{result}} rounds")],
+                      "percentunit", minimum=0,
+                      overrides=[_dashed(".* fingerprint"),
+                                 {"matcher": {"id": "byRegexp", "options": ".* (degraded|rounds)"},
+                                  "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                                 {"id": "unit", "value": "none"}]}]), 16, 8),
+         (_timeseries("Canary round duration", "Wall-clock seconds of the last canary probe round, and how "
+                      "acceptance is read (method).",
+                      [(f"specwatch_route_probe_duration_seconds{{{ROUTE}}}", "{{instance}} {{route}}"),
+                       (f"specwatch_route_probe_method_info{{{ROUTE}}}", "{{instance}} {{route}} {{method}}")],
+                      "s", minimum=0), 8, 8)],
         [(_timeseries("GPU tensor and DRAM activity", "GPM activity of the route's GPUs: decode is memory-bound "
                       "while DRAM bandwidth leads and tensor activity stays low.",
                       [(_route_gpu("specwatch_gpu_tensor_active_ratio"), "{{instance}} {{route}} gpu {{gpu}} tensor"),
@@ -250,7 +269,7 @@ def route_detail(s: Settings) -> dict[str, Any]:
                "textFormat": "{{instance}}: model, engine version or draft length changed"}
     return _dashboard(s, "route", "specwatch / Route detail",
                       "One route on its nodes: acceptance, per-position acceptance, draft length, batch vs "
-                      "crossover and the GPUs it runs on. Model changes are annotations.",
+                      "crossover, canary probes and the GPUs it runs on. Model changes are annotations.",
                       _layout(rows), annotations=[changes])
 
 

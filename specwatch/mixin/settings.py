@@ -36,6 +36,8 @@ class Settings:
 
     # `for:` of each alert. Long on purpose: the detectors already require evidence and duration.
     acceptance_degraded_for: str = "5m"
+    # The canary verdict already takes two rounds in a row; `for` only rides out one evaluation's blip.
+    canary_dropped_for: str = "1m"
     above_crossover_for: str = "15m"
     source_down_for: str = "5m"
     speculation_inactive_for: str = "15m"

@@ -54,10 +54,11 @@ class SimRequest:
     """One request. External requests (HTTP) are streamed: the engine bumps `generated` and sets `ready`."""
 
     __slots__ = ("id", "prompt_tokens", "max_tokens", "internal", "streaming", "custom_labels", "generated",
-                 "verify_steps", "arrival", "scheduled_at", "first_token_at", "finished_at", "finish_reason", "ready")
+                 "verify_steps", "arrival", "scheduled_at", "first_token_at", "finished_at", "finish_reason", "ready",
+                 "greedy_seed", "sampler", "spec_draft_tokens", "spec_accepted_tokens", "spec_histogram")
 
     def __init__(self, prompt_tokens: int, max_tokens: int, *, internal: bool = False, streaming: bool = False,
-                 custom_labels: Mapping[str, str] | None = None) -> None:
+                 custom_labels: Mapping[str, str] | None = None, greedy_seed: int | None = None) -> None:
         self.id = next(_request_ids)
         self.prompt_tokens = max(1, int(prompt_tokens))
         self.max_tokens = max(1, int(max_tokens))
@@ -72,6 +73,13 @@ class SimRequest:
         self.finished_at: float | None = None
         self.finish_reason = ""  # "length" | "stop" | "abort"
         self.ready = None if internal else threading.Event()
+        # Greedy (temperature 0) requests: acceptance drawn from a stream seeded by the prompt, so the same
+        # prompt accepts the same way under the same profile, as a real (target, drafter) pair does.
+        self.greedy_seed = greedy_seed
+        self.sampler: AcceptanceSampler | None = None
+        self.spec_draft_tokens = 0  # this request's own speculative decoding (the per-request metrics)
+        self.spec_accepted_tokens = 0
+        self.spec_histogram: list[int] = []  # index j: verify steps that accepted exactly j drafts
 
     @property
     def done(self) -> bool:
@@ -114,6 +122,15 @@ class EngineStatus:
     busy_seconds: float  # simulated time spent stepping
     batch_seconds: float  # integral of the running batch over simulated time (mean batch = / busy_seconds)
     offered_concurrency: float
+
+
+def _greedy_sampler(profile: AcceptanceProfile | None, seed: int) -> AcceptanceSampler | None:
+    """A greedy prompt's own sampler: the engine's profile scaled by a factor of the prompt (0.85-1.10, some
+    prompts are easier to draft than others) and a random stream seeded by it."""
+    if profile is None:
+        return None
+    rng = random.Random(seed)
+    return AcceptanceSampler(profile.scaled(0.85 + 0.25 * rng.random()), rng)
 
 
 class SimEngine:
@@ -317,9 +334,16 @@ class SimEngine:
             if id(req) in fresh or k == 0 or sampler is None:
                 emitted = 1  # a prefill (or plain decode) step samples one token and verifies nothing
             else:
-                accepted = sampler.draw()
+                if req.greedy_seed is not None and req.sampler is None:
+                    req.sampler = _greedy_sampler(settings.profile, req.greedy_seed)
+                accepted = (req.sampler or sampler).draw()
                 emitted = accepted + 1
                 req.verify_steps += 1
+                req.spec_draft_tokens += k
+                req.spec_accepted_tokens += accepted
+                if len(req.spec_histogram) <= k:
+                    req.spec_histogram.extend([0] * (k + 1 - len(req.spec_histogram)))
+                req.spec_histogram[accepted] += 1
                 rec.drafts += 1
                 rec.draft_tokens += k
                 rec.accepted_tokens += accepted

@@ -212,6 +212,9 @@ class VllmMetrics:
         m[f"vllm:request_success/{request.finish_reason}"].inc()
         if request.finish_reason == "abort":
             return
+        # vLLM reports the scheduler's counts after the step's finished requests left the batch
+        # (Scheduler.update_from_output calls make_stats last), so an idle engine reads 0 running.
+        m["vllm:num_requests_running"].dec()
         first = request.first_token_at if request.first_token_at is not None else now
         scheduled = request.scheduled_at if request.scheduled_at is not None else request.arrival
         m["vllm:time_to_first_token_seconds"].observe(first - request.arrival)

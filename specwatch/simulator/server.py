@@ -12,6 +12,7 @@ cost a few thousand writes a second, not one per token. The final event carries 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -117,6 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         sim = self.server.simulation
         path = self.path.split("?", 1)[0]
+        if sim.kind == "sglang" and path == "/generate":
+            return self._generate()
         if path not in ("/v1/completions", "/v1/chat/completions"):
             return self._error(404, f"no route {path} on the simulated {sim.kind} server", "NotFound")
         body = self._read_json()
@@ -133,14 +136,40 @@ class _Handler(BaseHTTPRequestHandler):
         if model != sim.model_name:
             return self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
         engine, request = sim.submit(prompt_tokens, max_tokens, streaming=stream,
-                                     custom_labels=_custom_labels(self.headers.get("x-custom-labels")))
+                                     custom_labels=_custom_labels(self.headers.get("x-custom-labels")),
+                                     greedy_seed=_greedy_seed(body, chat))
+        spec_details = sim.kind == "sglang" and body.get("return_spec_tokens_details") is True
         try:
             if stream:
                 self._stream(request, chat, model)
             else:
-                self._complete(request, chat, model)
+                self._complete(request, chat, model, spec_details)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             engine.cancel(request)  # the client went away: free its slot in the batch
+
+    def _generate(self) -> None:
+        """SGLang's native /generate (text in, `meta_info` with the request's spec fields out), non-streaming."""
+        sim = self.server.simulation
+        body = self._read_json()
+        if body is None:
+            return None
+        if sim.down:
+            return self._error(503, "simulated outage: the engine is down", "ServiceUnavailable")
+        text, params = body.get("text"), body.get("sampling_params") or {}
+        if not isinstance(text, str) or not isinstance(params, dict):
+            return self._error(400, "text (a string) and sampling_params (an object) are required", "BadRequestError")
+        max_tokens = params.get("max_new_tokens", 128)  # SGLang's SamplingParams default
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            return self._error(400, f"max_new_tokens: must be a positive integer, got {max_tokens!r}",
+                               "BadRequestError")
+        greedy = params.get("temperature", 1.0) == 0
+        engine, request = sim.submit(_count_tokens(text), max_tokens, greedy_seed=_seed(text) if greedy else None)
+        try:
+            _wait(request)
+            self._json(200, {"text": _text(0, request.generated), "output_ids": list(range(request.generated)),
+                             "meta_info": _sglang_meta_info(request, sim.k)})
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            engine.cancel(request)
 
     # ------------------------------------------------------------------ completions
     def _stream(self, request, chat: bool, model: str) -> None:
@@ -170,15 +199,17 @@ class _Handler(BaseHTTPRequestHandler):
                 break
             time.sleep(self.server.flush_interval)
         usage = _usage(request)
-        self._event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": created, "model": model, "choices": [], "usage": usage})
+        final: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                 "created": created, "model": model, "choices": [], "usage": usage}
+        metrics = self._vllm_metrics(request)
+        if metrics is not None:  # vLLM sends per-request metrics on the final usage chunk only
+            final["metrics"] = {k: v for k, v in metrics.items() if v is not None}
+        self._event(final)
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
-    def _complete(self, request, chat: bool, model: str) -> None:
-        while not request.done:
-            request.ready.wait(timeout=1.0)
-            request.ready.clear()
+    def _complete(self, request, chat: bool, model: str, spec_details: bool = False) -> None:
+        _wait(request)
         rid, created = _ids(chat)
         text = _text(0, request.generated)
         if chat:
@@ -187,8 +218,23 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": request.finish_reason,
                       "stop_reason": None}
-        self._json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                         "created": created, "model": model, "choices": [choice], "usage": _usage(request)})
+        answer: dict[str, Any] = {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                  "created": created, "model": model, "choices": [choice], "usage": _usage(request)}
+        metrics = self._vllm_metrics(request)
+        if metrics is not None:
+            answer["metrics"] = metrics
+        if spec_details and request.verify_steps > 0:
+            answer["sglext"] = {"spec_tokens_details": _sglang_spec_fields(request, self.server.simulation.k)}
+        self._json(200, answer)
+
+    def _vllm_metrics(self, request) -> dict[str, Any] | None:
+        """vLLM's `metrics` object with `--per-request-spec-decode-metrics summary` (timing fields off)."""
+        sim = self.server.simulation
+        if sim.kind != "vllm" or sim.spec.per_request_spec_decode_metrics == "none" or not sim.k:
+            return None
+        return {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
+                "mean_itl_ms": None, "tokens_per_second": None,
+                "speculative_decoding": _vllm_spec_decoding(request, sim.k)}
 
     # ------------------------------------------------------------------ plumbing
     def _event(self, payload: dict[str, Any]) -> None:
@@ -254,6 +300,54 @@ def _parse_request(body: dict[str, Any], chat: bool) -> tuple[int, int, bool]:
     return max(1, prompt_tokens), max_tokens, bool(body.get("stream", False))
 
 
+def _wait(request) -> None:
+    while not request.done:
+        request.ready.wait(timeout=1.0)
+        request.ready.clear()
+
+
+def _seed(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def _greedy_seed(body: dict[str, Any], chat: bool) -> int | None:
+    """A seed of the prompt for a temperature-0 request (repeatable acceptance), else None."""
+    if body.get("temperature", 1.0) != 0:
+        return None
+    prompt = json.dumps(body.get("messages")) if chat else json.dumps(body.get("prompt"))
+    return _seed(prompt)
+
+
+def _vllm_spec_decoding(request, k: int) -> dict[str, Any]:
+    """vLLM 0.32's `SpeculativeDecodingMetrics` (vllm/v1/metrics/stats.py RequestSpecDecodeMetrics.to_dict)."""
+    histogram = request.spec_histogram or [0] * (k + 1)
+    steps = sum(histogram)
+    accepted = sum(j * n for j, n in enumerate(histogram))
+    return {"mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
+            "draft_acceptance_rate": accepted / request.spec_draft_tokens if request.spec_draft_tokens else 0.0,
+            "acceptance_histogram": list(histogram), "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": request.spec_draft_tokens, "num_spec_tokens": k,
+            "per_step_accepted": None, "per_step_drafted": None}
+
+
+def _sglang_spec_fields(request, k: int) -> dict[str, Any]:
+    """SGLang 0.5.23's per-request spec fields (tokenizer_manager.py `_calculate_spec_decoding_metrics`)."""
+    proposed = request.verify_steps * k  # verify_ct x (speculative_num_draft_tokens - 1)
+    return {"spec_accept_rate": request.spec_accepted_tokens / proposed if proposed else 0.0,
+            "spec_accept_length": request.generated / request.verify_steps,
+            "spec_num_correct_drafts": request.spec_accepted_tokens, "spec_num_proposed_drafts": proposed,
+            "spec_verify_ct": request.verify_steps, "spec_correct_drafts_histogram": list(request.spec_histogram)}
+
+
+def _sglang_meta_info(request, k: int) -> dict[str, Any]:
+    meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": request.generated},
+                            "prompt_tokens": request.prompt_tokens, "weight_version": "default",
+                            "num_retractions": 0, "completion_tokens": request.generated, "cached_tokens": 0}
+    if request.verify_steps > 0 and k:  # SGLang leaves the fields out when the request never verified
+        meta.update(_sglang_spec_fields(request, k))
+    return meta
+
+
 def _custom_labels(header: str | None) -> dict[str, str] | None:
     """SGLang's per-request metric labels, `x-custom-labels: {"route": "chat"}`; malformed ones are ignored."""
     if not header:
@@ -317,5 +411,6 @@ def _index_page(sim: Simulation) -> str:
             "POST /v1/completions       OpenAI-compatible, stream=true for SSE\n"
             "POST /v1/chat/completions  OpenAI-compatible, stream=true for SSE\n"
             "GET  /v1/models\n"
-            "GET  /version" + ("\nGET  /get_server_info" if sim.kind == "sglang" else "") + "\n"
+            "GET  /version" + ("\nGET  /get_server_info\nPOST /generate            SGLang native, meta_info "
+                               "with the request's spec fields" if sim.kind == "sglang" else "") + "\n"
             "GET  /simulator/status     simulated clock, batch and token counts per engine (JSON)\n")

@@ -44,6 +44,11 @@ class SimulationSpec:
     max_model_len: int = 8192
     custom_labels: tuple[str, ...] = ()  # SGLang's --tokenizer-metrics-allowed-custom-labels
     seed: int | None = None
+    # vLLM's --per-request-spec-decode-metrics (0.32+): "none" (vLLM's default) or "summary"
+    per_request_spec_decode_metrics: str = "none"
+    # Temperature-0 requests accept the same way for the same prompt, as on a real engine (canary probes).
+    # Off by default: a load generator replaying few prompts would then measure those prompts, not the profile.
+    repeatable_greedy: bool = False
 
     def __post_init__(self) -> None:
         if self.engine_kind not in ENGINE_KINDS:
@@ -52,6 +57,9 @@ class SimulationSpec:
             raise ValueError(f"dp must be >= 1, got {self.dp}")
         if self.k < 0:
             raise ValueError(f"k must be >= 0, got {self.k}")
+        if self.per_request_spec_decode_metrics not in ("none", "summary"):
+            raise ValueError("per_request_spec_decode_metrics must be none or summary, "
+                             f"got {self.per_request_spec_decode_metrics!r}")
 
 
 class Simulation:
@@ -110,9 +118,12 @@ class Simulation:
         return self._down_until is not None
 
     def submit(self, prompt_tokens: int, max_tokens: int, *, streaming: bool = False,
-               custom_labels: Mapping[str, str] | None = None) -> tuple[SimEngine, SimRequest]:
-        """Hand a request to the least-loaded engine (round-robin among equals)."""
-        request = SimRequest(prompt_tokens, max_tokens, streaming=streaming, custom_labels=custom_labels)
+               custom_labels: Mapping[str, str] | None = None,
+               greedy_seed: int | None = None) -> tuple[SimEngine, SimRequest]:
+        """Hand a request to the least-loaded engine (round-robin among equals). `greedy_seed`: a temperature-0
+        request, whose acceptance repeats for the same seed (prompt) and profile when `repeatable_greedy` is on."""
+        request = SimRequest(prompt_tokens, max_tokens, streaming=streaming, custom_labels=custom_labels,
+                             greedy_seed=greedy_seed if self.spec.repeatable_greedy else None)
         with self._lock:
             self._rr += 1
             order = self.engines[self._rr % len(self.engines):] + self.engines[:self._rr % len(self.engines)]

@@ -35,13 +35,17 @@ class EngineKind:
     wanted: frozenset[str]  # the families to parse out of /metrics
     extract: Callable[..., EngineSample]  # (families, match, engines, ts, version) -> EngineSample
     version_endpoints: tuple[tuple[str, str], ...]  # (path beside /metrics, JSON key), tried in order
+    finished_family: str = ""  # the finished-requests counter (canary probes' counter bracketing)
+    finished: Callable[..., "float | None"] | None = None  # (families, match, engines) -> count
 
 
 ENGINES: Mapping[str, EngineKind] = {
-    "vllm": EngineKind(vllm.WANTED, vllm.extract, (("/version", "version"),)),
+    "vllm": EngineKind(vllm.WANTED, vllm.extract, (("/version", "version"),), vllm.FINISHED_REQUESTS,
+                       vllm.finished_requests),
     # SGLang answers on one of these two paths depending on the release; both carry `version`.
     "sglang": EngineKind(sglang.WANTED, sglang.extract,
-                         (("/get_server_info", "version"), ("/server_info", "version"))),
+                         (("/get_server_info", "version"), ("/server_info", "version")),
+                         sglang.FINISHED_REQUESTS, sglang.finished_requests),
     # trtllm-serve lists /version among its endpoints; the JSON key is assumed, not checked.
     "trtllm": EngineKind(trtllm.WANTED, trtllm.extract, (("/version", "version"),)),
     # llama-server's /props carries `build_info` ("b<build>-<commit>") in recent releases.
@@ -95,6 +99,20 @@ def parse_families(kind: str, body: str | bytes) -> tuple[str, dict[str, Family]
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
     return kind, _parse_or_raise(body, ENGINES[kind].wanted)
+
+
+def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) -> tuple[EngineSample, float | None]:
+    """(the route's EngineSample, its finished-request count or None) from one full /metrics body, for canary
+    probes' counter bracketing. Raises SourceError only."""
+    if kind == "auto":
+        kind = detect_kind(body) or "auto"
+    if kind not in ENGINES:
+        raise SourceError("no_spec_metrics", "neither vllm: nor sglang: families in the exposition")
+    engine = ENGINES[kind]
+    families = _parse_or_raise(body, engine.wanted | {engine.finished_family})
+    sample = engine.extract(families, route.match, route.engines, now, "")
+    finished = engine.finished(families, route.match, route.engines) if engine.finished else None
+    return sample, finished
 
 
 def _parse_or_raise(body: str | bytes, wanted: frozenset[str]) -> dict[str, Family]:

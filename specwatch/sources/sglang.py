@@ -30,6 +30,9 @@ TOKENIZER_COUNTERS: Mapping[str, str] = {
     "sglang:spec_verify_calls_total": "spec_verify_calls",  # 0.5.11-0.5.13+; grows at request completion
     "sglang:generation_tokens_total": "generation_tokens",  # 0.4.0+; `is_streaming` label (0.5.23)
 }
+# Finished requests, server-wide (tokenizer side, 0.4.0+; split by is_streaming and custom labels): canary
+# probes' counter bracketing (probe/runner.py) reads it; the daemon's cycle does not fetch it.
+FINISHED_REQUESTS = "sglang:num_requests_total"
 SPEC_GAUGES = ("spec_accept_length", "spec_accept_rate", "spec_num_draft_tokens", "spec_num_steps")
 # Labels that split one scheduler's gauge into copies or breakdowns rather than into other engines.
 _PRIORITY, _TP_RANK, _PID = "priority", "tp_rank", "pid"
@@ -79,6 +82,19 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
                         acceptance_source=("counter" if has_counters else "gauge") if enabled else "none",
                         model_name=model, engine_version=version, speculation_enabled=enabled,
                         num_speculative_tokens=k if enabled else None, engines=counters)
+
+
+def finished_requests(families: Mapping[str, Family], match: Mapping[str, str],
+                      engines: tuple[str, ...] = ()) -> float | None:
+    """Requests the server has finished (server-wide, like the other tokenizer counters); None when absent."""
+    fam = families.get(FINISHED_REQUESTS)
+    samples = [s for s in fam.matching(match) if s.labels.get(_PRIORITY, "") == ""] if fam is not None else []
+    if not samples:
+        return None
+    total: dict = {}
+    for sample in samples:
+        sum_into(total, "finished", sample)
+    return total["finished"]
 
 
 def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:

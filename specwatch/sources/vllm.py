@@ -41,6 +41,9 @@ V0_GAUGES: Mapping[str, str] = {
     "vllm:spec_decode_draft_acceptance_rate": "lifetime_acceptance_rate",
     "vllm:spec_decode_efficiency": "lifetime_efficiency",
 }
+# Finished requests, by `finished_reason` (stop, length, abort, error): canary probes' counter bracketing
+# (probe/runner.py) reads it; the daemon's cycle does not fetch it.
+FINISHED_REQUESTS = "vllm:request_success_total"
 SPEC_FAMILIES = frozenset(COUNTERS) - {"vllm:generation_tokens_total"} | {PER_POSITION}
 WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED, STEP_TIME} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
 # A filtered /metrics (prometheus_client's restricted registry) keeps the samples whose *sample* names are
@@ -152,6 +155,20 @@ def _v0_sample(selected: Mapping[str, list[Sample]], ts: float, model: str, vers
     return EngineSample(ts=ts, engine_kind="vllm-v0", acceptance_source="lifetime_gauge", model_name=model,
                         engine_version=version, speculation_enabled=True, num_speculative_tokens=None,
                         engines=(EngineCounters(engine="0", **fields),))
+
+
+def finished_requests(families: Mapping[str, Family], match: Mapping[str, str],
+                      engines: tuple[str, ...] = ()) -> float | None:
+    """Requests the route's engines have finished, every reason summed; None when not exposed."""
+    fam = families.get(FINISHED_REQUESTS)
+    samples = [s for s in fam.matching(match) if not engines or s.labels.get("engine", "0") in engines] \
+        if fam is not None else []
+    if not samples:
+        return None
+    total: dict = {}
+    for sample in samples:
+        sum_into(total, "finished", sample)
+    return total["finished"]
 
 
 # ----------------------------------------------------------------------- sample arithmetic (SGLang's map uses it too)

@@ -49,6 +49,12 @@ CREATE TABLE IF NOT EXISTS baselines (
     created REAL NOT NULL, updated REAL NOT NULL, dispersion_intercept REAL, dispersion_slope REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (route, model_name, engine_version, k));
 CREATE TABLE IF NOT EXISTS route_state (route TEXT PRIMARY KEY, state TEXT NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS probe_fingerprints (
+    route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
+    prompt_set TEXT NOT NULL, prompt_id TEXT NOT NULL, drafted REAL NOT NULL, accepted REAL NOT NULL,
+    steps REAL NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (route, model_name, engine_version, k, prompt_set, prompt_id));
+CREATE TABLE IF NOT EXISTS probe_state (route TEXT PRIMARY KEY, state TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS commands (
     id INTEGER PRIMARY KEY AUTOINCREMENT, route TEXT NOT NULL, action TEXT NOT NULL, created REAL NOT NULL);
 """
@@ -311,7 +317,52 @@ class BaselineStore:
         def statements(c: sqlite3.Connection) -> None:
             c.execute("DELETE FROM baselines WHERE route=?", (route,))
             c.execute("DELETE FROM route_state WHERE route=?", (route,))
+            c.execute("DELETE FROM probe_fingerprints WHERE route=?", (route,))
+            c.execute("DELETE FROM probe_state WHERE route=?", (route,))
         return self._transaction("deleting a route's baselines", statements)
+
+    # ------------------------------------------------------------------ canary probe fingerprints
+    def fingerprint(self, route: str, key: BaselineKey, prompt_set: str) -> dict[str, tuple[float, float, float]]:
+        """prompt id -> (drafted, accepted, verify steps) of the key's fingerprint; empty when there is none."""
+        rows = self._run("reading a probe fingerprint", lambda c: c.execute(
+            "SELECT prompt_id, drafted, accepted, steps FROM probe_fingerprints WHERE route=? AND model_name=? "
+            "AND engine_version=? AND k=? AND prompt_set=?",
+            (route, key.model_name, key.engine_version, key.k, prompt_set)).fetchall(), [])
+        return {pid: (float(d), float(a), float(s)) for pid, d, a, s in rows}
+
+    def put_fingerprint(self, route: str, key: BaselineKey, prompt_set: str,
+                        prompts: Mapping[str, tuple[float, float, float]]) -> bool:
+        """Replace the key's fingerprint with these per-prompt readings."""
+        now = self.clock()
+
+        def statements(c: sqlite3.Connection) -> None:
+            c.execute("DELETE FROM probe_fingerprints WHERE route=? AND model_name=? AND engine_version=? AND k=? "
+                      "AND prompt_set=?", (route, key.model_name, key.engine_version, key.k, prompt_set))
+            c.executemany("INSERT INTO probe_fingerprints VALUES (?,?,?,?,?,?,?,?,?,?)",
+                          [(route, key.model_name, key.engine_version, key.k, prompt_set, pid, d, a, s, now)
+                           for pid, (d, a, s) in sorted(prompts.items())])
+        return self._transaction("writing a probe fingerprint", statements)
+
+    def fingerprint_keys(self, route: str, prompt_set: str) -> list[BaselineKey]:
+        """Keys with a fingerprint for this route and prompt set, most recently written first."""
+        rows = self._run("listing probe fingerprints", lambda c: c.execute(
+            "SELECT model_name, engine_version, k FROM probe_fingerprints WHERE route=? AND prompt_set=? "
+            "GROUP BY model_name, engine_version, k ORDER BY max(updated) DESC", (route, prompt_set)).fetchall(), [])
+        return [BaselineKey(m, v, int(k)) for m, v, k in rows]
+
+    def probe_state(self, route: str) -> dict[str, Any] | None:
+        rows = self._run("reading probe state", lambda c: c.execute(
+            "SELECT state FROM probe_state WHERE route=?", (route,)).fetchall(), [])
+        try:
+            state = json.loads(rows[0][0]) if rows else None
+        except ValueError:
+            return None
+        return state if isinstance(state, dict) else None
+
+    def put_probe_state(self, route: str, state: Mapping[str, Any]) -> bool:
+        return self._transaction("saving probe state", lambda c: c.execute(
+            "INSERT OR REPLACE INTO probe_state VALUES (?,?,?)",
+            (route, json.dumps(state, separators=(",", ":")), self.clock())))
 
     # ------------------------------------------------------------------ detector state
     def route_state(self, route: str) -> dict[str, Any] | None:
@@ -335,6 +386,15 @@ class BaselineStore:
         """`provider()` returns the route's detector state to persist (JSON-able) at every flush."""
         self._providers[route] = provider
         self._users += 1
+
+    def acquire(self) -> None:
+        """One more user with no state to flush (the canary evaluator); `release()` when done."""
+        self._users += 1
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users <= 0:
+            self.close()
 
     def unregister(self, route: str) -> None:
         """Flush this route's state; close the store when its last user leaves."""

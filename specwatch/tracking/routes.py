@@ -232,6 +232,13 @@ class RouteTracker:
         self._last_obs: RouteObservation | None = None
         self._lifetime_ratio: float | None = None
         self._mean_lengths: dict[str, float] = {}  # by window, as of the last observe()
+        self._excluded = Sums()  # canary probe tokens still to be taken out of the next increases
+
+    def exclude(self, drafts: float, draft_tokens: float, accepted: float, per_pos: tuple[float, ...] = ()) -> None:
+        """Leave these tokens (a canary probe's own) out of the windows and detector deltas: they are taken out
+        of the next increases, as far as those reach, the rest carried over. Exported totals keep them: those
+        are the engine's own counters."""
+        self._excluded = self._excluded.plus(Sums(drafts, draft_tokens, accepted, per_pos))
 
     # ------------------------------------------------------------------ updates
     def observe(self, sample: EngineSample, gpus: tuple[int, ...] = ()) -> RouteObservation:
@@ -282,12 +289,15 @@ class RouteTracker:
             rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
 
+        engine_inc = inc
+        if source == "counter" and self._excluded != Sums():
+            inc = self._take_excluded(inc)
         # Only one of inc and gauge_now can be non-zero, and adding a zero Sums changes nothing (no field
         # here is ever -0.0: all start at +0.0), so one plus() does the work of two.
         self._observed = self._observed.plus(gauge_now if source == "gauge" else inc)
         if init is not None:
             self._exported = self._exported.plus(init)
-        self._exported = self._exported.plus(inc)
+        self._exported = self._exported.plus(engine_inc)
         self._ring.append(sample.ts, self._observed)
         if drafted_inc or self._drafted_ring is not None:
             if self._drafted_ring is None:
@@ -307,6 +317,7 @@ class RouteTracker:
                                     else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
             running_per_engine={e.engine: running for e in sample.engines
                                 if (running := _finite(e.running)) is not None},
+            waiting_requests=_sum_present([e.waiting for e in sample.engines]),
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
             gpus=gpus,
@@ -381,6 +392,18 @@ class RouteTracker:
         if d5.generation_tokens > 0:
             return d5.draft_tokens >= MIN_ACTIVE_DRAFT_SHARE * d5.generation_tokens
         return True if d5.draft_tokens > 0 else None
+    def _take_excluded(self, inc: Sums) -> Sums:
+        """`inc` less the excluded tokens it can hold (never below 0); what it cannot hold is kept for later."""
+        ex = self._excluded
+        take = Sums(min(inc.drafts, ex.drafts), min(inc.draft_tokens, ex.draft_tokens),
+                    min(inc.accepted, ex.accepted),
+                    tuple(min(inc.per_pos[j], ex.per_pos[j]) if j < len(ex.per_pos) else 0.0
+                          for j in range(len(inc.per_pos))))
+        self._excluded = Sums(ex.drafts - take.drafts, ex.draft_tokens - take.draft_tokens,
+                              ex.accepted - take.accepted,
+                              tuple(ex.per_pos[j] - (take.per_pos[j] if j < len(take.per_pos) else 0.0)
+                                    for j in range(len(ex.per_pos))))
+        return inc.minus(take)
 
     def _window_values(self) -> tuple[dict[str, float], dict[str, float]]:
         """(acceptance ratio, mean acceptance length) by window, both from one pass over the ring's deltas."""
