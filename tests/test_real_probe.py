@@ -1,10 +1,10 @@
 """Canary probes against a real vLLM (the CPU build of specwatch.testbed, tiny target and noisy drafters).
 
-Two server starts in all (about a minute of CPU each; the restart test comes last and leaves the worse
-drafter): one with the good drafter, restarted once with a drafter that accepts less. On it: both ways of
-reading a probe's acceptance agree prompt by prompt (vLLM's per-request metrics and counter bracketing), bracketing keeps only prompts that had the engine to themselves while organic
-requests arrive, a quiet route pages within two rounds of the drafter swap, and 100 rounds replayed from
-the real engine's own per-prompt results never page.
+Two server starts in all (about a minute of CPU each; the restart test comes last and leaves the worse drafter): one
+with the good drafter, restarted once with a drafter that accepts less. On it: both ways of reading a probe's
+acceptance agree prompt by prompt (vLLM's per-request metrics and counter bracketing), bracketing keeps only prompts
+that had the engine to themselves while organic requests arrive, a quiet route pages within two rounds of the
+drafter swap, and 100 rounds replayed from the real engine's own per-prompt results never page.
 """
 
 from __future__ import annotations
