@@ -165,6 +165,7 @@ class RouteObservation:
     d_accepted_per_pos: tuple[float, ...] = ()
     gauge_acceptance_ratio: float | None = None
     running_per_engine: Mapping[str, float] = field(default_factory=dict)
+    waiting: float | None = None  # requests waiting, summed over engines (None: not reported)
     kv_usage: float | None = None
     window_acceptance: Mapping[str, float] = field(default_factory=dict)  # window -> ratio
     gpus: tuple[int, ...] = ()

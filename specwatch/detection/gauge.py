@@ -6,7 +6,8 @@ left is the spread of the readings themselves:
 - interval gauges (SGLang < 0.5.13: the mean over the last `--decode-log-interval` decode steps, read at each
   scrape with requests running): readings are merged into 1-minute blocks (weighted by running requests,
   as the tracker weighs them); the baseline is the mean of the block means and their variance σ² is learned
-  from the same blocks, inflated by one standard error of a variance estimate;
+  from the same blocks, inflated by one standard error of a variance estimate and by the blocks' lag-1
+  autocorrelation (`long_run_factor`);
 - lifetime gauges (vLLM V0: accepted / drafted since the engine started): the reading itself is the best
   estimate of everything since the start, so the baseline is the latest reading and σ is the floor below.
   A drop moves a lifetime ratio only by the share of the traffic since the drop, so it pages late on an
@@ -67,10 +68,13 @@ class GaugeLearner:
     mean: float = 0.0
     m2: float = 0.0  # Σ (x - mean)²
     latest: float | None = None
+    sum_lag: float = 0.0  # Σ x_t x_{t-1}, for the lag-1 autocorrelation
 
     def add(self, now: float, block_mean: float) -> None:
         if self.start is None:
             self.start = now
+        if self.latest is not None:
+            self.sum_lag += self.latest * block_mean
         self.blocks += 1
         delta = block_mean - self.mean
         self.mean += delta / self.blocks
@@ -89,17 +93,32 @@ class GaugeLearner:
         r0 = (self.latest if lifetime and self.latest is not None else self.mean)
         var = self.m2 / (self.blocks - 1) if self.blocks > 1 else 0.0
         var *= 1.0 + math.sqrt(2.0 / max(1, self.blocks - 1))
+        var *= self.long_run_factor()
         sd = 0.0 if lifetime else math.sqrt(max(0.0, var))
         return r0, max(sd, GAUGE_MIN_RELATIVE_SD * r0)
 
+    def long_run_factor(self) -> float:
+        """(1 + ρ) / (1 - ρ) for the lag-1 autocorrelation ρ of the block means, in [1, 10].
+
+        Consecutive blocks share requests (a reading averages the last decode steps, a request straddles
+        scrapes), and a CUSUM sums blocks: what bounds its excursions is the variance of a sum, the block
+        variance times this factor for an AR(1)-like series."""
+        n = self.blocks
+        var = self.m2 / (n - 1) if n > 2 else 0.0
+        if var <= 0:
+            return 1.0
+        rho = (self.sum_lag / (n - 1) - self.mean * self.mean) / var
+        rho = min(0.8, max(0.0, rho))
+        return (1.0 + rho) / (1.0 - rho)
+
     def to_json(self) -> list[Any]:
-        return [self.start, self.blocks, self.mean, self.m2, self.latest]
+        return [self.start, self.blocks, self.mean, self.m2, self.latest, self.sum_lag]
 
     @classmethod
     def from_json(cls, raw: list[Any]) -> "GaugeLearner":
-        start, blocks, mean, m2, latest = raw
+        start, blocks, mean, m2, latest, sum_lag = raw
         return cls(None if start is None else float(start), int(blocks), float(mean), float(m2),
-                   None if latest is None else float(latest))
+                   None if latest is None else float(latest), float(sum_lag))
 
 
 @dataclass(frozen=True)

@@ -137,21 +137,21 @@ class TrafficRate:
 
 
 class OpenBlock:
-    """Intervals merged into blocks of at least `seconds` (the same blocks the dispersion model is fitted on)."""
+    """Intervals merged into blocks that end at an idle scrape or after `seconds` (the same blocks the dispersion
+    model is fitted on, detection/overdispersion.py)."""
 
     def __init__(self, seconds: float = BLOCK_SECONDS) -> None:
         self.seconds = seconds
         self.clear()
 
-    def add(self, now: float, accepted: float, drafted: float) -> tuple[float, float, float] | None:
+    def add(self, now: float, accepted: float, drafted: float, idle: bool = False) -> tuple[float, float, float] | None:
         """Add an interval; return (start, accepted, drafted) of the block it closed, if any."""
-        if drafted <= 0:
-            return None
-        if self.start is None:
-            self.start = now
-        self.accepted += accepted
-        self.drafted += drafted
-        if now - self.start < self.seconds:
+        if drafted > 0:
+            if self.start is None:
+                self.start = now
+            self.accepted += accepted
+            self.drafted += drafted
+        if self.start is None or self.drafted <= 0 or (not idle and now - self.start < self.seconds):
             return None
         closed = (self.start, self.accepted, self.drafted)
         self.clear()
@@ -283,7 +283,8 @@ class AcceptanceDropEvaluator:
             if obs.acceptance_source in GAUGE_SOURCES:
                 self._observe_gauge(obs)
             else:
-                self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos)
+                self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos,
+                              _idle(obs))
         return self.fields()
 
     def close(self) -> None:
@@ -325,7 +326,8 @@ class AcceptanceDropEvaluator:
             return  # a collapsed drafter teaches nothing about its baseline
         self.gauge.observe(obs.ts, reading, weight, lifetime)
 
-    def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float]) -> None:
+    def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float],
+                 idle: bool = False) -> None:
         self.window.add(now, accepted, drafted)
         self.traffic.add(now, drafted)
         was = self.collapse.collapsed
@@ -335,33 +337,41 @@ class AcceptanceDropEvaluator:
                             self.route, self.collapse.window.ratio() or 0.0, self.collapse.window.drafted)
             return  # a collapsed drafter teaches nothing about its baseline, and it already pages
         if drafted <= 0:
+            if idle:  # the requests of the open block have all finished: weigh it now
+                self.learner.add(now, 0.0, 0.0, 0.0, (), idle=True)
+                if self._test is not None:
+                    self._weigh(self.block.add(now, 0.0, 0.0, idle=True), now)
             return
         if self.reference is None:
-            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
             self._maybe_set_first_reference(now)
             return
         if self._test is None:  # a baseline too close to 1 to test a drop against: only learn
-            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
             return
         test = self._test
-        block = self.block.add(now, accepted, drafted)
-        if block is not None:  # evidence is weighed per block, the unit its design effect was fitted on
-            block_start, block_accepted, block_drafted = block
-            llr = test.llr(block_accepted, block_drafted)
-            self.cusum.update(llr, block_drafted, block_start)
-            if self.sprt is not None:
-                self.sprt.update(llr, block_drafted)
+        self._weigh(self.block.add(now, accepted, drafted, idle), now)
         own_key = self.reference.key == self.key
         threshold = self.threshold(now)  # once per cycle: it weighs the traffic rate (two exponentials)
         # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
         # after a model change the new key learns from everything, since that is what `accept` adopts.
         if not own_key or (not self.degraded and self.cusum.statistic < threshold / 2):
-            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
         self._decide(now, test, threshold)
         if own_key:
             self._maybe_refine(now)
         else:
             self._maybe_adopt(now)
+
+    def _weigh(self, block: tuple[float, float, float] | None, now: float) -> None:
+        """Evidence is weighed per block, the unit its design effect was fitted on."""
+        if block is None or self._test is None:
+            return
+        block_start, block_accepted, block_drafted = block
+        llr = self._test.llr(block_accepted, block_drafted)
+        self.cusum.update(llr, block_drafted, block_start)
+        if self.sprt is not None:
+            self.sprt.update(llr, block_drafted)
 
     def threshold(self, now: float) -> float:
         """h for this route now: the configured h, lowered on a quiet route (see `adapted_threshold`)."""
@@ -567,6 +577,12 @@ class AcceptanceDropEvaluator:
             self.cusum.statistic = min(float(statistic), self.cusum.cap)
             self.cusum.excursion_start, self.cusum.excursion_tokens = start, float(tokens)
             self.sprt, self.degraded = sprt, degraded
+
+
+def _idle(obs: RouteObservation) -> bool:
+    """Nothing running or waiting at this scrape (False when the source does not say)."""
+    running = obs.running_per_engine
+    return bool(running) and sum(running.values()) <= 0 and not obs.waiting
 
 
 def _key_json(key: BaselineKey | None) -> list[Any] | None:

@@ -3,7 +3,7 @@
 SGLang before 0.5.13 (interval gauges, `acceptance_source` "gauge") and vLLM V0 (a lifetime gauge,
 "lifetime_gauge") carry no token counts, so `AcceptanceDropEvaluator` hands such routes to this class. It
 learns r0 and the spread of 1-minute block means (detection/gauge.py), runs a Gaussian CUSUM with the same
-indifference zone, and pages when S >= h, the excursion has lasted `min_duration` and the confirmation
+indifference zone, and pages when S >= h (twice `cusum_threshold`), the excursion has lasted `min_duration` and the confirmation
 window's mean reading is below r_ok; it resolves when that mean is back above (1 - 2 drop/3) r0.
 
 A model change keeps the old baseline as the reference (a regression that came with it pages through the
@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 GAUGE_SOURCES = frozenset({"gauge", "lifetime_gauge"})
 CONFIRM_MIN_READINGS = 3  # the confirmation window stretches back until it holds this many readings
+# h of a gauge route, as a multiple of `cusum_threshold`. A block mean carries much evidence at once (gap/σ ≈ 2
+# at 0.5 req/s) but its tails are heavier than a Gaussian's, and a route has 1,440 blocks a day: at 1x, 5%
+# drifts paged within two days at 0.5 req/s; at 2x a 20% drop still takes only a few blocks more.
+GAUGE_THRESHOLD_FACTOR = 2.0
 
 
 class GaugeDrop:
@@ -35,7 +39,7 @@ class GaugeDrop:
         self.blocks = GaugeBlocks()
         self.learner = GaugeLearner()
         self.reference: GaugeReference | None = None
-        self.cusum = Cusum(cap=2.0 * cfg.cusum_threshold)
+        self.cusum = Cusum(cap=2.0 * GAUGE_THRESHOLD_FACTOR * cfg.cusum_threshold)
         self.degraded = False
         self.change_ts: float | None = None
         self.window: deque[tuple[float, float, float]] = deque()  # (ts, reading, weight) with traffic
@@ -57,7 +61,7 @@ class GaugeDrop:
             return
         r_ok, r_bad, r_resolve = self._levels(ref)
         self.cusum.update(GaugeLlr(r_ok, r_bad, ref.sd)(block_mean), 0.0, block_start)
-        threshold = self.cfg.cusum_threshold
+        threshold = GAUGE_THRESHOLD_FACTOR * self.cfg.cusum_threshold
         own = self.change_ts is None
         if not own or (not self.degraded and self.cusum.statistic < threshold / 2):
             self.learner.add(now, block_mean)

@@ -237,6 +237,7 @@ class RouteTracker:
             gauge_acceptance_ratio=(self._lifetime_ratio if sample.acceptance_source == "lifetime_gauge"
                                     else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
             running_per_engine={e.engine: e.running for e in sample.engines if _finite(e.running) is not None},
+            waiting=_sum_present([e.waiting for e in sample.engines]),
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
             gpus=gpus,
