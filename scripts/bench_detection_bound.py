@@ -8,7 +8,7 @@ better placed than specwatch in every way:
 - it sees every request on its own, with its per-step acceptance histogram (how many verify steps accepted
   0, 1, ..., k draft tokens), where /metrics shows only sums over scrapes;
 - it knows the model exactly: the profile's α_j, the Beta(κm, κ(1-m)) spread of the per-request scale (integrated
-  out on an even 192-point grid), the daily share of the two request classes, the length distribution, and
+  out on an even 64-point grid), the daily share of the two request classes, the length distribution, and
   what a 5% and a 20% drop do to α (`tracegen.drop_scale`): its log-likelihood ratio per request is that of the
   request's step histogram and step count (a request's length in steps also says how well it was accepted);
 - it has no duration, token or confirmation gate, and its h is calibrated on --sets independent sets of 60
@@ -48,7 +48,7 @@ WARM_SECONDS, DROP_SECONDS = 20 * 3600.0, 4 * 3600.0  # as bench_detection.py
 ROUTE_DAYS, ROUTES = 5.0, 6  # 6 x 5 = 30 route-days clean and 30 with a 5% drift
 DRIFT, DROP = 0.05, 0.20
 QUANTILES = (0.5, 0.8, 0.9)
-GRID = 192  # points of the integral over the Beta spread
+GRID = 64  # points of the integral over the Beta spread (192 gives the same set maxima to 3 decimals)
 # The benchmark's traffic (bench_detection.TRAFFIC): a second request class at 0.85 x α, 30% ± 20% of requests.
 MIX = {"mix_share": 0.3, "mix_swing": 0.2, "mix_scale": 0.85}
 
