@@ -198,10 +198,15 @@ def bound(tier: str, kappa: float, bad: float, sets: int, drops: int, jobs: int,
     """(sorted set maxima, {q: (h, detection p95 minutes)})."""
     rate = TIERS[tier][0]
     model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        maxima = sorted(pool.map(set_maximum, [(model, n) for n in range(sets)], chunksize=max(1, sets // (4 * jobs))))
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    run = pool.map if pool is not None else map
+    try:
+        maxima = sorted(run(set_maximum, [(model, n) for n in range(sets)]))
         picked = [quantile(maxima, q) for q in QUANTILES]
-        minutes = list(pool.map(detection_minutes, [(model, 100_000 + n, picked) for n in range(drops)]))
+        minutes = list(run(detection_minutes, [(model, 100_000 + n, picked) for n in range(drops)]))
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return maxima, {q: (h, quantile([m[i] for m in minutes], 0.5), quantile([m[i] for m in minutes], 0.95))
                     for i, (q, h) in enumerate(zip(QUANTILES, picked))}
 
