@@ -39,8 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specwatch.tracegen import (BETA_MEAN, DAY, LENGTH_SIGMA, MAX_ALPHA, Drop, TraceSpec, conditional_alphas,
-                                drop_scale)
+from specwatch.tracegen import BETA_MEAN, DAY, LENGTH_SIGMA, MAX_ALPHA, Drop, TraceSpec, conditional_alphas, drop_scale
 
 TIERS: dict[str, tuple[float, float]] = {"2 req/s": (2.0, 300.0), "0.2 req/s": (0.2, 900.0),
                                           "1 req/min": (1 / 60, 5400.0)}

@@ -11,7 +11,7 @@ from load_script import load_script
 
 np = pytest.importorskip("numpy")  # the bound needs numpy (the `bench` extra; matplotlib brings it too)
 
-from specwatch.tracegen import DAY, Drop, TraceSpec, request_stream  # noqa: E402
+from specwatch.tracegen import DAY, Drop, TraceSpec, request_stream
 
 
 def _bound():

@@ -115,7 +115,7 @@ class GaugeLearner:
         return [self.start, self.blocks, self.mean, self.m2, self.latest, self.sum_lag]
 
     @classmethod
-    def from_json(cls, raw: list[Any]) -> "GaugeLearner":
+    def from_json(cls, raw: list[Any]) -> GaugeLearner:
         start, blocks, mean, m2, latest, sum_lag = raw
         return cls(None if start is None else float(start), int(blocks), float(mean), float(m2),
                    None if latest is None else float(latest), float(sum_lag))
@@ -147,6 +147,6 @@ class GaugeReference:
         return [self.r0, self.sd, self.pinned, self.lifetime]
 
     @classmethod
-    def from_json(cls, raw: list[Any]) -> "GaugeReference":
+    def from_json(cls, raw: list[Any]) -> GaugeReference:
         r0, sd, pinned, lifetime = raw
         return cls(float(r0), float(sd), bool(pinned), bool(lifetime))

@@ -234,7 +234,7 @@ def _sibling_url(metrics_url: str, path: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def make_source(route: RouteConfig, config: Config) -> "HttpEngineSource | SGLangRequestLogSource":
+def make_source(route: RouteConfig, config: Config) -> HttpEngineSource | SGLangRequestLogSource:
     """The daemon's factory: an HTTP source with the configured scrape timeout and body cap, sharing its
     /metrics fetch with every other route on the same URL; SGLang's per-request files for engine
     `sglang_request_log`."""
