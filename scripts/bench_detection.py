@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import platform
 import random
@@ -25,6 +26,7 @@ import re
 import sys
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,9 @@ DROP_SECONDS = 4 * 3600.0
 WARM_SECONDS = 20 * 3600.0
 RECOVERY_SECONDS = 2 * 3600.0
 NAIVE_WINDOW, NAIVE_FOR, NAIVE_FACTOR = 300.0, 600.0, 0.85
+# Every route's traffic: 30% ± 20% (daily) of requests of a second class at 0.85 x α (e.g. code edits beside chat),
+# so the route's mean acceptance swings by a few percent a day with no regression. `--no-mix` turns it off.
+TRAFFIC_MIX = {"mix_share": 0.3, "mix_swing": 0.2, "mix_scale": 0.85}
 
 
 class NaiveRule:
@@ -92,8 +97,15 @@ class Pages:
 
 def run_trace(spec: TraceSpec, config: Config) -> tuple[Pages, Pages]:
     """Replay one trace through specwatch and the naive rule."""
+    ours, theirs, _ = run_trace_highest(spec, config)
+    return ours, theirs
+
+
+def run_trace_highest(spec: TraceSpec, config: Config) -> tuple[Pages, Pages, float]:
+    """`run_trace`, and the highest CUSUM statistic specwatch reached on the trace."""
     replayer, naive = Replayer(config), NaiveRule()
     ours, theirs = Pages(), Pages()
+    highest = 0.0
     ev = replayer.evaluator(spec.route)
     prev = None
     for sample in generate(spec):
@@ -101,6 +113,7 @@ def run_trace(spec: TraceSpec, config: Config) -> tuple[Pages, Pages]:
         transition = replayer.feed(sample)
         if transition is not None:
             ours.events.append((t, transition.state))
+        highest = max(highest, ev.cusum.statistic)
         if prev is not None and sample.model_name == prev.model_name and sample.drafts >= prev.drafts:
             d_acc, d_tok = sample.accepted_tokens - prev.accepted_tokens, sample.draft_tokens - prev.draft_tokens
         else:
@@ -110,7 +123,19 @@ def run_trace(spec: TraceSpec, config: Config) -> tuple[Pages, Pages]:
             theirs.events.append((t, state))
         prev = sample
     replayer.close()
-    return ours, theirs
+    return ours, theirs, highest
+
+
+def _run_task(task: tuple[TraceSpec, Config]) -> tuple[Pages, Pages, float]:
+    return run_trace_highest(*task)
+
+
+def run_all(tasks: list[tuple[TraceSpec, Config]], jobs: int) -> list[tuple[Pages, Pages, float]]:
+    """`run_trace_highest` of every task, in `jobs` processes (results in task order)."""
+    if jobs <= 1:
+        return [_run_task(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_run_task, tasks, chunksize=1))
 
 
 @dataclass
@@ -165,39 +190,51 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
-def no_drop_specs(rate: float, route_days: float, seed: int, kappa: float) -> tuple[list[TraceSpec], list[TraceSpec]]:
+def no_drop_specs(rate: float, route_days: float, seed: int, kappa: float,
+                  mix: bool = True) -> tuple[list[TraceSpec], list[TraceSpec]]:
     """The benchmark's routes that must never page: `route_days` clean, and as many with a 5% drop from day 1 on
-    (inside the indifference zone), in routes of 5 days."""
+    (inside the indifference zone), in routes of 5 days; all with the daily request-mix swing unless `mix` is off."""
     days_per_route = 5.0 if route_days >= 5 else route_days
     routes = max(1, round(route_days / days_per_route))
-    clean = [TraceSpec(route=f"clean{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + i)
-             for i in range(routes)]
+    traffic = TRAFFIC_MIX if mix else {}
+    clean = [TraceSpec(route=f"clean{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + i,
+                       **traffic) for i in range(routes)]
     small = [TraceSpec(route=f"small{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + 1000 + i,
-                       drops=(Drop(start=min(DAY, days_per_route * DAY / 4), ratio=0.05),)) for i in range(routes)]
+                       drops=(Drop(start=min(DAY, days_per_route * DAY / 4), ratio=0.05),), **traffic)
+             for i in range(routes)]
     return clean, small
 
 
-def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: int, config: Config,
-               kappa: float) -> tuple[Tally, Tally]:
-    ours, naive = Tally(), Tally()
+def drop_specs(rate: float, drops: int, seed: int, kappa: float,
+               mix: bool = True) -> list[tuple[TraceSpec, float, float]]:
+    """(spec, drop start, drop end) of the injected 20% drops, every fifth with a model change."""
     rng = random.Random(seed)
-    clean, small = no_drop_specs(rate, route_days, seed, kappa)
-    for spec in clean:
-        a, b = run_trace(spec, config)
-        ours.pages_clean += len(a.fires())
-        naive.pages_clean += len(b.fires())
-    for spec in small:
-        a, b = run_trace(spec, config)
-        ours.pages_small += len(a.fires())
-        naive.pages_small += len(b.fires())
-    grace = config.detection.confirm_window_seconds + NAIVE_WINDOW
-    for i in range(drops):  # injected 20% drops, every fifth with a model change
+    out = []
+    for i in range(drops):
         start = WARM_SECONDS + rng.uniform(0, 4 * 3600.0)
         end = start + DROP_SECONDS
         changes = (ModelChange(at=start, model_name="model-b"),) if i % 5 == 4 else ()
-        spec = TraceSpec(route=f"drop{i}", rate=rate, duration=end + RECOVERY_SECONDS, kappa=kappa,
-                         seed=seed + 2000 + i, drops=(Drop(start=start, ratio=DROP_RATIO, end=end),), changes=changes)
-        a, b = run_trace(spec, config)
+        out.append((TraceSpec(route=f"drop{i}", rate=rate, duration=end + RECOVERY_SECONDS, kappa=kappa,
+                              seed=seed + 2000 + i, drops=(Drop(start=start, ratio=DROP_RATIO, end=end),),
+                              changes=changes, **(TRAFFIC_MIX if mix else {})), start, end))
+    return out
+
+
+def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: int, config: Config,
+               kappa: float, mix: bool = True, jobs: int = 1) -> tuple[Tally, Tally]:
+    ours, naive = Tally(), Tally()
+    clean, small = no_drop_specs(rate, route_days, seed, kappa, mix)
+    injected = drop_specs(rate, drops, seed, kappa, mix)
+    results = run_all([(spec, config) for spec in clean + small + [d[0] for d in injected]], jobs)
+    for i, (a, b, _) in enumerate(results[:len(clean) + len(small)]):
+        if i < len(clean):
+            ours.pages_clean += len(a.fires())
+            naive.pages_clean += len(b.fires())
+        else:
+            ours.pages_small += len(a.fires())
+            naive.pages_small += len(b.fires())
+    grace = config.detection.confirm_window_seconds + NAIVE_WINDOW
+    for (a, b, _), (_, start, end) in zip(results[len(clean) + len(small):], injected):
         ours.add_drop(a, start, end, grace, target)
         naive.add_drop(b, start, end, grace, target)
     return ours, naive
@@ -206,54 +243,73 @@ def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: 
 SET_SEED_STRIDE = 10_000  # seeds of independent sets of routes (bench_tier's routes use seed + i and seed + 1000 + i)
 
 
-def false_page_sets(rate: float, sets: int, config: Config, kappa: float) -> list[tuple[int, int, float]]:
+def false_page_sets(rate: float, sets: int, config: Config, kappa: float, mix: bool = True,
+                    jobs: int = 1) -> list[tuple[int, int, float]]:
     """Per independent set of 30 clean + 30 5%-drop route-days: (seed, pages, the highest CUSUM statistic).
 
-    One set is the benchmark's no-drop part for one seed; the share of sets with a page is the chance that the
-    acceptance check "zero pages" fails on a fresh sample, and the highest statistic shows the margin to h.
+    One set is the benchmark's no-drop part for one seed; the share of sets without a page is the confidence
+    that "zero false pages" holds on a fresh sample, and the highest statistic shows the margin to h.
     """
-    out = []
-    for n in range(sets):
-        seed = SET_SEED_STRIDE * (n + 1)
-        pages, highest = 0, 0.0
-        clean, small = no_drop_specs(rate, 30.0, seed, kappa)
-        for spec in clean + small:
-            replayer = Replayer(config)
-            for sample in generate(spec):
-                transition = replayer.feed(sample)
-                pages += transition is not None and transition.state == "firing"
-                highest = max(highest, replayer.evaluator(spec.route).cusum.statistic)
-            replayer.close()
-        out.append((seed, pages, highest))
-        print(f"set seed {seed}: {pages} false pages, highest S {highest:.2f}", file=sys.stderr)
-    return out
+    seeds = [SET_SEED_STRIDE * (n + 1) for n in range(sets)]
+    tasks, owner = [], []
+    for seed in seeds:
+        clean, small = no_drop_specs(rate, 30.0, seed, kappa, mix)
+        tasks += [(spec, config) for spec in clean + small]
+        owner += [seed] * (len(clean) + len(small))
+    pages = dict.fromkeys(seeds, 0)
+    highest = dict.fromkeys(seeds, 0.0)
+    for seed, (a, _, top) in zip(owner, run_all(tasks, jobs)):
+        pages[seed] += len(a.fires())
+        highest[seed] = max(highest[seed], top)
+    return [(seed, pages[seed], highest[seed]) for seed in seeds]
 
 
-def markdown(results: list[tuple[str, float, Tally, Tally]], args: argparse.Namespace, seconds: float,
-             cpu_seconds: float) -> str:
+def markdown(results: list[tuple[str, float, float, Tally, Tally]], args: argparse.Namespace, seconds: float,
+             cpu_seconds: float, bounds: dict[str, float]) -> str:
     cols = ["pages clean / 5%", "precision", "recall", "in target", "detect p50", "detect p95", "reset p50"]
     lines = [
-        f"Measured with `.venv/bin/python scripts/bench_detection.py{' --quick' if args.quick else ''}` "
-        f"({seconds:.0f} s wall, {cpu_seconds:.0f} s CPU on {platform.machine()}, Python "
-        f"{platform.python_version()}, seed {args.seed}). "
-        f"SIMULATED traces from `specwatch.tracegen` (EAGLE-3 profile, k=4, request heterogeneity κ={args.kappa:g}, "
-        f"300 output tokens per request, ±30% daily traffic swing, 15 s scrapes, 20 ms verify steps so that longer "
-        f"requests straddle scrapes). Per tier: {args.route_days:g} "
-        f"route-days without a drop, {args.route_days:g} route-days with a 5% drop, {args.drops} injected "
-        f"{DROP_RATIO:.0%} drops of {DROP_SECONDS / 3600:g} h (every fifth with a model change), default "
-        f"detection settings, baselines learned from the traces themselves.",
+        f"Measured with `{_command(args)}` ({seconds:.0f} s wall, {cpu_seconds:.0f} s CPU in the main process, "
+        f"{args.jobs} processes, {platform.machine()}, Python {platform.python_version()}, seed {args.seed}). "
+        f"SIMULATED traces from `specwatch.tracegen` (EAGLE-3 profile, k=4, request heterogeneity κ as shown, "
+        f"300 output tokens per request, ±30% daily traffic swing"
+        f"{'' if args.no_mix else ', 30% ± 20% (daily) of requests of a second class at 0.85× α'}, 15 s scrapes, "
+        f"20 ms verify steps so that longer requests straddle scrapes, `running` = requests in flight). Per tier and "
+        f"κ: {args.route_days:g} route-days without a drop, {args.route_days:g} route-days with a 5% drop, "
+        f"{args.drops} injected {DROP_RATIO:.0%} drops of {DROP_SECONDS / 3600:g} h (every fifth with a model change), "
+        f"default detection settings, baselines learned from the traces themselves. \"bound p95\" is the exact "
+        f"per-request bound at 90% clean sets (Detection limit, below).",
         "",
-        "| tier | target p95 | detector | " + " | ".join(cols) + " |",
-        "|---|---|---|" + "---|" * len(cols),
+        "| tier | κ | target p95 | detector | " + " | ".join(cols) + " | bound p95 | p95 / bound |",
+        "|---|---|---|---|" + "---|" * len(cols) + "---|---|",
     ]
-    for tier, target, ours, naive in results:
+    for tier, kappa, target, ours, naive in results:
+        bound = bounds.get(f"{tier}|{kappa:g}")
         for name, tally in (("specwatch", ours), ("naive 5m ≤ 0.85× for 10m", naive)):
             row = tally.row()
-            lines.append(f"| {tier} | {target / 60:g} min | {name} | " + " | ".join(row[c] for c in cols) + " |")
+            p95 = _pct(tally.detection, 95)
+            ratio = f"{p95 / 60 / bound:.2f}" if bound and p95 is not None and name == "specwatch" else ""
+            lines.append(f"| {tier} | {kappa:g} | {target / 60:g} min | {name} | " + " | ".join(row[c] for c in cols)
+                         + f" | {'' if bound is None else f'{bound:.1f} min'} | {ratio} |")
     lines += ["", "\"pages clean / 5%\" are all false pages; precision counts every page of the tier; recall is "
               "drops paged while ongoing; \"in target\" is drops paged within the tier's target; reset is drop end "
-              "to resolved. Where a target is missed, docs/detection.md (How to tune) shows the trade-off."]
+              "to resolved."]
     return "\n".join(lines)
+
+
+def _command(args: argparse.Namespace) -> str:
+    parts = [".venv/bin/python scripts/bench_detection.py"]
+    if args.quick:
+        parts.append("--quick")
+    parts += [f'--tier "{t}"' for t in args.tier or ()] + [f"--kappa {k:g}" for k in args.kappa or ()]
+    if not args.quick and (args.route_days, args.drops) != (30.0, 50):
+        parts.append(f"--route-days {args.route_days:g} --drops {args.drops}")
+    if args.false_page_sets:
+        parts.append(f"--false-page-sets {args.false_page_sets}")
+    if args.no_mix:
+        parts.append("--no-mix")
+    if args.jobs > 1:
+        parts.append(f"--jobs {args.jobs}")
+    return " ".join(parts)
 
 
 def write_section(path: Path, body: str, title: str = "Detection (acceptance drop)") -> None:
@@ -269,35 +325,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="3 route-days and 5 drops per tier")
     p.add_argument("--route-days", type=float, default=30.0)
     p.add_argument("--drops", type=int, default=50)
-    p.add_argument("--kappa", type=float, default=30.0, help="request heterogeneity (Beta concentration)")
+    p.add_argument("--kappa", type=float, action="append",
+                   help="request heterogeneity (Beta concentration; repeatable, default 12 and 30)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tier", action="append", choices=list(TIERS), help="only these tiers (repeatable)")
-    p.add_argument("--sensitivity-kappa", type=float, default=0.0,
-                   help="also run the 1 req/min tier with this κ (e.g. 100: less heterogeneous traffic)")
+    p.add_argument("--no-mix", action="store_true", help="one request class (no daily mix swing)")
+    p.add_argument("--jobs", type=int, default=1, help="processes (traces run in parallel)")
+    p.add_argument("--bound", type=Path, help="JSON of scripts/bench_detection_bound.py --json: adds its p95")
     p.add_argument("--cusum-threshold", type=float, help="override detection.cusum_threshold (tuning)")
     p.add_argument("--write", type=Path, help="replace the Detection section of this markdown file")
     p.add_argument("--false-page-sets", type=int, metavar="N",
-                   help="instead: run N independent sets of 30 clean + 30 5%%-drop route-days per tier and report "
-                        "how many page (the reliability of 'zero false pages')")
+                   help="instead: run N independent sets of 30 clean + 30 5%%-drop route-days per tier and κ and "
+                        "report the share without a page (the confidence in 'zero false pages')")
     args = p.parse_args(argv)
     if args.quick:
         args.route_days, args.drops = 3.0, 5
+    kappas = args.kappa or [12.0, 30.0]
     logging.basicConfig(level=logging.ERROR)
     config = Config()
     if args.cusum_threshold is not None:
         config = Config(detection=dataclasses.replace(config.detection, cusum_threshold=args.cusum_threshold))
+    bounds = json.loads(args.bound.read_text(encoding="utf-8")) if args.bound else {}
     started, cpu_started = time.perf_counter(), time.process_time()
     if args.false_page_sets:
-        lines = [f"Measured with `.venv/bin/python scripts/bench_detection.py --false-page-sets {args.false_page_sets}"
-                 + "".join(f' --tier "{t}"' for t in args.tier or ()) + "` (traces as above, default detection "
-                 "settings). Each set is the no-drop part of the benchmark for one seed: 30 clean and 30 5%-drop "
-                 "route-days; sets use independent seeds.", "",
-                 "| tier | sets with a false page | highest CUSUM statistic per set (sorted) |", "|---|---|---|"]
+        lines = [f"Measured with `{_command(args)}` (traces as above, default detection settings). Each set is the "
+                 "no-drop part of the benchmark for one seed: 30 clean and 30 5%-drop route-days; sets use "
+                 "independent seeds.", "",
+                 "| tier | κ | sets without a false page | highest CUSUM statistic per set (sorted) |",
+                 "|---|---|---|---|"]
         for tier in args.tier or list(TIERS):
-            found = false_page_sets(TIERS[tier][0], args.false_page_sets, config, args.kappa)
-            paged = sum(1 for _, pages, _ in found if pages)
-            highest = ", ".join(f"{h:.2f}" for h in sorted(h for _, _, h in found))
-            lines.append(f"| {tier} | {paged} of {len(found)} | {highest} |")
+            for kappa in kappas:
+                found = false_page_sets(TIERS[tier][0], args.false_page_sets, config, kappa, not args.no_mix,
+                                        args.jobs)
+                clean = sum(1 for _, pages, _ in found if not pages)
+                highest = ", ".join(f"{h:.2f}" for h in sorted(h for _, _, h in found))
+                lines.append(f"| {tier} | {kappa:g} | {clean} of {len(found)} ({clean / len(found):.0%}) | {highest} |")
+                print(lines[-1], file=sys.stderr)
         lines.append(f"\n({time.perf_counter() - started:.0f} s wall.)")
         print("\n".join(lines))
         if args.write:
@@ -306,17 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for tier in args.tier or list(TIERS):
         rate, target = TIERS[tier]
-        t0 = time.perf_counter()
-        ours, naive = bench_tier(rate, target, args.route_days, args.drops, args.seed, config, args.kappa)
-        results.append((tier, target, ours, naive))
-        print(f"{tier}: {time.perf_counter() - t0:.0f} s  specwatch {ours.row()}  naive {naive.row()}",
-              file=sys.stderr)
-    if args.sensitivity_kappa and (not args.tier or "1 req/min" in args.tier):
-        rate, target = TIERS["1 req/min"]
-        ours, naive = bench_tier(rate, target, args.route_days, args.drops, args.seed, config,
-                                 args.sensitivity_kappa)
-        results.append((f"1 req/min, κ={args.sensitivity_kappa:g}", target, ours, naive))
-    body = markdown(results, args, time.perf_counter() - started, time.process_time() - cpu_started)
+        for kappa in kappas:
+            t0 = time.perf_counter()
+            ours, naive = bench_tier(rate, target, args.route_days, args.drops, args.seed, config, kappa,
+                                     not args.no_mix, args.jobs)
+            results.append((tier, kappa, target, ours, naive))
+            print(f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s  specwatch {ours.row()}  naive {naive.row()}",
+                  file=sys.stderr)
+    body = markdown(results, args, time.perf_counter() - started, time.process_time() - cpu_started, bounds)
     print(body)
     if args.write:
         write_section(args.write, body)

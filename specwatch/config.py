@@ -19,7 +19,7 @@ import yaml
 
 from specwatch.probe.prompts import PromptSetError, load_prompt_set  # a leaf module: json and PyYAML only
 
-ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto")
+ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto", "sglang_request_log")  # the last reads files
 GPU_MODES = ("auto", "true", "false")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"
@@ -402,6 +402,14 @@ def _http_client(c: _Checker, d: dict, path: str, base: HttpClientConfig) -> Htt
         headers=_headers(c, d["headers"], f"{prefix}headers") if "headers" in d else base.headers)
 
 
+def _file_url(c: _Checker, value: Any, path: str) -> str:
+    parsed = urlparse(value) if isinstance(value, str) else None
+    if parsed is None or parsed.scheme != "file" or parsed.netloc not in ("", "localhost") or not parsed.path:
+        c.fail(path, f"not a file:// URL of a directory (engine sglang_request_log): {value!r}")
+        return ""
+    return value
+
+
 _DETECTION_KEYS = {"drop", "warmup_drafted_tokens", "warmup_duration", "min_drafted_tokens", "min_duration",
                    "cusum_threshold", "adopt_after", "confirm_window", "pin_drafted_tokens", "pin_duration", "block"}
 
@@ -543,7 +551,10 @@ def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig,
     name = c.string(d.get("name"), f"{path}.name")
     if name and not _ROUTE_NAME_RE.match(name):
         c.fail(f"{path}.name", f"only letters, digits and _.:- are allowed, got {name!r}")
-    url = _http_url(c, d.get("url"), f"{path}.url") if "url" in d else ""
+    if d.get("engine") == "sglang_request_log":  # SGLang's per-request files: url is file:///<directory>
+        url = _file_url(c, d.get("url"), f"{path}.url") if "url" in d else ""
+    else:
+        url = _http_url(c, d.get("url"), f"{path}.url") if "url" in d else ""
     version_url = _http_url(c, d["version_url"], f"{path}.version_url") if d.get("version_url") else ""
     engines_raw = d.get("engines") or []
     engines: list[str] = []

@@ -7,9 +7,20 @@ accepted), so the number of steps reaching position j is Binomial(steps reaching
 is log-normal; the number of steps is tokens / (1 + accepted per step). A request runs for steps x
 `step_seconds` from a uniform arrival time, so a long one spans several scrapes (`straddle`), as on a real engine.
 
-Speed: an interval with few requests draws each request exactly. A busy interval (more than EXACT_MAX
-requests) draws the interval's mean scale from its normal approximation and applies a linearised, Monte
-Carlo calibrated p_j(s) (mean and slope over the Beta), so 30 days at 2 req/s take a second or two.
+One latent scale per request drives all of its positions, so per-position acceptance is correlated within a
+request (a good request is good at every position) and each step accepts a prefix.
+
+Request mix: with `mix_share` > 0 a request is of a second class (its α_j scaled by `mix_scale`, e.g. code
+edits beside chat) with probability mix_share + mix_swing·sin(2πt/day + phase): the route's mean acceptance
+swings daily by a few percent with no regression (a confounder that must not page).
+
+`running` at a scrape is the number of requests in flight at that instant (0 when idle): the requests drawn
+one by one whose run crosses the scrape, plus, for busy intervals, a Poisson draw of those in flight.
+
+Speed: an interval with few requests of a class draws each request exactly. A busy interval (more than
+EXACT_MAX requests of a class) draws the interval's mean scale from its normal approximation and applies a
+linearised, Monte Carlo calibrated p_j(s) (mean and slope over the Beta), so 30 days at 2 req/s take a
+second or two.
 
 Traffic is Poisson with an optional daily swing; drops scale every α_j so that the mean acceptance ratio
 falls by the requested fraction; a model change renames the model and restarts the counters from zero.
@@ -36,7 +47,7 @@ PROFILES: dict[str, tuple[float, ...]] = {
 BETA_MEAN = 0.7  # m: the mean of u; s = u / m has mean 1
 MAX_ALPHA = 0.98
 LENGTH_SIGMA = 0.5  # log-normal sigma of output lengths
-EXACT_MAX = 2  # intervals with at most this many requests are drawn request by request
+EXACT_MAX = 8  # intervals with at most this many requests (of a class) are drawn request by request
 _MC_DRAWS = 2048
 DAY = 86400.0
 
@@ -69,6 +80,10 @@ class TraceSpec:
     diurnal: float = 0.3  # relative amplitude of the daily traffic swing
     step_seconds: float = 0.02  # one verify step: a request runs steps x this long (and the running gauge)
     straddle: bool = True  # a request's steps fall into every scrape interval its run overlaps
+    mix_share: float = 0.0  # daily mean share of the second request class (0: one class)
+    mix_swing: float = 0.0  # amplitude of its daily swing
+    mix_scale: float = 0.85  # the second class's α_j relative to the first's
+    mix_phase: float = 1.0  # radians: the mix peaks at another time of day than the traffic
     drops: tuple[Drop, ...] = ()
     changes: tuple[ModelChange, ...] = ()
     seed: int = 0
@@ -77,6 +92,20 @@ class TraceSpec:
         if self.k < 1 or self.rate < 0 or self.interval <= 0 or self.duration <= 0 or self.kappa <= 0:
             raise ValueError("need k >= 1, rate >= 0, interval > 0, duration > 0 and kappa > 0")
         conditional_alphas(self.profile, self.k)  # raises on an unknown profile
+        if not 0.0 <= self.mix_share - abs(self.mix_swing) <= self.mix_share + abs(self.mix_swing) <= 1.0:
+            raise ValueError("need 0 <= mix_share ± mix_swing <= 1")
+
+    def mix_at(self, t: float) -> float:
+        """Share of the second request class at t seconds from the start."""
+        return self.mix_share + self.mix_swing * math.sin(2 * math.pi * t / DAY + self.mix_phase)
+
+    def drop_factor(self, t: float) -> float:
+        """The factor on every α_j at t (the product of the drops ongoing then)."""
+        scale = 1.0
+        for d in self.drops:
+            if d.start <= t and (d.end is None or t < d.end):
+                scale *= drop_scale(self.profile, self.k, self.kappa, d.ratio)
+        return scale
 
 
 @dataclass(frozen=True)
@@ -206,40 +235,44 @@ def generate(spec: TraceSpec) -> Iterator[TraceSample]:
             model = changes.pop(0).model_name
             counters = _Counters(per_pos=[0] * k)  # the engine restarted with the new model
             pending.clear()  # and its running requests died with it
-        scale = 1.0
-        for d in spec.drops:
-            if d.start <= t and (d.end is None or t < d.end):
-                scale *= drop_scale(spec.profile, k, spec.kappa, d.ratio)
-        acc = _acceptance(spec.profile, k, spec.kappa, round(scale, 6))
+        scale = spec.drop_factor(t)
         rate = spec.rate * (1.0 + spec.diurnal * math.sin(2 * math.pi * t / DAY))
         n = rng.poisson(rate * spec.interval)
-        steps_total, reach = 0, [0] * k
+        second = rng.binomial(n, spec.mix_at(t)) if spec.mix_share > 0 else 0
+        steps_total, reach, in_flight = 0, [0] * k, 0
         for steps, p in (pending.popleft() if pending else ()):
             _chain(rng, steps, p, reach)
             steps_total += steps
-        if 0 < n <= EXACT_MAX:
-            for _ in range(n):
-                p, steps = _draw_request(rng, acc, spec.kappa, mu, sigma)
-                if spec.straddle:
-                    steps = _spread(rng, steps, p, spec, pending)
+        for count, class_scale in ((n - second, 1.0), (second, spec.mix_scale)):
+            if count <= 0:
+                continue
+            acc = _acceptance(spec.profile, k, spec.kappa, round(scale * class_scale, 6))
+            if count <= EXACT_MAX:
+                for _ in range(count):
+                    p, steps = _draw_request(rng, acc, spec.kappa, mu, sigma)
+                    if spec.straddle:
+                        steps = _spread(rng, steps, p, spec, pending)
+                    _chain(rng, steps, p, reach)
+                    steps_total += steps
+            else:
+                # token-weighted mean of the scales: lengths are unequal, so its variance is e^σ² / n, not 1 / n
+                s_bar = 1.0 + acc.scale_sd * math.sqrt(math.exp(sigma * sigma) / count) * gauss(0.0, 1.0)
+                p = [min(1.0, max(0.0, m + g * (s_bar - 1.0))) for m, g in zip(acc.mean_p, acc.slope_p)]
+                for j in range(1, k):
+                    p[j] = min(p[j], p[j - 1])
+                tokens = max(8.0 * count, count * spec.mean_tokens + math.sqrt(count) * len_sd * gauss(0.0, 1.0))
+                steps = max(count, round(tokens * acc.steps_per_token))
                 _chain(rng, steps, p, reach)
                 steps_total += steps
-        elif n > EXACT_MAX:
-            # token-weighted mean of n scales: lengths are unequal, so its variance is e^σ² / n, not 1 / n
-            s_bar = 1.0 + acc.scale_sd * math.sqrt(math.exp(sigma * sigma) / n) * gauss(0.0, 1.0)
-            p = [min(1.0, max(0.0, m + g * (s_bar - 1.0))) for m, g in zip(acc.mean_p, acc.slope_p)]
-            for j in range(1, k):
-                p[j] = min(p[j], p[j - 1])
-            tokens = max(8.0 * n, n * spec.mean_tokens + math.sqrt(n) * len_sd * gauss(0.0, 1.0))
-            steps_total = max(n, round(tokens * acc.steps_per_token))
-            _chain(rng, steps_total, p, reach)
+                # these requests are not followed one by one: those in flight at the scrape, by Little's law
+                in_flight += rng.poisson(count / spec.interval * spec.mean_tokens * acc.steps_per_token
+                                         * spec.step_seconds)
         counters.drafts += steps_total
         counters.draft_tokens += steps_total * k
         counters.accepted += sum(reach)
         for j in range(k):
             counters.per_pos[j] += reach[j]
-        mean_steps = spec.mean_tokens * acc.steps_per_token
-        running = rng.poisson(rate * mean_steps * spec.step_seconds)
+        running = in_flight + (len(pending[0]) if pending else 0)  # requests with steps after this scrape
         yield TraceSample(ts=spec.start + t, route=spec.route, model_name=model, drafts=counters.drafts,
                           draft_tokens=counters.draft_tokens, accepted_tokens=counters.accepted,
                           accepted_per_pos=tuple(counters.per_pos), running=running)
@@ -272,10 +305,9 @@ def request_stream(spec: TraceSpec) -> Iterator[RequestDraw]:
             return
         if rng.rng.random() * peak > spec.rate * (1.0 + spec.diurnal * math.sin(2 * math.pi * t / DAY)):
             continue
-        scale = 1.0
-        for d in spec.drops:
-            if d.start <= t and (d.end is None or t < d.end):
-                scale *= drop_scale(spec.profile, spec.k, spec.kappa, d.ratio)
+        scale = spec.drop_factor(t)
+        if spec.mix_share > 0 and rng.rng.random() < spec.mix_at(t):
+            scale *= spec.mix_scale
         acc = _acceptance(spec.profile, spec.k, spec.kappa, round(scale, 6))
         reach = [0] * spec.k
         p, steps = _draw_request(rng, acc, spec.kappa, mu, sigma)

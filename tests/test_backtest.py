@@ -46,6 +46,10 @@ def _openmetrics(samples, route: str) -> str:
                           ("specwatch_route_accepted_tokens", "accepted_tokens")):
         out.append(f"# TYPE {family} counter")
         out += [f'{family}_total{{route="{route}"}} {getattr(s, field):.0f} {s.ts:.0f}' for s in samples]
+    for family, value in (("specwatch_route_running_requests", lambda s: s.running),
+                          ("specwatch_route_waiting_requests", lambda s: 0)):
+        out.append(f"# TYPE {family} gauge")
+        out += [f'{family}{{route="{route}"}} {value(s):.0f} {s.ts:.0f}' for s in samples]
     out.append("# TYPE specwatch_route_info gauge")
     out += [f'specwatch_route_info{{route="{route}",model_name="{s.model_name}"}} 1 {s.ts:.0f}' for s in samples]
     return "\n".join(out) + "\n# EOF\n"

@@ -1,7 +1,9 @@
-"""The oracle of scripts/bench_detection_bound.py: its variance model and its CUSUM."""
+"""The exact per-request bound of scripts/bench_detection_bound.py: its requests, its likelihood ratio, its CUSUM."""
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
 
 import pytest
@@ -9,39 +11,62 @@ from load_script import load_script
 
 from specwatch.tracegen import DAY, Drop, TraceSpec, request_stream
 
+np = pytest.importorskip("numpy")  # the bound needs numpy (the `bench` extra; matplotlib brings it too)
+
 
 def _bound():
     return load_script("bench_detection_bound")
 
 
-def test_fitted_variance_predicts_short_and_long_requests() -> None:
+def test_vectorised_requests_follow_the_request_stream_model() -> None:
     bound = _bound()
-    draws = list(request_stream(TraceSpec(rate=0.2, duration=2 * DAY, seed=21)))
-    model = bound.RequestModel.fit(draws)
-    assert model.a > 0 and model.b > 0  # heterogeneity and within-request noise are both there
-    for low, high in ((0, 300), (600, 10**6)):
-        group = [d for d in draws if low <= d.drafted < high]
-        observed = sum((d.accepted / d.drafted - model.r0) ** 2 for d in group) / len(group)
-        predicted = sum(model.variance(d.drafted) for d in group) / len(group)
-        assert observed == pytest.approx(predicted, rel=0.25)
+    spec = TraceSpec(rate=0.2, duration=2 * DAY, seed=21, **bound.MIX)
+    t, share, hist = bound.draw_requests(spec, np.random.default_rng(1))
+    k = spec.k
+    ours = (hist * np.arange(k + 1)).sum() / (hist.sum() * k)
+    theirs = list(request_stream(spec))
+    reference = sum(d.accepted for d in theirs) / sum(d.drafted for d in theirs)
+    assert ours == pytest.approx(reference, rel=0.02)
+    assert len(t) == pytest.approx(len(theirs), rel=0.03)  # the same arrivals with the daily swing
+    assert 0.1 - 1e-9 <= share.min() and share.max() <= 0.5 + 1e-9
 
 
-def test_oracle_cusum_climbs_only_during_a_drop() -> None:
+def test_likelihood_ratio_is_exact_under_the_zone_edge() -> None:
+    """Under the hypothesis it is the ratio against (a 5% drift), E[e^ℓ] = 1: Wald's identity, which a wrong
+    integral over the Beta spread breaks (one request then looks like strong evidence)."""
     bound = _bound()
-    model = bound.RequestModel.fit(list(request_stream(TraceSpec(rate=0.2, duration=DAY, seed=22))))
-    spec = TraceSpec(rate=0.2, duration=4 * 3600.0, seed=23, drops=(Drop(start=2 * 3600.0, ratio=0.20),))
-    path = list(bound.cusum_path(request_stream(spec), model, (0.95, 0.85)))
-    before = max(s for t, s in path if t < 2 * 3600.0)
-    during = max(s for t, s in path if t >= 2 * 3600.0)
-    assert before < 8 < during  # ~1,400 requests of a 20% drop are overwhelming evidence
+    model = bound.Model(TraceSpec(rate=1 / 60, kappa=12.0, **bound.MIX), 0.2)
+    llr = bound.Llr(model)
+    rng = np.random.default_rng(3)
+    means = {}
+    for drop in (0.0, 0.05, 0.2):
+        spec = bound._route_spec(model, duration=20 * DAY, drops=((Drop(start=0.0, ratio=drop),) if drop else ()))
+        _, share, hist = bound.draw_requests(spec, rng)
+        values = llr(share, hist)
+        means[drop] = values.mean()
+        if drop == 0.05:
+            assert np.exp(values).mean() == pytest.approx(1.0, abs=0.05)
+    assert means[0.0] < means[0.05] < 0 < means[0.2]
 
 
-def test_quick_run_writes_its_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_vectorised_cusum_is_the_recursion() -> None:
+    bound = _bound()
+    rng = random.Random(4)
+    values = [rng.gauss(-0.1, 1.0) for _ in range(2000)]
+    s, loop = 0.0, []
+    for v in values:
+        s = max(0.0, s + v)
+        loop.append(s)
+    assert bound.cusum(np.array(values)) == pytest.approx(loop, abs=1e-9)
+
+
+def test_quick_run_writes_its_section_and_json(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# B\n\n## Detection limit (oracle)\nold\n\n## Next\nkept\n", encoding="utf-8")
+    out = tmp_path / "bound.json"
     bound = _bound()
-    bound.QUANTILES = (0.5,)
-    assert bound.main(["--samples", "1", "--drops", "4", "--fit-days", "10", "--write", str(doc)]) == 0
+    assert bound.main(["--tier", "1 req/min", "--kappa", "30", "--sets", "1", "--drops", "2", "--write", str(doc),
+                       "--json", str(out)]) == 0
     text = doc.read_text(encoding="utf-8")
-    assert "old" not in text and "## Next\nkept" in text
-    assert text.count("| 0.95, 0.85 | 50% of the sets |") == 1 and "| 0.95, 0.8 | 50% of the sets |" in text
+    assert "old" not in text and "## Next\nkept" in text and "| 1 req/min | 30 | 90% of the sets |" in text
+    assert set(json.loads(out.read_text())) == {"1 req/min|30"}

@@ -34,12 +34,16 @@ SPECWATCH_QUERIES = {
     "draft_tokens": 'specwatch_route_draft_tokens_total{{route="{route}"}}',
     "accepted_tokens": 'specwatch_route_accepted_tokens_total{{route="{route}"}}',
     "info": 'specwatch_route_info{{route="{route}"}}',
+    # idle scrapes (nothing running or waiting) end the detector's blocks, as in the daemon
+    "running": 'specwatch_route_running_requests{{route="{route}"}} + '
+               'specwatch_route_waiting_requests{{route="{route}"}}',
 }
 VLLM_QUERIES = {
     "drafts": "vllm:spec_decode_num_drafts_total{{{selector}}}",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total{{{selector}}}",
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total{{{selector}}}",
     "per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{selector}}}",
+    "running": "sum(vllm:num_requests_running{{{selector}}}) + sum(vllm:num_requests_waiting{{{selector}}})",
 }
 
 
@@ -163,12 +167,14 @@ def samples(client: PrometheusClient, args: argparse.Namespace) -> Iterator[Trac
     per_pos = [_corrected_sum([s for s in fetched["per_pos"] if s.labels.get("position", "") == p], timestamps)
                for p in positions]
     model_series = fetched["info"] if "info" in fetched else fetched["drafts"]
+    running_series = fetched.get("running", [])
     for ts in timestamps:
         model = next((s.labels.get("model_name", "") for s in model_series if ts in s.points), "")
+        running = next((s.points[ts] for s in running_series if ts in s.points), None)
         yield TraceSample(ts=ts, route=args.route, model_name=model, drafts=counters["drafts"][ts],
                           draft_tokens=counters["draft_tokens"][ts],
                           accepted_tokens=counters["accepted_tokens"][ts],
-                          accepted_per_pos=tuple(p[ts] for p in per_pos))
+                          accepted_per_pos=tuple(p[ts] for p in per_pos), running=running)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
 """The design effect φ of drafted tokens: how much more a ratio varies than a binomial of the same size.
 
-Mean design effect: φ̂ = Σ_t D_t (r_t - r̄)² / ((n - 1) r̄ (1 - r̄)), over n blocks t of D_t drafted tokens
-and ratio r_t (docs/design/detection-research.md §3). Intervals are merged into blocks of at least
-`block_seconds` so that one request spread over two scrapes does not hide its own correlation.
+Mean design effect: φ̂ = Σ_t D_t (r_t - r̄)² / ((n - 1) r̄ (1 - r̄)), over n blocks t of D_t drafted tokens and
+ratio r_t (docs/design/detection-research.md §3). Intervals are merged into blocks that end at an idle scrape
+(nothing running or waiting: every request in the block has finished, none is split between two blocks) or, on a
+route that is never idle, after `block_seconds`, so that one request spread over two scrapes does not hide its own
+correlation. On a quiet route a block is then one request or a few whole ones: the beta-binomial unit.
 
 Dispersion model: φ is not one number. A block of many requests varies like a binomial scaled by φ, but a
 block of one request varies by that request's own acceptance however long it is, so on a quiet route a
@@ -50,14 +52,15 @@ class DispersionEstimator:
     open_accepted: float = 0.0
     block_seconds: float = BLOCK_SECONDS
 
-    def add(self, now: float, accepted: float, drafted: float) -> None:
-        if drafted <= 0:
-            return
-        if self.open_start is None:
-            self.open_start = now
-        self.open_drafted += drafted
-        self.open_accepted += accepted
-        if now - self.open_start >= self.block_seconds:
+    def add(self, now: float, accepted: float, drafted: float, idle: bool = False) -> None:
+        """Add one interval; `idle`: nothing ran or waited at its end, so the open block holds whole requests."""
+        if drafted > 0:
+            if self.open_start is None:
+                self.open_start = now
+            self.open_drafted += drafted
+            self.open_accepted += accepted
+        if self.open_start is not None and self.open_drafted > 0 and (
+                idle or now - self.open_start >= self.block_seconds):
             a, d = self.open_accepted, self.open_drafted
             self.blocks += 1
             self.sum_drafted += d

@@ -13,10 +13,13 @@ Per route and cycle (docs/detection.md has the reasoning and the tuning guide):
    stay those of a busy route), the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
    and the short-window Wilson upper bound is below r_ok (the drop is still going on).
 4. Resolve when the short-window Wilson lower bound is above (1 - 2 drop/3) r0 (0.90 r0); S restarts at 0.
+   A broken drafter (acceptance <= COLLAPSE_RATIO over the confirmation window) pages at once, with or
+   without a baseline (`CollapseCheck`).
 5. Model change (new model, engine version, or k with an engine restart; a k that moves without one is the
    engine's own schedule and changes nothing): the old baseline stays the reference, a Wald SPRT on the
    same likelihood ratio gives a verdict ("regressed" pages like the CUSUM), the new key learns its own
    baseline, adopted after `adopt_after` with a "no_regression" verdict and no page.
+6. Gauge-only sources (SGLang < 0.5.13, vLLM V0) go to `GaugeDrop`, a lower-power detector on the readings.
 
 Cost per cycle: a few float operations; the store writes only on learning events and every persist period.
 """
@@ -34,6 +37,7 @@ from specwatch.detection.cusum import Cusum, LogLikelihoodRatio, Sprt
 from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionModel
 from specwatch.detection.wilson import wilson_bounds
 from specwatch.detectors.base import EvaluatorContext
+from specwatch.detectors.gauge_drop import GAUGE_SOURCES, GaugeDrop
 from specwatch.snapshot import GpuSample, RouteObservation
 from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineLearner, BaselineStore
 
@@ -59,6 +63,12 @@ CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
 BUSY_EFFECTIVE_TOKENS_PER_SECOND = 10.0
 MIN_ADAPTED_THRESHOLD = 7.0
 TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)
+# A broken drafter (reports of 0-2% after a model or port change, vllm#55605): acceptance at or below this over
+# the confirmation window pages with or without a baseline; it clears above COLLAPSE_RESOLVE_RATIO. No working
+# drafter of the shared note's profiles comes near it: their worst requests (κ 10) accept about 10x more.
+COLLAPSE_RATIO = 0.05
+COLLAPSE_RESOLVE_RATIO = 0.10
+CONFIRM_MIN_GAUGE_READINGS = 3  # readings with requests running that a gauge route's collapse needs
 
 
 def adapted_threshold(h: float, effective_tokens_per_second: float | None) -> float:
@@ -129,22 +139,22 @@ class TrafficRate:
 
 
 class OpenBlock:
-    """Intervals merged into blocks of at least `seconds` (the same blocks the dispersion model is fitted on)."""
+    """Intervals merged into blocks that end at an idle scrape or after `seconds` (the same blocks the dispersion
+    model is fitted on, detection/overdispersion.py)."""
 
     def __init__(self, seconds: float = BLOCK_SECONDS) -> None:
         self.seconds = seconds
         self.start: float | None = None
         self.accepted = self.drafted = 0.0
 
-    def add(self, now: float, accepted: float, drafted: float) -> tuple[float, float, float] | None:
+    def add(self, now: float, accepted: float, drafted: float, idle: bool = False) -> tuple[float, float, float] | None:
         """Add an interval; return (start, accepted, drafted) of the block it closed, if any."""
-        if drafted <= 0:
-            return None
-        if self.start is None:
-            self.start = now
-        self.accepted += accepted
-        self.drafted += drafted
-        if now - self.start < self.seconds:
+        if drafted > 0:
+            if self.start is None:
+                self.start = now
+            self.accepted += accepted
+            self.drafted += drafted
+        if self.start is None or self.drafted <= 0 or (not idle and now - self.start < self.seconds):
             return None
         closed = (self.start, self.accepted, self.drafted)
         self.clear()
@@ -191,6 +201,48 @@ class ShortWindow:
         return self.accepted / self.drafted if self.drafted > 0 else None
 
 
+class CollapseCheck:
+    """Has the drafter broken (acceptance <= COLLAPSE_RATIO)? Needs no baseline, so it pages from the first window.
+
+    Counters: the confirmation window stretched back to `min_tokens` drafted tokens. Gauges: the readings of the
+    confirmation window taken with requests running, at least CONFIRM_MIN_GAUGE_READINGS of them.
+    """
+
+    def __init__(self, seconds: float, min_tokens: float) -> None:
+        self.seconds = seconds
+        self.window = ShortWindow(seconds, min_tokens)
+        self.readings: deque[tuple[float, float, float]] = deque()
+        self.collapsed = False
+
+    def add_counts(self, now: float, accepted: float, drafted: float) -> bool:
+        w = self.window
+        w.add(now, accepted, drafted)
+        if w.drafted > 0 and w.drafted >= w.min_tokens:
+            self._judge(w.accepted / w.drafted)
+        return self.collapsed
+
+    def add_gauge(self, now: float, reading: float | None, weight: float) -> bool:
+        r = self.readings
+        if reading is not None and weight > 0:
+            r.append((now, reading, weight))
+        while r and now - r[0][0] > self.seconds:
+            r.popleft()
+        if len(r) >= CONFIRM_MIN_GAUGE_READINGS:
+            self._judge(sum(x * w for _, x, w in r) / sum(w for _, _, w in r))
+        return self.collapsed
+
+    def _judge(self, ratio: float) -> None:
+        if not self.collapsed and ratio <= COLLAPSE_RATIO:
+            self.collapsed = True
+        elif self.collapsed and ratio > COLLAPSE_RESOLVE_RATIO:
+            self.collapsed = False
+
+    def clear(self) -> None:
+        self.window.clear()
+        self.readings.clear()
+
+
+
 class AcceptanceDropEvaluator:
     """RouteEvaluator for one route (see module docstring). Not thread-safe: the daemon loop owns it."""
 
@@ -213,6 +265,8 @@ class AcceptanceDropEvaluator:
         self.window = ShortWindow(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
         self.traffic = TrafficRate()
         self.block = OpenBlock(self.cfg.block_seconds)
+        self.collapse = CollapseCheck(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
+        self.gauge = GaugeDrop(self.route, self.cfg)
         self._test: _Test | None = None
         self._restore()
         store.register(self.route, self.persisted_state)
@@ -231,7 +285,11 @@ class AcceptanceDropEvaluator:
                 self._model_changed(key, now)
             elif obs.reset:
                 self._count_change(now)  # a restart may have swapped weights under the same name
-            self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos)
+            if obs.acceptance_source in GAUGE_SOURCES:
+                self._observe_gauge(obs)
+            else:
+                self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos,
+                              _idle(obs))
         return self.fields()
 
     def close(self) -> None:
@@ -241,12 +299,15 @@ class AcceptanceDropEvaluator:
         ref = self.reference
         out: dict[str, Any] = {"model_changes_total": float(self.model_changes_total),
                                "last_model_change_timestamp": self.last_model_change}
-        if ref is None or self._test is None:
-            return out
-        current = self.window.ratio()
-        out.update(baseline_ratio=ref.acceptance_ratio, degraded=self.degraded,
-                   cusum_statistic=self.cusum.statistic,
-                   drop_ratio=None if current is None else 1.0 - current / ref.acceptance_ratio)
+        if self.gauge.reference is not None:
+            out.update(self.gauge.fields())
+        elif ref is not None and self._test is not None:
+            current = self.window.ratio()
+            out.update(baseline_ratio=ref.acceptance_ratio, degraded=self.degraded,
+                       cusum_statistic=self.cusum.statistic,
+                       drop_ratio=None if current is None else 1.0 - current / ref.acceptance_ratio)
+        if self.collapse.collapsed:
+            out["degraded"] = True  # a broken drafter pages with or without a baseline
         return out
 
     @property
@@ -254,37 +315,68 @@ class AcceptanceDropEvaluator:
         return self.sprt.verdict if self.sprt is not None else ""
 
     # ------------------------------------------------------------------ the cycle
-    def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float]) -> None:
+    def _observe_gauge(self, obs: RouteObservation) -> None:
+        running = sum(obs.running_per_engine.values()) if obs.running_per_engine else None
+        reading = obs.gauge_acceptance_ratio
+        lifetime = obs.acceptance_source == "lifetime_gauge"
+        if lifetime:  # a since-start ratio says something new only while requests run
+            weight = 1.0 if running is None or running > 0 else 0.0
+        else:  # the tracker gives the reading only with requests running, weighted by them
+            weight = running if running else 1.0
+        was = self.collapse.collapsed
+        if self.collapse.add_gauge(obs.ts, reading, weight if reading is not None else 0.0):
+            if not was:
+                log.warning("route %s: draft acceptance collapsed (gauge %.3f): broken drafter?", self.route,
+                            reading or 0.0)
+            return  # a collapsed drafter teaches nothing about its baseline
+        self.gauge.observe(obs.ts, reading, weight, lifetime)
+
+    def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float],
+                 idle: bool = False) -> None:
         self.window.add(now, accepted, drafted)
         self.traffic.add(now, drafted)
+        was = self.collapse.collapsed
+        if self.collapse.add_counts(now, accepted, drafted):
+            if not was:
+                log.warning("route %s: draft acceptance collapsed to %.3f over %.0f drafted tokens: broken drafter?",
+                            self.route, self.collapse.window.ratio() or 0.0, self.collapse.window.drafted)
+            return  # a collapsed drafter teaches nothing about its baseline, and it already pages
         if drafted <= 0:
+            if idle:  # the requests of the open block have all finished: weigh it now
+                self.learner.add(now, 0.0, 0.0, 0.0, (), idle=True)
+                if self._test is not None:
+                    self._weigh(self.block.add(now, 0.0, 0.0, idle=True), now)
             return
         if self.reference is None:
-            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
             self._maybe_set_first_reference(now)
             return
         if self._test is None:  # a baseline too close to 1 to test a drop against: only learn
-            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
             return
         test = self._test
-        block = self.block.add(now, accepted, drafted)
-        if block is not None:  # evidence is weighed per block, the unit its design effect was fitted on
-            block_start, block_accepted, block_drafted = block
-            llr = test.llr(block_accepted, block_drafted)
-            self.cusum.update(llr, block_drafted, block_start)
-            if self.sprt is not None:
-                self.sprt.update(llr, block_drafted)
+        self._weigh(self.block.add(now, accepted, drafted, idle), now)
         own_key = self.reference.key == self.key
         threshold = self.threshold(now)  # once per cycle: it weighs the traffic rate (two exponentials)
         # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
         # after a model change the new key learns from everything, since that is what `accept` adopts.
         if not own_key or (not self.degraded and self.cusum.statistic < threshold / 2):
-            self.learner.add(now, accepted, drafted, drafts, per_pos)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
         self._decide(now, test, threshold)
         if own_key:
             self._maybe_refine(now)
         else:
             self._maybe_adopt(now)
+
+    def _weigh(self, block: tuple[float, float, float] | None, now: float) -> None:
+        """Evidence is weighed per block, the unit its design effect was fitted on."""
+        if block is None or self._test is None:
+            return
+        block_start, block_accepted, block_drafted = block
+        llr = self._test.llr(block_accepted, block_drafted)
+        self.cusum.update(llr, block_drafted, block_start)
+        if self.sprt is not None:
+            self.sprt.update(llr, block_drafted)
 
     def threshold(self, now: float) -> float:
         """h for this route now: the configured h, lowered on a quiet route (see `adapted_threshold`)."""
@@ -422,6 +514,8 @@ class AcceptanceDropEvaluator:
         self.learner = BaselineLearner()
         self.window.clear()
         self.block.clear()
+        self.collapse.clear()
+        self.gauge.model_changed(now)
         stored = self.store.get(self.route, key) if self.pinned is None else None
         log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-",
                  key.label())
@@ -439,6 +533,8 @@ class AcceptanceDropEvaluator:
         self.cusum.reset()
         self.window.clear()
         self.block.clear()
+        self.collapse = CollapseCheck(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
+        self.gauge.reset()
         self.learner = BaselineLearner()
         if action == "accept" and self.key is not None:
             self._enter_key(self.key)  # the CLI has written the accepted baseline for the current key
@@ -459,6 +555,8 @@ class AcceptanceDropEvaluator:
             "traffic": self.traffic.to_json(),
             "model_changes_total": self.model_changes_total,
             "last_model_change": self.last_model_change,
+            "gauge": self.gauge.to_json(),
+            "collapsed": self.collapse.collapsed,
         }
 
     def _restore(self) -> None:
@@ -477,13 +575,17 @@ class AcceptanceDropEvaluator:
             traffic = TrafficRate()
             if state.get("traffic") is not None:  # absent in state saved before h adapted to traffic
                 traffic.restore(state["traffic"])
+            gauge = GaugeDrop(self.route, self.cfg)
+            if state.get("gauge") is not None:  # absent in state saved before gauge routes were judged
+                gauge.restore(state["gauge"])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             self.store.errors.append(f"route {self.route}: unreadable detector state ({exc!r}); starting afresh")
             log.error("route %s: unreadable detector state (%r); starting afresh", self.route, exc)
             return
         self.key = key
         self.model_changes_total, self.last_model_change, self.change_ts = changes, last_change, change_ts
-        self.learner, self.traffic = learner, traffic
+        self.learner, self.traffic, self.gauge = learner, traffic, gauge
+        self.collapse.collapsed = bool(state.get("collapsed", False))
         if self.pinned is None and ref_key is not None:
             ref = self.store.get(self.route, ref_key)
             if ref is not None:
@@ -492,6 +594,12 @@ class AcceptanceDropEvaluator:
             self.cusum.statistic = min(float(statistic), self.cusum.cap)
             self.cusum.excursion_start, self.cusum.excursion_tokens = start, float(tokens)
             self.sprt, self.degraded = sprt, degraded
+
+
+def _idle(obs: RouteObservation) -> bool:
+    """Nothing running or waiting at this scrape (False when the source does not say)."""
+    running = obs.running_per_engine
+    return bool(running) and sum(running.values()) <= 0 and not obs.waiting_requests
 
 
 def _key_json(key: BaselineKey | None) -> list[Any] | None:

@@ -27,6 +27,8 @@ from specwatch.sources.base import SourceError
 from specwatch.sources.exposition import ExpositionError, Family, parse
 from specwatch.sources.http import HttpFetcher
 from specwatch.sources.name_filter import NameFilter
+from specwatch.sources.sglang_request_log import ENGINE_KIND as REQUEST_LOG_KIND
+from specwatch.sources.sglang_request_log import SGLangRequestLogSource
 
 log = logging.getLogger(__name__)
 
@@ -284,9 +286,12 @@ def _sibling_url(metrics_url: str, path: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def make_source(route: RouteConfig, config: Config) -> HttpEngineSource:
+def make_source(route: RouteConfig, config: Config) -> HttpEngineSource | SGLangRequestLogSource:
     """The daemon's factory: an HTTP source with the configured scrape timeout, body cap and HTTP client
-    settings, sharing its /metrics fetch with every other route on the same URL reached the same way."""
+    settings, sharing its /metrics fetch with every other route on the same URL reached the same way; SGLang's
+    per-request files for engine `sglang_request_log`."""
+    if route.engine == REQUEST_LOG_KIND:
+        return SGLangRequestLogSource(route)
     endpoint = ENDPOINTS.acquire(route.url, config.scrape_timeout_seconds, config.max_body_bytes, route.http)
     fetcher = HttpFetcher(config.scrape_timeout_seconds, config.max_body_bytes, client=route.http)
     return HttpEngineSource(route, fetcher, endpoint)

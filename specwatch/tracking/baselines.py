@@ -111,8 +111,11 @@ class BaselineLearner:
     per_pos: list[float] = field(default_factory=list)
     dispersion: DispersionEstimator = field(default_factory=DispersionEstimator)
 
-    def add(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Iterable[float]) -> None:
+    def add(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Iterable[float],
+            idle: bool = False) -> None:
         if drafted <= 0:
+            if idle:
+                self.dispersion.add(now, 0.0, 0.0, idle=True)  # closes the block of the requests just finished
             return
         if self.start is None:
             self.start = now
@@ -124,7 +127,7 @@ class BaselineLearner:
                 self.per_pos[j] += value
             else:
                 self.per_pos.append(value)
-        self.dispersion.add(now, accepted, drafted)
+        self.dispersion.add(now, accepted, drafted, idle)
 
     def seconds(self, now: float) -> float:
         return 0.0 if self.start is None else now - self.start
