@@ -13,7 +13,7 @@ from typing import Mapping
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
-from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into
+from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into, sum_samples
 
 # Scheduler-side gauges: exposed family -> EngineCounters field.
 SCHEDULER_GAUGES: Mapping[str, str] = {
@@ -89,12 +89,7 @@ def finished_requests(families: Mapping[str, Family], match: Mapping[str, str],
     """Requests the server has finished (server-wide, like the other tokenizer counters); None when absent."""
     fam = families.get(FINISHED_REQUESTS)
     samples = [s for s in fam.matching(match) if s.labels.get(_PRIORITY, "") == ""] if fam is not None else []
-    if not samples:
-        return None
-    total: dict = {}
-    for sample in samples:
-        sum_into(total, "finished", sample)
-    return total["finished"]
+    return sum_samples(samples)
 
 
 def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:

@@ -163,15 +163,20 @@ def finished_requests(families: Mapping[str, Family], match: Mapping[str, str],
     fam = families.get(FINISHED_REQUESTS)
     samples = [s for s in fam.matching(match) if not engines or s.labels.get("engine", "0") in engines] \
         if fam is not None else []
+    return sum_samples(samples)
+
+
+# ----------------------------------------------------------------------- sample arithmetic (SGLang's map uses it too)
+def sum_samples(samples: list[Sample]) -> float | None:
+    """The counter samples' sum (as `sum_into` adds them); None when there are none."""
     if not samples:
         return None
     total: dict = {}
     for sample in samples:
-        sum_into(total, "finished", sample)
-    return total["finished"]
+        sum_into(total, "sum", sample)
+    return total["sum"]
 
 
-# ----------------------------------------------------------------------- sample arithmetic (SGLang's map uses it too)
 def sum_into(fields: dict, name: str, sample: Sample) -> None:
     """Sum the counter samples that land on one field; one unusable sample makes it None (absent beats wrong)."""
     value = counter_value(sample.value)
