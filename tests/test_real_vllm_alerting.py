@@ -136,7 +136,9 @@ def test_3_a_model_bump_is_counted_and_judged(story):
     route = wait_until("a verdict on the new model", lambda: (r := _daemon_routes(story["daemon"])["chat"])
                        .get("degraded") is True and r.get("acceptance_ratio", {}).get("1m") and r,
                        120, story["procs"])
-    assert query(story["prometheus"], 'specwatch_route_info{route="chat", model_name="tiny-v2"}')
+    wait_until("Prometheus to scrape the new model's route info",  # it scrapes every second: the next one
+               lambda: query(story["prometheus"], 'specwatch_route_info{route="chat", model_name="tiny-v2"}'),
+               60, story["procs"])
 
 
 def test_4_a_k_change_is_a_new_baseline_key(story):
