@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from specwatch.probe.responses import VLLM_FIELDS
 from specwatch.testbed.load import run_requests
 
 
@@ -28,7 +29,8 @@ class MeasuredBaseline:
 
 def from_request_metrics(per_request: Iterable[Mapping[str, float]]) -> MeasuredBaseline:
     """Pooled rate and Pearson design effect (>= 1) of requests' `metrics.speculative_decoding` blocks."""
-    pairs = [(float(m["num_draft_tokens"]), float(m["num_accepted_draft_tokens"])) for m in per_request]
+    drafted_field, accepted_field = VLLM_FIELDS["drafted"], VLLM_FIELDS["accepted"]
+    pairs = [(float(m[drafted_field]), float(m[accepted_field])) for m in per_request]
     pairs = [(d, a) for d, a in pairs if d > 0]
     if len(pairs) < 2:
         raise ValueError("need at least two requests that drafted tokens")

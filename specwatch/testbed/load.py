@@ -16,6 +16,8 @@ from typing import Any, Sequence, Union
 
 import requests
 
+from specwatch.probe.responses import VLLM_METRICS_FIELD, VLLM_SPEC_FIELD
+
 Prompt = Union[str, list[int]]  # text, or token ids (the completions API takes either)
 
 PROMPTS: tuple[str, ...] = (
@@ -49,7 +51,7 @@ def complete(base_url: str, model: str, prompt: Prompt, max_tokens: int = 32, ti
         document = response.json()
     except (requests.RequestException, ValueError) as exc:
         return Completion(ok=False, prompt=prompt, error=str(exc))
-    metrics = (document.get("metrics") or {}).get("speculative_decoding")
+    metrics = (document.get(VLLM_METRICS_FIELD) or {}).get(VLLM_SPEC_FIELD)
     return Completion(ok=True, prompt=prompt, completion_tokens=document.get("usage", {}).get("completion_tokens", 0),
                       spec_metrics=metrics)
 
