@@ -6,12 +6,15 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from specwatch.cli import main as cli_main
 from specwatch.crossover.sweep import load_prompts, percentile, run_sweep, SweepSettings
 from specwatch.crossover.sweepfile import load_sweep
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class _Server(ThreadingHTTPServer):
@@ -236,13 +239,47 @@ def test_sweep_recovers_h200_table_crossover_from_simulated_pair(tmp_path):
     assert doc["position_acceptance"][0] == pytest.approx(0.7, abs=0.05)
 
 
+def _fixture_sample(name: str):
+    from specwatch.config import RouteConfig
+    from specwatch.sources.engines import parse_engine_sample
+
+    body = (FIXTURES / name).read_bytes()
+    return parse_engine_sample("auto", body, RouteConfig(name="sweep", url="http://x/"), 0.0)
+
+
+def _truth(name: str) -> dict:
+    return json.loads((FIXTURES / name).with_suffix(".truth.json").read_text())
+
+
+def test_acceptance_from_vllm_counters_summed_over_engines():
+    from specwatch.crossover.sweep import acceptance_between
+
+    before, after = _truth("vllm/v1_k4_2engines.prom"), _truth("vllm/v1_k4_2engines_scrape2.prom")
+
+    def delta(key: str) -> float:
+        return sum(after[e][key] - before[e][key] for e in after)
+
+    got = acceptance_between(_fixture_sample("vllm/v1_k4_2engines.prom"),
+                             _fixture_sample("vllm/v1_k4_2engines_scrape2.prom"))
+    assert got["acceptance_ratio"] == pytest.approx(delta("accepted_tokens") / delta("draft_tokens"))
+    assert got["mean_acceptance_length"] == pytest.approx(1 + delta("accepted_tokens") / delta("drafts"))
+    assert got["draft_length"] == pytest.approx(4)
+    first = sum(after[e]["accepted_per_pos"][0] - before[e]["accepted_per_pos"][0] for e in after)
+    assert got["position_acceptance"][0] == pytest.approx(first / delta("drafts"), abs=1e-4)
+
+
 def test_acceptance_from_sglang_counters():
     from specwatch.crossover.sweep import acceptance_between
 
-    before = {"per_pos": {}, "sglang:spec_verify_calls_total": 100.0, "sglang:generation_tokens_total": 300.0}
-    after = {"per_pos": {}, "sglang:spec_verify_calls_total": 200.0, "sglang:generation_tokens_total": 580.0,
-             "sglang_num_draft_tokens": 5.0}
-    got = acceptance_between(before, after)
-    assert got["mean_acceptance_length"] == pytest.approx(2.8)
-    assert got["draft_length"] == 4 and got["acceptance_ratio"] == pytest.approx(0.45)
-    assert acceptance_between(None, after) == {} and acceptance_between(before, before) == {}
+    before, after = _truth("sglang/0.5.23_dp2.prom"), _truth("sglang/0.5.23_dp2_scrape2.prom")
+
+    def delta(key: str) -> float:
+        return sum(after["tokenizer"][r][key] - before["tokenizer"][r][key] for r in after["tokenizer"])
+
+    first = _fixture_sample("sglang/0.5.23_dp2.prom")
+    got = acceptance_between(first, _fixture_sample("sglang/0.5.23_dp2_scrape2.prom"))
+    tokens_per_step = delta("generation_tokens") / delta("spec_verify_calls")
+    k = after["spec_num_draft_tokens"] - 1
+    assert got["mean_acceptance_length"] == pytest.approx(tokens_per_step)
+    assert got["draft_length"] == k and got["acceptance_ratio"] == pytest.approx((tokens_per_step - 1) / k)
+    assert acceptance_between(None, first) == {} and acceptance_between(first, first) == {}

@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.config import RouteConfig
 from specwatch.crossover.sweepfile import FORMAT, crossover_concurrency
+from specwatch.snapshot import EngineSample
+from specwatch.sources.base import SourceError
+from specwatch.sources.engines import parse_engine_sample
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 FAILED_SHARE_LIMIT = 0.1  # a level with more failed requests than this stops the sweep
@@ -177,56 +180,51 @@ def _chunk_text(event: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- acceptance from /metrics
-def read_spec_counters(session: requests.Session, url: str, timeout: float) -> dict[str, Any] | None:
-    """Summed vLLM spec-decode counters (or SGLang's accept-length gauge); None when unreadable."""
+def read_spec_counters(session: requests.Session, url: str, timeout: float) -> EngineSample | None:
+    """The spec server's counters, read through the daemon's own engine sources; None when unreadable."""
     try:
         resp = session.get(f"{base_url(url)}/metrics", timeout=timeout, headers={"Accept": "text/plain"})
         resp.raise_for_status()
-        families = text_string_to_metric_families(resp.text)
-        out: dict[str, Any] = {"per_pos": {}}
-        for fam in families:
-            for s in fam.samples:
-                name = s.name.replace("vllm_", "vllm:", 1) if s.name.startswith("vllm_") else s.name
-                if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-                    pos = int(s.labels.get("position", "0"))
-                    out["per_pos"][pos] = out["per_pos"].get(pos, 0.0) + s.value
-                elif name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-                              "vllm:spec_decode_num_accepted_tokens_total"):
-                    out[name] = out.get(name, 0.0) + s.value
-                elif name in ("sglang:spec_verify_calls_total", "sglang:generation_tokens_total"):
-                    out[name] = out.get(name, 0.0) + s.value
-                elif name == "sglang:spec_num_draft_tokens" and s.value > 1:
-                    out["sglang_num_draft_tokens"] = s.value  # k + 1 for a chain draft
-        return out
-    except (requests.RequestException, ValueError):
+        return parse_engine_sample("auto", resp.content, RouteConfig(name="sweep", url=url), time.time())
+    except (requests.RequestException, SourceError):
         return None
 
 
-def acceptance_between(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+def acceptance_between(before: EngineSample | None, after: EngineSample | None) -> dict[str, Any]:
+    """Acceptance over a level from two samples of the spec server: vLLM's draft counters, or SGLang's tokens
+    per verify step (its tokenizer counters move as requests finish)."""
     if not before or not after:
         return {}
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("vllm:spec_decode_num_drafts_total",
-                                                             "vllm:spec_decode_num_draft_tokens_total",
-                                                             "vllm:spec_decode_num_accepted_tokens_total")}
-    drafts = d["vllm:spec_decode_num_drafts_total"]
-    if drafts > 0 and d["vllm:spec_decode_num_draft_tokens_total"] > 0:
-        accepted = d["vllm:spec_decode_num_accepted_tokens_total"]
-        positions = [(after["per_pos"].get(p, 0.0) - before["per_pos"].get(p, 0.0)) / drafts
-                     for p in sorted(after["per_pos"])]
-        return {"acceptance_ratio": accepted / d["vllm:spec_decode_num_draft_tokens_total"],
+
+    def delta(field_name: str) -> float:
+        return _total(after, field_name) - _total(before, field_name)
+
+    drafts, draft_tokens, accepted = delta("drafts"), delta("draft_tokens"), delta("accepted_tokens")
+    if drafts > 0 and draft_tokens > 0:
+        per_pos_before, per_pos_after = _per_position(before), _per_position(after)
+        positions = [(per_pos_after[p] - (per_pos_before[p] if p < len(per_pos_before) else 0.0)) / drafts
+                     for p in range(len(per_pos_after))]
+        return {"acceptance_ratio": accepted / draft_tokens,
                 "mean_acceptance_length": 1.0 + accepted / drafts,
-                "draft_length": d["vllm:spec_decode_num_draft_tokens_total"] / drafts,
+                "draft_length": draft_tokens / drafts,
                 "position_acceptance": [round(p, 4) for p in positions]}
-    # SGLang >= 0.5.13: tokens per verify step from tokenizer counters (they move as requests finish).
-    verify = after.get("sglang:spec_verify_calls_total", 0.0) - before.get("sglang:spec_verify_calls_total", 0.0)
-    generated = after.get("sglang:generation_tokens_total", 0.0) - before.get("sglang:generation_tokens_total", 0.0)
+    verify, generated = delta("spec_verify_calls"), delta("generation_tokens")
     if verify > 0 and generated > 0:
-        out = {"mean_acceptance_length": generated / verify}
-        if after.get("sglang_num_draft_tokens"):
-            k = after["sglang_num_draft_tokens"] - 1
+        out: dict[str, Any] = {"mean_acceptance_length": generated / verify}
+        k = after.num_speculative_tokens
+        if k:
             out.update(draft_length=k, acceptance_ratio=(generated / verify - 1) / k)
         return out
     return {}
+
+
+def _total(sample: EngineSample, field_name: str) -> float:
+    return sum(getattr(engine, field_name) or 0.0 for engine in sample.engines)
+
+
+def _per_position(sample: EngineSample) -> list[float]:
+    width = max((len(engine.accepted_per_pos) for engine in sample.engines), default=0)
+    return [sum(e.accepted_per_pos[p] for e in sample.engines if p < len(e.accepted_per_pos)) for p in range(width)]
 
 
 # --------------------------------------------------------------------------- one level
