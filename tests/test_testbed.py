@@ -4,6 +4,10 @@ stamp, CPU support, and the server command line."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +114,41 @@ def test_successor_wrong_sets_are_nested_so_acceptance_falls_with_the_fraction()
     starts = [p[-1] for p in successor.prompts(795, 32)]
     ratios = [successor.expected_ratio(starts, 795, 3, f, 32) for f in (0.0, 0.2, 0.2226, 0.2943)]
     assert ratios[0] == 1.0 and ratios == sorted(ratios, reverse=True)
+
+
+_LAUNCHING_PARENT = """
+import sys, threading, time
+from specwatch.testbed.vllm_server import launch
+children = []
+thread = threading.Thread(target=lambda: children.append(launch(["sleep", "600"])))
+thread.start(); thread.join()  # launched from a thread that is gone before the parent dies
+time.sleep(1.0)
+print(children[0].pid, children[0].poll(), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launched_server_outlives_its_launching_thread_but_not_its_process():
+    parent = subprocess.Popen([sys.executable, "-c", _LAUNCHING_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pid, status = parent.stdout.readline().split()
+        assert status == "None", "the child died with the short-lived thread that started it"
+        os.kill(int(pid), 0)
+        parent.kill()  # no cleanup runs, as when a test runner is killed
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _alive(int(pid)):
+            time.sleep(0.2)
+        assert not _alive(int(pid)), "the child outlived the process that launched it"
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False

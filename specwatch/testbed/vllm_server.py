@@ -13,11 +13,14 @@ Settings that make vLLM fit a 2-core test machine:
 
 from __future__ import annotations
 
+import concurrent.futures
+import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +29,27 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.testbed.engine_env import EngineEnv
+
+# A server dies with the process that started it (PR_SET_PDEATHSIG), even when a killed test runner never
+# reaches its cleanup and the server sits in its own session. The kernel sends the signal when the *thread*
+# that forked the child exits, so every server is forked from one launcher thread that lives as long as the
+# process (a server restarted from a short-lived thread would otherwise be killed with that thread).
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+_launcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-launcher")
+
+
+def _die_with_parent() -> None:
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def launch(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
+    """Popen in a new session, SIGTERMed by the kernel when this process dies."""
+    def popen() -> subprocess.Popen:
+        return subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent, **popen_kwargs)
+
+    return _launcher.submit(popen).result()
 
 START_TIMEOUT_SECONDS = 900.0  # a loaded 2-core machine has been seen to take several minutes
 STOP_TIMEOUT_SECONDS = 30.0
@@ -128,9 +152,8 @@ class VllmServer:
         with self.log_path.open("a") as log:
             log.write(f"\n==== start {self.starts + 1}: {' '.join(self.spec.argv(self.env.python, self.port))}\n")
             log.flush()
-            self.process = subprocess.Popen(self.spec.argv(self.env.python, self.port), stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
-                                            start_new_session=True)
+            self.process = launch(self.spec.argv(self.env.python, self.port), stdout=log,
+                                  stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
         self.starts += 1
         if wait:
             self.wait_healthy(timeout)
