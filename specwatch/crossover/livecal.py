@@ -25,7 +25,7 @@ from specwatch.crossover.model import StepModel
 BINS_PER_DOUBLING = 4  # batch bins: 2^(i/4), so neighbouring bins differ by ~19%
 MAX_BIN_WEIGHT = 5000.0  # observations; older weight is scaled down past this
 MIN_BINS = 3  # fewer cannot separate the efficiencies: the band stays wide
-FIT_PARAMETERS = ("memory", "compute", "verify_attention", "step_overhead_s")
+FIT_PARAMETERS = ("memory", "compute", "verify_attention", "verify_key_s", "layer_overhead_s", "step_overhead_s")
 FIT_TOLERANCE = 5e-3
 REFIT_SECONDS = 60.0
 
