@@ -14,7 +14,8 @@ from typing import Iterable, Mapping, Sequence
 
 from specwatch.crossover import gpus
 from specwatch.crossover.calibrate import ALL_PARAMETERS, StepPoint, fit_models, reference_points
-from specwatch.crossover.model import Draft, Efficiency, ModelShape, StepModel, positions_from_alpha
+from specwatch.crossover.model import (Draft, Efficiency, ModelShape, StepModel, interpolate_crossover,
+                                      positions_from_alpha)
 from specwatch.crossover.reference import ReferenceRun, load_reference
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -103,6 +104,14 @@ def score(table: ShapeTable, efficiency: Efficiency) -> list[CellScore]:
                                    model.crossover(positions_from_alpha(alpha, gamma), table.run.context),
                                    max(table.run.batches)))
     return cells
+
+
+def near_one_range(run: ReferenceRun, gamma: int, alpha: float, band: float = 0.03) -> tuple[float | None, float | None]:
+    """Batches where the measured speedup first falls below 1 + band and below 1 - band (interpolated like
+    B*; None: not within the measured batches). A wide range means B* moves far on a small step-time error."""
+    points = list(run.speedup(gamma, alpha).items())
+    return (interpolate_crossover([(b, s / (1 + band)) for b, s in points]),
+            interpolate_crossover([(b, s / (1 - band)) for b, s in points]))
 
 
 def leave_one_shape_out(tables: Sequence[ShapeTable]) -> dict[str, tuple[Efficiency, float, list[CellScore]]]:
