@@ -106,7 +106,8 @@ def score(table: ShapeTable, efficiency: Efficiency) -> list[CellScore]:
     return cells
 
 
-def near_one_range(run: ReferenceRun, gamma: int, alpha: float, band: float = 0.03) -> tuple[float | None, float | None]:
+def near_one_range(run: ReferenceRun, gamma: int, alpha: float,
+                   band: float = 0.03) -> tuple[float | None, float | None]:
     """Batches where the measured speedup first falls below 1 + band and below 1 - band (interpolated like
     B*; None: not within the measured batches). A wide range means B* moves far on a small step-time error."""
     points = list(run.speedup(gamma, alpha).items())
