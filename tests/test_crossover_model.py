@@ -235,3 +235,37 @@ def test_cli_estimate_positions_and_errors(capsys):
     assert cli_main(["crossover", "estimate", "--gpu", "H200", "--layers", "32"]) == 2
     assert "--hidden-size" in capsys.readouterr().err
     assert cli_main(["crossover", "estimate", "--gpu", "TPU", "--params", "8"]) == 2
+
+
+def test_verify_attention_costs_a_head_dim_64_shape_more_per_kv_byte():
+    """The verify kernel's per-key cost does not shrink with the head: half the bytes, more than half the time."""
+    from dataclasses import replace
+
+    from specwatch.crossover.stepcost import attention_s
+    hardware, eff = gpus.lookup("H200")
+    wide = LLAMA3_8B
+    narrow = replace(LLAMA3_8B, head_dim=64)
+    for q in (3, 5, 8):
+        t_wide = attention_s(128, q, 1024, wide, hardware, eff, hardware.sms)
+        t_narrow = attention_s(128, q, 1024, narrow, hardware, eff, hardware.sms)
+        assert 0.5 * t_wide < t_narrow < t_wide
+
+
+def test_decode_attention_per_kv_byte_grows_with_gqa_ratio():
+    from dataclasses import replace
+
+    from specwatch.crossover.stepcost import attention_s
+    hardware, eff = gpus.lookup("H200")
+    mha = replace(LLAMA3_8B, kv_heads=32)
+    gqa8 = replace(LLAMA3_8B, kv_heads=4)
+    per_kv_head = [attention_s(64, 1, 1024, s, hardware, eff, hardware.sms) / s.kv_heads
+                   for s in (mha, LLAMA3_8B, gqa8)]
+    assert per_kv_head[0] < per_kv_head[1] < per_kv_head[2]
+
+
+def test_near_one_range_brackets_the_measured_crossover(shape_tables):
+    run = shape_tables["llama2-7b"].run
+    high, low = shapes.near_one_range(run, 4, 0.6)
+    assert high is not None and low is not None
+    assert high < run.measured_crossover(4, 0.6) < low
+    assert shapes.near_one_range(run, 2, 0.8) == (None, None)  # speedup above 1.03 at every measured batch
