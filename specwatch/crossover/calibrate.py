@@ -16,10 +16,11 @@ from specwatch.crossover.model import Efficiency, StepModel
 
 # (lower, upper) bounds per parameter; overheads in seconds.
 _BOUNDS = {"memory": (0.2, 1.0), "compute": (0.05, 1.0), "verify_attention": (0.02, 1.0),
-           "step_overhead_s": (0.0, 0.02), "decode_attention": (0.1, 1.0), "layer_overhead_s": (0.0, 0.0005)}
+           "step_overhead_s": (0.0, 0.02), "decode_attention": (0.1, 1.0), "layer_overhead_s": (0.0, 0.0005),
+           "verify_key_s": (0.0, 1e-9), "decode_attention_flop_s": (0.0, 2e-13)}
 # Everything the per-kernel model has: what a table with plain, verify and draft times of several shapes fits.
 ALL_PARAMETERS = ("memory", "compute", "verify_attention", "decode_attention", "layer_overhead_s",
-                  "step_overhead_s")
+                  "step_overhead_s", "verify_key_s", "decode_attention_flop_s")
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,14 @@ def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str,
 
 def fit_models(groups: Sequence[tuple[StepModel, Sequence[StepPoint]]], source: str,
                names: Sequence[str] | None = None, tolerance: float = 1e-4,
-               tie_decode_attention: bool = True) -> tuple[Efficiency, float]:
+               tie_decode_attention: bool = True, tie_verify_attention: bool = False) -> tuple[Efficiency, float]:
     """One efficiency for several (model, points) groups, e.g. several shapes on one GPU.
 
     With `tie_decode_attention` (a fit from scratch) decode attention follows memory unless fitted; without
-    it, it keeps the model's value (a refit of a calibrated GPU).
+    it, it keeps the model's value (a refit of a calibrated GPU). With `tie_verify_attention` the verify
+    kernel streams KV bytes at the decode kernel's rate (the same bytes through the same memory), so only
+    its fixed per-key cost (`verify_key_s`) is fitted: the two cannot be told apart on shapes that share a
+    head dimension.
     """
     points_total = sum(len(points) for _, points in groups)
     if not points_total:
@@ -91,6 +95,8 @@ def fit_models(groups: Sequence[tuple[StepModel, Sequence[StepPoint]]], source: 
             eff = replace(eff, verify_attention=eff.memory)
         if tie_decode_attention and "decode_attention" not in values:
             eff = replace(eff, decode_attention=eff.memory)
+        if tie_verify_attention:
+            eff = replace(eff, verify_attention=eff.decode_attention)
         return eff
 
     def evaluate(values: dict[str, float]) -> float:

@@ -4,8 +4,9 @@ A speculating vLLM engine reports its step period (`vllm:inter_token_latency_sec
 decoding request per step, so Δsum / Δcount over a cycle is the mean step time) beside its running batch.
 Those are *speculative* step times, T_spec(B) = T(B, k+1) + k·T_draft(B), at the batches the route actually
 runs. They are binned by batch; the route's roofline model (`estimate:` config) has its memory, compute,
-verify-attention and per-step-overhead efficiencies re-fitted to the bins; the refitted model predicts the
-plain step time, which the engine never shows while it speculates, and B* is re-solved from it.
+verify-attention efficiencies, the verify kernel's per-key cost and its per-layer and per-step overheads
+re-fitted to the bins; the refitted model predicts the plain step time, which the engine never shows while
+it speculates, and B* is re-solved from it.
 
 The band is a jackknife over batch bins: B* refitted with each bin left out in turn; its lowest and highest
 values bound the estimate. One or two bins cannot separate the efficiencies (the band spans the calibrated
@@ -25,7 +26,7 @@ from specwatch.crossover.model import StepModel
 BINS_PER_DOUBLING = 4  # batch bins: 2^(i/4), so neighbouring bins differ by ~19%
 MAX_BIN_WEIGHT = 5000.0  # observations; older weight is scaled down past this
 MIN_BINS = 3  # fewer cannot separate the efficiencies: the band stays wide
-FIT_PARAMETERS = ("memory", "compute", "verify_attention", "step_overhead_s")
+FIT_PARAMETERS = ("memory", "compute", "verify_attention", "verify_key_s", "layer_overhead_s", "step_overhead_s")
 FIT_TOLERANCE = 5e-3
 REFIT_SECONDS = 60.0
 

@@ -125,7 +125,8 @@ class Efficiency:
 
     memory: weight and decode-KV streaming (q = 1 attention). compute: GEMMs past the ridge.
     verify_attention: KV reads of a multi-token (verify) query, whose kernels are often not the
-    decode-optimized ones. step_overhead_s: launch and framework cost per forward.
+    decode-optimized ones; verify_key_s: that kernel's fixed work per key (`stepcost.attention_s`).
+    step_overhead_s: launch and framework cost per forward.
     """
 
     memory: float = 0.85
@@ -135,6 +136,12 @@ class Efficiency:
     source: str = "default derating (uncalibrated)"
     decode_attention: float = 0.85  # KV streaming of a plain decode step (q = 1)
     layer_overhead_s: float = 0.0  # fixed cost per layer (kernel boundaries)
+    # Seconds of GPU time per (sequence, key, work head) of the verify kernel, besides streaming the key's
+    # bytes: the softmax and rescaling over the kernel's query tile, whose size does not follow head_dim.
+    verify_key_s: float = 0.0
+    # Seconds per FLOP of a decode kernel's dot products (4 x head_dim per key and *query* head): a GQA decode
+    # kernel reads each KV head once but scores it against every query head of its group.
+    decode_attention_flop_s: float = 0.0
     # True: the verify pass reads KV once per query head (attention kernels without GQA packing, e.g. the
     # SDPA kernel of the H200 tables); False: once per KV head, like decode.
     verify_reads_per_query_head: bool = False

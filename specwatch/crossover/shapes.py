@@ -14,7 +14,8 @@ from typing import Iterable, Mapping, Sequence
 
 from specwatch.crossover import gpus
 from specwatch.crossover.calibrate import ALL_PARAMETERS, StepPoint, fit_models, reference_points
-from specwatch.crossover.model import Draft, Efficiency, ModelShape, StepModel, positions_from_alpha
+from specwatch.crossover.model import (Draft, Efficiency, ModelShape, StepModel, interpolate_crossover,
+                                      positions_from_alpha)
 from specwatch.crossover.reference import ReferenceRun, load_reference
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -64,9 +65,13 @@ def table_points(table: ShapeTable) -> list[StepPoint]:
     return reference_points(table.run, qs=(1, 3, 5, 8))
 
 
+# Verify KV bytes stream at the decode rate; the verify kernel's own cost is its per-key term.
+SHAPE_FIT_PARAMETERS = tuple(n for n in ALL_PARAMETERS if n != "verify_attention")
+
+
 def fit(tables: Sequence[ShapeTable], source: str = "fit") -> tuple[Efficiency, float]:
     groups = [(table_model(t, TABLE_EFFICIENCY), table_points(t)) for t in tables]
-    return fit_models(groups, source, ALL_PARAMETERS, tolerance=FIT_TOLERANCE)
+    return fit_models(groups, source, SHAPE_FIT_PARAMETERS, tolerance=FIT_TOLERANCE, tie_verify_attention=True)
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,15 @@ def score(table: ShapeTable, efficiency: Efficiency) -> list[CellScore]:
                                    model.crossover(positions_from_alpha(alpha, gamma), table.run.context),
                                    max(table.run.batches)))
     return cells
+
+
+def near_one_range(run: ReferenceRun, gamma: int, alpha: float,
+                   band: float = 0.03) -> tuple[float | None, float | None]:
+    """Batches where the measured speedup first falls below 1 + band and below 1 - band (interpolated like
+    B*; None: not within the measured batches). A wide range means B* moves far on a small step-time error."""
+    points = list(run.speedup(gamma, alpha).items())
+    return (interpolate_crossover([(b, s / (1 + band)) for b, s in points]),
+            interpolate_crossover([(b, s / (1 - band)) for b, s in points]))
 
 
 def leave_one_shape_out(tables: Sequence[ShapeTable]) -> dict[str, tuple[Efficiency, float, list[CellScore]]]:

@@ -10,9 +10,15 @@ A forward with B sequences, q new tokens each (M = B x q rows) and context L cos
   uniform routing, E x (1 - (1 - k/E)^M) experts are touched, each with M k / touched rows; the compute side
   is tiled per expert. Small batches of an MoE therefore grow their weight traffic with B until every
   expert is touched, which pushes B* far out.
-- **Attention**: plain decode (q = 1) reads each sequence's KV cache once (GQA-aware kernels). A verify pass
+- **Attention**: plain decode (q = 1) reads each sequence's KV cache once (GQA-aware kernels) and scores
+  every key against each query head of its group (4 x head_dim FLOPs per key and query head, at a rate
+  far below the tensor-core peak: a decode tile has only the group's few real rows). A verify pass
   (q > 1) on a kernel that is not decode-optimised reads it once per *query* head, i.e. GQA-ratio times the
   bytes, at its own efficiency; with fewer (sequence, head) blocks than SMs the kernel cannot fill the GPU.
+  Besides its bytes, each key costs the verify kernel a fixed `verify_key_s`: the kernel runs a query tile
+  of 64 rows whatever q (SDPA's memory-efficient kernels for head dim 64 and 128 both use 64-row query
+  tiles), and its per-key softmax, masking and output rescaling over those rows do not shrink with the head
+  dimension. A head-dim-64 shape therefore pays more per KV byte than a head-dim-128 one.
 - **Activations**: elementwise kernels (norms, RoPE, residuals, SiLU, MoE gather/scatter) move the bytes
   `activation_bytes_per_token` counts, per token and layer, at the memory efficiency.
 - **Fixed costs**: a per-layer cost (kernel boundaries) and a per-forward one.
@@ -99,10 +105,12 @@ def attention_s(batch: float, q: int, context: float, shape: "ModelShape", hw: "
     """One layer's attention over the KV cache (context + q positions per sequence)."""
     per_head = batch * (context + q) * shape.head_dim * 2 * KV_BYTES  # K and V of one head
     if q == 1:
-        return per_head * shape.kv_heads / (eff.decode_attention * hw.bandwidth)
+        scores = batch * (context + q) * shape.attention_heads * 4 * shape.head_dim  # QK and PV FLOPs
+        return per_head * shape.kv_heads / (eff.decode_attention * hw.bandwidth) + scores * eff.decode_attention_flop_s
     heads = shape.attention_heads if eff.verify_reads_per_query_head else shape.kv_heads
     fill = min(1.0, batch * heads / sms)  # (sequence, head) work items of the verify kernel vs SMs
-    return per_head * heads / (eff.verify_attention * fill * hw.bandwidth)
+    keys = batch * (context + q) * heads
+    return (per_head * heads / (eff.verify_attention * hw.bandwidth) + keys * eff.verify_key_s) / fill
 
 
 def forward_s(shape: "ModelShape", batch: float, q: int, context: float, hw: "Hardware", eff: "Efficiency",

@@ -129,6 +129,37 @@ def build_successor(target: Path, dest: Path, wrong_fraction: float) -> None:
     AutoTokenizer.from_pretrained(target).save_pretrained(dest)
 
 
+# A successor target whose forward is compute-heavy for a CPU: its zeroed o_proj/down_proj still run their
+# GEMMs, so a step costs what a dense model of this width costs while the mapping stays exact. Its drafter is
+# the same width with one layer. On two cores the verify pass of a few sequences is already compute-bound.
+HEAVY_HIDDEN = 1024
+HEAVY_INTERMEDIATE = 2816
+HEAVY_LAYERS = 4
+
+
+def build_heavy_successor(target: Path, dest: Path, wrong_fraction: float, layers: int) -> None:
+    """A successor model (see `build_successor`) of width HEAVY_HIDDEN and `layers` layers, seeded, with the
+    tokenizer of the tiny target."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    vocab = len(json.loads((target / "tokenizer.json").read_text())["model"]["vocab"])
+    config = LlamaConfig(vocab_size=vocab, hidden_size=HEAVY_HIDDEN, intermediate_size=HEAVY_INTERMEDIATE,
+                         num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                         max_position_embeddings=2048, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+                         torch_dtype="float32")
+    torch.manual_seed(SEED + 11)  # the same embedding for the target and every drafter
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.25 if "embed" in name or "lm_head" in name else 0.08)
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(dest, safe_serialization=True)
+    AutoTokenizer.from_pretrained(target).save_pretrained(dest)
+    build_successor(dest, dest, wrong_fraction)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="build the testbed's tiny target and drafters")
     parser.add_argument("dest", type=Path)
@@ -137,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unrelated", action="store_true", help="also build an unrelated random drafter")
     parser.add_argument("--successor-drafter", type=float, action="append", default=[],
                         help="also build the successor target and a successor drafter with this wrong fraction")
+    parser.add_argument("--heavy-successor-drafter", type=float, action="append", default=[],
+                        help="also build the heavy successor target and a one-layer heavy drafter with this "
+                             "wrong fraction")
     args = parser.parse_args(argv)
 
     target = args.dest / "target"
@@ -169,6 +203,16 @@ def main(argv: list[str] | None = None) -> int:
             if not (dest / "model.safetensors").exists():
                 build_successor(target, dest, fraction)
             built["successor"]["drafters"][f"{fraction:g}"] = str(dest)
+    if args.heavy_successor_drafter:
+        heavy = args.dest / "heavy-successor-target"
+        if not (heavy / "model.safetensors").exists():
+            build_heavy_successor(target, heavy, 0.0, HEAVY_LAYERS)
+        built["heavy_successor"] = {"target": str(heavy), "drafters": {}}
+        for fraction in args.heavy_successor_drafter:
+            dest = args.dest / f"heavy-successor-wrong-{fraction:g}"
+            if not (dest / "model.safetensors").exists():
+                build_heavy_successor(target, dest, fraction, 1)
+            built["heavy_successor"]["drafters"][f"{fraction:g}"] = str(dest)
     json.dump(built, sys.stdout)
     print()
     return 0
