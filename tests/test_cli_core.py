@@ -140,7 +140,7 @@ def write_config(path: Path, *routes: str, interval: str = "1s") -> None:
 
 
 def metric(url: str, name: str) -> float | None:
-    for line in requests.get(url + "/metrics", timeout=5).text.splitlines():
+    for line in requests.get(url + "/metrics", timeout=WAIT_TIMEOUT).text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -172,13 +172,14 @@ def test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "NOTIFY_SOCKET": notify_path}
+    log = (tmp_path / "daemon.log").open("w")  # a file, not a pipe: a full pipe would block the daemon
     proc = subprocess.Popen([sys.executable, "-m", "specwatch", "run", "--config.file", str(config),
                              "--web.listen-address", f"127.0.0.1:{port}"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         messages = [notify.recv(4096).decode()]
         assert messages[0] == "READY=1"  # sent only after the first completed cycle
-        assert requests.get(url + "/-/ready", timeout=5).status_code == 200
+        assert requests.get(url + "/-/ready", timeout=WAIT_TIMEOUT).status_code == 200
         assert metric(url, 'specwatch_route_up{route="chat"}') == 0.0  # nothing listens on port 9
         assert metric(url, "specwatch_config_last_reload_successful") == 1.0
 
@@ -196,7 +197,7 @@ def test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path):
         assert proc.wait(timeout=WAIT_TIMEOUT) == 0
         while "STOPPING=1" not in messages:
             messages.append(notify.recv(4096).decode())
-        output = proc.stdout.read()
+        output = (tmp_path / "daemon.log").read_text()
         assert "reload rejected" in output
         assert "interval: not a duration" in output and "routes: must be a list" in output
         assert "stopped" in output
@@ -204,6 +205,7 @@ def test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
         notify.close()
+        log.close()
 
 
 def test_run_refuses_a_bad_config(tmp_path, caplog):
