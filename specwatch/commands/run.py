@@ -101,7 +101,9 @@ class Service:
         otlp = start_otlp(self.config, daemon, self._export_errors)
 
         while not self._stop:
-            self._wake.wait()
+            # Bounded: the handlers run on this same thread, and with an unbounded wait a SIGHUP was seen to go
+            # unanswered on a loaded box (tests/test_cli_core.py); the flags are looked at every second anyway.
+            self._wake.wait(timeout=1.0)
             self._wake.clear()
             if self._reload and not self._stop:
                 self._reload = False
