@@ -52,6 +52,23 @@ def test_a_broken_prompt_file_lists_every_problem():
     assert "duplicate id 'a'" in text and "prompts[2].id" in text and "prompts[3].prompt" in text
 
 
+def test_a_prompt_may_be_token_ids_and_text_prompts_keep_their_hash(tmp_path):
+    f = tmp_path / "ids.json"
+    f.write_text(json.dumps({"prompts": [{"id": "a", "kind": "ids", "prompt": [3, 4, 5, 6]},
+                                         {"id": "b", "prompt": "[3, 4, 5, 6]"}]}))
+    ps = load_prompt_set(str(f))
+    assert ps.prompts[0].token_ids == (3, 4, 5, 6) and ps.prompts[0].payload == [3, 4, 5, 6]
+    assert ps.prompts[1].payload == "[3, 4, 5, 6]"
+    as_text = parse_prompt_set({"prompts": [{"id": "a", "prompt": "[3, 4, 5, 6]"}]}, "t")
+    as_ids = parse_prompt_set({"prompts": [{"id": "a", "prompt": [3, 4, 5, 6]}]}, "t")
+    assert as_text.hash != as_ids.hash
+    assert load_prompt_set(BUILTIN).hash == "fc0295afac52"  # fingerprints stored before token ids existed still match
+    with pytest.raises(PromptSetError) as e:
+        parse_prompt_set({"prompts": [{"id": "a", "prompt": []}, {"id": "b", "prompt": [1, -2]},
+                                      {"id": "c", "prompt": [1, "x"]}, {"id": "d", "prompt": [True]}]}, "f")
+    assert all(f"prompts[{i}].prompt: a token-id prompt" in str(e.value) for i in range(4))
+
+
 def test_probe_config_is_off_by_default_and_validated_whole(tmp_path):
     cfg = parse_config({"routes": [{"name": "r", "url": "http://h:8000/metrics"}]})
     assert cfg.routes[0].probe is None
@@ -348,6 +365,31 @@ def test_sglang_rounds_read_generate_meta_info_or_sglext(simulator, api, method)
     sim = simulator("sglang")
     rnd = _runner(sim, "sglang", api=api, prompts=8).run_now()
     assert rnd.outcome == "ok" and rnd.method == method and len(rnd.read()) == 8
+
+
+@pytest.mark.parametrize("kind, api, method, field", [("vllm", "auto", "vllm_response", "prompt"),
+                                                       ("sglang", "auto", "sglang_generate", "input_ids"),
+                                                       ("sglang", "openai", "sglang_openai", "prompt")])
+def test_token_id_prompts_are_sent_as_ids(simulator, kind, api, method, field):
+    sim = simulator(kind)
+    sent: list[dict] = []
+
+    class Recording(requests.Session):
+        def post(self, url, json=None, **kw):  # type: ignore[override]
+            sent.append(json)
+            return super().post(url, json=json, **kw)
+
+    cfg = parse_config({"routes": [{"name": "r", "url": sim.url + "/metrics",
+                                    "probe": {"every": "1m", "max_tokens": 24, "api": api}}]})
+    route = cfg.routes[0]
+    ps = parse_prompt_set({"prompts": [{"id": f"p{i}", "prompt": [10 * i + j for j in range(4)]}
+                                       for i in range(4)]}, "ids")
+    runner = ProbeRunner(route, route.probe, ps, engine_kind=lambda: kind, session_factory=Recording)
+    first, again = runner.run_now(), runner.run_now()
+    assert first.outcome == "ok" and first.method == method and len(first.read()) == 4
+    assert first.read() == again.read()
+    assert sorted(body[field] for body in sent[:4]) == [[10 * i + j for j in range(4)] for i in range(4)]
+    assert all("text" not in body for body in sent)
 
 
 def test_bracketing_reads_the_same_acceptance_as_the_per_request_metrics(simulator):

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from engine_counters import engine_values
 from specwatch.config import parse_config
 from specwatch.crossover import gpus
 from specwatch.crossover.hfconfig import load_hf_config
@@ -81,26 +81,6 @@ class RecordingProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def engine_values(body: str) -> dict[str, object]:
-    """The figures specwatch derives, read from a vLLM exposition with prometheus_client's parser."""
-    sums: dict[str, float] = {}
-    positions: dict[int, float] = {}
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            if sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-                position = int(sample.labels["position"])
-                positions[position] = positions.get(position, 0.0) + sample.value
-            elif sample.name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-                                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:num_requests_running",
-                                 "vllm:num_requests_waiting"):
-                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    return {"drafts": sums["vllm:spec_decode_num_drafts_total"],
-            "draft_tokens": sums["vllm:spec_decode_num_draft_tokens_total"],
-            "accepted": sums["vllm:spec_decode_num_accepted_tokens_total"],
-            "per_pos": tuple(positions[p] for p in sorted(positions)),
-            "running": sums["vllm:num_requests_running"], "waiting": sums["vllm:num_requests_waiting"]}
 
 
 SPECS = {

@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from engine_counters import spec_counts
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon
 from specwatch.testbed import successor
@@ -43,16 +43,6 @@ WATCH_AT_LEAST_SECONDS = 120.0
 def predicted(fraction: float, prompts=PROMPTS) -> list[successor.Counts]:
     wrong = successor.wrong_tokens(VOCAB, fraction)
     return [successor.simulate(p[-1], VOCAB, K, wrong, MAX_TOKENS) for p in prompts]
-
-
-def _counters(server: VllmServer) -> successor.Counts:
-    values = {}
-    for family in text_string_to_metric_families(server.get("/metrics")):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return successor.Counts(int(values["vllm:spec_decode_num_drafts_total"]),
-                            int(values["vllm:spec_decode_num_draft_tokens_total"]),
-                            int(values["vllm:spec_decode_num_accepted_tokens_total"]))
 
 
 def test_the_drafters_accept_what_the_design_says():
@@ -91,11 +81,11 @@ def test_the_real_engine_counts_exactly_what_the_successor_design_predicts(two_r
     servers, _ = two_routes
     server = servers["drop20"]
     prompts = PROMPTS[:8]
-    before = _counters(server)
+    before = spec_counts(server.get("/metrics"))
     results = run_requests(server.base_url, "tiny", len(prompts), concurrency=2, max_tokens=MAX_TOKENS,
                            prompts=prompts)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
-    after = _counters(server)
+    after = spec_counts(server.get("/metrics"))
     expected = predicted(SUCCESSOR_DROP_20, prompts)
     for result, counts in zip(results, expected):  # each response's own spec-decode metrics, request by request
         metrics = result.spec_metrics

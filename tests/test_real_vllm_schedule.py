@@ -20,7 +20,8 @@ from specwatch.testbed.load import BackgroundLoad, run_requests
 from specwatch.testbed.models import GOOD_DRAFTER_NOISE
 from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import MIN_ACTIVE_DRAFT_SHARE
-from test_real_vllm import RecordingProxy, engine_values
+from engine_counters import engine_values
+from test_real_vllm import RecordingProxy
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 

@@ -1,7 +1,9 @@
 """Canary probe prompt sets: the built-in one shipped in `specwatch/data/probe_prompts.json`, or a file.
 
 A prompt set is a JSON document `{"prompts": [{"id": ..., "kind": ..., "prompt": ...}, ...]}` (a YAML file
-of the same shape works too). Its hash covers the ids and texts, so a fingerprint learned on one set is never
+of the same shape works too). A `prompt` is a text or a list of token ids, sent as they are (vLLM's completions
+API takes either; SGLang's `/generate` gets ids as `input_ids`): ids pin exactly what the target sees, whatever
+the tokenizer or chat template. Its hash covers the ids and prompts, so a fingerprint learned on one set is never
 compared with rounds of another.
 """
 
@@ -28,7 +30,13 @@ class PromptSetError(ValueError):
 class Prompt:
     id: str
     kind: str
-    text: str
+    text: str = ""  # "" when the prompt is given as token ids
+    token_ids: tuple[int, ...] = ()
+
+    @property
+    def payload(self) -> str | list[int]:
+        """The prompt as the completions API takes it: a string or a list of token ids."""
+        return list(self.token_ids) if self.token_ids else self.text
 
 
 @dataclass(frozen=True)
@@ -38,10 +46,12 @@ class PromptSet:
 
     @property
     def hash(self) -> str:
-        """First 12 hex digits of sha256 over the ids and texts, in order."""
+        """First 12 hex digits of sha256 over the ids and prompts, in order (token ids behind a \\x01 marker,
+        which no text prompt starts with, so text prompts hash as they always have)."""
         digest = hashlib.sha256()
         for p in self.prompts:
-            digest.update(p.id.encode() + b"\0" + p.text.encode() + b"\0")
+            body = b"\x01" + ",".join(map(str, p.token_ids)).encode() if p.token_ids else p.text.encode()
+            digest.update(p.id.encode() + b"\0" + body + b"\0")
         return digest.hexdigest()[:12]
 
 
@@ -81,13 +91,18 @@ def parse_prompt_set(raw: Any, name: str) -> PromptSet:
         if pid in seen:
             problems.append(f"prompts[{i}].id: duplicate id {pid!r}")
         seen.add(pid)
-        if not isinstance(text, str) or not text.strip():
-            problems.append(f"prompts[{i}].prompt: must be a non-empty string")
-            continue
         if not isinstance(kind, str):
             problems.append(f"prompts[{i}].kind: must be a string")
             continue
-        prompts.append(Prompt(pid, kind, text))
+        if isinstance(text, list):
+            if not text or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in text):
+                problems.append(f"prompts[{i}].prompt: a token-id prompt must be a non-empty list of integers >= 0")
+                continue
+            prompts.append(Prompt(pid, kind, token_ids=tuple(text)))
+        elif isinstance(text, str) and text.strip():
+            prompts.append(Prompt(pid, kind, text))
+        else:
+            problems.append(f"prompts[{i}].prompt: must be a non-empty string or a list of token ids")
     if problems:
         raise PromptSetError(f"{name}: " + "; ".join(problems))
     return PromptSet(name, tuple(prompts))

@@ -253,11 +253,13 @@ class ProbeRunner:
                  prompt: Prompt) -> tuple[dict[str, Any], str]:
         base = _base_url(self.route.url)
         if api == "sglang":
-            payload: dict[str, Any] = {"text": prompt.text, "sampling_params": {
-                "temperature": 0, "max_new_tokens": self.probe.max_tokens}}
+            # GenerateReqInput takes token ids as `input_ids` (sglang/srt/managers/io_struct.py)
+            payload: dict[str, Any] = {"input_ids": list(prompt.token_ids)} if prompt.token_ids else \
+                {"text": prompt.text}
+            payload["sampling_params"] = {"temperature": 0, "max_new_tokens": self.probe.max_tokens}
             url, method = base + "/generate", "sglang_generate"
         else:
-            payload = {"model": model, "prompt": prompt.text, "max_tokens": self.probe.max_tokens,
+            payload = {"model": model, "prompt": prompt.payload, "max_tokens": self.probe.max_tokens,
                        "temperature": 0, "stream": False, "n": 1}
             if kind == "sglang":
                 payload[responses.SGLANG_REQUEST_FLAG] = True

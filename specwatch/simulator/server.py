@@ -148,22 +148,30 @@ class _Handler(BaseHTTPRequestHandler):
             engine.cancel(request)  # the client went away: free its slot in the batch
 
     def _generate(self) -> None:
-        """SGLang's native /generate (text in, `meta_info` with the request's spec fields out), non-streaming."""
+        """SGLang's native /generate (text or input_ids in, `meta_info` with the request's spec fields out),
+        non-streaming."""
         sim = self.server.simulation
         body = self._read_json()
         if body is None:
             return None
         if sim.down:
             return self._error(503, "simulated outage: the engine is down", "ServiceUnavailable")
-        text, params = body.get("text"), body.get("sampling_params") or {}
-        if not isinstance(text, str) or not isinstance(params, dict):
-            return self._error(400, "text (a string) and sampling_params (an object) are required", "BadRequestError")
+        text, ids, params = body.get("text"), body.get("input_ids"), body.get("sampling_params") or {}
+        if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids) and text is None:
+            prompt_tokens, seed_text = len(ids), json.dumps(ids)
+        elif isinstance(text, str):
+            prompt_tokens, seed_text = _count_tokens(text), text
+        else:
+            return self._error(400, "text (a string) or input_ids (a list of token ids) is required",
+                               "BadRequestError")
+        if not isinstance(params, dict):
+            return self._error(400, "sampling_params must be an object", "BadRequestError")
         max_tokens = params.get("max_new_tokens", 128)  # SGLang's SamplingParams default
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             return self._error(400, f"max_new_tokens: must be a positive integer, got {max_tokens!r}",
                                "BadRequestError")
         greedy = params.get("temperature", 1.0) == 0
-        engine, request = sim.submit(_count_tokens(text), max_tokens, greedy_seed=_seed(text) if greedy else None)
+        engine, request = sim.submit(prompt_tokens, max_tokens, greedy_seed=_seed(seed_text) if greedy else None)
         try:
             _wait(request)
             self._json(200, {"text": _text(0, request.generated), "output_ids": list(range(request.generated)),
