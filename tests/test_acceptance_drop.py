@@ -400,3 +400,30 @@ def test_shorter_evidence_blocks_give_a_faster_verdict_on_a_busy_route(tmp_path:
                 break
         ev.close()
     assert 60 <= flagged[60.0] <= 65 and 15 <= flagged[15.0] <= 20, flagged
+
+
+@pytest.mark.parametrize("block", [60.0, 15.0])
+def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_learner(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: float) -> None:
+    """15 s scrapes on a never-idle route: a block holds block/15 intervals, timed from the scrape before its
+    first one, and the dispersion learner fits φ on the same blocks the CUSUM weighs."""
+    detection = dataclasses.replace(FAST, block_seconds=block)
+    route = _route(detection, baseline=PinnedBaseline(acceptance_ratio=0.6, overdispersion=2.0))
+    ev = build_evaluator(_ctx(tmp_path, detection), route)
+    weighed: list[tuple[float, float]] = []
+    weigh = ev._weigh
+
+    def record(closed: tuple[float, float, float] | None, now: float) -> None:
+        if closed is not None:
+            weighed.append((closed[0], now))
+        weigh(closed, now)
+
+    monkeypatch.setattr(ev, "_weigh", record)
+    for ts in range(0, 616, 15):  # the scrape at 0 only starts the first interval; the next sets the baseline
+        drafted = 0.0 if ts == 0 else 400.0
+        ev.evaluate(RouteObservation(route="chat", ts=float(ts), up=True, model_name="m", k=4, d_drafts=drafted / 4,
+                                     d_draft_tokens=drafted, d_accepted=0.6 * drafted,
+                                     running_per_engine={"0": 8.0}), ())
+    assert ev.learner.dispersion.blocks == 615 // block  # from the scrape at 0
+    assert weighed == [(15.0 + block * (i - 1), 15.0 + block * i) for i in range(1, round(600 / block) + 1)]
+    ev.close()

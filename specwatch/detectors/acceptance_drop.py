@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.detection.cusum import Cusum, LogLikelihoodRatio, Sprt
-from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionModel
+from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
 from specwatch.detection.wilson import wilson_bounds
 from specwatch.detectors.base import EvaluatorContext
 from specwatch.detectors.gauge_drop import GAUGE_SOURCES, GaugeDrop
@@ -147,11 +147,14 @@ class OpenBlock:
         self.start: float | None = None
         self.accepted = self.drafted = 0.0
 
-    def add(self, now: float, accepted: float, drafted: float, idle: bool = False) -> tuple[float, float, float] | None:
-        """Add an interval; return (start, accepted, drafted) of the block it closed, if any."""
+    def add(self, now: float, accepted: float, drafted: float, idle: bool = False,
+            start: float | None = None) -> tuple[float, float, float] | None:
+        """Add the interval (start, now], `start` being the previous scrape (None: unknown, taken as `now`); return
+        (start, accepted, drafted) of the block it closed, if any. A block spans `seconds` from its first interval's
+        start, so 60 s of 15 s scrapes is four intervals, not five."""
         if drafted > 0:
             if self.start is None:
-                self.start = now
+                self.start = now if start is None else start
             self.accepted += accepted
             self.drafted += drafted
         if self.start is None or self.drafted <= 0 or (not idle and now - self.start < self.seconds):
@@ -255,7 +258,7 @@ class AcceptanceDropEvaluator:
         self.store = store
         self.key: BaselineKey | None = None
         self.reference: Baseline | None = None
-        self.learner = BaselineLearner()  # the current key's traffic
+        self.learner = self._new_learner()  # the current key's traffic
         self.cusum = Cusum(cap=CUSUM_CAP_FACTOR * self.cfg.cusum_threshold)
         self.sprt: Sprt | None = None  # running while a changed model is judged against the old baseline
         self.change_ts: float | None = None
@@ -268,6 +271,7 @@ class AcceptanceDropEvaluator:
         self.collapse = CollapseCheck(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
         self.gauge = GaugeDrop(self.route, self.cfg)
         self._test: _Test | None = None
+        self._last_scrape: float | None = None  # the start of the next interval
         self._restore()
         store.register(self.route, self.persisted_state)
 
@@ -289,7 +293,8 @@ class AcceptanceDropEvaluator:
                 self._observe_gauge(obs)
             else:
                 self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos,
-                              _idle(obs))
+                              _idle(obs), self._last_scrape)
+            self._last_scrape = now
         return self.fields()
 
     def close(self) -> None:
@@ -332,7 +337,8 @@ class AcceptanceDropEvaluator:
         self.gauge.observe(obs.ts, reading, weight, lifetime)
 
     def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float],
-                 idle: bool = False) -> None:
+                 idle: bool = False, start: float | None = None) -> None:
+        """One interval's deltas, (start, now]; `start` is the previous scrape (None: not known)."""
         self.window.add(now, accepted, drafted)
         self.traffic.add(now, drafted)
         was = self.collapse.collapsed
@@ -343,25 +349,25 @@ class AcceptanceDropEvaluator:
             return  # a collapsed drafter teaches nothing about its baseline, and it already pages
         if drafted <= 0:
             if idle:  # the requests of the open block have all finished: weigh it now
-                self.learner.add(now, 0.0, 0.0, 0.0, (), idle=True)
+                self.learner.add(now, 0.0, 0.0, 0.0, (), idle=True, start=start)
                 if self._test is not None:
-                    self._weigh(self.block.add(now, 0.0, 0.0, idle=True), now)
+                    self._weigh(self.block.add(now, 0.0, 0.0, idle=True, start=start), now)
             return
         if self.reference is None:
-            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
             self._maybe_set_first_reference(now)
             return
         if self._test is None:  # a baseline too close to 1 to test a drop against: only learn
-            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
             return
         test = self._test
-        self._weigh(self.block.add(now, accepted, drafted, idle), now)
+        self._weigh(self.block.add(now, accepted, drafted, idle, start), now)
         own_key = self.reference.key == self.key
         threshold = self.threshold(now)  # once per cycle: it weighs the traffic rate (two exponentials)
         # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
         # after a model change the new key learns from everything, since that is what `accept` adopts.
         if not own_key or (not self.degraded and self.cusum.statistic < threshold / 2):
-            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
         self._decide(now, test, threshold)
         if own_key:
             self._maybe_refine(now)
@@ -486,6 +492,10 @@ class AcceptanceDropEvaluator:
             self.cusum.reset()
 
     # ------------------------------------------------------------------ model changes
+    def _new_learner(self) -> BaselineLearner:
+        """A learner whose dispersion blocks are the CUSUM's: the route's `block` length."""
+        return BaselineLearner(dispersion=DispersionEstimator(block_seconds=self.cfg.block_seconds))
+
     def _schedule_driven(self, key: BaselineKey, obs: RouteObservation) -> bool:
         """A draft length that moved without an engine restart, on the same model and version: the engine's
         own schedule (SGLang's adaptive tiers, a k that follows the batch) rather than a new deployment,
@@ -500,7 +510,7 @@ class AcceptanceDropEvaluator:
 
     def _enter_key(self, key: BaselineKey) -> None:
         self.key = key
-        self.learner = BaselineLearner()
+        self.learner = self._new_learner()
         if self.pinned is None:
             stored = self.store.get(self.route, key)
             if stored is not None:
@@ -511,7 +521,7 @@ class AcceptanceDropEvaluator:
         self._count_change(now)
         self.change_ts = now
         self.key = key
-        self.learner = BaselineLearner()
+        self.learner = self._new_learner()
         self.window.clear()
         self.block.clear()
         self.collapse.clear()
@@ -535,7 +545,7 @@ class AcceptanceDropEvaluator:
         self.block.clear()
         self.collapse = CollapseCheck(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
         self.gauge.reset()
-        self.learner = BaselineLearner()
+        self.learner = self._new_learner()
         if action == "accept" and self.key is not None:
             self._enter_key(self.key)  # the CLI has written the accepted baseline for the current key
         # "reset": the CLI deleted the route's baselines; learn again from scratch
@@ -566,7 +576,7 @@ class AcceptanceDropEvaluator:
         try:
             key = _key_from(state["key"])
             ref_key = _key_from(state["reference_key"])
-            learner = BaselineLearner.from_json(state["learner"])
+            learner = BaselineLearner.from_json(state["learner"], self.cfg.block_seconds)
             statistic, start, tokens = state["cusum"]
             sprt = Sprt(float(state["sprt"][0]), float(state["sprt"][1]), str(state["sprt"][2])) \
                 if state["sprt"] else None

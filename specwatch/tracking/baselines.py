@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, cast
 
-from specwatch.detection.overdispersion import DispersionEstimator, DispersionModel
+from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,11 @@ class BaselineLearner:
     dispersion: DispersionEstimator = field(default_factory=DispersionEstimator)
 
     def add(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Iterable[float],
-            idle: bool = False) -> None:
+            idle: bool = False, start: float | None = None) -> None:
+        """One interval (start, now], `start` being the previous scrape (None: not known)."""
         if drafted <= 0:
-            if idle:
-                self.dispersion.add(now, 0.0, 0.0, idle=True)  # closes the block of the requests just finished
+            if idle:  # closes the block of the requests just finished
+                self.dispersion.add(now, 0.0, 0.0, idle=True, start=start)
             return
         if self.start is None:
             self.start = now
@@ -127,7 +128,7 @@ class BaselineLearner:
                 self.per_pos[j] += value
             else:
                 self.per_pos.append(value)
-        self.dispersion.add(now, accepted, drafted, idle)
+        self.dispersion.add(now, accepted, drafted, idle, start)
 
     def seconds(self, now: float) -> float:
         return 0.0 if self.start is None else now - self.start
@@ -154,18 +155,25 @@ class BaselineLearner:
         return {"start": self.start, "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
                 "per_pos": self.per_pos, "dispersion": [d.blocks, d.sum_drafted, d.sum_accepted,
                                                         d.sum_sq_over_drafted, d.sum_drafted_sq,
-                                                        d.sum_accepted_sq, d.sum_cross]}
+                                                        d.sum_accepted_sq, d.sum_cross],
+                "block_seconds": d.block_seconds}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "BaselineLearner":
+    def from_json(cls, raw: Mapping[str, Any], block_seconds: float = BLOCK_SECONDS) -> "BaselineLearner":
+        """`block_seconds`: the route's block length now; dispersion sums saved on other blocks start afresh."""
         # state saved before the dispersion model has 4 sums: the model then falls back to a plain φ̂
         blocks, sum_d, sum_a, sum_sq, *line = raw["dispersion"]
         sum_dd, sum_aa, sum_ad = (float(x) for x in line) if len(line) == 3 else (0.0, 0.0, 0.0)
-        return cls(start=raw["start"], drafts=float(raw["drafts"]), drafted=float(raw["drafted"]),
-                   accepted=float(raw["accepted"]), per_pos=[float(x) for x in raw["per_pos"]],
-                   dispersion=DispersionEstimator(blocks=int(blocks), sum_drafted=float(sum_d),
-                                                  sum_accepted=float(sum_a), sum_sq_over_drafted=float(sum_sq),
-                                                  sum_drafted_sq=sum_dd, sum_accepted_sq=sum_aa, sum_cross=sum_ad))
+        learner = cls(start=raw["start"], drafts=float(raw["drafts"]), drafted=float(raw["drafted"]),
+                      accepted=float(raw["accepted"]), per_pos=[float(x) for x in raw["per_pos"]],
+                      dispersion=DispersionEstimator(blocks=int(blocks), sum_drafted=float(sum_d),
+                                                     sum_accepted=float(sum_a), sum_sq_over_drafted=float(sum_sq),
+                                                     sum_drafted_sq=sum_dd, sum_accepted_sq=sum_aa, sum_cross=sum_ad,
+                                                     block_seconds=block_seconds))
+        # state saved before the block length was recorded was learned on BLOCK_SECONDS blocks
+        if float(raw.get("block_seconds", BLOCK_SECONDS)) != block_seconds:
+            learner.dispersion = DispersionEstimator(block_seconds=block_seconds)
+        return learner
 
 
 # --------------------------------------------------------------------------- the store
