@@ -26,6 +26,7 @@ Cost per cycle: a few float operations; the store writes only on learning events
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -272,6 +273,7 @@ class AcceptanceDropEvaluator:
         self.gauge = GaugeDrop(self.route, self.cfg)
         self._test: _Test | None = None
         self._last_scrape: float | None = None  # the start of the next interval
+        self._relearn_dispersion = False  # the reference's φ was learned on blocks of another length
         self._restore()
         store.register(self.route, self.persisted_state)
 
@@ -370,6 +372,7 @@ class AcceptanceDropEvaluator:
             self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
         self._decide(now, test, threshold)
         if own_key:
+            self._maybe_relearn_dispersion(now)
             self._maybe_refine(now)
         else:
             self._maybe_adopt(now)
@@ -430,7 +433,7 @@ class AcceptanceDropEvaluator:
                 route=self.route, key=key, acceptance_ratio=self.pinned.acceptance_ratio,
                 position_acceptance=self.pinned.position_acceptance, overdispersion=phi,
                 dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
-                source="config", created=now, updated=now), persist=False)
+                dispersion_block_seconds=cfg.block_seconds, source="config", created=now, updated=now), persist=False)
         elif self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
             learned = self._learned(now, "learned", created=None)
             self._set_reference(learned, persist=True)
@@ -445,6 +448,23 @@ class AcceptanceDropEvaluator:
         learner = self.learner
         return learner.seconds(now) >= self.cfg.pin_seconds or (
             learner.drafted >= self.cfg.pin_drafted_tokens and learner.dispersion.blocks >= PIN_MIN_BLOCKS)
+
+    def _maybe_relearn_dispersion(self, now: float) -> None:
+        """A stored baseline whose φ was learned on blocks of another length keeps its r0, and takes the φ of the
+        route's own blocks once the warm-up has learned it (a design effect depends on what a block holds)."""
+        ref, cfg = self.reference, self.cfg
+        if (not self._relearn_dispersion or ref is None
+                or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)):
+            return
+        dispersion = self.learner.dispersion
+        model = dispersion.model()
+        relearned = dataclasses.replace(
+            ref, overdispersion=dispersion.conservative_estimate() or ref.overdispersion,
+            dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
+            dispersion_block_seconds=cfg.block_seconds, updated=now)
+        self._set_reference(relearned, persist=True, keep_evidence=True)
+        log.info("route %s: φ %.1f re-learned on %.0f s blocks (was %.1f on %.0f s)", self.route,
+                 relearned.overdispersion, cfg.block_seconds, ref.overdispersion, ref.dispersion_block_seconds)
 
     def _maybe_refine(self, now: float) -> None:
         ref = self.reference
@@ -474,6 +494,8 @@ class AcceptanceDropEvaluator:
 
     def _set_reference(self, baseline: Baseline, persist: bool, keep_evidence: bool = False) -> None:
         self.reference = baseline
+        self._relearn_dispersion = (baseline.source != "config"
+                                    and baseline.dispersion_block_seconds != self.cfg.block_seconds)
         if persist:
             self.store.put(baseline)
         r0 = baseline.acceptance_ratio * max(0.5, 1.0 - BASELINE_STDERR_DISCOUNT * baseline.relative_stderr())

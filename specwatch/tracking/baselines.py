@@ -35,10 +35,11 @@ COMMAND_POLL_SECONDS = 10.0
 SOURCES = ("learned", "config", "accepted", "adopted")
 
 # Columns added after schema version 1 shipped; a version-1 file gets them on open (ALTER TABLE ... ADD COLUMN).
-_ADDED_COLUMNS = (("dispersion_intercept", "REAL"), ("dispersion_slope", "REAL NOT NULL DEFAULT 0"))
+_ADDED_COLUMNS = (("dispersion_intercept", "REAL"), ("dispersion_slope", "REAL NOT NULL DEFAULT 0"),
+                  ("dispersion_block_seconds", "REAL"))
 _BASELINE_COLUMNS = ("route, model_name, engine_version, k, acceptance_ratio, position_acceptance, "
                      "mean_acceptance_length, overdispersion, drafted_tokens, source, pinned, created, updated, "
-                     "dispersion_intercept, dispersion_slope")
+                     "dispersion_intercept, dispersion_slope, dispersion_block_seconds")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS baselines (
     acceptance_ratio REAL NOT NULL, position_acceptance TEXT NOT NULL, mean_acceptance_length REAL,
     overdispersion REAL NOT NULL, drafted_tokens REAL NOT NULL, source TEXT NOT NULL, pinned INTEGER NOT NULL,
     created REAL NOT NULL, updated REAL NOT NULL, dispersion_intercept REAL, dispersion_slope REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (route, model_name, engine_version, k));
+    dispersion_block_seconds REAL, PRIMARY KEY (route, model_name, engine_version, k));
 CREATE TABLE IF NOT EXISTS route_state (route TEXT PRIMARY KEY, state TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS probe_fingerprints (
     route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
@@ -82,6 +83,8 @@ class Baseline:
     # the design effect as a line in an interval's drafted tokens (detection/overdispersion.py); None: φ̄
     dispersion_intercept: float | None = None
     dispersion_slope: float = 0.0
+    # the block length φ was learned on (`detection.block`); rows stored before it was recorded used BLOCK_SECONDS
+    dispersion_block_seconds: float = BLOCK_SECONDS
     drafted_tokens: float = 0.0  # sample size behind the estimate; 0 for a configured baseline (exact)
     source: str = "learned"
     pinned: bool = True  # False while a learned baseline is still being refined
@@ -147,7 +150,8 @@ class BaselineLearner:
             mean_acceptance_length=1.0 + self.accepted / self.drafts if self.drafts > 0 else None,
             overdispersion=self.dispersion.conservative_estimate() or 1.0,
             dispersion_intercept=model.intercept if model is not None else None,
-            dispersion_slope=model.slope if model is not None else 0.0, drafted_tokens=self.drafted,
+            dispersion_slope=model.slope if model is not None else 0.0,
+            dispersion_block_seconds=self.dispersion.block_seconds, drafted_tokens=self.drafted,
             source=source, pinned=pinned, created=now if created is None else created, updated=now)
 
     def to_json(self) -> dict[str, Any]:
@@ -313,11 +317,11 @@ class BaselineStore:
     def put(self, baseline: Baseline) -> bool:
         b = baseline
         return self._transaction("writing a baseline", lambda c: c.execute(
-            f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (b.route, b.key.model_name, b.key.engine_version, b.key.k, b.acceptance_ratio,
              json.dumps(list(b.position_acceptance)), b.mean_acceptance_length, b.overdispersion,
              b.drafted_tokens, b.source, int(b.pinned), b.created, b.updated, b.dispersion_intercept,
-             b.dispersion_slope)))
+             b.dispersion_slope, b.dispersion_block_seconds)))
 
     def delete(self, route: str, key: BaselineKey) -> bool:
         return self._transaction("deleting a baseline", lambda c: c.execute(
@@ -476,7 +480,7 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
 
 def _row_to_baseline(row: tuple) -> Baseline:
     (route, model, version, k, ratio, positions, length, phi, drafted, source, pinned, created, updated,
-     intercept, slope) = row
+     intercept, slope, block) = row
     try:
         pos = tuple(float(x) for x in json.loads(positions))
     except (ValueError, TypeError):
@@ -484,5 +488,7 @@ def _row_to_baseline(row: tuple) -> Baseline:
     return Baseline(route=route, key=BaselineKey(model, version, int(k)), acceptance_ratio=float(ratio),
                     position_acceptance=pos, mean_acceptance_length=length, overdispersion=float(phi),
                     dispersion_intercept=None if intercept is None else float(intercept),
-                    dispersion_slope=float(slope or 0.0), drafted_tokens=float(drafted), source=source,
-                    pinned=bool(pinned), created=float(created), updated=float(updated))
+                    dispersion_slope=float(slope or 0.0),
+                    dispersion_block_seconds=BLOCK_SECONDS if block is None else float(block),
+                    drafted_tokens=float(drafted), source=source, pinned=bool(pinned), created=float(created),
+                    updated=float(updated))
