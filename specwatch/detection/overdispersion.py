@@ -4,8 +4,9 @@ Mean design effect: φ̂ = Σ_t D_t (r_t - r̄)² / ((n - 1) r̄ (1 - r̄)), ove
 ratio r_t (docs/design/detection-research.md §3). Intervals are merged into blocks that end at an idle scrape
 (nothing running or waiting: every request in the block has finished, none is split between two blocks) or, on a
 route that is never idle, once it spans `block_seconds` from the start of its first interval (the scrape before
-it), so that one request spread over two scrapes does not hide its own
-correlation. On a quiet route a block is then one request or a few whole ones: the beta-binomial unit.
+it), so that one request spread over two scrapes does not hide its own correlation. On a quiet route a block is
+then one request or a few whole ones: the beta-binomial unit. The route's `detection.block` sets `block_seconds`,
+so φ is fitted on the blocks the CUSUM weighs.
 
 Dispersion model: φ is not one number. A block of many requests varies like a binomial scaled by φ, but a
 block of one request varies by that request's own acceptance however long it is, so on a quiet route a

@@ -152,7 +152,7 @@ class OpenBlock:
             start: float | None = None) -> tuple[float, float, float] | None:
         """Add the interval (start, now], `start` being the previous scrape (None: unknown, taken as `now`); return
         (start, accepted, drafted) of the block it closed, if any. A block spans `seconds` from its first interval's
-        start, so 60 s of 15 s scrapes is four intervals, not five."""
+        start: 60 s of 15 s scrapes is four intervals."""
         if drafted > 0:
             if self.start is None:
                 self.start = now if start is None else start
