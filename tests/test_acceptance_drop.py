@@ -23,7 +23,7 @@ from specwatch.detectors.base import EvaluatorContext
 from specwatch.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
 from specwatch.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
-from specwatch.tracking.baselines import BaselineKey, BaselineStore
+from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineStore
 
 
 
@@ -329,8 +329,10 @@ def test_version_one_store_gains_the_dispersion_columns(tmp_path: Path) -> None:
     store = BaselineStore(str(path))
     old = store.get("chat", BaselineKey("m", "", 4))
     assert old is not None and old.dispersion_model() == DispersionModel(30.0, 0.0)  # a plain φ, as before
-    store.put(dataclasses.replace(old, dispersion_intercept=9.0, dispersion_slope=0.04))
-    assert store.get("chat", BaselineKey("m", "", 4)).dispersion_model() == DispersionModel(9.0, 0.04)
+    assert old.dispersion_block_seconds == 60.0  # learned on the 1-minute blocks of its time
+    store.put(dataclasses.replace(old, dispersion_intercept=9.0, dispersion_slope=0.04, dispersion_block_seconds=15.0))
+    again = store.get("chat", BaselineKey("m", "", 4))
+    assert again.dispersion_model() == DispersionModel(9.0, 0.04) and again.dispersion_block_seconds == 15.0
     assert store.errors == []
     store.close()
 
@@ -400,3 +402,53 @@ def test_shorter_evidence_blocks_give_a_faster_verdict_on_a_busy_route(tmp_path:
                 break
         ev.close()
     assert 60 <= flagged[60.0] <= 65 and 15 <= flagged[15.0] <= 20, flagged
+
+
+@pytest.mark.parametrize("block", [60.0, 15.0])
+def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_learner(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: float) -> None:
+    """15 s scrapes on a never-idle route: a block holds block/15 intervals, timed from the scrape before its
+    first one, and the dispersion learner fits φ on the same blocks the CUSUM weighs."""
+    detection = dataclasses.replace(FAST, block_seconds=block)
+    route = _route(detection, baseline=PinnedBaseline(acceptance_ratio=0.6, overdispersion=2.0))
+    ev = build_evaluator(_ctx(tmp_path, detection), route)
+    weighed: list[tuple[float, float]] = []
+    weigh = ev._weigh
+
+    def record(closed: tuple[float, float, float] | None, now: float) -> None:
+        if closed is not None:
+            weighed.append((closed[0], now))
+        weigh(closed, now)
+
+    monkeypatch.setattr(ev, "_weigh", record)
+    for ts in range(0, 616, 15):  # the scrape at 0 only starts the first interval; the next sets the baseline
+        drafted = 0.0 if ts == 0 else 400.0
+        ev.evaluate(RouteObservation(route="chat", ts=float(ts), up=True, model_name="m", k=4, d_drafts=drafted / 4,
+                                     d_draft_tokens=drafted, d_accepted=0.6 * drafted,
+                                     running_per_engine={"0": 8.0}), ())
+    assert ev.learner.dispersion.blocks == 615 // block  # from the scrape at 0
+    assert weighed == [(15.0 + block * (i - 1), 15.0 + block * i) for i in range(1, round(600 / block) + 1)]
+    ev.close()
+
+
+def test_a_stored_baseline_learned_on_other_blocks_keeps_r0_and_relearns_phi(tmp_path: Path) -> None:
+    key = BaselineKey("m", "", 4)
+    store = BaselineStore.in_state_dir(str(tmp_path))
+    store.put(Baseline(route="chat", key=key, acceptance_ratio=0.6, overdispersion=30.0, drafted_tokens=1e6,
+                       dispersion_block_seconds=60.0, source="learned", pinned=True, created=1.0, updated=1.0))
+    store.close()
+    detection = dataclasses.replace(FAST, block_seconds=15.0)
+    ev = build_evaluator(_ctx(tmp_path, detection), _route(detection))
+    rng = random.Random(5)
+    for ts in range(0, 3601, 15):  # 400 drafted tokens per 15 s, acceptance 0.6 with a little spread
+        drafted = 0.0 if ts == 0 else 400.0
+        ev.evaluate(RouteObservation(route="chat", ts=float(ts), up=True, model_name="m", k=4, d_drafts=drafted / 4,
+                                     d_draft_tokens=drafted, d_accepted=round(drafted * rng.uniform(0.55, 0.65)),
+                                     running_per_engine={"0": 8.0}), ())
+        if ts == 900:  # before the warm-up: the stored baseline as it is
+            assert ev.reference.overdispersion == 30.0 and ev.reference.dispersion_block_seconds == 60.0
+    ref = ev.reference
+    assert ref.acceptance_ratio == 0.6 and ref.drafted_tokens == 1e6 and ref.pinned  # r0 is kept
+    assert ref.dispersion_block_seconds == 15.0 and ref.overdispersion != 30.0  # φ of the route's own blocks
+    assert ev.store.get("chat", key) == ref
+    ev.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from specwatch.detection.overdispersion import DispersionEstimator
 from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
 
 KEY = BaselineKey("llama", "0.11.0", 4)
@@ -210,3 +211,18 @@ def test_cli_reset_on_a_stopped_daemon(tmp_path: Path, capsys: pytest.CaptureFix
     store.close()
     assert cli_main(["baseline", "--state-dir", str(tmp_path), "show", "chat"]) == 1
     assert cli_main(["baseline", "--state-dir", str(tmp_path / "nowhere"), "list"]) == 1
+
+
+def test_learner_state_keeps_its_dispersion_only_for_the_same_block_length() -> None:
+    learner = BaselineLearner(dispersion=DispersionEstimator(block_seconds=15.0))
+    for i in range(1, 401):
+        learner.add(i * 15.0, 40.0 + (i % 7), 100.0, 25.0, [20.0, 12.0, 8.0, 5.0], start=(i - 1) * 15.0)
+    assert learner.dispersion.blocks == 400  # every 15 s interval is a whole block
+    same = BaselineLearner.from_json(learner.to_json(), block_seconds=15.0)
+    assert same.dispersion == learner.dispersion
+    other = BaselineLearner.from_json(learner.to_json(), block_seconds=60.0)
+    assert other.dispersion.blocks == 0 and other.dispersion.block_seconds == 60.0  # φ is re-learned on 60 s blocks
+    assert other.drafted == learner.drafted  # the token counts do not depend on the blocks
+    legacy = learner.to_json()
+    del legacy["block_seconds"]  # saved before it was recorded: learned on 60 s blocks
+    assert BaselineLearner.from_json(legacy, block_seconds=60.0).dispersion.blocks == 400

@@ -167,7 +167,7 @@ def _accept(store: BaselineStore, route: str, detection: DetectionConfig) -> int
     key = BaselineKey(str(state["key"][0]), str(state["key"][1]), int(state["key"][2]))
     ref = state.get("reference_key")
     try:
-        learner = BaselineLearner.from_json(state["learner"])
+        learner = BaselineLearner.from_json(state["learner"], detection.block_seconds)
     except (KeyError, TypeError, ValueError) as exc:
         print(f"specwatch baseline: unreadable detector state of {route!r}: {exc!r}", file=sys.stderr)
         return 1

@@ -3,8 +3,10 @@
 Mean design effect: φ̂ = Σ_t D_t (r_t - r̄)² / ((n - 1) r̄ (1 - r̄)), over n blocks t of D_t drafted tokens and
 ratio r_t (docs/design/detection-research.md §3). Intervals are merged into blocks that end at an idle scrape
 (nothing running or waiting: every request in the block has finished, none is split between two blocks) or, on a
-route that is never idle, after `block_seconds`, so that one request spread over two scrapes does not hide its own
-correlation. On a quiet route a block is then one request or a few whole ones: the beta-binomial unit.
+route that is never idle, once it spans `block_seconds` from the start of its first interval (the scrape before
+it), so that one request spread over two scrapes does not hide its own correlation. On a quiet route a block is
+then one request or a few whole ones: the beta-binomial unit. The route's `detection.block` sets `block_seconds`,
+so φ is fitted on the blocks the CUSUM weighs.
 
 Dispersion model: φ is not one number. A block of many requests varies like a binomial scaled by φ, but a
 block of one request varies by that request's own acceptance however long it is, so on a quiet route a
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-BLOCK_SECONDS = 60.0
+BLOCK_SECONDS = 60.0  # the default block length (`detection.block`); baselines stored without one used it
 PHI_MIN, PHI_MAX = 1.0, 1000.0
 
 
@@ -52,11 +54,12 @@ class DispersionEstimator:
     open_accepted: float = 0.0
     block_seconds: float = BLOCK_SECONDS
 
-    def add(self, now: float, accepted: float, drafted: float, idle: bool = False) -> None:
-        """Add one interval; `idle`: nothing ran or waited at its end, so the open block holds whole requests."""
+    def add(self, now: float, accepted: float, drafted: float, idle: bool = False, start: float | None = None) -> None:
+        """Add the interval (start, now]; `start` is the previous scrape (None: unknown, taken as `now`).
+        `idle`: nothing ran or waited at its end, so the open block holds whole requests."""
         if drafted > 0:
             if self.open_start is None:
-                self.open_start = now
+                self.open_start = now if start is None else start
             self.open_drafted += drafted
             self.open_accepted += accepted
         if self.open_start is not None and self.open_drafted > 0 and (

@@ -26,6 +26,7 @@ Cost per cycle: a few float operations; the store writes only on learning events
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -34,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.detection.cusum import Cusum, LogLikelihoodRatio, Sprt
-from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionModel
+from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
 from specwatch.detection.wilson import wilson_bounds
 from specwatch.detectors.base import EvaluatorContext
 from specwatch.detectors.gauge_drop import GAUGE_SOURCES, GaugeDrop
@@ -147,11 +148,14 @@ class OpenBlock:
         self.start: float | None = None
         self.accepted = self.drafted = 0.0
 
-    def add(self, now: float, accepted: float, drafted: float, idle: bool = False) -> tuple[float, float, float] | None:
-        """Add an interval; return (start, accepted, drafted) of the block it closed, if any."""
+    def add(self, now: float, accepted: float, drafted: float, idle: bool = False,
+            start: float | None = None) -> tuple[float, float, float] | None:
+        """Add the interval (start, now], `start` being the previous scrape (None: unknown, taken as `now`); return
+        (start, accepted, drafted) of the block it closed, if any. A block spans `seconds` from its first interval's
+        start: 60 s of 15 s scrapes is four intervals."""
         if drafted > 0:
             if self.start is None:
-                self.start = now
+                self.start = now if start is None else start
             self.accepted += accepted
             self.drafted += drafted
         if self.start is None or self.drafted <= 0 or (not idle and now - self.start < self.seconds):
@@ -255,7 +259,7 @@ class AcceptanceDropEvaluator:
         self.store = store
         self.key: BaselineKey | None = None
         self.reference: Baseline | None = None
-        self.learner = BaselineLearner()  # the current key's traffic
+        self.learner = self._new_learner()  # the current key's traffic
         self.cusum = Cusum(cap=CUSUM_CAP_FACTOR * self.cfg.cusum_threshold)
         self.sprt: Sprt | None = None  # running while a changed model is judged against the old baseline
         self.change_ts: float | None = None
@@ -268,6 +272,8 @@ class AcceptanceDropEvaluator:
         self.collapse = CollapseCheck(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
         self.gauge = GaugeDrop(self.route, self.cfg)
         self._test: _Test | None = None
+        self._last_scrape: float | None = None  # the start of the next interval
+        self._relearn_dispersion = False  # the reference's φ was learned on blocks of another length
         self._restore()
         store.register(self.route, self.persisted_state)
 
@@ -289,7 +295,8 @@ class AcceptanceDropEvaluator:
                 self._observe_gauge(obs)
             else:
                 self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos,
-                              _idle(obs))
+                              _idle(obs), self._last_scrape)
+            self._last_scrape = now
         return self.fields()
 
     def close(self) -> None:
@@ -332,7 +339,8 @@ class AcceptanceDropEvaluator:
         self.gauge.observe(obs.ts, reading, weight, lifetime)
 
     def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float],
-                 idle: bool = False) -> None:
+                 idle: bool = False, start: float | None = None) -> None:
+        """One interval's deltas, (start, now]; `start` is the previous scrape (None: not known)."""
         self.window.add(now, accepted, drafted)
         self.traffic.add(now, drafted)
         was = self.collapse.collapsed
@@ -343,27 +351,28 @@ class AcceptanceDropEvaluator:
             return  # a collapsed drafter teaches nothing about its baseline, and it already pages
         if drafted <= 0:
             if idle:  # the requests of the open block have all finished: weigh it now
-                self.learner.add(now, 0.0, 0.0, 0.0, (), idle=True)
+                self.learner.add(now, 0.0, 0.0, 0.0, (), idle=True, start=start)
                 if self._test is not None:
-                    self._weigh(self.block.add(now, 0.0, 0.0, idle=True), now)
+                    self._weigh(self.block.add(now, 0.0, 0.0, idle=True, start=start), now)
             return
         if self.reference is None:
-            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
             self._maybe_set_first_reference(now)
             return
         if self._test is None:  # a baseline too close to 1 to test a drop against: only learn
-            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
             return
         test = self._test
-        self._weigh(self.block.add(now, accepted, drafted, idle), now)
+        self._weigh(self.block.add(now, accepted, drafted, idle, start), now)
         own_key = self.reference.key == self.key
         threshold = self.threshold(now)  # once per cycle: it weighs the traffic rate (two exponentials)
         # Only traffic with no hint of a drop refines the route's own baseline (no sliding baseline);
         # after a model change the new key learns from everything, since that is what `accept` adopts.
         if not own_key or (not self.degraded and self.cusum.statistic < threshold / 2):
-            self.learner.add(now, accepted, drafted, drafts, per_pos, idle)
+            self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
         self._decide(now, test, threshold)
         if own_key:
+            self._maybe_relearn_dispersion(now)
             self._maybe_refine(now)
         else:
             self._maybe_adopt(now)
@@ -424,7 +433,7 @@ class AcceptanceDropEvaluator:
                 route=self.route, key=key, acceptance_ratio=self.pinned.acceptance_ratio,
                 position_acceptance=self.pinned.position_acceptance, overdispersion=phi,
                 dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
-                source="config", created=now, updated=now), persist=False)
+                dispersion_block_seconds=cfg.block_seconds, source="config", created=now, updated=now), persist=False)
         elif self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
             learned = self._learned(now, "learned", created=None)
             self._set_reference(learned, persist=True)
@@ -439,6 +448,23 @@ class AcceptanceDropEvaluator:
         learner = self.learner
         return learner.seconds(now) >= self.cfg.pin_seconds or (
             learner.drafted >= self.cfg.pin_drafted_tokens and learner.dispersion.blocks >= PIN_MIN_BLOCKS)
+
+    def _maybe_relearn_dispersion(self, now: float) -> None:
+        """A stored baseline whose φ was learned on blocks of another length keeps its r0, and takes the φ of the
+        route's own blocks once the warm-up has learned it (a design effect depends on what a block holds)."""
+        ref, cfg = self.reference, self.cfg
+        if (not self._relearn_dispersion or ref is None
+                or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)):
+            return
+        dispersion = self.learner.dispersion
+        model = dispersion.model()
+        relearned = dataclasses.replace(
+            ref, overdispersion=dispersion.conservative_estimate() or ref.overdispersion,
+            dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
+            dispersion_block_seconds=cfg.block_seconds, updated=now)
+        self._set_reference(relearned, persist=True, keep_evidence=True)
+        log.info("route %s: φ %.1f re-learned on %.0f s blocks (was %.1f on %.0f s)", self.route,
+                 relearned.overdispersion, cfg.block_seconds, ref.overdispersion, ref.dispersion_block_seconds)
 
     def _maybe_refine(self, now: float) -> None:
         ref = self.reference
@@ -468,6 +494,8 @@ class AcceptanceDropEvaluator:
 
     def _set_reference(self, baseline: Baseline, persist: bool, keep_evidence: bool = False) -> None:
         self.reference = baseline
+        self._relearn_dispersion = (baseline.source != "config"
+                                    and baseline.dispersion_block_seconds != self.cfg.block_seconds)
         if persist:
             self.store.put(baseline)
         r0 = baseline.acceptance_ratio * max(0.5, 1.0 - BASELINE_STDERR_DISCOUNT * baseline.relative_stderr())
@@ -486,6 +514,10 @@ class AcceptanceDropEvaluator:
             self.cusum.reset()
 
     # ------------------------------------------------------------------ model changes
+    def _new_learner(self) -> BaselineLearner:
+        """A learner whose dispersion blocks are the CUSUM's: the route's `block` length."""
+        return BaselineLearner(dispersion=DispersionEstimator(block_seconds=self.cfg.block_seconds))
+
     def _schedule_driven(self, key: BaselineKey, obs: RouteObservation) -> bool:
         """A draft length that moved without an engine restart, on the same model and version: the engine's
         own schedule (SGLang's adaptive tiers, a k that follows the batch) rather than a new deployment,
@@ -500,7 +532,7 @@ class AcceptanceDropEvaluator:
 
     def _enter_key(self, key: BaselineKey) -> None:
         self.key = key
-        self.learner = BaselineLearner()
+        self.learner = self._new_learner()
         if self.pinned is None:
             stored = self.store.get(self.route, key)
             if stored is not None:
@@ -511,7 +543,7 @@ class AcceptanceDropEvaluator:
         self._count_change(now)
         self.change_ts = now
         self.key = key
-        self.learner = BaselineLearner()
+        self.learner = self._new_learner()
         self.window.clear()
         self.block.clear()
         self.collapse.clear()
@@ -535,7 +567,7 @@ class AcceptanceDropEvaluator:
         self.block.clear()
         self.collapse = CollapseCheck(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
         self.gauge.reset()
-        self.learner = BaselineLearner()
+        self.learner = self._new_learner()
         if action == "accept" and self.key is not None:
             self._enter_key(self.key)  # the CLI has written the accepted baseline for the current key
         # "reset": the CLI deleted the route's baselines; learn again from scratch
@@ -566,7 +598,7 @@ class AcceptanceDropEvaluator:
         try:
             key = _key_from(state["key"])
             ref_key = _key_from(state["reference_key"])
-            learner = BaselineLearner.from_json(state["learner"])
+            learner = BaselineLearner.from_json(state["learner"], self.cfg.block_seconds)
             statistic, start, tokens = state["cusum"]
             sprt = Sprt(float(state["sprt"][0]), float(state["sprt"][1]), str(state["sprt"][2])) \
                 if state["sprt"] else None

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, cast
 
-from specwatch.detection.overdispersion import DispersionEstimator, DispersionModel
+from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,11 @@ COMMAND_POLL_SECONDS = 10.0
 SOURCES = ("learned", "config", "accepted", "adopted")
 
 # Columns added after schema version 1 shipped; a version-1 file gets them on open (ALTER TABLE ... ADD COLUMN).
-_ADDED_COLUMNS = (("dispersion_intercept", "REAL"), ("dispersion_slope", "REAL NOT NULL DEFAULT 0"))
+_ADDED_COLUMNS = (("dispersion_intercept", "REAL"), ("dispersion_slope", "REAL NOT NULL DEFAULT 0"),
+                  ("dispersion_block_seconds", "REAL"))
 _BASELINE_COLUMNS = ("route, model_name, engine_version, k, acceptance_ratio, position_acceptance, "
                      "mean_acceptance_length, overdispersion, drafted_tokens, source, pinned, created, updated, "
-                     "dispersion_intercept, dispersion_slope")
+                     "dispersion_intercept, dispersion_slope, dispersion_block_seconds")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS baselines (
     acceptance_ratio REAL NOT NULL, position_acceptance TEXT NOT NULL, mean_acceptance_length REAL,
     overdispersion REAL NOT NULL, drafted_tokens REAL NOT NULL, source TEXT NOT NULL, pinned INTEGER NOT NULL,
     created REAL NOT NULL, updated REAL NOT NULL, dispersion_intercept REAL, dispersion_slope REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (route, model_name, engine_version, k));
+    dispersion_block_seconds REAL, PRIMARY KEY (route, model_name, engine_version, k));
 CREATE TABLE IF NOT EXISTS route_state (route TEXT PRIMARY KEY, state TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS probe_fingerprints (
     route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
@@ -82,6 +83,8 @@ class Baseline:
     # the design effect as a line in an interval's drafted tokens (detection/overdispersion.py); None: φ̄
     dispersion_intercept: float | None = None
     dispersion_slope: float = 0.0
+    # the block length φ was learned on (`detection.block`); rows stored before it was recorded used BLOCK_SECONDS
+    dispersion_block_seconds: float = BLOCK_SECONDS
     drafted_tokens: float = 0.0  # sample size behind the estimate; 0 for a configured baseline (exact)
     source: str = "learned"
     pinned: bool = True  # False while a learned baseline is still being refined
@@ -112,10 +115,11 @@ class BaselineLearner:
     dispersion: DispersionEstimator = field(default_factory=DispersionEstimator)
 
     def add(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Iterable[float],
-            idle: bool = False) -> None:
+            idle: bool = False, start: float | None = None) -> None:
+        """One interval (start, now], `start` being the previous scrape (None: not known)."""
         if drafted <= 0:
-            if idle:
-                self.dispersion.add(now, 0.0, 0.0, idle=True)  # closes the block of the requests just finished
+            if idle:  # closes the block of the requests just finished
+                self.dispersion.add(now, 0.0, 0.0, idle=True, start=start)
             return
         if self.start is None:
             self.start = now
@@ -127,7 +131,7 @@ class BaselineLearner:
                 self.per_pos[j] += value
             else:
                 self.per_pos.append(value)
-        self.dispersion.add(now, accepted, drafted, idle)
+        self.dispersion.add(now, accepted, drafted, idle, start)
 
     def seconds(self, now: float) -> float:
         return 0.0 if self.start is None else now - self.start
@@ -146,7 +150,8 @@ class BaselineLearner:
             mean_acceptance_length=1.0 + self.accepted / self.drafts if self.drafts > 0 else None,
             overdispersion=self.dispersion.conservative_estimate() or 1.0,
             dispersion_intercept=model.intercept if model is not None else None,
-            dispersion_slope=model.slope if model is not None else 0.0, drafted_tokens=self.drafted,
+            dispersion_slope=model.slope if model is not None else 0.0,
+            dispersion_block_seconds=self.dispersion.block_seconds, drafted_tokens=self.drafted,
             source=source, pinned=pinned, created=now if created is None else created, updated=now)
 
     def to_json(self) -> dict[str, Any]:
@@ -154,18 +159,25 @@ class BaselineLearner:
         return {"start": self.start, "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
                 "per_pos": self.per_pos, "dispersion": [d.blocks, d.sum_drafted, d.sum_accepted,
                                                         d.sum_sq_over_drafted, d.sum_drafted_sq,
-                                                        d.sum_accepted_sq, d.sum_cross]}
+                                                        d.sum_accepted_sq, d.sum_cross],
+                "block_seconds": d.block_seconds}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "BaselineLearner":
+    def from_json(cls, raw: Mapping[str, Any], block_seconds: float = BLOCK_SECONDS) -> "BaselineLearner":
+        """`block_seconds`: the route's block length now; dispersion sums saved on other blocks start afresh."""
         # state saved before the dispersion model has 4 sums: the model then falls back to a plain φ̂
         blocks, sum_d, sum_a, sum_sq, *line = raw["dispersion"]
         sum_dd, sum_aa, sum_ad = (float(x) for x in line) if len(line) == 3 else (0.0, 0.0, 0.0)
-        return cls(start=raw["start"], drafts=float(raw["drafts"]), drafted=float(raw["drafted"]),
-                   accepted=float(raw["accepted"]), per_pos=[float(x) for x in raw["per_pos"]],
-                   dispersion=DispersionEstimator(blocks=int(blocks), sum_drafted=float(sum_d),
-                                                  sum_accepted=float(sum_a), sum_sq_over_drafted=float(sum_sq),
-                                                  sum_drafted_sq=sum_dd, sum_accepted_sq=sum_aa, sum_cross=sum_ad))
+        learner = cls(start=raw["start"], drafts=float(raw["drafts"]), drafted=float(raw["drafted"]),
+                      accepted=float(raw["accepted"]), per_pos=[float(x) for x in raw["per_pos"]],
+                      dispersion=DispersionEstimator(blocks=int(blocks), sum_drafted=float(sum_d),
+                                                     sum_accepted=float(sum_a), sum_sq_over_drafted=float(sum_sq),
+                                                     sum_drafted_sq=sum_dd, sum_accepted_sq=sum_aa, sum_cross=sum_ad,
+                                                     block_seconds=block_seconds))
+        # state saved before the block length was recorded was learned on BLOCK_SECONDS blocks
+        if float(raw.get("block_seconds", BLOCK_SECONDS)) != block_seconds:
+            learner.dispersion = DispersionEstimator(block_seconds=block_seconds)
+        return learner
 
 
 # --------------------------------------------------------------------------- the store
@@ -305,11 +317,11 @@ class BaselineStore:
     def put(self, baseline: Baseline) -> bool:
         b = baseline
         return self._transaction("writing a baseline", lambda c: c.execute(
-            f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (b.route, b.key.model_name, b.key.engine_version, b.key.k, b.acceptance_ratio,
              json.dumps(list(b.position_acceptance)), b.mean_acceptance_length, b.overdispersion,
              b.drafted_tokens, b.source, int(b.pinned), b.created, b.updated, b.dispersion_intercept,
-             b.dispersion_slope)))
+             b.dispersion_slope, b.dispersion_block_seconds)))
 
     def delete(self, route: str, key: BaselineKey) -> bool:
         return self._transaction("deleting a baseline", lambda c: c.execute(
@@ -468,7 +480,7 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
 
 def _row_to_baseline(row: tuple) -> Baseline:
     (route, model, version, k, ratio, positions, length, phi, drafted, source, pinned, created, updated,
-     intercept, slope) = row
+     intercept, slope, block) = row
     try:
         pos = tuple(float(x) for x in json.loads(positions))
     except (ValueError, TypeError):
@@ -476,5 +488,7 @@ def _row_to_baseline(row: tuple) -> Baseline:
     return Baseline(route=route, key=BaselineKey(model, version, int(k)), acceptance_ratio=float(ratio),
                     position_acceptance=pos, mean_acceptance_length=length, overdispersion=float(phi),
                     dispersion_intercept=None if intercept is None else float(intercept),
-                    dispersion_slope=float(slope or 0.0), drafted_tokens=float(drafted), source=source,
-                    pinned=bool(pinned), created=float(created), updated=float(updated))
+                    dispersion_slope=float(slope or 0.0),
+                    dispersion_block_seconds=BLOCK_SECONDS if block is None else float(block),
+                    drafted_tokens=float(drafted), source=source, pinned=bool(pinned), created=float(created),
+                    updated=float(updated))
