@@ -114,7 +114,7 @@ def estimator_section() -> list[str]:
 
 
 def sweep_section(write_plot: bool) -> list[str]:
-    from specwatch.crossover.sweep import SweepSettings, run_sweep
+    from specwatch.offline.sweep import SweepSettings, run_sweep
     from specwatch.crossover.sweepfile import load_sweep
     from specwatch.simulator.server import RunningSimulator
     from specwatch.simulator.simulation import Simulation, SimulationSpec
@@ -134,7 +134,7 @@ def sweep_section(write_plot: bool) -> list[str]:
         wall = time.perf_counter() - started
         doc = load_sweep(path)
     if write_plot:
-        from specwatch.crossover.plot import plot_sweep
+        from specwatch.offline.plot import plot_sweep
         (ROOT / PLOT).parent.mkdir(parents=True, exist_ok=True)
         plot_sweep(doc, ROOT / PLOT)
     table = run.speedup(4, 0.7)
@@ -169,7 +169,7 @@ def gpm_section() -> list[str]:
     import torch
 
     from specwatch.config import GpuConfig
-    from specwatch.detectors.above_crossover import DRAM_FIELD, TENSOR_FIELD, compute_bound
+    from specwatch.evaluators.above_crossover import DRAM_FIELD, TENSOR_FIELD, compute_bound
     from specwatch.sources.nvml import make_gpu_source
 
     dev = torch.device("cuda:0")

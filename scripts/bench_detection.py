@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specwatch.config import Config
-from specwatch.replay import Replayer
-from specwatch.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
+from specwatch.offline.replay import Replayer
+from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
 
 # name -> (requests per second, detection target in seconds)
 TIERS: dict[str, tuple[float, float]] = {"2 req/s": (2.0, 300.0), "0.2 req/s": (0.2, 900.0),
@@ -270,7 +270,7 @@ def markdown(results: list[tuple[str, float, float, Tally, Tally]], args: argpar
     lines = [
         f"Measured with `{_command(args)}` ({seconds:.0f} s wall, {cpu_seconds:.0f} s CPU in the main process, "
         f"{args.jobs} processes, {platform.machine()}, Python {platform.python_version()}, seed {args.seed}). "
-        f"SIMULATED traces from `specwatch.tracegen` (EAGLE-3 profile, k=4, request heterogeneity κ as shown, "
+        f"SIMULATED traces from `specwatch.offline.tracegen` (EAGLE-3 profile, k=4, request heterogeneity κ as shown, "
         f"300 output tokens per request, ±30% daily traffic swing"
         f"{'' if args.no_mix else ', 30% ± 20% (daily) of requests of a second class at 0.85× α'}, 15 s scrapes, "
         f"20 ms verify steps so that longer requests straddle scrapes, `running` = requests in flight). Per tier and "

@@ -15,7 +15,7 @@ better placed than specwatch in every way:
   route-days (6 clean + 6 5%-drift routes of 5 days, as bench_detection.py builds them): h(q) is the q-quantile
   of the sets' highest statistic, so "zero false pages in q of the sets" is what h(q) keeps.
 
-The requests follow `specwatch.tracegen.request_stream`'s model (vectorised here, same distributions: Poisson
+The requests follow `specwatch.offline.tracegen.request_stream`'s model (vectorised here, same distributions: Poisson
 arrivals with the ±30% daily swing, log-normal lengths, prefix acceptance, the request mix). A CUSUM is
 S_n = C_n - min(0, min_{m<=n} C_m) for the cumulative log-likelihood ratio C, so whole routes run as arrays.
 Drops are placed as in bench_detection.py (20 h + U(0, 4 h) into the trace, 20%, 4 h long).
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specwatch.tracegen import BETA_MEAN, DAY, LENGTH_SIGMA, MAX_ALPHA, Drop, TraceSpec, conditional_alphas, drop_scale
+from specwatch.offline.tracegen import BETA_MEAN, DAY, LENGTH_SIGMA, MAX_ALPHA, Drop, TraceSpec, conditional_alphas, drop_scale
 
 TIERS: dict[str, tuple[float, float]] = {"2 req/s": (2.0, 300.0), "0.2 req/s": (0.2, 900.0),
                                           "1 req/min": (1 / 60, 5400.0)}

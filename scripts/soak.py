@@ -9,7 +9,7 @@ Two modes, both printing one line per report period and a JSON verdict at the en
                --duration.
                `--sources trace` feeds the routes from in-process traces instead (no engine scraping).
                    .venv/bin/python scripts/soak.py live --routes 64 --interval 1 --duration 900
-  accelerated  Fake clock. The same daemon ticks through --duration of trace time (specwatch.tracegen, the
+  accelerated  Fake clock. The same daemon ticks through --duration of trace time (specwatch.offline.tracegen, the
                replay traces) as fast as it can, rendering /metrics as served to Prometheus every 15 trace seconds.
                    .venv/bin/python scripts/soak.py accelerated --routes 64 --interval 5 --duration 86400
 
@@ -269,7 +269,7 @@ def start_engine_farm(routes: int, per_scrape_seconds: float = 0.0,
 
 # ----------------------------------------------------------------------------------------- trace sources
 class TraceSource:
-    """An engine source replaying one `specwatch.tracegen` trace: one sample per call."""
+    """An engine source replaying one `specwatch.offline.tracegen` trace: one sample per call."""
 
     def __init__(self, samples: Iterator[Any]) -> None:
         self.samples = samples
@@ -287,7 +287,7 @@ class TraceSource:
 
 
 def trace_source_factory(start: float, interval: float, duration: float) -> Callable[[Any, Any], TraceSource]:
-    from specwatch.tracegen import TraceSpec, generate
+    from specwatch.offline.tracegen import TraceSpec, generate
 
     def factory(route_cfg: Any, config: Any) -> TraceSource:
         seed = int(route_cfg.name[1:])

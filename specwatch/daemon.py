@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from specwatch.config import Config, GpuConfig, RouteConfig
-from specwatch.detectors.base import EvaluatorContext, ExcludesTokens, RouteEvaluator
-from specwatch.detectors.registry import build_route_evaluators
+from specwatch.evaluators.base import EvaluatorContext, ExcludesTokens, RouteEvaluator
+from specwatch.evaluators.registry import build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapePool
 from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
 from specwatch.sources import engines, nvml

@@ -1,4 +1,4 @@
-"""Immutable value types that flow one way: sources -> tracking -> detectors/crossover -> Snapshot -> exporters.
+"""Immutable value types that flow one way: sources -> tracking -> evaluators/crossover -> Snapshot -> exporters.
 
 This is a leaf module: it imports nothing from specwatch. The daemon builds one `Snapshot` per cycle and
 publishes it by swapping a single reference; exporters only ever read it.
@@ -129,7 +129,7 @@ class RouteState:
     live_crossover_batch_size: float | None = None
     live_crossover_lower: float | None = None
     live_crossover_upper: float | None = None
-    # canary probes (detectors/canary.py)
+    # canary probes (evaluators/canary.py)
     probe_acceptance_ratio: float | None = None
     probe_baseline_ratio: float | None = None
     probe_degraded: bool | None = None
@@ -163,7 +163,7 @@ class Snapshot:
 EMPTY_SNAPSHOT = Snapshot(timestamp=0.0)
 
 
-# --------------------------------------------------------------------------- tracking -> detectors/crossover
+# --------------------------------------------------------------------------- tracking -> evaluators/crossover
 @dataclass(frozen=True)
 class RouteObservation:
     """Tracking's output for one route at one cycle; the only input of detectors and the crossover flag.

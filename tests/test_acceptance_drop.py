@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 from load_script import load_script
 
 from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig
-from specwatch.detection.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRatio, Sprt
-from specwatch.detection.overdispersion import DispersionEstimator, DispersionModel
-from specwatch.detection.wilson import wilson_bounds
-from specwatch.detectors.acceptance_drop import (BUSY_EFFECTIVE_TOKENS_PER_SECOND, MIN_ADAPTED_THRESHOLD,
-                                                 STORE_KEY, AcceptanceDropEvaluator, TrafficRate,
-                                                 adapted_threshold, build_evaluator)
-from specwatch.detectors.base import EvaluatorContext
-from specwatch.replay import ObservationBuilder
+from specwatch.stats.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRatio, Sprt
+from specwatch.stats.overdispersion import DispersionEstimator, DispersionModel
+from specwatch.stats.wilson import wilson_bounds
+from specwatch.evaluators.acceptance_drop import STORE_KEY, AcceptanceDropEvaluator, build_evaluator
+from specwatch.stats.evidence import (BUSY_EFFECTIVE_TOKENS_PER_SECOND, MIN_ADAPTED_THRESHOLD, TrafficRate,
+                                      adapted_threshold)
+from specwatch.evaluators.base import EvaluatorContext
+from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
-from specwatch.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
+from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
 from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineStore
 
 

@@ -13,19 +13,20 @@ import pytest
 import requests
 
 from specwatch.cli import main as cli_main
-from specwatch.commands.backtest import _corrected_sum, _Series, _time
+from specwatch.commands.backtest import _time
+from specwatch.offline.backtest import Series, corrected_sum
 from specwatch.config import Config
-from specwatch.replay import replay
-from specwatch.tracegen import Drop, TraceSpec, generate
+from specwatch.offline.replay import replay
+from specwatch.offline.tracegen import Drop, TraceSpec, generate
 
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 
 
 def test_engine_series_are_reset_corrected_before_summing() -> None:
     ts = [0.0, 15.0, 30.0, 45.0]
-    a = _Series({"engine": "0"}, {0.0: 100.0, 15.0: 110.0, 30.0: 5.0, 45.0: 15.0})  # restarts at 30
-    b = _Series({"engine": "1"}, {0.0: 50.0, 15.0: 60.0, 45.0: 80.0})  # a gap at 30 holds its value
-    assert _corrected_sum([a, b], ts) == {0.0: 150.0, 15.0: 170.0, 30.0: 175.0, 45.0: 205.0}
+    a = Series({"engine": "0"}, {0.0: 100.0, 15.0: 110.0, 30.0: 5.0, 45.0: 15.0})  # restarts at 30
+    b = Series({"engine": "1"}, {0.0: 50.0, 15.0: 60.0, 45.0: 80.0})  # a gap at 30 holds its value
+    assert corrected_sum([a, b], ts) == {0.0: 150.0, 15.0: 170.0, 30.0: 175.0, 45.0: 205.0}
 
 
 def test_time_arguments() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.detection.overdispersion import DispersionEstimator
+from specwatch.stats.overdispersion import DispersionEstimator
 from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
 
 KEY = BaselineKey("llama", "0.11.0", 4)
@@ -162,10 +162,10 @@ def test_route_state_is_flushed_periodically_and_on_unregister(tmp_path: Path) -
 # --------------------------------------------------------------------------- the operator CLI
 def _daemon_after_a_model_change(tmp_path: Path):
     from specwatch.config import Config, DetectionConfig, RouteConfig
-    from specwatch.detectors.acceptance_drop import build_evaluator
-    from specwatch.detectors.base import EvaluatorContext
-    from specwatch.replay import ObservationBuilder
-    from specwatch.tracegen import ModelChange, TraceSpec, generate
+    from specwatch.evaluators.acceptance_drop import build_evaluator
+    from specwatch.evaluators.base import EvaluatorContext
+    from specwatch.offline.replay import ObservationBuilder
+    from specwatch.offline.tracegen import ModelChange, TraceSpec, generate
 
     detection = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0)
     ctx = EvaluatorContext(config=Config(state_dir=str(tmp_path), detection=detection), clock=lambda: 0.0)

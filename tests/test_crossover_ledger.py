@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from specwatch.crossover.live import SweptCrossover
-from specwatch.detectors.above_crossover import AboveCrossoverEvaluator, GpuTimeLedger
+from specwatch.evaluators.above_crossover import AboveCrossoverEvaluator, GpuTimeLedger
 from specwatch.simulator.clock import SimClock
 from specwatch.simulator.demo import engine_sweep, load_demo_plan, route_crossover, simulation_spec
 from specwatch.simulator.engine import EngineSettings, SimEngine, StepRecord

@@ -10,8 +10,8 @@ import pytest
 from specwatch.config import parse_config
 from specwatch.crossover.live import LiveInputs, SweptCrossover, positions_from_rate
 from specwatch.crossover.sweepfile import FORMAT
-from specwatch.detectors.above_crossover import (Hysteresis, TimeWeightedMean, build_evaluator, compute_bound)
-from specwatch.detectors.base import EvaluatorContext
+from specwatch.evaluators.above_crossover import (Hysteresis, TimeWeightedMean, build_evaluator, compute_bound)
+from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation
 
 

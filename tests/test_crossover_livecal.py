@@ -15,8 +15,8 @@ from specwatch.config import parse_config
 from specwatch.crossover import gpus
 from specwatch.crossover.livecal import LiveCalibration
 from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel, positions_from_alpha, tau
-from specwatch.detectors.above_crossover import build_evaluator
-from specwatch.detectors.base import EvaluatorContext
+from specwatch.evaluators.above_crossover import build_evaluator
+from specwatch.evaluators.base import EvaluatorContext
 from specwatch.simulator.clock import SimClock
 from specwatch.simulator.engine import EngineSettings, SimEngine
 from specwatch.simulator.metrics_vllm import VllmMetrics

@@ -259,7 +259,7 @@ def test_evaluators_merge_their_fields_and_a_failing_one_is_skipped(monkeypatch,
 def test_an_evaluator_forced_to_raise_is_counted_on_metrics_and_survives_a_reload(monkeypatch, tmp_path):
     """The real evaluators, the acceptance-drop one made to raise: its failures are a counter on /metrics,
     the other evaluator's series stays at 0, and a reload that rebuilds the evaluators keeps the count."""
-    from specwatch.detectors.acceptance_drop import AcceptanceDropEvaluator
+    from specwatch.evaluators.acceptance_drop import AcceptanceDropEvaluator
 
     def broken(self, obs, gpus):
         raise ZeroDivisionError("forced")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from load_script import load_script
 
-from specwatch.tracegen import DAY, Drop, TraceSpec, request_stream
+from specwatch.offline.tracegen import DAY, Drop, TraceSpec, request_stream
 
 np = pytest.importorskip("numpy")  # the bound needs numpy (the `bench` extra; matplotlib brings it too)
 

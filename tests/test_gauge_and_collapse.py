@@ -8,12 +8,12 @@ from typing import Iterator
 import pytest
 
 from specwatch.config import Config, DetectionConfig, RouteConfig
-from specwatch.detection.gauge import GAUGE_MIN_RELATIVE_SD, GaugeLearner, GaugeLlr
-from specwatch.detectors.acceptance_drop import COLLAPSE_RATIO, AcceptanceDropEvaluator, build_evaluator
-from specwatch.detectors.base import EvaluatorContext
-from specwatch.replay import ObservationBuilder
+from specwatch.stats.gauge import GAUGE_MIN_RELATIVE_SD, GaugeLearner, GaugeLlr
+from specwatch.evaluators.acceptance_drop import COLLAPSE_RATIO, AcceptanceDropEvaluator, build_evaluator
+from specwatch.evaluators.base import EvaluatorContext
+from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
-from specwatch.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
+from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
 
 FAST = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0, pin_drafted_tokens=200_000,
                        pin_seconds=4 * 3600.0)

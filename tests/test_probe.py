@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from specwatch.config import ConfigError, ProbeConfig, parse_config
-from specwatch.detectors.canary import CanaryEvaluator, bracket_scraper
+from specwatch.evaluators.canary import CanaryEvaluator, bracket_scraper
 from specwatch.probe import responses
 from specwatch.probe.prompts import BUILTIN, PromptSetError, load_prompt_set, parse_prompt_set
 from specwatch.probe.responses import Acceptance, ResponseError

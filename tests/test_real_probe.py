@@ -28,7 +28,7 @@ import requests
 from engine_counters import engine_values, spec_counts
 from specwatch.config import Config, parse_config
 from specwatch.daemon import Daemon
-from specwatch.detectors.canary import CanaryEvaluator, bracket_scraper
+from specwatch.evaluators.canary import CanaryEvaluator, bracket_scraper
 from specwatch.probe.prompts import load_prompt_set
 from specwatch.probe.runner import ProbeRunner, Round
 from specwatch.snapshot import RouteState

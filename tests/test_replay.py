@@ -10,8 +10,8 @@ import pytest
 
 from specwatch.cli import main as cli_main
 from specwatch.config import Config, DetectionConfig
-from specwatch.replay import ObservationBuilder, TraceError, TraceSample, parse_line, read_trace, replay
-from specwatch.tracegen import DAY, Drop, TraceSpec, generate
+from specwatch.offline.replay import ObservationBuilder, TraceError, TraceSample, parse_line, read_trace, replay
+from specwatch.offline.tracegen import DAY, Drop, TraceSpec, generate
 
 FAST = Config(detection=DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specwatch.cli import main as cli_main
-from specwatch.crossover.sweep import load_prompts, percentile, run_sweep, SweepSettings
+from specwatch.offline.sweep import load_prompts, percentile, run_sweep, SweepSettings
 from specwatch.crossover.sweepfile import load_sweep
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -254,7 +254,7 @@ def _truth(name: str) -> dict:
 
 
 def test_acceptance_from_vllm_counters_summed_over_engines():
-    from specwatch.crossover.sweep import acceptance_between
+    from specwatch.offline.sweep import acceptance_between
 
     before, after = _truth("vllm/v1_k4_2engines.prom"), _truth("vllm/v1_k4_2engines_scrape2.prom")
 
@@ -271,7 +271,7 @@ def test_acceptance_from_vllm_counters_summed_over_engines():
 
 
 def test_acceptance_from_sglang_counters():
-    from specwatch.crossover.sweep import acceptance_between
+    from specwatch.offline.sweep import acceptance_between
 
     before, after = _truth("sglang/0.5.23_dp2.prom"), _truth("sglang/0.5.23_dp2_scrape2.prom")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from specwatch.cli import main as cli_main
-from specwatch.detection.overdispersion import DispersionEstimator
-from specwatch.tracegen import (DAY, Drop, ModelChange, TraceSpec, conditional_alphas, drop_scale, generate,
+from specwatch.stats.overdispersion import DispersionEstimator
+from specwatch.offline.tracegen import (DAY, Drop, ModelChange, TraceSpec, conditional_alphas, drop_scale, generate,
                                 mean_acceptance_ratio, request_stream)
 
 

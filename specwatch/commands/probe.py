@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specwatch.config import DEFAULT_CONFIG_PATH, ConfigError, ProbeConfig, load_config
-from specwatch.detectors.canary import bracket_scraper
+from specwatch.evaluators.canary import bracket_scraper
 from specwatch.probe.prompts import PromptSetError, load_prompt_set
 from specwatch.probe.responses import Acceptance
 from specwatch.probe.runner import ProbeRunner

@@ -10,7 +10,7 @@ import sys
 from contextlib import nullcontext
 
 from specwatch.config import Config, ConfigError, load_config
-from specwatch.replay import TraceError, read_trace, replay
+from specwatch.offline.replay import TraceError, read_trace, replay
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

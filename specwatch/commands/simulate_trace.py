@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specwatch.config import parse_duration
-from specwatch.tracegen import PROFILES, Drop, ModelChange, TraceSpec, generate
+from specwatch.offline.tracegen import PROFILES, Drop, ModelChange, TraceSpec, generate
 
 
 def _duration(text: str) -> float:

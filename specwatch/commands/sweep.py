@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from specwatch.crossover.sweep import (BUILTIN_PROMPTS, DEFAULT_CONCURRENCY, SweepSettings, load_prompts,
+from specwatch.offline.sweep import (BUILTIN_PROMPTS, DEFAULT_CONCURRENCY, SweepSettings, load_prompts,
                                        run_sweep)
 
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     # matplotlib (the `plot` extra) is imported before measuring, so a node without it learns so at once.
-    from specwatch.crossover.plot import plot_sweep
+    from specwatch.offline.plot import plot_sweep
 
     try:
         prompts = load_prompts(args.prompts) if args.prompts else list(BUILTIN_PROMPTS)

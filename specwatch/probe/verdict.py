@@ -10,7 +10,7 @@ between prompts. A round is `low` when both hold:
 - the mean paired difference is below zero by at least `MIN_Z` of its standard error (a drop carried by one
   odd prompt is not low).
 
-The evaluator (detectors/canary.py) pages on two low rounds in a row and resolves on a round whose drop is
+The evaluator (evaluators/canary.py) pages on two low rounds in a row and resolves on a round whose drop is
 under drop/3.
 """
 

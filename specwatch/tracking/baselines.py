@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, cast
 
-from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
+from specwatch.stats.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Baseline:
     position_acceptance: tuple[float, ...] = ()
     mean_acceptance_length: float | None = None
     overdispersion: float = 1.0  # mean design effect φ̄ (stderr of r0, window sizes, display)
-    # the design effect as a line in an interval's drafted tokens (detection/overdispersion.py); None: φ̄
+    # the design effect as a line in an interval's drafted tokens (stats/overdispersion.py); None: φ̄
     dispersion_intercept: float | None = None
     dispersion_slope: float = 0.0
     # the block length φ was learned on (`detection.block`); rows stored before it was recorded used BLOCK_SECONDS

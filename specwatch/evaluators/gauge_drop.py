@@ -2,7 +2,7 @@
 
 SGLang before 0.5.13 (interval gauges, `acceptance_source` "gauge") and vLLM V0 (a lifetime gauge, "lifetime_gauge")
 carry no token counts, so `AcceptanceDropEvaluator` hands such routes to this class. It learns r0 and the spread of
-1-minute block means (detection/gauge.py), runs a Gaussian CUSUM with the same indifference zone, and pages when S
+1-minute block means (stats/gauge.py), runs a Gaussian CUSUM with the same indifference zone, and pages when S
 >= h (twice `cusum_threshold`), the excursion has lasted `min_duration` and the confirmation window's mean reading
 is below r_ok; it resolves when that mean is back above (1 - 2 drop/3) r0.
 
@@ -18,8 +18,8 @@ from collections import deque
 from typing import Any
 
 from specwatch.config import DetectionConfig
-from specwatch.detection.cusum import Cusum
-from specwatch.detection.gauge import GaugeBlocks, GaugeLearner, GaugeLlr, GaugeReference
+from specwatch.stats.cusum import Cusum
+from specwatch.stats.gauge import GaugeBlocks, GaugeLearner, GaugeLlr, GaugeReference
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 import requests
 
 from specwatch.config import Config, RouteConfig
-from specwatch.detectors.acceptance_drop import STORE_KEY
-from specwatch.detectors.base import EvaluatorContext
+from specwatch.evaluators.acceptance_drop import STORE_KEY
+from specwatch.evaluators.base import EvaluatorContext
 from specwatch.probe.prompts import PromptSet, PromptSetError, load_prompt_set
 from specwatch.probe.responses import Acceptance
 from specwatch.probe.runner import OUTCOMES, ProbeRunner, Round

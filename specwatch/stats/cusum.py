@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specwatch.detection.overdispersion import DispersionModel
+from specwatch.stats.overdispersion import DispersionModel
 
 # Wald's thresholds for a bounded-error verdict after a model change (docs/design/detection-research.md §6):
 # α = 1e-3 (false "regressed"), β = 0.05 (missed regression).

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from specwatch.config import Config, RouteConfig
-from specwatch.detectors.acceptance_drop import STORE_KEY, AcceptanceDropEvaluator, build_evaluator
-from specwatch.detectors.base import EvaluatorContext
+from specwatch.evaluators.acceptance_drop import STORE_KEY, AcceptanceDropEvaluator, build_evaluator
+from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import RouteObservation
 from specwatch.tracking.baselines import BaselineStore
 from specwatch.tracking.counters import ResetSafeCounter

@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
-from specwatch.detection.cusum import Cusum, LogLikelihoodRatio, Sprt
-from specwatch.detection.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
-from specwatch.detection.wilson import wilson_bounds
-from specwatch.detectors.base import EvaluatorContext
-from specwatch.detectors.gauge_drop import GAUGE_SOURCES, GaugeDrop
+from specwatch.stats.cusum import Cusum, LogLikelihoodRatio, Sprt
+from specwatch.stats.evidence import OpenBlock, ShortWindow, TrafficRate, adapted_threshold
+from specwatch.stats.overdispersion import DispersionEstimator, DispersionModel
+from specwatch.stats.wilson import wilson_bounds
+from specwatch.evaluators.base import EvaluatorContext
+from specwatch.evaluators.gauge_drop import GAUGE_SOURCES, GaugeDrop
 from specwatch.snapshot import GpuSample, RouteObservation
 from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineLearner, BaselineStore
 
@@ -48,37 +48,18 @@ STORE_KEY = "baseline_store"
 STATE_VERSION = 1
 BASELINE_STDERR_DISCOUNT = 2.0  # r0 is lowered by this many standard errors before testing
 CUSUM_CAP_FACTOR = 2.0  # S is capped at this x h so that it drains quickly after a recovery
-MAX_WINDOW_SECONDS = 6 * 3600.0  # the short window never reaches further back, however quiet the route
 REFRESH_GROWTH = 1.25  # a provisional baseline is recomputed when its sample has grown by this factor
 # φ is a variance estimate with heavy tails: pinning on tokens alone needs this many 1-minute blocks too
 PIN_MIN_BLOCKS = 240
 # The confirmation window stretches back until it holds this many effective (drafted / φ) tokens, so that
 # on a quiet route it has the power to confirm a real drop instead of vetoing it on noise.
 CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
-# h bounds false alarms per effective (drafted / φ) token, so per hour they grow with traffic
-# (docs/design/detection-research.md §4).
-# The configured `cusum_threshold` is h for a route with this many effective tokens per second or more (about
-# 350 drafted tokens/s at φ 35); a quieter route uses h - ln(BUSY_EFFECTIVE_TOKENS_PER_SECOND / rate), which
-# keeps its expected false alarms per hour those of the busy route, but never less than MIN_ADAPTED_THRESHOLD:
-# below it, 5% drifts page at 1 req/min in a quarter of 60-route-day samples (docs/detection.md §5).
-BUSY_EFFECTIVE_TOKENS_PER_SECOND = 10.0
-MIN_ADAPTED_THRESHOLD = 7.0
-TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)
 # A broken drafter (reports of 0-2% after a model or port change, vllm#55605): acceptance at or below this over
 # the confirmation window pages with or without a baseline; it clears above COLLAPSE_RESOLVE_RATIO. No working
 # drafter of the shared note's profiles comes near it: their worst requests (κ 10) accept about 10x more.
 COLLAPSE_RATIO = 0.05
 COLLAPSE_RESOLVE_RATIO = 0.10
 CONFIRM_MIN_GAUGE_READINGS = 3  # readings with requests running that a gauge route's collapse needs
-
-
-def adapted_threshold(h: float, effective_tokens_per_second: float | None) -> float:
-    """h for a route with this many effective tokens per second (None: not known yet, so the busy route's h)."""
-    rate = effective_tokens_per_second
-    if rate is None or rate >= BUSY_EFFECTIVE_TOKENS_PER_SECOND:
-        return h
-    lowered = h - math.log(BUSY_EFFECTIVE_TOKENS_PER_SECOND / max(rate, 1e-9))
-    return min(h, max(MIN_ADAPTED_THRESHOLD, lowered))
 
 
 def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDropEvaluator":
@@ -103,106 +84,6 @@ class _Test:
         m = self.dispersion
         weighted = m.intercept * window.drafted + m.slope * window.drafted_sq
         return window.drafted * window.drafted / weighted if weighted > 0 else 0.0
-
-
-class TrafficRate:
-    """Drafted tokens per second, exponentially averaged over `time_constant` seconds."""
-
-    def __init__(self, time_constant: float = TRAFFIC_TIME_CONSTANT) -> None:
-        self.time_constant = time_constant
-        self.start: float | None = None
-        self.last: float | None = None
-        self.decayed_tokens = 0.0  # Σ D_i e^{-(last - t_i) / τ}
-
-    def add(self, now: float, drafted: float) -> None:
-        if self.start is None or self.last is None:
-            self.start = self.last = now
-        if now > self.last:
-            self.decayed_tokens *= math.exp(-(now - self.last) / self.time_constant)
-            self.last = now
-        self.decayed_tokens += max(0.0, drafted)
-
-    def per_second(self, now: float, min_seconds: float) -> float | None:
-        """The average rate, or None before `min_seconds` of history."""
-        if self.start is None or self.last is None or now - self.start < max(min_seconds, 1.0):
-            return None
-        span = self.time_constant * (1.0 - math.exp(-(now - self.start) / self.time_constant))
-        return self.decayed_tokens * math.exp(-(now - self.last) / self.time_constant) / span
-
-    def to_json(self) -> list[float | None]:
-        return [self.start, self.last, self.decayed_tokens]
-
-    def restore(self, raw: list[Any]) -> None:
-        start, last, tokens = raw
-        self.start = None if start is None else float(start)
-        self.last = None if last is None else float(last)
-        self.decayed_tokens = float(tokens)
-
-
-class OpenBlock:
-    """Intervals merged into blocks that end at an idle scrape or after `seconds` (the same blocks the dispersion
-    model is fitted on, detection/overdispersion.py)."""
-
-    def __init__(self, seconds: float = BLOCK_SECONDS) -> None:
-        self.seconds = seconds
-        self.start: float | None = None
-        self.accepted = self.drafted = 0.0
-
-    def add(self, now: float, accepted: float, drafted: float, idle: bool = False,
-            start: float | None = None) -> tuple[float, float, float] | None:
-        """Add the interval (start, now], `start` being the previous scrape (None: unknown, taken as `now`); return
-        (start, accepted, drafted) of the block it closed, if any. A block spans `seconds` from its first interval's
-        start: 60 s of 15 s scrapes is four intervals."""
-        if drafted > 0:
-            if self.start is None:
-                self.start = now if start is None else start
-            self.accepted += accepted
-            self.drafted += drafted
-        if self.start is None or self.drafted <= 0 or (not idle and now - self.start < self.seconds):
-            return None
-        closed = (self.start, self.accepted, self.drafted)
-        self.clear()
-        return closed
-
-    def clear(self) -> None:
-        self.start = None
-        self.accepted = self.drafted = 0.0
-
-
-class ShortWindow:
-    """Accepted/drafted sums over the last `seconds`, stretched back to hold at least `min_tokens`."""
-
-    def __init__(self, seconds: float, min_tokens: float) -> None:
-        self.seconds, self.min_tokens = seconds, min_tokens
-        self._items: deque[tuple[float, float, float]] = deque()
-        self.accepted = 0.0
-        self.drafted = 0.0
-        self.drafted_sq = 0.0  # Σ D_t² of the intervals, for the window's effective size
-
-    def add(self, now: float, accepted: float, drafted: float) -> None:
-        if drafted > 0:
-            self._items.append((now, accepted, drafted))
-            self.accepted += accepted
-            self.drafted += drafted
-            self.drafted_sq += drafted * drafted
-        items = self._items
-        while len(items) > 1:
-            ts, a, d = items[0]
-            age = now - ts
-            if age > MAX_WINDOW_SECONDS or (age > self.seconds and self.drafted - d >= self.min_tokens):
-                items.popleft()
-                self.accepted -= a
-                self.drafted -= d
-                self.drafted_sq = max(0.0, self.drafted_sq - d * d)
-            else:
-                break
-
-    def clear(self) -> None:
-        self._items.clear()
-        self.accepted = self.drafted = self.drafted_sq = 0.0
-
-    def ratio(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted > 0 else None
 
 
 class CollapseCheck:

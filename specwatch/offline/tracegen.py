@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
 
-from specwatch.replay import TraceSample
+from specwatch.offline.replay import TraceSample
 
 # Unconditional per-position acceptance p_j (share of drafts whose j-th token is accepted).
 PROFILES: dict[str, tuple[float, ...]] = {

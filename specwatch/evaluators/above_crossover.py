@@ -21,7 +21,7 @@ from specwatch.crossover.live import (CrossoverSource, EstimatedCrossover, Fixed
                                       SweptCrossover, positions_from_rate)
 from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
 from specwatch.crossover.sweepfile import load_sweep
-from specwatch.detectors.base import EvaluatorContext
+from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation
 
 log = logging.getLogger(__name__)

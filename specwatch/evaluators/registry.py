@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Callable
 
 from specwatch.config import RouteConfig
-from specwatch.detectors import above_crossover, acceptance_drop, canary
-from specwatch.detectors.base import EvaluatorContext, RouteEvaluator
+from specwatch.evaluators import above_crossover, acceptance_drop, canary
+from specwatch.evaluators.base import EvaluatorContext, RouteEvaluator
 
 EvaluatorFactory = Callable[[EvaluatorContext, RouteConfig], "RouteEvaluator | None"]
 
