@@ -38,6 +38,7 @@ def cpu() -> float:
 
 def renamed_copy(tree: Path, into: Path) -> None:
     """tree's `specwatch` as `specwatch_base`, and its soak harness as `soak_base`, importable from `into`."""
+
     def rename(text: str) -> str:
         text = re.sub(r"\bspecwatch\.", "specwatch_base.", text)
         return re.sub(r"(from|import) specwatch\b(?!_)", r"\1 specwatch_base", text)
@@ -55,8 +56,12 @@ def daemon(package: str, soak: ModuleType, mode: str, base_url: str) -> tuple[An
     state_dir = tempfile.mkdtemp()
     if mode == "trace":
         cfg = soak.daemon_config(64, 5.0, state_dir, "http://127.0.0.1:9", gpus=True)
-        return daemon_class(cfg, gpu_source_factory=soak.fake_gpu_factory(8), clock=lambda: clock.now,
-                            source_factory=soak.trace_source_factory(start, 5.0, 5000 * 5)), clock
+        return daemon_class(
+            cfg,
+            gpu_source_factory=soak.fake_gpu_factory(8),
+            clock=lambda: clock.now,
+            source_factory=soak.trace_source_factory(start, 5.0, 5000 * 5),
+        ), clock
     cfg = soak.daemon_config(64, 5.0, state_dir, base_url, gpus=True)
     return daemon_class(cfg, gpu_source_factory=soak.fake_gpu_factory(8), clock=lambda: clock.now), clock
 
@@ -64,13 +69,16 @@ def daemon(package: str, soak: ModuleType, mode: str, base_url: str) -> tuple[An
 def bench_daemons(mode: str, rounds: int) -> dict[str, Any]:
     import soak
     import soak_base
+
     farms, urls = [], ["", ""]
     if mode == "http":  # one simulated farm per tree, so neither waits behind the other's requests
         for i in range(2):
             farm, urls[i] = soak.start_engine_farm(64, per_scrape_seconds=5.0)
             farms.append(farm)
-    sides = {"base": daemon("specwatch_base", soak_base, mode, urls[0]),
-             "this": daemon("specwatch", soak, mode, urls[1])}
+    sides = {
+        "base": daemon("specwatch_base", soak_base, mode, urls[0]),
+        "this": daemon("specwatch", soak, mode, urls[1]),
+    }
     try:
         for d, clock in sides.values():  # warm: the 1 h windows full (trace), connections and caches (http)
             for _ in range(780 if mode == "trace" else 200):
@@ -90,14 +98,18 @@ def bench_daemons(mode: str, rounds: int) -> dict[str, Any]:
             d.close()
         for farm in farms:
             farm.terminate()
-    return {"mode": mode, "base_cycle_cpu_ms": round(statistics.mean(per["base"]), 2),
-            "this_cycle_cpu_ms": round(statistics.mean(per["this"]), 2),
-            "ratio_of_sums": round(sum(per["this"]) / sum(per["base"]), 3),
-            "median_turn_ratio": round(statistics.median(t / b for b, t in zip(per["base"], per["this"])), 3)}
+    return {
+        "mode": mode,
+        "base_cycle_cpu_ms": round(statistics.mean(per["base"]), 2),
+        "this_cycle_cpu_ms": round(statistics.mean(per["this"]), 2),
+        "ratio_of_sums": round(sum(per["this"]) / sum(per["base"]), 3),
+        "median_turn_ratio": round(statistics.median(t / b for b, t in zip(per["base"], per["this"])), 3),
+    }
 
 
 def bench_parse(rounds: int) -> list[dict[str, Any]]:
     from specwatch.sources import exposition, vllm
+
     base_exposition = import_module("specwatch_base.sources.exposition")
     base_vllm = import_module("specwatch_base.sources.vllm")
 
@@ -108,6 +120,7 @@ def bench_parse(rounds: int) -> list[dict[str, Any]]:
         return (time.perf_counter() - begin) / n * 1e6
 
     import soak
+
     # What the simulated farm of figure 2 answers to `?name[]=`: a body filtered down to the wanted families.
     engine = soak.SimulatedVllm("r00", seed=0, per_scrape_seconds=5.0)
     filtered = engine.render(sorted(import_module("specwatch.sources.engines").FILTER_NAMES))
@@ -118,16 +131,22 @@ def bench_parse(rounds: int) -> list[dict[str, Any]]:
         theirs = base_exposition.parse(body, base_vllm.WANTED, comments=False, unique=True)
         times: dict[str, list[float]] = {k: [] for k in ("parse_base", "parse_this", "extract_base", "extract_this")}
         for _ in range(rounds):
-            times["parse_base"].append(timed(lambda: base_exposition.parse(body, base_vllm.WANTED, comments=False,
-                                                                           unique=True)))
+            times["parse_base"].append(
+                timed(lambda: base_exposition.parse(body, base_vllm.WANTED, comments=False, unique=True))
+            )
             times["parse_this"].append(timed(lambda: exposition.parse(body, vllm.WANTED, comments=False, unique=True)))
             times["extract_base"].append(timed(lambda: base_vllm.extract(theirs, {}, (), 1.0, "")))
             times["extract_this"].append(timed(lambda: vllm.extract(ours, {}, (), 1.0, "")))
         row: dict[str, Any] = {"body": label, "bytes": len(body)}
         for step in ("parse", "extract"):
             base, this = min(times[f"{step}_base"]), min(times[f"{step}_this"])
-            row.update({f"{step}_base_us": round(base, 1), f"{step}_this_us": round(this, 1),
-                        f"{step}_ratio": round(this / base, 3)})
+            row.update(
+                {
+                    f"{step}_base_us": round(base, 1),
+                    f"{step}_this_us": round(this, 1),
+                    f"{step}_ratio": round(this / base, 3),
+                }
+            )
         out.append(row)
     return out
 

@@ -29,11 +29,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specwatch.crossover import gpus  # noqa: E402
-from specwatch.crossover.calibrate import fit_efficiency, loss, reference_points  # noqa: E402
-from specwatch.crossover.model import (LLAMA3_8B, Draft, Efficiency, StepModel, closed_form_crossover,  # noqa: E402
-                                       positions_from_alpha)
-from specwatch.crossover.reference import load_reference  # noqa: E402
+from specwatch.crossover import gpus
+from specwatch.crossover.calibrate import fit_efficiency, loss, reference_points
+from specwatch.crossover.model import (
+    LLAMA3_8B,
+    Draft,
+    Efficiency,
+    StepModel,
+    closed_form_crossover,
+    positions_from_alpha,
+)
+from specwatch.crossover.reference import load_reference
 
 GAMMAS = (2, 4, 7)
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -56,8 +62,9 @@ def estimator_section() -> list[str]:
     table = load_reference()
     run = table.run(1024)
     hardware, shipped = gpus.lookup("H200")
-    base = StepModel(LLAMA3_8B, hardware, Efficiency(verify_reads_per_query_head=True),
-                     draft=Draft.parse("eagle3", LLAMA3_8B))
+    base = StepModel(
+        LLAMA3_8B, hardware, Efficiency(verify_reads_per_query_head=True), draft=Draft.parse("eagle3", LLAMA3_8B)
+    )
     started = time.perf_counter()
     fitted, rms = fit_efficiency(base, reference_points(run), "bench")
     fit_ms = (time.perf_counter() - started) * 1000
@@ -94,22 +101,33 @@ def estimator_section() -> list[str]:
             target = (g, a) in TARGET_CELLS
             if target and e is not None:
                 worst_target = max(worst_target, abs(e))
-            out.append(f"| {g} | {a} | {fmt(meas)} | {fmt(est)} | {'-' if e is None else f'{e:+.0%}'} | "
-                       f"{fmt(raw)} | {'-' if e_raw is None else f'{e_raw:+.0%}'} | {'yes' if target else ''} |")
-    out += ["", f"**Worst error over the target cells (γ 2 and 4, α 0.6-0.8): {worst_target:.0%}** (target: 25%).",
-            ""]
+            out.append(
+                f"| {g} | {a} | {fmt(meas)} | {fmt(est)} | {'-' if e is None else f'{e:+.0%}'} | "
+                f"{fmt(raw)} | {'-' if e_raw is None else f'{e_raw:+.0%}'} | {'yes' if target else ''} |"
+            )
+    out += ["", f"**Worst error over the target cells (γ 2 and 4, α 0.6-0.8): {worst_target:.0%}** (target: 25%).", ""]
     long_run = table.run(8192)
-    out += ["Context 8192, same efficiencies (not a target: the table's verify pass uses SDPA without a decode "
-            "kernel and costs 1.65x plain already at B=1, see `docs/crossover.md`):", "",
-            "| γ | α | measured B* | estimated B* |", "|---|---|---:|---:|"]
+    out += [
+        "Context 8192, same efficiencies (not a target: the table's verify pass uses SDPA without a decode "
+        "kernel and costs 1.65x plain already at B=1, see `docs/crossover.md`):",
+        "",
+        "| γ | α | measured B* | estimated B* |",
+        "|---|---|---:|---:|",
+    ]
     for g in (2, 4):
         for a in (0.6, 0.7, 0.8):
-            out.append(f"| {g} | {a} | {fmt(long_run.measured_crossover(g, a))} | "
-                       f"{fmt(model.crossover(positions_from_alpha(a, g), 8192))} |")
+            out.append(
+                f"| {g} | {a} | {fmt(long_run.measured_crossover(g, a))} | "
+                f"{fmt(model.crossover(positions_from_alpha(a, g), 8192))} |"
+            )
     peak = Efficiency(memory=1.0, compute=1.0, verify_attention=1.0)
     cf = closed_form_crossover(LLAMA3_8B, hardware, peak, positions_from_alpha(0.7, 4), 0.1, context=0)
-    out += ["", f"Closed form of `crossover.md` §3 at peak specs (γ 4, α 0.7, c 0.1, short context): B* = {cf:.1f} "
-            "(doc: ≈ 98).", ""]
+    out += [
+        "",
+        f"Closed form of `crossover.md` §3 at peak specs (γ 4, α 0.7, c 0.1, short context): B* = {cf:.1f} "
+        "(doc: ≈ 98).",
+        "",
+    ]
     return out
 
 
@@ -135,26 +153,37 @@ def sweep_section(write_plot: bool) -> list[str]:
         doc = load_sweep(path)
     if write_plot:
         from specwatch.offline.plot import plot_sweep
+
         (ROOT / PLOT).parent.mkdir(parents=True, exist_ok=True)
         plot_sweep(doc, ROOT / PLOT)
     table = run.speedup(4, 0.7)
-    out = ["### Sweep vs two simulated engines", "",
-           "`specwatch simulate`-style engines in process, real time, step times from the table (context 1024); "
-           "plain k=0 and spec k=4 with iid α=0.7; default levels, max_tokens 96, 2 requests per client, built-in "
-           f"prompts; {wall:.0f} s wall" + (f"; failure: {outcome.failure}" if outcome.failure else "") + ".", "",
-           "| concurrency | plain tok/s | spec tok/s | measured speedup | table speedup | acceptance |",
-           "|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "### Sweep vs two simulated engines",
+        "",
+        "`specwatch simulate`-style engines in process, real time, step times from the table (context 1024); "
+        "plain k=0 and spec k=4 with iid α=0.7; default levels, max_tokens 96, 2 requests per client, built-in "
+        f"prompts; {wall:.0f} s wall" + (f"; failure: {outcome.failure}" if outcome.failure else "") + ".",
+        "",
+        "| concurrency | plain tok/s | spec tok/s | measured speedup | table speedup | acceptance |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for lv in doc["levels"]:
         c = lv["concurrency"]
         ref = table.get(c)
-        out.append(f"| {c} | {lv['plain']['output_tokens_per_s']:.0f} | {lv['spec']['output_tokens_per_s']:.0f} | "
-                   f"{lv['speedup']:.3f} | {'-' if ref is None else f'{ref:.3f}'} | "
-                   f"{lv['spec'].get('acceptance_ratio', float('nan')):.3f} |")
+        out.append(
+            f"| {c} | {lv['plain']['output_tokens_per_s']:.0f} | {lv['spec']['output_tokens_per_s']:.0f} | "
+            f"{lv['speedup']:.3f} | {'-' if ref is None else f'{ref:.3f}'} | "
+            f"{lv['spec'].get('acceptance_ratio', float('nan')):.3f} |"
+        )
     got = doc["crossover_concurrency"]
-    out += ["", f"**Sweep crossover {fmt(got)} vs table {table_bstar:.1f}** (levels 64 and 96 bracket the table's; "
-            "acceptance: within one level). The sweep reads high because per-request HTTP and streaming cost on "
-            "this 2-core box lowers the plain server's measured throughput more (one token per chunk) than the "
-            "spec server's.", ""]
+    out += [
+        "",
+        f"**Sweep crossover {fmt(got)} vs table {table_bstar:.1f}** (levels 64 and 96 bracket the table's; "
+        "acceptance: within one level). The sweep reads high because per-request HTTP and streaming cost on "
+        "this 2-core box lowers the plain server's measured throughput more (one token per chunk) than the "
+        "spec server's.",
+        "",
+    ]
     if write_plot:
         out += [f"![sweep against the simulated pair]({PLOT.removeprefix('docs/')})", ""]
     return out
@@ -177,19 +206,34 @@ def gpm_section() -> list[str]:
     shape = LLAMA3_8B
     h, f, kv = shape.hidden_size, shape.intermediate_size, shape.kv_heads * shape.head_dim
     # One layer's matrices x 32 distinct copies: ~14 GB streamed per forward, as a real 8B decode step.
-    layers = [[torch.randn(h, n, device=dev, dtype=torch.bfloat16) for n in (h + 2 * kv, h, 2 * f)]
-              + [torch.randn(f, h, device=dev, dtype=torch.bfloat16)] for _ in range(shape.layers)]
+    layers = [
+        [torch.randn(h, n, device=dev, dtype=torch.bfloat16) for n in (h + 2 * kv, h, 2 * f)]
+        + [torch.randn(f, h, device=dev, dtype=torch.bfloat16)]
+        for _ in range(shape.layers)
+    ]
     source = make_gpu_source(GpuConfig(enabled="true"))
     name = gpus.detect_gpu_name()
-    out = ["### GPM during Llama-3-8B-shaped GEMMs (compute-bound thresholds)", "",
-           f"GPU: {name} (table row: {gpus.lookup(name)[0].name if name else '-'}). Tokens per forward M = "
-           "batch x (k+1); each forward multiplies M rows through 32 layers of distinct q/k/v, o, gate/up and "
-           "down weights (7.0 B parameters, no attention). GPM over 1.5 s per M.", "",
-           "| M (tokens per forward) | e.g. | forward ms | tensor active | DRAM utilization | compute_bound |",
-           "|---:|---|---:|---:|---:|:-:|"]
-    examples = {1: "decode B=1", 64: "decode B=64", 128: "verify B=32, k=3", 192: "verify B=48, k=3",
-                256: "verify B=64, k=3", 320: "verify B=64, k=4", 640: "verify B=128, k=4",
-                1280: "verify B=256, k=4", 2048: "verify B=256, k=7"}
+    out = [
+        "### GPM during Llama-3-8B-shaped GEMMs (compute-bound thresholds)",
+        "",
+        f"GPU: {name} (table row: {gpus.lookup(name)[0].name if name else '-'}). Tokens per forward M = "
+        "batch x (k+1); each forward multiplies M rows through 32 layers of distinct q/k/v, o, gate/up and "
+        "down weights (7.0 B parameters, no attention). GPM over 1.5 s per M.",
+        "",
+        "| M (tokens per forward) | e.g. | forward ms | tensor active | DRAM utilization | compute_bound |",
+        "|---:|---|---:|---:|---:|:-:|",
+    ]
+    examples = {
+        1: "decode B=1",
+        64: "decode B=64",
+        128: "verify B=32, k=3",
+        192: "verify B=48, k=3",
+        256: "verify B=64, k=3",
+        320: "verify B=64, k=4",
+        640: "verify B=128, k=4",
+        1280: "verify B=256, k=4",
+        2048: "verify B=256, k=7",
+    }
     for m in examples:
         x = torch.randn(m, h, device=dev, dtype=torch.bfloat16)
         xf = torch.randn(m, f, device=dev, dtype=torch.bfloat16)
@@ -225,8 +269,10 @@ def gpm_section() -> list[str]:
         worker.join()
         fields = samples[0].fields if samples else {}
         verdict = compute_bound(samples, (0,))
-        out.append(f"| {m} | {examples[m]} | {forward_ms:.2f} | {fields.get(TENSOR_FIELD, float('nan')):.3f} | "
-                   f"{fields.get(DRAM_FIELD, float('nan')):.3f} | {verdict} |")
+        out.append(
+            f"| {m} | {examples[m]} | {forward_ms:.2f} | {fields.get(TENSOR_FIELD, float('nan')):.3f} | "
+            f"{fields.get(DRAM_FIELD, float('nan')):.3f} | {verdict} |"
+        )
     source.close()
     return out + [""]
 
@@ -240,14 +286,21 @@ def main() -> int:
     if args.gpm:
         print("\n".join(gpm_section()))
         return 0
-    lines = [SECTION, "",
-             f"Measured with `.venv/bin/python scripts/bench_crossover.py --write-docs` on {platform.node()} "
-             f"({platform.processor() or platform.machine()}, Python {platform.python_version()}), "
-             f"{time.strftime('%Y-%m-%d', time.gmtime())}. The reference table is "
-             "`specwatch/data/h200-crossover-llama3-8b.json` (one H200, kernel-level step times).", ""]
+    lines = [
+        SECTION,
+        "",
+        f"Measured with `.venv/bin/python scripts/bench_crossover.py --write-docs` on {platform.node()} "
+        f"({platform.processor() or platform.machine()}, Python {platform.python_version()}), "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}. The reference table is "
+        "`specwatch/data/h200-crossover-llama3-8b.json` (one H200, kernel-level step times).",
+        "",
+    ]
     lines += estimator_section()
-    lines += ["GPM compute-bound thresholds were measured on the H200 with `--gpm` (needs the GPU); the table "
-              "and its reading are in `docs/crossover.md`.", ""]
+    lines += [
+        "GPM compute-bound thresholds were measured on the H200 with `--gpm` (needs the GPU); the table "
+        "and its reading are in `docs/crossover.md`.",
+        "",
+    ]
     if not args.skip_sweep:
         lines += sweep_section(args.write_docs)
     text = "\n".join(lines).rstrip() + "\n"
@@ -257,7 +310,7 @@ def main() -> int:
         current = docs.read_text(encoding="utf-8")
         start = current.index(SECTION)
         end = current.find("\n## ", start + len(SECTION))
-        docs.write_text(current[:start] + text + ("\n" + current[end + 1:] if end != -1 else ""), encoding="utf-8")
+        docs.write_text(current[:start] + text + ("\n" + current[end + 1 :] if end != -1 else ""), encoding="utf-8")
     return 0
 
 

@@ -35,8 +35,11 @@ from specwatch.offline.replay import Replayer
 from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
 
 # name -> (requests per second, detection target in seconds)
-TIERS: dict[str, tuple[float, float]] = {"2 req/s": (2.0, 300.0), "0.2 req/s": (0.2, 900.0),
-                                          "1 req/min": (1 / 60, 5400.0)}
+TIERS: dict[str, tuple[float, float]] = {
+    "2 req/s": (2.0, 300.0),
+    "0.2 req/s": (0.2, 900.0),
+    "1 req/min": (1 / 60, 5400.0),
+}
 DROP_RATIO = 0.20
 DROP_SECONDS = 4 * 3600.0
 WARM_SECONDS = 20 * 3600.0
@@ -66,8 +69,7 @@ class NaiveRule:
             self.accepted -= a
             self.drafted -= d
         # no drafts in the window: the ratio is NaN and the condition false (Prometheus semantics)
-        cond = (baseline is not None and self.drafted > 0
-                and self.accepted / self.drafted <= NAIVE_FACTOR * baseline)
+        cond = baseline is not None and self.drafted > 0 and self.accepted / self.drafted <= NAIVE_FACTOR * baseline
         if not cond:
             self.since = None
             if self.firing:
@@ -190,23 +192,36 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
-def no_drop_specs(rate: float, route_days: float, seed: int, kappa: float,
-                  mix: bool = True) -> tuple[list[TraceSpec], list[TraceSpec]]:
+def no_drop_specs(
+    rate: float, route_days: float, seed: int, kappa: float, mix: bool = True
+) -> tuple[list[TraceSpec], list[TraceSpec]]:
     """The benchmark's routes that must never page: `route_days` clean, and as many with a 5% drop from day 1 on
     (inside the indifference zone), in routes of 5 days; all with the daily request-mix swing unless `mix` is off."""
     days_per_route = 5.0 if route_days >= 5 else route_days
     routes = max(1, round(route_days / days_per_route))
     traffic = TRAFFIC_MIX if mix else {}
-    clean = [TraceSpec(route=f"clean{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + i,
-                       **traffic) for i in range(routes)]
-    small = [TraceSpec(route=f"small{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + 1000 + i,
-                       drops=(Drop(start=min(DAY, days_per_route * DAY / 4), ratio=0.05),), **traffic)
-             for i in range(routes)]
+    clean = [
+        TraceSpec(route=f"clean{i}", rate=rate, duration=days_per_route * DAY, kappa=kappa, seed=seed + i, **traffic)
+        for i in range(routes)
+    ]
+    small = [
+        TraceSpec(
+            route=f"small{i}",
+            rate=rate,
+            duration=days_per_route * DAY,
+            kappa=kappa,
+            seed=seed + 1000 + i,
+            drops=(Drop(start=min(DAY, days_per_route * DAY / 4), ratio=0.05),),
+            **traffic,
+        )
+        for i in range(routes)
+    ]
     return clean, small
 
 
-def drop_specs(rate: float, drops: int, seed: int, kappa: float,
-               mix: bool = True) -> list[tuple[TraceSpec, float, float]]:
+def drop_specs(
+    rate: float, drops: int, seed: int, kappa: float, mix: bool = True
+) -> list[tuple[TraceSpec, float, float]]:
     """(spec, drop start, drop end) of the injected 20% drops, every fifth with a model change."""
     rng = random.Random(seed)
     out = []
@@ -214,19 +229,41 @@ def drop_specs(rate: float, drops: int, seed: int, kappa: float,
         start = WARM_SECONDS + rng.uniform(0, 4 * 3600.0)
         end = start + DROP_SECONDS
         changes = (ModelChange(at=start, model_name="model-b"),) if i % 5 == 4 else ()
-        out.append((TraceSpec(route=f"drop{i}", rate=rate, duration=end + RECOVERY_SECONDS, kappa=kappa,
-                              seed=seed + 2000 + i, drops=(Drop(start=start, ratio=DROP_RATIO, end=end),),
-                              changes=changes, **(TRAFFIC_MIX if mix else {})), start, end))
+        out.append(
+            (
+                TraceSpec(
+                    route=f"drop{i}",
+                    rate=rate,
+                    duration=end + RECOVERY_SECONDS,
+                    kappa=kappa,
+                    seed=seed + 2000 + i,
+                    drops=(Drop(start=start, ratio=DROP_RATIO, end=end),),
+                    changes=changes,
+                    **(TRAFFIC_MIX if mix else {}),
+                ),
+                start,
+                end,
+            )
+        )
     return out
 
 
-def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: int, config: Config,
-               kappa: float, mix: bool = True, jobs: int = 1) -> tuple[Tally, Tally]:
+def bench_tier(
+    rate: float,
+    target: float,
+    route_days: float,
+    drops: int,
+    seed: int,
+    config: Config,
+    kappa: float,
+    mix: bool = True,
+    jobs: int = 1,
+) -> tuple[Tally, Tally]:
     ours, naive = Tally(), Tally()
     clean, small = no_drop_specs(rate, route_days, seed, kappa, mix)
     injected = drop_specs(rate, drops, seed, kappa, mix)
     results = run_all([(spec, config) for spec in clean + small + [d[0] for d in injected]], jobs)
-    for i, (a, b, _) in enumerate(results[:len(clean) + len(small)]):
+    for i, (a, b, _) in enumerate(results[: len(clean) + len(small)]):
         if i < len(clean):
             ours.pages_clean += len(a.fires())
             naive.pages_clean += len(b.fires())
@@ -234,7 +271,7 @@ def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: 
             ours.pages_small += len(a.fires())
             naive.pages_small += len(b.fires())
     grace = config.detection.confirm_window_seconds + NAIVE_WINDOW
-    for (a, b, _), (_, start, end) in zip(results[len(clean) + len(small):], injected):
+    for (a, b, _), (_, start, end) in zip(results[len(clean) + len(small) :], injected):
         ours.add_drop(a, start, end, grace, target)
         naive.add_drop(b, start, end, grace, target)
     return ours, naive
@@ -243,8 +280,9 @@ def bench_tier(rate: float, target: float, route_days: float, drops: int, seed: 
 SET_SEED_STRIDE = 10_000  # seeds of independent sets of routes (bench_tier's routes use seed + i and seed + 1000 + i)
 
 
-def false_page_sets(rate: float, sets: int, config: Config, kappa: float, mix: bool = True,
-                    jobs: int = 1) -> list[tuple[int, int, float]]:
+def false_page_sets(
+    rate: float, sets: int, config: Config, kappa: float, mix: bool = True, jobs: int = 1
+) -> list[tuple[int, int, float]]:
     """Per independent set of 30 clean + 30 5%-drop route-days: (seed, pages, the highest CUSUM statistic).
 
     One set is the benchmark's no-drop part for one seed; the share of sets without a page is the confidence
@@ -264,8 +302,13 @@ def false_page_sets(rate: float, sets: int, config: Config, kappa: float, mix: b
     return [(seed, pages[seed], highest[seed]) for seed in seeds]
 
 
-def markdown(results: list[tuple[str, float, float, Tally, Tally]], args: argparse.Namespace, seconds: float,
-             cpu_seconds: float, bounds: dict[str, float]) -> str:
+def markdown(
+    results: list[tuple[str, float, float, Tally, Tally]],
+    args: argparse.Namespace,
+    seconds: float,
+    cpu_seconds: float,
+    bounds: dict[str, float],
+) -> str:
     cols = ["pages clean / 5%", "precision", "recall", "in target", "detect p50", "detect p95", "reset p50"]
     lines = [
         f"Measured with `{_command(args)}` ({seconds:.0f} s wall, {cpu_seconds:.0f} s CPU in the main process, "
@@ -276,7 +319,7 @@ def markdown(results: list[tuple[str, float, float, Tally, Tally]], args: argpar
         f"20 ms verify steps so that longer requests straddle scrapes, `running` = requests in flight). Per tier and "
         f"κ: {args.route_days:g} route-days without a drop, {args.route_days:g} route-days with a 5% drop, "
         f"{args.drops} injected {DROP_RATIO:.0%} drops of {DROP_SECONDS / 3600:g} h (every fifth with a model change), "
-        f"default detection settings, baselines learned from the traces themselves. \"bound p95\" is the exact "
+        f'default detection settings, baselines learned from the traces themselves. "bound p95" is the exact '
         f"per-request bound at 90% clean sets (Detection limit, below).",
         "",
         "| tier | κ | target p95 | detector | " + " | ".join(cols) + " | bound p95 | p95 / bound |",
@@ -288,11 +331,17 @@ def markdown(results: list[tuple[str, float, float, Tally, Tally]], args: argpar
             row = tally.row()
             p95 = _pct(tally.detection, 95)
             ratio = f"{p95 / 60 / bound:.2f}" if bound and p95 is not None and name == "specwatch" else ""
-            lines.append(f"| {tier} | {kappa:g} | {target / 60:g} min | {name} | " + " | ".join(row[c] for c in cols)
-                         + f" | {'' if bound is None else f'{bound:.1f} min'} | {ratio} |")
-    lines += ["", "\"pages clean / 5%\" are all false pages; precision counts every page of the tier; recall is "
-              "drops paged while ongoing; \"in target\" is drops paged within the tier's target; reset is drop end "
-              "to resolved."]
+            lines.append(
+                f"| {tier} | {kappa:g} | {target / 60:g} min | {name} | "
+                + " | ".join(row[c] for c in cols)
+                + f" | {'' if bound is None else f'{bound:.1f} min'} | {ratio} |"
+            )
+    lines += [
+        "",
+        '"pages clean / 5%" are all false pages; precision counts every page of the tier; recall is '
+        'drops paged while ongoing; "in target" is drops paged within the tier\'s target; reset is drop end '
+        "to resolved.",
+    ]
     return "\n".join(lines)
 
 
@@ -325,8 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="3 route-days and 5 drops per tier")
     p.add_argument("--route-days", type=float, default=30.0)
     p.add_argument("--drops", type=int, default=50)
-    p.add_argument("--kappa", type=float, action="append",
-                   help="request heterogeneity (Beta concentration; repeatable, default 12 and 30)")
+    p.add_argument(
+        "--kappa",
+        type=float,
+        action="append",
+        help="request heterogeneity (Beta concentration; repeatable, default 12 and 30)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tier", action="append", choices=list(TIERS), help="only these tiers (repeatable)")
     p.add_argument("--no-mix", action="store_true", help="one request class (no daily mix swing)")
@@ -334,9 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bound", type=Path, help="JSON of scripts/bench_detection_bound.py --json: adds its p95")
     p.add_argument("--cusum-threshold", type=float, help="override detection.cusum_threshold (tuning)")
     p.add_argument("--write", type=Path, help="replace the Detection section of this markdown file")
-    p.add_argument("--false-page-sets", type=int, metavar="N",
-                   help="instead: run N independent sets of 30 clean + 30 5%%-drop route-days per tier and κ and "
-                        "report the share without a page (the confidence in 'zero false pages')")
+    p.add_argument(
+        "--false-page-sets",
+        type=int,
+        metavar="N",
+        help="instead: run N independent sets of 30 clean + 30 5%%-drop route-days per tier and κ and "
+        "report the share without a page (the confidence in 'zero false pages')",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.route_days, args.drops = 3.0, 5
@@ -348,15 +405,17 @@ def main(argv: list[str] | None = None) -> int:
     bounds = json.loads(args.bound.read_text(encoding="utf-8")) if args.bound else {}
     started, cpu_started = time.perf_counter(), time.process_time()
     if args.false_page_sets:
-        lines = [f"Measured with `{_command(args)}` (traces as above, default detection settings). Each set is the "
-                 "no-drop part of the benchmark for one seed: 30 clean and 30 5%-drop route-days; sets use "
-                 "independent seeds.", "",
-                 "| tier | κ | sets without a false page | highest CUSUM statistic per set (sorted) |",
-                 "|---|---|---|---|"]
+        lines = [
+            f"Measured with `{_command(args)}` (traces as above, default detection settings). Each set is the "
+            "no-drop part of the benchmark for one seed: 30 clean and 30 5%-drop route-days; sets use "
+            "independent seeds.",
+            "",
+            "| tier | κ | sets without a false page | highest CUSUM statistic per set (sorted) |",
+            "|---|---|---|---|",
+        ]
         for tier in args.tier or list(TIERS):
             for kappa in kappas:
-                found = false_page_sets(TIERS[tier][0], args.false_page_sets, config, kappa, not args.no_mix,
-                                        args.jobs)
+                found = false_page_sets(TIERS[tier][0], args.false_page_sets, config, kappa, not args.no_mix, args.jobs)
                 clean = sum(1 for _, pages, _ in found if not pages)
                 highest = ", ".join(f"{h:.2f}" for h in sorted(h for _, _, h in found))
                 lines.append(f"| {tier} | {kappa:g} | {clean} of {len(found)} ({clean / len(found):.0%}) | {highest} |")
@@ -371,11 +430,14 @@ def main(argv: list[str] | None = None) -> int:
         rate, target = TIERS[tier]
         for kappa in kappas:
             t0 = time.perf_counter()
-            ours, naive = bench_tier(rate, target, args.route_days, args.drops, args.seed, config, kappa,
-                                     not args.no_mix, args.jobs)
+            ours, naive = bench_tier(
+                rate, target, args.route_days, args.drops, args.seed, config, kappa, not args.no_mix, args.jobs
+            )
             results.append((tier, kappa, target, ours, naive))
-            print(f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s  specwatch {ours.row()}  naive {naive.row()}",
-                  file=sys.stderr)
+            print(
+                f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s  specwatch {ours.row()}  naive {naive.row()}",
+                file=sys.stderr,
+            )
     body = markdown(results, args, time.perf_counter() - started, time.process_time() - cpu_started, bounds)
     print(body)
     if args.write:

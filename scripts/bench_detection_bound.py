@@ -39,10 +39,22 @@ from pathlib import Path
 
 import numpy as np
 
-from specwatch.offline.tracegen import BETA_MEAN, DAY, LENGTH_SIGMA, MAX_ALPHA, Drop, TraceSpec, conditional_alphas, drop_scale
+from specwatch.offline.tracegen import (
+    BETA_MEAN,
+    DAY,
+    LENGTH_SIGMA,
+    MAX_ALPHA,
+    Drop,
+    TraceSpec,
+    conditional_alphas,
+    drop_scale,
+)
 
-TIERS: dict[str, tuple[float, float]] = {"2 req/s": (2.0, 300.0), "0.2 req/s": (0.2, 900.0),
-                                          "1 req/min": (1 / 60, 5400.0)}
+TIERS: dict[str, tuple[float, float]] = {
+    "2 req/s": (2.0, 300.0),
+    "0.2 req/s": (0.2, 900.0),
+    "1 req/min": (1 / 60, 5400.0),
+}
 WARM_SECONDS, DROP_SECONDS = 20 * 3600.0, 4 * 3600.0  # as bench_detection.py
 ROUTE_DAYS, ROUTES = 5.0, 6  # 6 x 5 = 30 route-days clean and 30 with a 5% drift
 DRIFT, DROP = 0.05, 0.20
@@ -88,8 +100,11 @@ def draw_requests(spec: TraceSpec, rng: np.random.Generator) -> tuple[np.ndarray
     peak = spec.rate * (1 + abs(spec.diurnal))
     t = np.sort(rng.uniform(0, spec.duration, rng.poisson(peak * spec.duration)))
     t = t[rng.uniform(0, peak, t.size) <= spec.rate * (1 + spec.diurnal * np.sin(2 * np.pi * t / DAY))]
-    share = spec.mix_share + spec.mix_swing * np.sin(2 * np.pi * t / DAY + spec.mix_phase) if spec.mix_share \
+    share = (
+        spec.mix_share + spec.mix_swing * np.sin(2 * np.pi * t / DAY + spec.mix_phase)
+        if spec.mix_share
         else np.zeros(t.size)
+    )
     factor = np.ones(t.size)
     for d in spec.drops:
         inside = (t >= d.start) & (t < (d.end if d.end is not None else np.inf))
@@ -99,7 +114,7 @@ def draw_requests(spec: TraceSpec, rng: np.random.Generator) -> tuple[np.ndarray
     alphas = np.array(conditional_alphas(spec.profile, spec.k))
     cond = np.clip(alphas[None, :] * (u / BETA_MEAN * factor)[:, None], 0.0, MAX_ALPHA)
     p = np.cumprod(cond, axis=1)
-    mu = math.log(spec.mean_tokens) - LENGTH_SIGMA ** 2 / 2
+    mu = math.log(spec.mean_tokens) - LENGTH_SIGMA**2 / 2
     tokens = np.clip(np.exp(rng.normal(mu, LENGTH_SIGMA, t.size)), 8, 8192)
     steps = np.maximum(1, np.rint(tokens / (1 + p.sum(axis=1)))).astype(np.int64)
     reach = [steps]
@@ -116,7 +131,7 @@ class Llr:
     def __init__(self, model: Model) -> None:
         s = model.spec
         self.mix_scale = s.mix_scale
-        self.mu = math.log(s.mean_tokens) - LENGTH_SIGMA ** 2 / 2
+        self.mu = math.log(s.mean_tokens) - LENGTH_SIGMA**2 / 2
         self.log_w = model.beta_grid()[1][None, :]
         self.tables = {}
         for name, ratio in (("ok", DRIFT), ("bad", model.bad)):
@@ -134,7 +149,7 @@ class Llr:
                 # the histogram given the step count, times the step count given the scale: a request of T
                 # log-normal tokens runs T / (1 + Σp) steps, so ln P(n steps) = ln pdf_T(n (1 + Σp)) + ln(1 + Σp)
                 # (terms that are the same for every scale dropped)
-                ll = h @ table.T - (log_steps + log_per_step[None, :] - self.mu) ** 2 / (2 * LENGTH_SIGMA ** 2)
+                ll = h @ table.T - (log_steps + log_per_step[None, :] - self.mu) ** 2 / (2 * LENGTH_SIGMA**2)
                 ll += self.log_w
                 top = ll.max(axis=1, keepdims=True)
                 lik.append(top[:, 0] + np.log(np.exp(ll - top).sum(axis=1)))
@@ -162,8 +177,7 @@ def set_maximum(args: tuple[Model, int]) -> float:
     highest = 0.0
     for _route in range(ROUTES):
         for drops in ((), ((DAY, DRIFT),)):
-            spec = _route_spec(model, duration=ROUTE_DAYS * DAY,
-                               drops=tuple(Drop(start=s, ratio=r) for s, r in drops))
+            spec = _route_spec(model, duration=ROUTE_DAYS * DAY, drops=tuple(Drop(start=s, ratio=r) for s, r in drops))
             t, share, hist = draw_requests(spec, rng)
             if t.size:
                 highest = max(highest, float(cusum(llr(share, hist)).max()))
@@ -175,8 +189,9 @@ def detection_minutes(args: tuple[Model, int, list[float]]) -> list[float]:
     model, n, thresholds = args
     rng = np.random.default_rng([n, 11])
     start = WARM_SECONDS + rng.uniform(0, 4 * 3600.0)
-    spec = _route_spec(model, duration=start + DROP_SECONDS, drops=(Drop(start=start, ratio=DROP,
-                                                                         end=start + DROP_SECONDS),))
+    spec = _route_spec(
+        model, duration=start + DROP_SECONDS, drops=(Drop(start=start, ratio=DROP, end=start + DROP_SECONDS),)
+    )
     t, share, hist = draw_requests(spec, rng)
     s = cusum(Llr(model)(share, hist))
     after = t >= start
@@ -193,8 +208,9 @@ def quantile(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, max(0, round(q * len(v) + 0.5) - 1))]
 
 
-def bound(tier: str, kappa: float, bad: float, sets: int, drops: int, jobs: int, mix: bool
-          ) -> tuple[list[float], dict[float, tuple[float, float]]]:
+def bound(
+    tier: str, kappa: float, bad: float, sets: int, drops: int, jobs: int, mix: bool
+) -> tuple[list[float], dict[float, tuple[float, float]]]:
     """(sorted set maxima, {q: (h, detection p95 minutes)})."""
     rate = TIERS[tier][0]
     model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad)
@@ -207,8 +223,10 @@ def bound(tier: str, kappa: float, bad: float, sets: int, drops: int, jobs: int,
     finally:
         if pool is not None:
             pool.shutdown()
-    return maxima, {q: (h, quantile([m[i] for m in minutes], 0.5), quantile([m[i] for m in minutes], 0.95))
-                    for i, (q, h) in enumerate(zip(QUANTILES, picked))}
+    return maxima, {
+        q: (h, quantile([m[i] for m in minutes], 0.5), quantile([m[i] for m in minutes], 0.95))
+        for i, (q, h) in enumerate(zip(QUANTILES, picked))
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,8 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="20 sets, 20 drops, 1 req/min at κ 30")
     p.add_argument("--write", type=Path, help="replace the 'Detection limit (oracle)' section of this markdown file")
-    p.add_argument("--json", type=Path, help="also write {'tier|κ': p95 minutes at 90%% clean sets} here (for "
-                                             "bench_detection.py --bound); merged into an existing file")
+    p.add_argument(
+        "--json",
+        type=Path,
+        help="also write {'tier|κ': p95 minutes at 90%% clean sets} here (for "
+        "bench_detection.py --bound); merged into an existing file",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.sets, args.drops, args.tier, args.kappa = 20, 20, args.tier or ["1 req/min"], args.kappa or [30.0]
@@ -235,10 +257,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             maxima, by_q = bound(tier, kappa, args.bad, args.sets, args.drops, args.jobs, not args.no_mix)
             rows.append((tier, kappa, by_q))
-            print(f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s; set maxima p50/p90/p99 "
-                  f"{quantile(maxima, 0.5):.2f}/{quantile(maxima, 0.9):.2f}/{quantile(maxima, 0.99):.2f}; "
-                  + "; ".join(f"q{q:g}: h {h:.2f} p50 {a:.1f} p95 {b:.1f} min" for q, (h, a, b) in by_q.items()),
-                  file=sys.stderr)
+            print(
+                f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s; set maxima p50/p90/p99 "
+                f"{quantile(maxima, 0.5):.2f}/{quantile(maxima, 0.9):.2f}/{quantile(maxima, 0.99):.2f}; "
+                + "; ".join(f"q{q:g}: h {h:.2f} p50 {a:.1f} p95 {b:.1f} min" for q, (h, a, b) in by_q.items()),
+                file=sys.stderr,
+            )
     if args.json:
         known = json.loads(args.json.read_text(encoding="utf-8")) if args.json.exists() else {}
         known.update({f"{tier}|{kappa:g}": by_q[0.9][2] for tier, kappa, by_q in rows if 0.9 in by_q})
@@ -255,7 +279,8 @@ def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
     mix_text = "" if args.no_mix else ", 30% ± 20% of requests of a second class at 0.85× α"
     lines = [
         f"Measured with `.venv/bin/python scripts/bench_detection_bound.py {cmd}"
-        + "".join(f' --tier "{t}"' for t in (args.tier or [])) + "".join(f" --kappa {k:g}" for k in (args.kappa or []))
+        + "".join(f' --tier "{t}"' for t in (args.tier or []))
+        + "".join(f" --kappa {k:g}" for k in (args.kappa or []))
         + f"` ({seconds:.0f} s wall, {args.jobs} processes, {platform.machine()}, Python {platform.python_version()}, "
         f"numpy {np.__version__}). SIMULATED requests of the benchmark's model (EAGLE-3 profile, k=4, 300 output "
         f"tokens, ±30% daily traffic swing{mix_text}). "

@@ -64,8 +64,9 @@ PROMETHEUS_SCRAPE_SECONDS = 15.0
 TARGETS = {"parse_speedup": 10.0, "cpu_percent": 1.0, "rss_mb": 80.0, "render_ms": 20.0}
 
 
-def median_seconds(fn: Callable[[], Any], repeat: int, min_time: float = 0.2,
-                   timer: Callable[[], float] = time.perf_counter) -> float:
+def median_seconds(
+    fn: Callable[[], Any], repeat: int, min_time: float = 0.2, timer: Callable[[], float] = time.perf_counter
+) -> float:
     """Median of `repeat` timings, each of a loop long enough (>= min_time / repeat) to rise above timer noise."""
     begin = time.perf_counter()
     fn()
@@ -121,8 +122,9 @@ def specwatch_parse_function() -> Callable[[bytes], Any]:
 
     from specwatch.sources import engines
 
-    route = parse_config({"gpu": {"enabled": "false"}, "routes": [
-        {"name": "r", "engine": "vllm", "url": "http://127.0.0.1:9/metrics"}]}).routes[0]
+    route = parse_config(
+        {"gpu": {"enabled": "false"}, "routes": [{"name": "r", "engine": "vllm", "url": "http://127.0.0.1:9/metrics"}]}
+    ).routes[0]
     return lambda body: engines.parse_engine_sample("vllm", body, route, 0.0)
 
 
@@ -131,12 +133,25 @@ def shared_endpoint_config(state_dir: str, base_url: str) -> Any:
     """soak.daemon_config's 64 routes, but 8 to an endpoint, each reading one of its 2 DP engines."""
     from specwatch.config import parse_config
 
-    return parse_config({
-        "interval": f"{INTERVAL:g}s", "state_dir": state_dir,
-        "scrape": {"timeout": f"{min(2.0, 0.8 * INTERVAL) * 1000:g}ms"}, "gpu": {"enabled": "true"},
-        "routes": [{"name": f"r{i:02d}", "url": f"{base_url}/r{i // ROUTES_PER_SHARED_ENDPOINT:02d}/metrics",
-                    "engine": "vllm", "engines": [str(i % 2)], "gpus": [i % GPUS], "crossover": {"batch_size": 32}}
-                   for i in range(ROUTES)]})
+    return parse_config(
+        {
+            "interval": f"{INTERVAL:g}s",
+            "state_dir": state_dir,
+            "scrape": {"timeout": f"{min(2.0, 0.8 * INTERVAL) * 1000:g}ms"},
+            "gpu": {"enabled": "true"},
+            "routes": [
+                {
+                    "name": f"r{i:02d}",
+                    "url": f"{base_url}/r{i // ROUTES_PER_SHARED_ENDPOINT:02d}/metrics",
+                    "engine": "vllm",
+                    "engines": [str(i % 2)],
+                    "gpus": [i % GPUS],
+                    "crossover": {"batch_size": 32},
+                }
+                for i in range(ROUTES)
+            ],
+        }
+    )
 
 
 def daemon_child(sources: str, layout: str = "separate") -> dict[str, Any]:
@@ -156,14 +171,19 @@ def daemon_child(sources: str, layout: str = "separate") -> dict[str, Any]:
             farm, base_url = soak.start_engine_farm(ROUTES // ROUTES_PER_SHARED_ENDPOINT, per_scrape_seconds=INTERVAL)
             config = shared_endpoint_config(state_dir, base_url)
         else:
-            farm, base_url = soak.start_engine_farm(ROUTES, per_scrape_seconds=INTERVAL,
-                                                    multiprocess=layout == "multiprocess")
+            farm, base_url = soak.start_engine_farm(
+                ROUTES, per_scrape_seconds=INTERVAL, multiprocess=layout == "multiprocess"
+            )
             config = soak.daemon_config(ROUTES, INTERVAL, state_dir, base_url, gpus=True)
         daemon = Daemon(config, gpu_source_factory=soak.fake_gpu_factory(GPUS), clock=lambda: clock.now)
     else:
         config = soak.daemon_config(ROUTES, INTERVAL, state_dir, "http://127.0.0.1:9", gpus=True)
-        daemon = Daemon(config, gpu_source_factory=soak.fake_gpu_factory(GPUS), clock=lambda: clock.now,
-                        source_factory=soak.trace_source_factory(start, INTERVAL, WARMUP_SECONDS * 2))
+        daemon = Daemon(
+            config,
+            gpu_source_factory=soak.fake_gpu_factory(GPUS),
+            clock=lambda: clock.now,
+            source_factory=soak.trace_source_factory(start, INTERVAL, WARMUP_SECONDS * 2),
+        )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: daemon.snapshot))
 
@@ -202,19 +222,29 @@ def daemon_child(sources: str, layout: str = "separate") -> dict[str, Any]:
             farm.terminate()
             farm.wait(timeout=10)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    return {"sources": sources, "layout": layout, "cycle_cpu_ms": cpu / MEASURE_CYCLES * 1e3,
-            "cycle_wall_ms": wall / MEASURE_CYCLES * 1e3, "render_ms": render * 1e3, "render_cpu_ms": render_cpu * 1e3,
-            "generate_latest_cpu_ms": reference_render_cpu * 1e3,
-            "metrics_bytes": len(body), "metrics_series": sum(not line.startswith(b"#") for line in body.splitlines()),
-            "rss_mb": rss_mb, "peak_rss_mb": peak_mb,
-            "routes_up": sum(r.up for r in snap.routes), "gpus_up": sum(g.up for g in snap.gpus),
-            "eval_ms_reported": snap.evaluation_duration_seconds * 1e3}
+    return {
+        "sources": sources,
+        "layout": layout,
+        "cycle_cpu_ms": cpu / MEASURE_CYCLES * 1e3,
+        "cycle_wall_ms": wall / MEASURE_CYCLES * 1e3,
+        "render_ms": render * 1e3,
+        "render_cpu_ms": render_cpu * 1e3,
+        "generate_latest_cpu_ms": reference_render_cpu * 1e3,
+        "metrics_bytes": len(body),
+        "metrics_series": sum(not line.startswith(b"#") for line in body.splitlines()),
+        "rss_mb": rss_mb,
+        "peak_rss_mb": peak_mb,
+        "routes_up": sum(r.up for r in snap.routes),
+        "gpus_up": sum(g.up for g in snap.gpus),
+        "eval_ms_reported": snap.evaluation_duration_seconds * 1e3,
+    }
 
 
 def bench_daemon(layout: str = "separate", script: Path = Path(__file__)) -> dict[str, Any]:
     sources = "http"
-    proc = subprocess.run([sys.executable, str(script), "_daemon-child", sources, layout], capture_output=True,
-                          text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, str(script), "_daemon-child", sources, layout], capture_output=True, text=True, timeout=1800
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"daemon benchmark child failed:\n{proc.stderr}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -254,8 +284,9 @@ def export_tree(revision: str) -> Path:
 def short_revision(revision: str) -> str:
     if Path(revision).is_dir():
         return Path(revision).name
-    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", revision],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", revision], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def bench_pairs(revision: str, pairs: int) -> int:
@@ -268,12 +299,16 @@ def bench_pairs(revision: str, pairs: int) -> int:
             old = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")["cpu_percent_of_one_core"]
             new = bench_daemon("separate")["cpu_percent_of_one_core"]
             before.append(old), after.append(new), ratios.append(new / old)
-            print(f"pair {i + 1}: {short_revision(revision)} {old:.2f}% -> this tree {new:.2f}% ({new / old:.3f}x)",
-                  flush=True)
+            print(
+                f"pair {i + 1}: {short_revision(revision)} {old:.2f}% -> this tree {new:.2f}% ({new / old:.3f}x)",
+                flush=True,
+            )
     finally:
         shutil.rmtree(tree, ignore_errors=True)
-    print(f"figure 2 medians: {statistics.median(before):.2f}% -> {statistics.median(after):.2f}%, "
-          f"median ratio {statistics.median(ratios):.3f}x over {pairs} pairs")
+    print(
+        f"figure 2 medians: {statistics.median(before):.2f}% -> {statistics.median(after):.2f}%, "
+        f"median ratio {statistics.median(ratios):.3f}x over {pairs} pairs"
+    )
     return 0
 
 
@@ -284,11 +319,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON line")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also measure figure 2 (64 endpoints) for git revision REV (or the tree in folder REV), "
-                             "side by side")
-    parser.add_argument("--pairs", type=int, metavar="N",
-                        help="with --baseline: only figure 2, REV and this tree alternately, N times each")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure figure 2 (64 endpoints) for git revision REV (or the tree in folder REV), side by side",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        metavar="N",
+        help="with --baseline: only figure 2, REV and this tree alternately, N times each",
+    )
     args = parser.parse_args(argv)
     if args.pairs:
         if not args.baseline:
@@ -296,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         return bench_pairs(args.baseline, args.pairs)
 
     cpus = Path("/proc/cpuinfo").read_text().count("processor")
-    print(f"python {sys.version.split()[0]}, {cpus} CPUs, load average at start {os.getloadavg()[0]:.2f} "
-          f"(figures are wall time unless marked CPU; a busy box inflates them)")
+    print(
+        f"python {sys.version.split()[0]}, {cpus} CPUs, load average at start {os.getloadavg()[0]:.2f} "
+        f"(figures are wall time unless marked CPU; a busy box inflates them)"
+    )
     parse = bench_parse()
     print(f"1. parse {parse['fixture']} ({parse['bytes']} bytes, {parse['lines']} lines)")
     print(f"   prometheus_client text_string_to_metric_families: {parse['reference_ms']:.3f} ms")
@@ -305,56 +348,84 @@ def main(argv: list[str] | None = None) -> int:
     if "speedup" in parse:
         ok["parse"] = parse["speedup"] >= TARGETS["parse_speedup"]
         print(f"   specwatch parse + extraction ({parse['extracted']}): {parse['specwatch_ms']:.3f} ms")
-        print(f"   speedup {parse['speedup']:.1f}x (target >= {TARGETS['parse_speedup']:g}x): "
-              f"{'PASS' if ok['parse'] else 'MISS'}")
+        print(
+            f"   speedup {parse['speedup']:.1f}x (target >= {TARGETS['parse_speedup']:g}x): "
+            f"{'PASS' if ok['parse'] else 'MISS'}"
+        )
     else:
         print(f"   {parse['note']}")
 
     daemon = bench_daemon()
-    where = ("engine sources scraping 64 simulated vLLM servers on loopback" if daemon["sources"] == "http" else
-             "in-process trace sources: HTTP scrape and parse NOT included")
-    print(f"   daemon: {ROUTES} routes ({where}), {GPUS} fake-NVML GPUs, routes up {daemon['routes_up']}, "
-          f"GPUs up {daemon['gpus_up']}")
+    where = (
+        "engine sources scraping 64 simulated vLLM servers on loopback"
+        if daemon["sources"] == "http"
+        else "in-process trace sources: HTTP scrape and parse NOT included"
+    )
+    print(
+        f"   daemon: {ROUTES} routes ({where}), {GPUS} fake-NVML GPUs, routes up {daemon['routes_up']}, "
+        f"GPUs up {daemon['gpus_up']}"
+    )
     ok["cpu"] = daemon["cpu_percent_of_one_core"] < TARGETS["cpu_percent"]
-    print(f"2. CPU: cycle {daemon['cycle_cpu_ms']:.1f} ms (wall {daemon['cycle_wall_ms']:.1f} ms) + render share "
-          f"{daemon['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms per {INTERVAL:g} s = "
-          f"{daemon['cpu_percent_of_one_core']:.2f}% of one core (target < {TARGETS['cpu_percent']:g}%): "
-          f"{'PASS' if ok['cpu'] else 'MISS'}")
+    print(
+        f"2. CPU: cycle {daemon['cycle_cpu_ms']:.1f} ms (wall {daemon['cycle_wall_ms']:.1f} ms) + render share "
+        f"{daemon['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms per {INTERVAL:g} s = "
+        f"{daemon['cpu_percent_of_one_core']:.2f}% of one core (target < {TARGETS['cpu_percent']:g}%): "
+        f"{'PASS' if ok['cpu'] else 'MISS'}"
+    )
     ok["rss"] = daemon["rss_mb"] < TARGETS["rss_mb"]
-    print(f"3. steady-state RSS after {WARMUP_SECONDS / 3600:.2f} h of cycles: {daemon['rss_mb']:.1f} MB "
-          f"(peak {daemon['peak_rss_mb']:.1f} MB; target < {TARGETS['rss_mb']:g} MB): "
-          f"{'PASS' if ok['rss'] else 'MISS'}")
+    print(
+        f"3. steady-state RSS after {WARMUP_SECONDS / 3600:.2f} h of cycles: {daemon['rss_mb']:.1f} MB "
+        f"(peak {daemon['peak_rss_mb']:.1f} MB; target < {TARGETS['rss_mb']:g} MB): "
+        f"{'PASS' if ok['rss'] else 'MISS'}"
+    )
     ok["render"] = daemon["render_ms"] < TARGETS["render_ms"]
-    print(f"4. /metrics render, {daemon['metrics_series']} series, {daemon['metrics_bytes']} bytes: "
-          f"{daemon['render_ms']:.2f} ms wall, {daemon['render_cpu_ms']:.2f} ms CPU "
-          f"(target < {TARGETS['render_ms']:g} ms wall): {'PASS' if ok['render'] else 'MISS'}; "
-          f"prometheus_client generate_latest of the same Snapshot {daemon['generate_latest_cpu_ms']:.2f} ms CPU")
+    print(
+        f"4. /metrics render, {daemon['metrics_series']} series, {daemon['metrics_bytes']} bytes: "
+        f"{daemon['render_ms']:.2f} ms wall, {daemon['render_cpu_ms']:.2f} ms CPU "
+        f"(target < {TARGETS['render_ms']:g} ms wall): {'PASS' if ok['render'] else 'MISS'}; "
+        f"prometheus_client generate_latest of the same Snapshot {daemon['generate_latest_cpu_ms']:.2f} ms CPU"
+    )
     if args.baseline:
         before = bench_baseline(args.baseline)
-        print(f"2. before/after, 64 endpoints: {args.baseline} ({before['revision']}) cycle "
-              f"{before['cycle_cpu_ms']:.1f} ms + render share "
-              f"{before['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms = "
-              f"{before['cpu_percent_of_one_core']:.2f}% -> this tree {daemon['cycle_cpu_ms']:.1f} ms + "
-              f"{daemon['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms = "
-              f"{daemon['cpu_percent_of_one_core']:.2f}%")
+        print(
+            f"2. before/after, 64 endpoints: {args.baseline} ({before['revision']}) cycle "
+            f"{before['cycle_cpu_ms']:.1f} ms + render share "
+            f"{before['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms = "
+            f"{before['cpu_percent_of_one_core']:.2f}% -> this tree {daemon['cycle_cpu_ms']:.1f} ms + "
+            f"{daemon['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms = "
+            f"{daemon['cpu_percent_of_one_core']:.2f}%"
+        )
     unfiltered = bench_daemon("multiprocess")
-    print(f"   the same {ROUTES} endpoints answering ?name[]= with nothing, as vLLM with several API servers and "
-          f"SGLang do, so each is scraped whole (not judged against the targets):")
-    print(f"2. CPU: cycle {unfiltered['cycle_cpu_ms']:.1f} ms (wall {unfiltered['cycle_wall_ms']:.1f} ms) + render "
-          f"share {unfiltered['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms per {INTERVAL:g} s = "
-          f"{unfiltered['cpu_percent_of_one_core']:.2f}% of one core")
+    print(
+        f"   the same {ROUTES} endpoints answering ?name[]= with nothing, as vLLM with several API servers and "
+        f"SGLang do, so each is scraped whole (not judged against the targets):"
+    )
+    print(
+        f"2. CPU: cycle {unfiltered['cycle_cpu_ms']:.1f} ms (wall {unfiltered['cycle_wall_ms']:.1f} ms) + render "
+        f"share {unfiltered['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms per {INTERVAL:g} s = "
+        f"{unfiltered['cpu_percent_of_one_core']:.2f}% of one core"
+    )
     print(f"3. steady-state RSS: {unfiltered['rss_mb']:.1f} MB (peak {unfiltered['peak_rss_mb']:.1f} MB)")
     shared = bench_daemon("shared")
     endpoints = ROUTES // ROUTES_PER_SHARED_ENDPOINT
-    print(f"   the usual layout, {endpoints} endpoints x {ROUTES_PER_SHARED_ENDPOINT} routes (each route one of its "
-          f"endpoint's 2 DP engines), routes up {shared['routes_up']} (not judged against the targets):")
-    print(f"2. CPU: cycle {shared['cycle_cpu_ms']:.1f} ms (wall {shared['cycle_wall_ms']:.1f} ms) + render share "
-          f"{shared['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms per {INTERVAL:g} s = "
-          f"{shared['cpu_percent_of_one_core']:.2f}% of one core")
+    print(
+        f"   the usual layout, {endpoints} endpoints x {ROUTES_PER_SHARED_ENDPOINT} routes (each route one of its "
+        f"endpoint's 2 DP engines), routes up {shared['routes_up']} (not judged against the targets):"
+    )
+    print(
+        f"2. CPU: cycle {shared['cycle_cpu_ms']:.1f} ms (wall {shared['cycle_wall_ms']:.1f} ms) + render share "
+        f"{shared['render_cpu_ms'] * INTERVAL / PROMETHEUS_SCRAPE_SECONDS:.1f} ms per {INTERVAL:g} s = "
+        f"{shared['cpu_percent_of_one_core']:.2f}% of one core"
+    )
     print(f"3. steady-state RSS: {shared['rss_mb']:.1f} MB (peak {shared['peak_rss_mb']:.1f} MB)")
     if args.json:
-        figures = {"parse": parse, "daemon": daemon, "daemon_multiprocess": unfiltered, "daemon_shared": shared,
-                   "ok": ok}
+        figures = {
+            "parse": parse,
+            "daemon": daemon,
+            "daemon_multiprocess": unfiltered,
+            "daemon_shared": shared,
+            "ok": ok,
+        }
         if args.baseline:
             figures["daemon_baseline"] = before
         print(json.dumps(figures))

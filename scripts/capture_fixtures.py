@@ -47,16 +47,19 @@ class Fixture:
     version: str = ""  # sglang-legacy: the SGLang version whose name set is reproduced
 
 
-FIXTURES = {f.name: f for f in (
-    Fixture("vllm/v1_k4_2engines", "vllm", engines=2, k=4, scrapes=2, seed=11),
-    Fixture("vllm/v1_k1_1engine", "vllm", engines=1, k=1, scrapes=2, seed=13, accept_p=0.7),
-    Fixture("vllm/v1_nospec_1engine", "vllm", engines=1, k=None, scrapes=1, seed=15),
-    Fixture("sglang/0.5.23_dp1_tp2", "sglang", engines=1, k=3, tp=2, scrapes=1, seed=21),
-    Fixture("sglang/0.5.23_dp2", "sglang", engines=2, k=3, scrapes=2, seed=22, accept_p=0.75),
-    Fixture("vllm/v0_lifetime_gauges", "vllm-v0", engines=1, k=4, seed=31, steps=20),
-    Fixture("sglang/0.4.3_gauges", "sglang-legacy", engines=1, k=3, seed=41, version="0.4.3"),
-    Fixture("sglang/0.5.4_accept_rate", "sglang-legacy", engines=1, k=3, seed=42, version="0.5.4"),
-)}
+FIXTURES = {
+    f.name: f
+    for f in (
+        Fixture("vllm/v1_k4_2engines", "vllm", engines=2, k=4, scrapes=2, seed=11),
+        Fixture("vllm/v1_k1_1engine", "vllm", engines=1, k=1, scrapes=2, seed=13, accept_p=0.7),
+        Fixture("vllm/v1_nospec_1engine", "vllm", engines=1, k=None, scrapes=1, seed=15),
+        Fixture("sglang/0.5.23_dp1_tp2", "sglang", engines=1, k=3, tp=2, scrapes=1, seed=21),
+        Fixture("sglang/0.5.23_dp2", "sglang", engines=2, k=3, scrapes=2, seed=22, accept_p=0.75),
+        Fixture("vllm/v0_lifetime_gauges", "vllm-v0", engines=1, k=4, seed=31, steps=20),
+        Fixture("sglang/0.4.3_gauges", "sglang-legacy", engines=1, k=3, seed=41, version="0.4.3"),
+        Fixture("sglang/0.5.4_accept_rate", "sglang-legacy", engines=1, k=3, seed=42, version="0.5.4"),
+    )
+}
 INVENTORY = Path(__file__).resolve().parent.parent / "docs" / "reference" / "sglang-metrics-inventory.tsv"
 _MULTIPROCESS = ("sglang", "sglang-legacy")
 
@@ -71,11 +74,11 @@ def _version(dist: str) -> str:
 _DRIVERS = {
     "vllm": "vllm.v1.metrics.loggers.PrometheusStatLogger fed SchedulerStats(SpecDecodingStats) + IterationStats",
     "sglang": "sglang.srt.observability.metrics_collector SchedulerMetricsCollector.log_stats + "
-              "TokenizerMetricsCollector.observe_one_finished_request",
+    "TokenizerMetricsCollector.observe_one_finished_request",
     "vllm-v0": "scripts/capture/legacy.py: prometheus_client with the metric definitions of V0 "
-               "vllm/engine/metrics.py transcribed (NOT captured from an installed V0 engine)",
+    "vllm/engine/metrics.py transcribed (NOT captured from an installed V0 engine)",
     "sglang-legacy": "scripts/capture/legacy.py: prometheus_client with names/types/labels/HELP from "
-                     "sglang-metrics-inventory.tsv (NOT captured from an installed SGLang of this version)",
+    "sglang-metrics-inventory.tsv (NOT captured from an installed SGLang of this version)",
 }
 
 
@@ -88,10 +91,16 @@ def _engine_line(fx: Fixture) -> str:
 
 
 def _header(fx: Fixture, argv: list[str]) -> str:
-    mode = ("multiprocess (PROMETHEUS_MULTIPROC_DIR + MultiProcessCollector, like the server)"
-            if fx.engine in _MULTIPROCESS else "single-process (prometheus_client.generate_latest)")
-    spec = "off" if fx.k is None else (
-        f"k={fx.k}" if fx.engine.startswith("vllm") else f"steps={fx.k} draft_tokens={fx.k + 1}")
+    mode = (
+        "multiprocess (PROMETHEUS_MULTIPROC_DIR + MultiProcessCollector, like the server)"
+        if fx.engine in _MULTIPROCESS
+        else "single-process (prometheus_client.generate_latest)"
+    )
+    spec = (
+        "off"
+        if fx.k is None
+        else (f"k={fx.k}" if fx.engine.startswith("vllm") else f"steps={fx.k} draft_tokens={fx.k + 1}")
+    )
     lines = [
         _engine_line(fx),
         f"torch: {_version('torch')}, prometheus_client {_version('prometheus_client')}, "
@@ -158,8 +167,9 @@ def main() -> int:
                 env["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
             else:
                 env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-            subprocess.run([sys.executable, str(SCRIPT), "--in-child", "--out", str(args.out), name],
-                           env=env, check=True)
+            subprocess.run(
+                [sys.executable, str(SCRIPT), "--in-child", "--out", str(args.out), name], env=env, check=True
+            )
     return 0
 
 

@@ -15,8 +15,15 @@ import sys
 from specwatch.crossover import gpus
 from specwatch.crossover.reference import load_reference
 from specwatch.crossover.model import positions_from_alpha
-from specwatch.crossover.shapes import (SCORED_ALPHAS, SCORED_GAMMAS, fit, leave_one_shape_out, load_tables,
-                                        near_one_range, table_model)
+from specwatch.crossover.shapes import (
+    SCORED_ALPHAS,
+    SCORED_GAMMAS,
+    fit,
+    leave_one_shape_out,
+    load_tables,
+    near_one_range,
+    table_model,
+)
 
 TARGET = 0.25
 
@@ -52,12 +59,16 @@ def main() -> int:
                     continue
                 high, low = near_one_range(table.run, c.gamma, c.alpha)
                 predicted = model.speedup(c.measured, positions_from_alpha(c.alpha, c.gamma), table.run.context)
-                notes.append(f"  {name} γ{c.gamma} α{c.alpha}: measured B* {c.measured:.0f}; measured speedup within "
-                             f"±3% of 1 from B {span(high, c.largest)} to {span(low, c.largest)}; predicted "
-                             f"speedup at B {c.measured:.0f}: {predicted:.3f}")
-        print(f"| {name} | {shape.gqa_ratio:g} | "
-              + " | ".join(cell(c.measured, c.predicted, c.error, c.largest) for c in cells)
-              + f" | {'miss' if worst is None else f'{worst:.0%}'} | {rms:.1%} |")
+                notes.append(
+                    f"  {name} γ{c.gamma} α{c.alpha}: measured B* {c.measured:.0f}; measured speedup within "
+                    f"±3% of 1 from B {span(high, c.largest)} to {span(low, c.largest)}; predicted "
+                    f"speedup at B {c.measured:.0f}: {predicted:.3f}"
+                )
+        print(
+            f"| {name} | {shape.gqa_ratio:g} | "
+            + " | ".join(cell(c.measured, c.predicted, c.error, c.largest) for c in cells)
+            + f" | {'miss' if worst is None else f'{worst:.0%}'} | {rms:.1%} |"
+        )
     if notes:
         print("\nCells over the target, with the measured curve's flatness:")
         print("\n".join(notes))
@@ -66,6 +77,7 @@ def main() -> int:
     ref = load_reference().run(1024)
     print("\nThe 8B reference table (a different benchmark), predicted with the shipped calibration:")
     from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel
+
     hardware, shipped = gpus.lookup("H200")
     model = StepModel(LLAMA3_8B, hardware, shipped, draft=Draft.parse("eagle3", LLAMA3_8B))
     for g in SCORED_GAMMAS:

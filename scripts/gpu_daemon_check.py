@@ -39,13 +39,16 @@ STAND_IN = textwrap.dedent("""
     time.sleep(3600)
 """)
 
-KEEP = re.compile(r"^specwatch_(nvml_up|gpu_up|gpu_info|route_gpu_info|route_up|route_info|gpu_tensor_active_ratio|"
-                  r"gpu_dram_bandwidth_utilization_ratio|gpu_sm_active_ratio|route_acceptance_ratio|"
-                  r"route_draft_length|route_running_requests|route_compute_bound|evaluation_duration_seconds)\b")
+KEEP = re.compile(
+    r"^specwatch_(nvml_up|gpu_up|gpu_info|route_gpu_info|route_up|route_info|gpu_tensor_active_ratio|"
+    r"gpu_dram_bandwidth_utilization_ratio|gpu_sm_active_ratio|route_acceptance_ratio|"
+    r"route_draft_length|route_running_requests|route_compute_bound|evaluation_duration_seconds)\b"
+)
 
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -72,16 +75,30 @@ def main() -> int:
     engine = subprocess.Popen([sys.executable, "-c", STAND_IN, str(engine_port)], stdout=subprocess.PIPE, text=True)
     assert engine.stdout.readline().strip() == "ready", "engine stand-in did not start"
     interval = 2.0
-    (tmp / "specwatch.yml").write_text(textwrap.dedent(f"""
+    (tmp / "specwatch.yml").write_text(
+        textwrap.dedent(f"""
         interval: {interval}s
         state_dir: {tmp}/state
         gpu: {{enabled: true}}
         routes:
           - {{name: chat, engine: vllm, url: "http://127.0.0.1:{engine_port}/metrics"}}
-    """))
-    daemon = subprocess.Popen([sys.executable, "-m", "specwatch", "run", "--config.file", str(tmp / "specwatch.yml"),
-                               "--web.listen-address", f"127.0.0.1:{daemon_port}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """)
+    )
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specwatch",
+            "run",
+            "--config.file",
+            str(tmp / "specwatch.yml"),
+            "--web.listen-address",
+            f"127.0.0.1:{daemon_port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{daemon_port}"
         deadline = time.monotonic() + 30
@@ -97,9 +114,11 @@ def main() -> int:
         cpu1, t1 = cpu_seconds(daemon.pid), time.monotonic()
         metrics = get(base + "/metrics")
         (out / "daemon_metrics.prom").write_text(metrics)
-        print(f"# daemon: {args.cycles} cycles of {interval:g}s, CPU {cpu1 - cpu0:.3f} s over {t1 - t0:.1f} s wall "
-              f"= {100 * (cpu1 - cpu0) / (t1 - t0):.2f}% of one core, {1000 * (cpu1 - cpu0) / args.cycles:.1f} ms "
-              f"CPU per cycle (1 GPU, 1 route, scrapes included)")
+        print(
+            f"# daemon: {args.cycles} cycles of {interval:g}s, CPU {cpu1 - cpu0:.3f} s over {t1 - t0:.1f} s wall "
+            f"= {100 * (cpu1 - cpu0) / (t1 - t0):.2f}% of one core, {1000 * (cpu1 - cpu0) / args.cycles:.1f} ms "
+            f"CPU per cycle (1 GPU, 1 route, scrapes included)"
+        )
         for line in metrics.splitlines():
             if KEEP.match(line):
                 print(line)

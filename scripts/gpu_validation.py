@@ -26,8 +26,12 @@ import subprocess
 import sys
 import time
 
-GPM_KEYS = ("gpu_sm_active_ratio", "gpu_tensor_active_ratio", "gpu_dram_bandwidth_utilization_ratio",
-            "gpu_sm_occupancy_ratio")
+GPM_KEYS = (
+    "gpu_sm_active_ratio",
+    "gpu_tensor_active_ratio",
+    "gpu_dram_bandwidth_utilization_ratio",
+    "gpu_sm_occupancy_ratio",
+)
 
 
 # --------------------------------------------------------------------------- the load (child process)
@@ -51,6 +55,7 @@ def run_load(kind: str, seconds: float) -> None:
 
         def step() -> None:
             torch.matmul(a, b)
+
     step()
     torch.cuda.synchronize()
     print(json.dumps({"port": listener.getsockname()[1], "pid": os.getpid()}), flush=True)
@@ -63,8 +68,9 @@ def run_load(kind: str, seconds: float) -> None:
 
 class Load:
     def __init__(self, kind: str, seconds: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--load", kind, "--seconds", str(seconds)],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--load", kind, "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True
+        )
         for line in self.proc.stdout:
             if line.startswith("{"):
                 break
@@ -86,29 +92,40 @@ def exposition(nvml_up: bool | None, gpus, route_gpus: dict[str, tuple[int, ...]
     from specwatch.export.prometheus import SnapshotCollector
     from specwatch.snapshot import RouteState, Snapshot
 
-    snapshot = Snapshot(timestamp=time.time(), gpus=tuple(gpus), nvml_up=nvml_up,
-                        routes=tuple(RouteState(name=r, up=True, gpus=g) for r, g in route_gpus.items()))
+    snapshot = Snapshot(
+        timestamp=time.time(),
+        gpus=tuple(gpus),
+        nvml_up=nvml_up,
+        routes=tuple(RouteState(name=r, up=True, gpus=g) for r, g in route_gpus.items()),
+    )
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snapshot))
     text = generate_latest(registry).decode()
-    return [line for line in text.splitlines() if "specwatch_gpu_" in line or "specwatch_nvml_" in line
-            or "specwatch_route_gpu_info" in line]
+    return [
+        line
+        for line in text.splitlines()
+        if "specwatch_gpu_" in line or "specwatch_nvml_" in line or "specwatch_route_gpu_info" in line
+    ]
 
 
 def nvidia_smi() -> str:
-    query = ("utilization.gpu,memory.used,memory.total,power.draw,clocks.sm,clocks.mem,temperature.gpu,"
-             "clocks_event_reasons.active")
+    query = (
+        "utilization.gpu,memory.used,memory.total,power.draw,clocks.sm,clocks.mem,temperature.gpu,"
+        "clocks_event_reasons.active"
+    )
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True, text=True,
-                             timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True, text=True, timeout=20
+        )
         return (out.stdout or out.stderr).strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"nvidia-smi: {exc}"
 
 
 # --------------------------------------------------------------------------- phases
-def phase(source, name: str, load: Load | None, intervals: int, interval_s: float, report: list[str],
-          results: dict) -> None:
+def phase(
+    source, name: str, load: Load | None, intervals: int, interval_s: float, report: list[str], results: dict
+) -> None:
     from specwatch.config import RouteConfig
 
     source.sample(time.time())  # primes GPM: values cover the interval that follows
@@ -125,18 +142,36 @@ def phase(source, name: str, load: Load | None, intervals: int, interval_s: floa
         routes[route.name] = source.route_gpus(route)
         mapping_ms = (time.perf_counter() - t0) * 1e3
     smi = nvidia_smi()
-    report += [f"## phase: {name}" + (f" (load pid {load.pid}, port {load.port})" if load else ""), "",
-               f"GPM per {interval_s:g}s interval (GPU 0):"]
+    report += [
+        f"## phase: {name}" + (f" (load pid {load.pid}, port {load.port})" if load else ""),
+        "",
+        f"GPM per {interval_s:g}s interval (GPU 0):",
+    ]
     for i, r in enumerate(readings):
-        report.append(f"  interval {i + 1}: " + "  ".join(f"{k[4:]}={v:.3f}" if v is not None else f"{k[4:]}=absent"
-                                                         for k, v in r.items()))
+        report.append(
+            f"  interval {i + 1}: "
+            + "  ".join(f"{k[4:]}={v:.3f}" if v is not None else f"{k[4:]}=absent" for k, v in r.items())
+        )
     pids = sorted({p for g in gpus for p in g.pids})
     if load is not None:
         report.append(f"route auto-mapping: {routes} in {mapping_ms:.1f} ms; NVML compute pids {pids}")
-    report += ["", "exported metric lines (last interval):", *exposition(nvml_up, gpus, routes), "",
-               "nvidia-smi at the end of the phase:", smi, ""]
-    results[name] = {"gpm": readings, "fields": [dict(g.fields) for g in gpus], "route_gpus": routes,
-                     "compute_pids": pids, "load_pid": load.pid if load else None, "mapping_ms": mapping_ms}
+    report += [
+        "",
+        "exported metric lines (last interval):",
+        *exposition(nvml_up, gpus, routes),
+        "",
+        "nvidia-smi at the end of the phase:",
+        smi,
+        "",
+    ]
+    results[name] = {
+        "gpm": readings,
+        "fields": [dict(g.fields) for g in gpus],
+        "route_gpus": routes,
+        "compute_pids": pids,
+        "load_pid": load.pid if load else None,
+        "mapping_ms": mapping_ms,
+    }
 
 
 def cost(source, cycles: int, label: str, report: list[str], results: dict) -> None:
@@ -153,14 +188,22 @@ def cost(source, cycles: int, label: str, report: list[str], results: dict) -> N
     wall_ms = [w * 1e3 for w in wall]
     q = statistics.quantiles(cpu_ms, n=100)
     per_gpu = statistics.mean(cpu_ms) / max(n_gpus, 1)
-    line = (f"{label}: {cycles} cycles, {n_gpus} GPU(s): CPU per cycle mean {statistics.mean(cpu_ms):.3f} ms, "
-            f"median {statistics.median(cpu_ms):.3f} ms, p99 {q[98]:.3f} ms; "
-            f"wall mean {statistics.mean(wall_ms):.3f} ms; "
-            f"per GPU {per_gpu:.3f} ms CPU -> 8 GPUs ~ {8 * per_gpu:.2f} ms (extrapolated, linear in GPUs)")
+    line = (
+        f"{label}: {cycles} cycles, {n_gpus} GPU(s): CPU per cycle mean {statistics.mean(cpu_ms):.3f} ms, "
+        f"median {statistics.median(cpu_ms):.3f} ms, p99 {q[98]:.3f} ms; "
+        f"wall mean {statistics.mean(wall_ms):.3f} ms; "
+        f"per GPU {per_gpu:.3f} ms CPU -> 8 GPUs ~ {8 * per_gpu:.2f} ms (extrapolated, linear in GPUs)"
+    )
     report.append(line)
-    results[f"cost_{label}"] = {"cycles": cycles, "gpus": n_gpus, "cpu_ms_mean": statistics.mean(cpu_ms),
-                                "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_p99": q[98],
-                                "wall_ms_mean": statistics.mean(wall_ms), "cpu_ms_per_gpu": per_gpu}
+    results[f"cost_{label}"] = {
+        "cycles": cycles,
+        "gpus": n_gpus,
+        "cpu_ms_mean": statistics.mean(cpu_ms),
+        "cpu_ms_median": statistics.median(cpu_ms),
+        "cpu_ms_p99": q[98],
+        "wall_ms_mean": statistics.mean(wall_ms),
+        "cpu_ms_per_gpu": per_gpu,
+    }
 
 
 def call_costs(report: list[str], results: dict) -> None:
@@ -222,9 +265,13 @@ def gpm_costs(report: list[str], results: dict) -> None:
     finally:
         for b in buffers:
             pynvml.nvmlGpmSampleFree(b)
-    for label, call in (("nvmlDeviceGetTotalEnergyConsumption", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h)),
-                        ("nvmlDeviceGetFieldValues([TOTAL_ENERGY])", lambda: pynvml.nvmlDeviceGetFieldValues(
-                            h, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]))):
+    for label, call in (
+        ("nvmlDeviceGetTotalEnergyConsumption", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h)),
+        (
+            "nvmlDeviceGetFieldValues([TOTAL_ENERGY])",
+            lambda: pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]),
+        ),
+    ):
         try:
             call()
             c0 = time.thread_time()
@@ -253,16 +300,18 @@ def main() -> int:
 
     import logging
 
-
     from specwatch.config import GpuConfig
     from specwatch.sources.nvml import make_gpu_source
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from importlib.metadata import version
 
-    report = [f"# specwatch GPU validation, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "",
-              f"python {sys.version.split()[0]}, nvidia-ml-py {version('nvidia-ml-py')}, "
-              f"kernel {os.uname().release}", ""]
+    report = [
+        f"# specwatch GPU validation, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+        "",
+        f"python {sys.version.split()[0]}, nvidia-ml-py {version('nvidia-ml-py')}, kernel {os.uname().release}",
+        "",
+    ]
     results: dict = {}
     source = make_gpu_source(GpuConfig(enabled="true"))
     try:

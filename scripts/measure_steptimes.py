@@ -55,8 +55,18 @@ SHAPES: dict[str, dict] = {
     "llama3.2-1b": dict(layers=16, d_model=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256),
     "qwen2.5-14b": dict(layers=48, d_model=5120, heads=40, kv_heads=8, head_dim=128, ffn=13824, vocab=152064),
     "codellama-34b": dict(layers=48, d_model=8192, heads=64, kv_heads=8, head_dim=128, ffn=22016, vocab=32000),
-    "qwen3-30b-a3b": dict(layers=48, d_model=2048, heads=32, kv_heads=4, head_dim=128, ffn=0, vocab=151936,
-                          experts=128, experts_per_token=8, expert_ffn=768),
+    "qwen3-30b-a3b": dict(
+        layers=48,
+        d_model=2048,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        ffn=0,
+        vocab=151936,
+        experts=128,
+        experts_per_token=8,
+        expert_ffn=768,
+    ),
 }
 # How the verify pass's attention and RoPE are run (see --variant); plain decode is always native-GQA SDPA.
 VARIANTS = {
@@ -173,7 +183,7 @@ def moe_mlp(h: torch.Tensor, w: dict, routing: Routing, impl: str) -> torch.Tens
         parts, start = [], 0
         for expert, count in enumerate(routing.counts):
             if count:
-                gu = xs[start:start + count] @ w["gate_up"][expert]
+                gu = xs[start : start + count] @ w["gate_up"][expert]
                 g, u = gu.chunk(2, dim=-1)
                 parts.append((F.silu(g) * u) @ w["down"][expert])
             start += count
@@ -182,9 +192,16 @@ def moe_mlp(h: torch.Tensor, w: dict, routing: Routing, impl: str) -> torch.Tens
     return out.index_add_(0, routing.token_index, y * routing.gate)
 
 
-def decoder_forward(x: torch.Tensor, layers: Layers, kv: list[tuple[torch.Tensor, torch.Tensor]], context: int,
-                    mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                    routing: Routing | None) -> torch.Tensor:
+def decoder_forward(
+    x: torch.Tensor,
+    layers: Layers,
+    kv: list[tuple[torch.Tensor, torch.Tensor]],
+    context: int,
+    mask: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    routing: Routing | None,
+) -> torch.Tensor:
     """x: (B, q, d). kv[i]: (B, kv_heads, context + q, head_dim) key and value caches."""
     cfg = layers.cfg
     b, q, d = x.shape
@@ -199,8 +216,8 @@ def decoder_forward(x: torch.Tensor, layers: Layers, kv: list[tuple[torch.Tensor
         kh = kh.view(b, q, h_kv, hd).transpose(1, 2)
         if VARIANT["rope"]:
             qh, kh = rope(qh, cos, sin), rope(kh, cos, sin)
-        k_cache[:, :, context:context + q].copy_(kh)
-        v_cache[:, :, context:context + q].copy_(vh.view(b, q, h_kv, hd).transpose(1, 2))
+        k_cache[:, :, context : context + q].copy_(kh)
+        v_cache[:, :, context : context + q].copy_(vh.view(b, q, h_kv, hd).transpose(1, 2))
         if q > 1 and VARIANT["verify"] == "repeat" and h_q != h_kv:
             k_all = k_cache.repeat_interleave(h_q // h_kv, dim=1)
             v_all = v_cache.repeat_interleave(h_q // h_kv, dim=1)
@@ -220,8 +237,14 @@ def decoder_forward(x: torch.Tensor, layers: Layers, kv: list[tuple[torch.Tensor
 class Model:
     """Embedding, decoder layers and LM head of one shape (or of its draft)."""
 
-    def __init__(self, cfg: dict, device: torch.device, weight_budget: float, vocab: int | None = None,
-                 n_layers: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: dict,
+        device: torch.device,
+        weight_budget: float,
+        vocab: int | None = None,
+        n_layers: int | None = None,
+    ) -> None:
         self.cfg = cfg
         self.vocab = vocab or cfg["vocab"]
         self.layers = Layers(cfg, n_layers or cfg["layers"], device, weight_budget)
@@ -252,7 +275,7 @@ class Model:
             full = torch.ones(q, width, dtype=torch.bool, device=dev).tril(diagonal=context)
             if VARIANT["mask"] == "float":
                 full = torch.zeros(q, width, dtype=torch.bfloat16, device=dev).masked_fill(~full, float("-inf"))
-            mask = full[:, :context + q]
+            mask = full[:, : context + q]
         pos = torch.arange(context, context + q, device=dev, dtype=torch.float32)
         inv_freq = 1.0 / (500000.0 ** (torch.arange(0, cfg["head_dim"], 2, device=dev).float() / cfg["head_dim"]))
         angles = torch.outer(pos, inv_freq)
@@ -369,13 +392,23 @@ def derive(target: dict[str, float], draft: dict[str, float], batches: list[int]
                     e = expected_tokens(alpha, gamma)
                     speedup[str(b)] = round(e * target[f"{b}x1"] / (target[key] + gamma * draft[str(b)]), 3)
             below = [int(b) for b, s in speedup.items() if s < 1]
-            out[f"gamma={gamma},alpha={alpha}"] = {"speedup": speedup,
-                                                   "first_batch_below_1": min(below) if below else None}
+            out[f"gamma={gamma},alpha={alpha}"] = {
+                "speedup": speedup,
+                "first_batch_below_1": min(below) if below else None,
+            }
     return out
 
 
-def measure(name: str, cfg: dict, context: int, batches: list[int], qs: list[int], device: torch.device,
-            args: argparse.Namespace, gpm: GpmReader | None) -> dict:
+def measure(
+    name: str,
+    cfg: dict,
+    context: int,
+    batches: list[int],
+    qs: list[int],
+    device: torch.device,
+    args: argparse.Namespace,
+    gpm: GpmReader | None,
+) -> dict:
     generator = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     model = Model(cfg, device, args.weight_budget_gb * 1e9)
@@ -386,8 +419,10 @@ def measure(name: str, cfg: dict, context: int, batches: list[int], qs: list[int
         draft_cfg = {k: v for k, v in cfg.items() if k not in ("experts", "experts_per_token", "expert_ffn")}
         draft_cfg["ffn"] = cfg["experts_per_token"] * cfg["expert_ffn"]
     draft = Model(draft_cfg, device, 1e12, vocab=DRAFT_VOCAB, n_layers=1)
-    log(f"{name}: weights ready ({model.layers.distinct}/{cfg['layers']} distinct layers) "
-        f"in {time.perf_counter() - t0:.1f}s")
+    log(
+        f"{name}: weights ready ({model.layers.distinct}/{cfg['layers']} distinct layers) "
+        f"in {time.perf_counter() - t0:.1f}s"
+    )
     target_ms: dict[str, float] = {}
     draft_ms: dict[str, float] = {}
     gpm_plain: dict[str, dict] = {}
@@ -420,14 +455,22 @@ def measure(name: str, cfg: dict, context: int, batches: list[int], qs: list[int
         del dfn
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        log(f"{name} ctx {context} B={b}: " + " ".join(f"q{q}={target_ms[f'{b}x{q}']:.2f}" for q in qs)
-            + f" draft={draft_ms[str(b)]:.3f} ms")
+        log(
+            f"{name} ctx {context} B={b}: "
+            + " ".join(f"q{q}={target_ms[f'{b}x{q}']:.2f}" for q in qs)
+            + f" draft={draft_ms[str(b)]:.3f} ms"
+        )
     params = param_count(cfg)
     run = {
         "shape": name,
         "context": context,
-        "shape_config": dict(cfg, params_total=params["total"], params_active_per_token=params["active_per_token"],
-                             draft_ffn=draft_cfg["ffn"], draft_vocab=DRAFT_VOCAB),
+        "shape_config": dict(
+            cfg,
+            params_total=params["total"],
+            params_active_per_token=params["active_per_token"],
+            draft_ffn=draft_cfg["ffn"],
+            draft_vocab=DRAFT_VOCAB,
+        ),
         "target": target_ms,
         "draft": draft_ms,
         "gpm_plain": gpm_plain,
@@ -445,12 +488,16 @@ def measure(name: str, cfg: dict, context: int, batches: list[int], qs: list[int
     return run
 
 
-PROBE_POINTS = [(1, 1), (1, 5), (16, 5), (64, 1), (64, 3), (64, 5), (64, 8), (256, 1), (256, 3), (256, 5),
-                (256, 8)]
+PROBE_POINTS = [(1, 1), (1, 5), (16, 5), (64, 1), (64, 3), (64, 5), (64, 8), (256, 1), (256, 3), (256, 5), (256, 8)]
 
 
-def probe_variants(reference_path: str, device: torch.device, args: argparse.Namespace,
-                   shape: dict = SHAPES["llama3-8b"], context: int = 1024) -> tuple[str, dict]:
+def probe_variants(
+    reference_path: str,
+    device: torch.device,
+    args: argparse.Namespace,
+    shape: dict = SHAPES["llama3-8b"],
+    context: int = 1024,
+) -> tuple[str, dict]:
     """Time the Llama-3-8B shape under each variant at PROBE_POINTS and pick the one closest (RMS log error)
     to the shipped reference table at context 1024."""
     with open(reference_path) as fh:
@@ -470,8 +517,10 @@ def probe_variants(reference_path: str, device: torch.device, args: argparse.Nam
         errors = [math.log(times[k] / ref[k]) for k in times]
         rms = math.sqrt(sum(e * e for e in errors) / len(errors))
         scores[name] = {"rms_log_error": round(rms, 4), "ms": times, "reference_ms": {k: ref[k] for k in times}}
-        log(f"variant {name}: RMS log error {rms:.3f}  "
-            + " ".join(f"{k}={v:.2f}/{ref[k]:.2f}" for k, v in times.items()))
+        log(
+            f"variant {name}: RMS log error {rms:.3f}  "
+            + " ".join(f"{k}={v:.2f}/{ref[k]:.2f}" for k, v in times.items())
+        )
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -492,8 +541,11 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=480.0, help="start no new run after this long")
     parser.add_argument("--no-gpm", action="store_true")
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="gqa", help="verify attention / RoPE variant")
-    parser.add_argument("--match-reference", metavar="JSON",
-                        help="probe every variant on llama3-8b against this reference table, then use the closest")
+    parser.add_argument(
+        "--match-reference",
+        metavar="JSON",
+        help="probe every variant on llama3-8b against this reference table, then use the closest",
+    )
     parser.add_argument("--moe-impl", choices=("grouped_mm", "per_expert_loop"), default="grouped_mm")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (fp32 SDPA), to test the code")
     args = parser.parse_args()

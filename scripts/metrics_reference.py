@@ -14,9 +14,14 @@ from pathlib import Path
 
 from specwatch import catalog
 
-AREAS = (("core", "Sources, tracking and self-monitoring"), ("service", "Service"),
-         ("detection", "Acceptance-drop detection"), ("crossover", "Crossover"), ("probe", "Canary probes"),
-         ("gpu", "GPUs (NVML, GPM)"))
+AREAS = (
+    ("core", "Sources, tracking and self-monitoring"),
+    ("service", "Service"),
+    ("detection", "Acceptance-drop detection"),
+    ("crossover", "Crossover"),
+    ("probe", "Canary probes"),
+    ("gpu", "GPUs (NVML, GPM)"),
+)
 BEGIN, END = "<!-- metrics-reference:begin -->", "<!-- metrics-reference:end -->"
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -30,8 +30,10 @@ def main() -> None:
     table = load_table(context=1024)
     tau = AcceptanceProfile.iid(args.alpha, args.k).mean_tokens_per_step()
     steps = math.ceil(args.max_tokens / tau)
-    print(f"{args.prompts} prompts x {args.max_tokens} tokens, k={args.k}, alpha={args.alpha}: "
-          f"{tau:.2f} tokens/step, {steps} steps per prompt")
+    print(
+        f"{args.prompts} prompts x {args.max_tokens} tokens, k={args.k}, alpha={args.alpha}: "
+        f"{tau:.2f} tokens/step, {steps} steps per prompt"
+    )
     for c in (1, 4, 8):
         alone = math.ceil(args.prompts / c) * steps * step_seconds(table, c, args.k)
         print(f"  concurrency {c}: {alone:.1f} GPU-seconds alone on the GPU")

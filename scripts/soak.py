@@ -44,9 +44,9 @@ from typing import Any, Callable, Iterator
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # specwatch from this checkout; tests/fake_nvml.py for GPUs
 
-from specwatch.config import Config, parse_config  # noqa: E402
-from specwatch.daemon import Daemon  # noqa: E402
-from specwatch.snapshot import EngineCounters, EngineSample  # noqa: E402
+from specwatch.config import Config, parse_config
+from specwatch.daemon import Daemon
+from specwatch.snapshot import EngineCounters, EngineSample
 
 RSS_GROWTH_LIMIT_BYTES = 5 * 1024 * 1024
 # The daemon's per-cycle state (the window ring's exact part, the drop detector's confirm window, the per-position
@@ -54,8 +54,10 @@ RSS_GROWTH_LIMIT_BYTES = 5 * 1024 * 1024
 # (accelerated, fake clock), then stays flat. Growth is measured once it is full.
 LIVE_WARMUP_SECONDS = 360.0
 # What Prometheus 2.42 sends when it scrapes (captured), so the soak exercises the render Prometheus gets.
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 K = 4
 POSITION_ACCEPTANCE = (0.78, 0.60, 0.45, 0.33)  # p_j: chance a draft's position j is accepted
 
@@ -84,7 +86,7 @@ def verdict(figures: list[ProcessFigures], warmup: float) -> dict[str, Any]:
     if len(steady) < 4:
         return {"ok": False, "problems": ["the run ended before there were four figures after warm-up"]}
     first, last = steady[0], steady[-1]
-    early, late = steady[: len(steady) // 2], steady[len(steady) // 2:]
+    early, late = steady[: len(steady) // 2], steady[len(steady) // 2 :]
     fds = [max(f.fds for f in early), max(f.fds for f in late)]
     threads = [max(f.threads for f in early), max(f.threads for f in late)]
     result: dict[str, Any] = {
@@ -93,7 +95,8 @@ def verdict(figures: list[ProcessFigures], warmup: float) -> dict[str, Any]:
         "rss_end_mib": round(last.rss_bytes / 2**20, 2),
         "rss_max_mib": round(max(f.rss_bytes for f in steady) / 2**20, 2),
         "rss_growth_mib": round((last.rss_bytes - first.rss_bytes) / 2**20, 2),
-        "fds_max_first_second_half": fds, "threads_max_first_second_half": threads,
+        "fds_max_first_second_half": fds,
+        "threads_max_first_second_half": threads,
     }
     problems = []
     if last.rss_bytes - first.rss_bytes >= RSS_GROWTH_LIMIT_BYTES:
@@ -108,14 +111,26 @@ def verdict(figures: list[ProcessFigures], warmup: float) -> dict[str, Any]:
 
 
 def daemon_config(routes: int, interval: float, state_dir: str, base_url: str, gpus: bool) -> Config:
-    return parse_config({
-        "interval": f"{interval:g}s", "state_dir": state_dir,
-        "scrape": {"timeout": f"{min(2.0, 0.8 * interval) * 1000:g}ms"},  # must be shorter than the interval
-        "gpu": {"enabled": "true" if gpus else "false"},
-        # Each route pinned to one of the 8 GPUs, as on a packed host (the fake GPUs' processes are not real
-        # PIDs, so auto-mapping would retry every 10 s forever and measure that instead).
-        "routes": [{"name": f"r{i:02d}", "url": f"{base_url}/r{i:02d}/metrics", "engine": "vllm", "gpus": [i % 8],
-                    "crossover": {"batch_size": 32}} for i in range(routes)]})
+    return parse_config(
+        {
+            "interval": f"{interval:g}s",
+            "state_dir": state_dir,
+            "scrape": {"timeout": f"{min(2.0, 0.8 * interval) * 1000:g}ms"},  # must be shorter than the interval
+            "gpu": {"enabled": "true" if gpus else "false"},
+            # Each route pinned to one of the 8 GPUs, as on a packed host (the fake GPUs' processes are not real
+            # PIDs, so auto-mapping would retry every 10 s forever and measure that instead).
+            "routes": [
+                {
+                    "name": f"r{i:02d}",
+                    "url": f"{base_url}/r{i:02d}/metrics",
+                    "engine": "vllm",
+                    "gpus": [i % 8],
+                    "crossover": {"batch_size": 32},
+                }
+                for i in range(routes)
+            ],
+        }
+    )
 
 
 def fake_gpu_factory(count: int = 8) -> Callable[[Any], Any]:
@@ -142,8 +157,11 @@ class SimulatedVllm:
     # Re-render at most this often: 64 prometheus_client renders a second would need more than the one core the
     # simulated engines get, and the daemon only needs counters that move between its cycles now and then.
     REFRESH_SECONDS = 10.0
-    _SPEC_LINE = re.compile(rb"^(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens|accepted_tokens_per_pos)"
-                            rb"_total)\{([^}]*)\} \S+$", re.M)
+    _SPEC_LINE = re.compile(
+        rb"^(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens|accepted_tokens_per_pos)"
+        rb"_total)\{([^}]*)\} \S+$",
+        re.M,
+    )
     _ENGINE = re.compile(rb'engine="(\d+)"')
     _POSITION = re.compile(rb'position="(\d+)"')
 
@@ -200,29 +218,55 @@ class SimulatedVllm:
             drafts = steps * self.BATCH
             per_pos = [round(drafts * p * self.rng.uniform(0.97, 1.03)) for p in POSITION_ACCEPTANCE]
             accepted = sum(per_pos)
-            self.metrics.on_step(engine, StepRecord(
-                now=now, duration=0.025, running=self.BATCH, waiting=self.rng.randrange(4),
-                kv_usage=self.rng.uniform(0.2, 0.6), prompt_tokens=steps * 40, emitted_tokens=drafts + accepted,
-                drafts=drafts, draft_tokens=K * drafts, accepted_tokens=accepted, accepted_per_pos=per_pos))
-            for family, value in ((b"vllm:spec_decode_num_drafts_total", drafts),
-                                  (b"vllm:spec_decode_num_draft_tokens_total", K * drafts),
-                                  (b"vllm:spec_decode_num_accepted_tokens_total", accepted)):
+            self.metrics.on_step(
+                engine,
+                StepRecord(
+                    now=now,
+                    duration=0.025,
+                    running=self.BATCH,
+                    waiting=self.rng.randrange(4),
+                    kv_usage=self.rng.uniform(0.2, 0.6),
+                    prompt_tokens=steps * 40,
+                    emitted_tokens=drafts + accepted,
+                    drafts=drafts,
+                    draft_tokens=K * drafts,
+                    accepted_tokens=accepted,
+                    accepted_per_pos=per_pos,
+                ),
+            )
+            for family, value in (
+                (b"vllm:spec_decode_num_drafts_total", drafts),
+                (b"vllm:spec_decode_num_draft_tokens_total", K * drafts),
+                (b"vllm:spec_decode_num_accepted_tokens_total", accepted),
+            ):
                 self.totals[(family, engine, -1)] = self.totals.get((family, engine, -1), 0) + value
             for j, value in enumerate(per_pos):
                 key = (b"vllm:spec_decode_num_accepted_tokens_per_pos_total", engine, j)
                 self.totals[key] = self.totals.get(key, 0) + value
             for _ in range(self.rng.randrange(1, 4) if finished else 0):  # finished requests fill the histograms
-                self.metrics.on_finish(engine, SimpleNamespace(
-                    finish_reason="stop", arrival=now - 3.0, scheduled_at=now - 2.9, first_token_at=now - 2.7,
-                    generated=self.rng.randrange(50, 800), prompt_tokens=self.rng.randrange(100, 2000),
-                    max_tokens=1024), now)
+                self.metrics.on_finish(
+                    engine,
+                    SimpleNamespace(
+                        finish_reason="stop",
+                        arrival=now - 3.0,
+                        scheduled_at=now - 2.9,
+                        first_token_at=now - 2.7,
+                        generated=self.rng.randrange(50, 800),
+                        prompt_tokens=self.rng.randrange(100, 2000),
+                        max_tokens=1024,
+                    ),
+                    now,
+                )
 
 
 def serve_engines(routes: int, port: int, per_scrape_seconds: float = 0.0, multiprocess: bool = False) -> None:
     """The child process of `live`: ROUTES simulated servers on one loopback port, as /rNN/metrics."""
-    engines = {f"r{i:02d}": SimulatedVllm(f"r{i:02d}", seed=i, per_scrape_seconds=per_scrape_seconds,
-                                          multiprocess=multiprocess)
-               for i in range(routes)}
+    engines = {
+        f"r{i:02d}": SimulatedVllm(
+            f"r{i:02d}", seed=i, per_scrape_seconds=per_scrape_seconds, multiprocess=multiprocess
+        )
+        for i in range(routes)
+    }
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn and SGLang's servers do
@@ -253,15 +297,29 @@ def serve_engines(routes: int, port: int, per_scrape_seconds: float = 0.0, multi
     server.serve_forever()
 
 
-def start_engine_farm(routes: int, per_scrape_seconds: float = 0.0,
-                      multiprocess: bool = False) -> tuple[subprocess.Popen, str]:
+def start_engine_farm(
+    routes: int, per_scrape_seconds: float = 0.0, multiprocess: bool = False
+) -> tuple[subprocess.Popen, str]:
     """ROUTES simulated vLLM servers in a child process; `per_scrape_seconds`, `multiprocess`: see SimulatedVllm."""
     from specwatch.simulator.launch import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "serve-engines", "--routes", str(routes), "--port", str(port),
-                             "--per-scrape-seconds", str(per_scrape_seconds)] + ["--multiprocess"] * multiprocess,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "serve-engines",
+            "--routes",
+            str(routes),
+            "--port",
+            str(port),
+            "--per-scrape-seconds",
+            str(per_scrape_seconds),
+        ]
+        + ["--multiprocess"] * multiprocess,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if proc.stdout.readline().strip() != "ready":
         raise RuntimeError("the simulated engines did not start")
     return proc, f"http://127.0.0.1:{port}"
@@ -276,11 +334,23 @@ class TraceSource:
 
     def sample(self, now: float) -> EngineSample:
         s = next(self.samples)
-        engine = EngineCounters(engine="0", drafts=s.drafts, draft_tokens=s.draft_tokens,
-                                accepted_tokens=s.accepted_tokens, accepted_per_pos=tuple(s.accepted_per_pos),
-                                running=s.running)
-        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name=s.model_name,
-                            engine_version="0.33.0", num_speculative_tokens=K, engines=(engine,))
+        engine = EngineCounters(
+            engine="0",
+            drafts=s.drafts,
+            draft_tokens=s.draft_tokens,
+            accepted_tokens=s.accepted_tokens,
+            accepted_per_pos=tuple(s.accepted_per_pos),
+            running=s.running,
+        )
+        return EngineSample(
+            ts=now,
+            engine_kind="vllm",
+            acceptance_source="counter",
+            model_name=s.model_name,
+            engine_version="0.33.0",
+            num_speculative_tokens=K,
+            engines=(engine,),
+        )
 
     def close(self) -> None:
         pass
@@ -291,16 +361,24 @@ def trace_source_factory(start: float, interval: float, duration: float) -> Call
 
     def factory(route_cfg: Any, config: Any) -> TraceSource:
         seed = int(route_cfg.name[1:])
-        spec = TraceSpec(route=route_cfg.name, start=start, interval=interval, duration=duration + 10 * interval,
-                         rate=2.0 + seed % 5, seed=seed)
+        spec = TraceSpec(
+            route=route_cfg.name,
+            start=start,
+            interval=interval,
+            duration=duration + 10 * interval,
+            rate=2.0 + seed % 5,
+            seed=seed,
+        )
         return TraceSource(generate(spec))
+
     return factory
 
 
 # ----------------------------------------------------------------------------------------- the two modes
 def report_line(f: ProcessFigures, extra: str = "") -> None:
-    print(f"t={f.at:8.0f}s rss={f.rss_bytes / 2**20:7.2f} MiB fds={f.fds:3d} threads={f.threads:3d} {extra}",
-          flush=True)
+    print(
+        f"t={f.at:8.0f}s rss={f.rss_bytes / 2**20:7.2f} MiB fds={f.fds:3d} threads={f.threads:3d} {extra}", flush=True
+    )
 
 
 def scrape_like_prometheus(url: str) -> bool:
@@ -324,12 +402,16 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
     farm = None
     if args.sources == "http":
         farm, base_url = start_engine_farm(args.routes)
-        daemon = Daemon(daemon_config(args.routes, args.interval, state_dir, base_url, gpus=True),
-                        gpu_source_factory=fake_gpu_factory())
+        daemon = Daemon(
+            daemon_config(args.routes, args.interval, state_dir, base_url, gpus=True),
+            gpu_source_factory=fake_gpu_factory(),
+        )
     else:
-        daemon = Daemon(daemon_config(args.routes, args.interval, state_dir, "http://127.0.0.1:9", gpus=True),
-                        gpu_source_factory=fake_gpu_factory(),
-                        source_factory=trace_source_factory(time.time(), args.interval, args.duration * 2))
+        daemon = Daemon(
+            daemon_config(args.routes, args.interval, state_dir, "http://127.0.0.1:9", gpus=True),
+            gpu_source_factory=fake_gpu_factory(),
+            source_factory=trace_source_factory(time.time(), args.interval, args.duration * 2),
+        )
     server = serve("127.0.0.1:0", lambda: daemon.snapshot)
     metrics_url = f"{server.url}/metrics"
     scheduler = start_scheduler(daemon, args.interval, first_run_in=0.1)
@@ -344,9 +426,12 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
                 snap = daemon.snapshot
                 f = process_figures(now - begin)
                 figures.append(f)
-                report_line(f, f"routes_up={sum(r.up for r in snap.routes)}/{len(snap.routes)} "
-                               f"eval={snap.evaluation_duration_seconds * 1e3:.1f}ms "
-                               f"overruns={snap.evaluation_overruns_total:g}")
+                report_line(
+                    f,
+                    f"routes_up={sum(r.up for r in snap.routes)}/{len(snap.routes)} "
+                    f"eval={snap.evaluation_duration_seconds * 1e3:.1f}ms "
+                    f"overruns={snap.evaluation_overruns_total:g}",
+                )
                 next_report += args.report_every
             if now >= next_scrape:  # a Prometheus scrape of our /metrics
                 if not scrape_like_prometheus(metrics_url):
@@ -362,9 +447,16 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
             farm.terminate()
             farm.wait(timeout=10)
     result = verdict(figures, args.warmup)
-    result.update(mode="live", sources=args.sources, routes=args.routes, interval=args.interval, duration=args.duration,
-                  metrics_scrape_failures=scrape_failures, overruns=snap.evaluation_overruns_total,
-                  routes_up_at_end=sum(r.up for r in snap.routes))
+    result.update(
+        mode="live",
+        sources=args.sources,
+        routes=args.routes,
+        interval=args.interval,
+        duration=args.duration,
+        metrics_scrape_failures=scrape_failures,
+        overruns=snap.evaluation_overruns_total,
+        routes_up_at_end=sum(r.up for r in snap.routes),
+    )
     if scrape_failures or result["routes_up_at_end"] != args.routes:
         result["ok"] = False
         result.setdefault("problems", []).append("routes down or /metrics failing at the end")
@@ -377,9 +469,12 @@ def run_accelerated(args: argparse.Namespace) -> dict[str, Any]:
     start = 1_700_000_000.0
     clock = SimpleNamespace(now=start)
     state_dir = tempfile.mkdtemp(prefix="specwatch-soak-")
-    daemon = Daemon(daemon_config(args.routes, args.interval, state_dir, "http://127.0.0.1:9", gpus=True),
-                    source_factory=trace_source_factory(start, args.interval, args.duration),
-                    gpu_source_factory=fake_gpu_factory(), clock=lambda: clock.now)
+    daemon = Daemon(
+        daemon_config(args.routes, args.interval, state_dir, "http://127.0.0.1:9", gpus=True),
+        source_factory=trace_source_factory(start, args.interval, args.duration),
+        gpu_source_factory=fake_gpu_factory(),
+        clock=lambda: clock.now,
+    )
     renders = RenderCache(lambda: daemon.snapshot)  # what the HTTP server renders /metrics with
     figures: list[ProcessFigures] = []
     ticks = int(args.duration // args.interval)
@@ -397,22 +492,33 @@ def run_accelerated(args: argparse.Namespace) -> dict[str, Any]:
                 gc.collect()  # figures at comparable points, not wherever the collector happened to be
                 f = process_figures(at)
                 figures.append(f)
-                report_line(f, f"routes_up={sum(r.up for r in snap.routes)}/{len(snap.routes)} "
-                               f"wall={time.monotonic() - wall:.0f}s")
+                report_line(
+                    f,
+                    f"routes_up={sum(r.up for r in snap.routes)}/{len(snap.routes)} "
+                    f"wall={time.monotonic() - wall:.0f}s",
+                )
                 next_report += args.report_every
     finally:
         daemon.close()
     result = verdict(figures, args.warmup)
-    result.update(mode="accelerated", routes=args.routes, interval=args.interval, trace_seconds=args.duration,
-                  wall_seconds=round(time.monotonic() - wall, 1), state_errors=snap.state_errors_total)
+    result.update(
+        mode="accelerated",
+        routes=args.routes,
+        interval=args.interval,
+        trace_seconds=args.duration,
+        wall_seconds=round(time.monotonic() - wall, 1),
+        state_errors=snap.state_errors_total,
+    )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
-    for name, interval, duration, warmup, every in (("live", 1.0, 900.0, LIVE_WARMUP_SECONDS, 30.0),
-                                                     ("accelerated", 5.0, 86400.0, 7200.0, 3600.0)):
+    for name, interval, duration, warmup, every in (
+        ("live", 1.0, 900.0, LIVE_WARMUP_SECONDS, 30.0),
+        ("accelerated", 5.0, 86400.0, 7200.0, 3600.0),
+    ):
         p = sub.add_parser(name)
         p.add_argument("--routes", type=int, default=64)
         p.add_argument("--interval", type=float, default=interval, help="seconds between cycles")
@@ -420,15 +526,26 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--warmup", type=float, default=warmup, help="growth is measured after this many seconds")
         p.add_argument("--report-every", type=float, default=every)
         if name == "live":
-            p.add_argument("--sources", choices=("http", "trace"), default="http",
-                           help="http: engine sources scraping simulated engines; trace: in-process trace sources")
+            p.add_argument(
+                "--sources",
+                choices=("http", "trace"),
+                default="http",
+                help="http: engine sources scraping simulated engines; trace: in-process trace sources",
+            )
     p = sub.add_parser("serve-engines", help="internal: the simulated engines of `live`")
     p.add_argument("--routes", type=int, required=True)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--per-scrape-seconds", type=float, default=0.0,
-                   help="advance the engines this much per scrape, not by wall time (the overhead benchmark)")
-    p.add_argument("--multiprocess", action="store_true",
-                   help="answer ?name[]=... with nothing, as vLLM with several API servers (and SGLang) do")
+    p.add_argument(
+        "--per-scrape-seconds",
+        type=float,
+        default=0.0,
+        help="advance the engines this much per scrape, not by wall time (the overhead benchmark)",
+    )
+    p.add_argument(
+        "--multiprocess",
+        action="store_true",
+        help="answer ?name[]=... with nothing, as vLLM with several API servers (and SGLang) do",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.mode == "serve-engines":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh machine: venv + deps, Prometheus/promtool/Alertmanager, ruff and mypy,
+# The whole test suite from a fresh machine: venv + deps, Prometheus/promtool/Alertmanager, ruff (lint, format) and mypy,
 # generated-file check, the real vLLM engine's venv, then pytest. Extra arguments go to pytest (e.g. scripts/test.sh -k tracking).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +8,7 @@ if [ -f scripts/ensure_prometheus.sh ]; then
   bash scripts/ensure_prometheus.sh || echo "test: could not install prometheus/alertmanager; their tests will skip" >&2
 fi
 .venv/bin/ruff check . || { echo "test: ruff check found problems (settings in pyproject.toml)" >&2; exit 1; }
+.venv/bin/ruff format --check . || { echo "test: files not in ruff's format: run .venv/bin/ruff format ." >&2; exit 1; }
 .venv/bin/mypy || { echo "test: mypy found type errors (settings in pyproject.toml)" >&2; exit 1; }
 if .venv/bin/specwatch generate --help >/dev/null 2>&1; then
   .venv/bin/specwatch generate --check || { echo "test: generated alerts/dashboards are stale: run 'specwatch generate'" >&2; exit 1; }

@@ -31,103 +31,267 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("last_evaluation_timestamp_seconds", "gauge", "Unix time of the last completed evaluation cycle"),
     _m("evaluation_duration_seconds", "gauge", "Duration of the last evaluation cycle"),
     _m("evaluation_overruns_total", "counter", "Evaluation cycles that took longer than the interval"),
-    _m("config_last_reload_successful", "gauge", "Whether the last configuration reload succeeded (1) or not (0)",
-       area="service"),
-    _m("config_last_reload_success_timestamp_seconds", "gauge", "Unix time of the last successful configuration load",
-       area="service"),
-    _m("state_errors_total", "counter", "Errors of the baseline state store (corrupt, unreadable or unwritable)",
-       area="detection"),
-    _m("evaluator_errors_total", "counter",
-       "Evaluations of the route that raised, by evaluator (build: building the route's evaluators failed); "
-       "a failing evaluator's values are left out", ("route", "evaluator")),
-    _m("render_errors_total", "counter",
-       "Renders of a /metrics or OTLP section that raised; a failing section's metrics are left out", ("section",)),
+    _m(
+        "config_last_reload_successful",
+        "gauge",
+        "Whether the last configuration reload succeeded (1) or not (0)",
+        area="service",
+    ),
+    _m(
+        "config_last_reload_success_timestamp_seconds",
+        "gauge",
+        "Unix time of the last successful configuration load",
+        area="service",
+    ),
+    _m(
+        "state_errors_total",
+        "counter",
+        "Errors of the baseline state store (corrupt, unreadable or unwritable)",
+        area="detection",
+    ),
+    _m(
+        "evaluator_errors_total",
+        "counter",
+        "Evaluations of the route that raised, by evaluator (build: building the route's evaluators failed); "
+        "a failing evaluator's values are left out",
+        ("route", "evaluator"),
+    ),
+    _m(
+        "render_errors_total",
+        "counter",
+        "Renders of a /metrics or OTLP section that raised; a failing section's metrics are left out",
+        ("section",),
+    ),
     _m("otlp_export_errors_total", "counter", "OTLP exports that failed or raised; the log says why"),
     # --- sources
     _m("route_up", "gauge", "Whether the last scrape of the route's engine endpoint succeeded" + AS_OF, ("route",)),
-    _m("route_info", "gauge", "Route facts; always 1" + AS_OF,
-       ("route", "engine_kind", "model_name", "engine_version", "acceptance_source")),
+    _m(
+        "route_info",
+        "gauge",
+        "Route facts; always 1" + AS_OF,
+        ("route", "engine_kind", "model_name", "engine_version", "acceptance_source"),
+    ),
     _m("source_scrape_duration_seconds", "gauge", "Duration of the last scrape of the route's endpoint", ("route",)),
     _m("source_errors_total", "counter", "Failed scrapes of the route's endpoint by reason", ("route", "reason")),
     # --- tracking
-    _m("route_drafts_total", "counter",
-       "Draft steps (one request in one verify step), summed over engines and corrected across engine restarts",
-       ("route",)),
-    _m("route_draft_tokens_total", "counter",
-       "Draft tokens proposed and verified, summed over engines and corrected across engine restarts", ("route",)),
-    _m("route_accepted_tokens_total", "counter",
-       "Accepted draft tokens (bonus token excluded), summed over engines and corrected across engine restarts",
-       ("route",)),
-    _m("route_acceptance_ratio", "gauge",
-       "Draft token acceptance rate, accepted / drafted tokens over the window" + AS_OF, ("route", "window")),
-    _m("route_mean_acceptance_length", "gauge",
-       "Mean tokens per verify step including the bonus token, 1 + accepted / drafts over the window" + AS_OF,
-       ("route", "window")),
-    _m("route_position_acceptance_ratio", "gauge",
-       "Share of drafts whose token at this position was accepted, over the window (where the engine counts "
-       "drafted tokens per position, of the drafts that reached it)" + AS_OF,
-       ("route", "position", "window")),
+    _m(
+        "route_drafts_total",
+        "counter",
+        "Draft steps (one request in one verify step), summed over engines and corrected across engine restarts",
+        ("route",),
+    ),
+    _m(
+        "route_draft_tokens_total",
+        "counter",
+        "Draft tokens proposed and verified, summed over engines and corrected across engine restarts",
+        ("route",),
+    ),
+    _m(
+        "route_accepted_tokens_total",
+        "counter",
+        "Accepted draft tokens (bonus token excluded), summed over engines and corrected across engine restarts",
+        ("route",),
+    ),
+    _m(
+        "route_acceptance_ratio",
+        "gauge",
+        "Draft token acceptance rate, accepted / drafted tokens over the window" + AS_OF,
+        ("route", "window"),
+    ),
+    _m(
+        "route_mean_acceptance_length",
+        "gauge",
+        "Mean tokens per verify step including the bonus token, 1 + accepted / drafts over the window" + AS_OF,
+        ("route", "window"),
+    ),
+    _m(
+        "route_position_acceptance_ratio",
+        "gauge",
+        "Share of drafts whose token at this position was accepted, over the window (where the engine counts "
+        "drafted tokens per position, of the drafts that reached it)" + AS_OF,
+        ("route", "position", "window"),
+    ),
     _m("route_draft_length", "gauge", "Effective draft length k, draft tokens / drafts over 5m" + AS_OF, ("route",)),
-    _m("route_speculation_active", "gauge", "Whether drafts were proposed over 5m (1) or the route generated tokens "
-       "with none, or fewer than 1 draft token per 100, although speculation is configured (0); absent while idle"
-       + AS_OF, ("route",)),
+    _m(
+        "route_speculation_active",
+        "gauge",
+        "Whether drafts were proposed over 5m (1) or the route generated tokens "
+        "with none, or fewer than 1 draft token per 100, although speculation is configured (0); absent while idle"
+        + AS_OF,
+        ("route",),
+    ),
     _m("route_running_requests", "gauge", "Running requests summed over the route's engines" + AS_OF, ("route",)),
     _m("route_waiting_requests", "gauge", "Waiting requests summed over the route's engines" + AS_OF, ("route",)),
     _m("route_kv_cache_usage_ratio", "gauge", "Mean KV-cache usage over the route's engines, 0-1" + AS_OF, ("route",)),
     # --- detection
-    _m("route_acceptance_baseline_ratio", "gauge", "Pinned baseline acceptance rate of the route" + AS_OF, ("route",),
-       area="detection"),
-    _m("route_acceptance_drop_ratio", "gauge", "Relative acceptance drop, 1 - current / baseline" + AS_OF, ("route",),
-       area="detection"),
-    _m("route_acceptance_degraded", "gauge", "Detector verdict: acceptance dropped below the baseline (1) or not (0)"
-       + AS_OF, ("route",), area="detection"),
-    _m("route_acceptance_cusum", "gauge", "CUSUM evidence statistic of an acceptance drop (alarm at the threshold)"
-       + AS_OF, ("route",), area="detection"),
-    _m("route_model_changes_total", "counter", "Model, engine version or draft length changes seen on the route",
-       ("route",), area="detection"),
-    _m("route_last_model_change_timestamp_seconds", "gauge", "Unix time of the last model change on the route",
-       ("route",), area="detection"),
+    _m(
+        "route_acceptance_baseline_ratio",
+        "gauge",
+        "Pinned baseline acceptance rate of the route" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
+        "route_acceptance_drop_ratio",
+        "gauge",
+        "Relative acceptance drop, 1 - current / baseline" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
+        "route_acceptance_degraded",
+        "gauge",
+        "Detector verdict: acceptance dropped below the baseline (1) or not (0)" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
+        "route_acceptance_cusum",
+        "gauge",
+        "CUSUM evidence statistic of an acceptance drop (alarm at the threshold)" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
+        "route_model_changes_total",
+        "counter",
+        "Model, engine version or draft length changes seen on the route",
+        ("route",),
+        area="detection",
+    ),
+    _m(
+        "route_last_model_change_timestamp_seconds",
+        "gauge",
+        "Unix time of the last model change on the route",
+        ("route",),
+        area="detection",
+    ),
     # --- crossover
-    _m("route_crossover_batch_size", "gauge", "Batch size above which speculative decoding lowers throughput" + AS_OF,
-       ("route", "source"), area="crossover"),
-    _m("route_crossover_band_batch_size", "gauge", "Confidence band of the live-calibrated crossover batch size "
-       "(jackknife over observed batches)" + AS_OF, ("route", "source", "bound"), area="crossover"),
-    _m("route_batch_size", "gauge", "Time-weighted running requests per engine of the route" + AS_OF, ("route",),
-       area="crossover"),
-    _m("route_above_crossover", "gauge", "Route batch above its crossover, with hysteresis (1) or not (0)" + AS_OF,
-       ("route",), area="crossover"),
-    _m("route_predicted_speedup_ratio", "gauge", "Predicted spec / plain throughput at the current batch" + AS_OF,
-       ("route",), area="crossover"),
-    _m("route_speculation_gpu_seconds_lost_total", "counter", "GPU-seconds speculative decoding cost the route: "
-       "GPUs x time x (1 - predicted speedup) while the speedup is below 1", ("route",), area="crossover"),
-    _m("route_speculation_gpu_seconds_saved_total", "counter", "GPU-seconds speculative decoding saved the route: "
-       "GPUs x time x (predicted speedup - 1) while the speedup is above 1", ("route",), area="crossover"),
-    _m("route_compute_bound", "gauge", "The route's GPUs look compute-bound by GPM tensor and DRAM activity" + AS_OF,
-       ("route",), area="crossover"),
+    _m(
+        "route_crossover_batch_size",
+        "gauge",
+        "Batch size above which speculative decoding lowers throughput" + AS_OF,
+        ("route", "source"),
+        area="crossover",
+    ),
+    _m(
+        "route_crossover_band_batch_size",
+        "gauge",
+        "Confidence band of the live-calibrated crossover batch size (jackknife over observed batches)" + AS_OF,
+        ("route", "source", "bound"),
+        area="crossover",
+    ),
+    _m(
+        "route_batch_size",
+        "gauge",
+        "Time-weighted running requests per engine of the route" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_above_crossover",
+        "gauge",
+        "Route batch above its crossover, with hysteresis (1) or not (0)" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_predicted_speedup_ratio",
+        "gauge",
+        "Predicted spec / plain throughput at the current batch" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_speculation_gpu_seconds_lost_total",
+        "counter",
+        "GPU-seconds speculative decoding cost the route: "
+        "GPUs x time x (1 - predicted speedup) while the speedup is below 1",
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_speculation_gpu_seconds_saved_total",
+        "counter",
+        "GPU-seconds speculative decoding saved the route: "
+        "GPUs x time x (predicted speedup - 1) while the speedup is above 1",
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_compute_bound",
+        "gauge",
+        "The route's GPUs look compute-bound by GPM tensor and DRAM activity" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
     # --- canary probes (only for routes with `probe:` configured)
-    _m("route_probe_acceptance_ratio", "gauge", "Draft acceptance of the last successful canary probe round, "
-       "accepted / drafted tokens over its prompts" + AS_OF, ("route",), area="probe"),
-    _m("route_probe_baseline_ratio", "gauge", "Acceptance of the canary fingerprint the rounds are judged "
-       "against, over the prompts paired in the last round" + AS_OF, ("route",), area="probe"),
-    _m("route_probe_degraded", "gauge", "Canary verdict: two rounds in a row dropped below the fingerprint "
-       "prompt by prompt (1) or not (0)" + AS_OF, ("route",), area="probe"),
-    _m("route_probe_success", "gauge", "Whether the last canary probe round read the engine's acceptance (1) "
-       "or failed or found it busy (0)" + AS_OF, ("route",), area="probe"),
-    _m("route_probe_duration_seconds", "gauge", "Duration of the last canary probe round" + AS_OF, ("route",),
-       area="probe"),
-    _m("route_probe_rounds_total", "counter", "Canary probe rounds by result (ok, busy, error, skipped: not "
-       "sent because the engine queued requests)", ("route", "result"), area="probe"),
-    _m("route_probe_method_info", "gauge", "How canary probes read acceptance (vllm_response, sglang_generate, "
-       "sglang_openai, bracketing); always 1" + AS_OF, ("route", "method"), area="probe"),
+    _m(
+        "route_probe_acceptance_ratio",
+        "gauge",
+        "Draft acceptance of the last successful canary probe round, "
+        "accepted / drafted tokens over its prompts" + AS_OF,
+        ("route",),
+        area="probe",
+    ),
+    _m(
+        "route_probe_baseline_ratio",
+        "gauge",
+        "Acceptance of the canary fingerprint the rounds are judged "
+        "against, over the prompts paired in the last round" + AS_OF,
+        ("route",),
+        area="probe",
+    ),
+    _m(
+        "route_probe_degraded",
+        "gauge",
+        "Canary verdict: two rounds in a row dropped below the fingerprint prompt by prompt (1) or not (0)" + AS_OF,
+        ("route",),
+        area="probe",
+    ),
+    _m(
+        "route_probe_success",
+        "gauge",
+        "Whether the last canary probe round read the engine's acceptance (1) or failed or found it busy (0)" + AS_OF,
+        ("route",),
+        area="probe",
+    ),
+    _m(
+        "route_probe_duration_seconds",
+        "gauge",
+        "Duration of the last canary probe round" + AS_OF,
+        ("route",),
+        area="probe",
+    ),
+    _m(
+        "route_probe_rounds_total",
+        "counter",
+        "Canary probe rounds by result (ok, busy, error, skipped: not sent because the engine queued requests)",
+        ("route", "result"),
+        area="probe",
+    ),
+    _m(
+        "route_probe_method_info",
+        "gauge",
+        "How canary probes read acceptance (vllm_response, sglang_generate, "
+        "sglang_openai, bracketing); always 1" + AS_OF,
+        ("route", "method"),
+        area="probe",
+    ),
     # --- gpu
     _m("nvml_up", "gauge", "Whether NVML loaded and answered (1) or not (0)", area="gpu"),
     _m("gpu_up", "gauge", "Whether the GPU answered NVML in the last cycle", ("gpu",), area="gpu"),
     _m("gpu_info", "gauge", "GPU facts; always 1", ("gpu", "uuid", "name", "driver"), area="gpu"),
     _m("route_gpu_info", "gauge", "Route to GPU mapping; always 1", ("route", "gpu"), area="gpu"),
     # GPU fields, one per row of sources/gpu_fields.py (a test checks they agree)
-    _m("gpu_utilization_ratio", "gauge", "Share of the last sample period in which any kernel ran, 0-1; liveness "
-       "only (it reads ~1 at any decode batch): use gpu_sm_active_ratio and gpu_tensor_active_ratio for load",
-       ("gpu",), area="gpu"),
+    _m(
+        "gpu_utilization_ratio",
+        "gauge",
+        "Share of the last sample period in which any kernel ran, 0-1; liveness "
+        "only (it reads ~1 at any decode batch): use gpu_sm_active_ratio and gpu_tensor_active_ratio for load",
+        ("gpu",),
+        area="gpu",
+    ),
     _m("gpu_memory_used_bytes", "gauge", "GPU memory in use", ("gpu",), area="gpu"),
     _m("gpu_memory_total_bytes", "gauge", "GPU memory installed", ("gpu",), area="gpu"),
     _m("gpu_power_watts", "gauge", "GPU power draw", ("gpu",), area="gpu"),
@@ -135,22 +299,58 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("gpu_sm_clock_hertz", "gauge", "GPU SM clock frequency", ("gpu",), area="gpu"),
     _m("gpu_memory_clock_hertz", "gauge", "GPU memory clock frequency", ("gpu",), area="gpu"),
     _m("gpu_temperature_celsius", "gauge", "GPU die temperature", ("gpu",), area="gpu"),
-    _m("gpu_clock_throttle_reasons", "gauge", "Bitmask of active NVML clock event (throttle) reasons, 0 if none: "
-       "0x1 gpu_idle, 0x2 applications_clocks_setting, 0x4 sw_power_cap, 0x8 hw_slowdown, 0x10 sync_boost, "
-       "0x20 sw_thermal_slowdown, 0x40 hw_thermal_slowdown, 0x80 hw_power_brake_slowdown, 0x100 display_clock_setting",
-       ("gpu",), area="gpu"),
-    _m("gpu_ecc_corrected_errors_total", "counter", "Corrected ECC memory errors since the driver was loaded",
-       ("gpu",), area="gpu"),
-    _m("gpu_ecc_uncorrected_errors_total", "counter", "Uncorrected ECC memory errors since the driver was loaded",
-       ("gpu",), area="gpu"),
-    _m("gpu_sm_active_ratio", "gauge", "Share of SMs busy over the last evaluation interval, 0-1 (GPM, Hopper+)"
-       + AS_OF, ("gpu",), area="gpu"),
-    _m("gpu_tensor_active_ratio", "gauge", "Share of time the SMs ran any tensor-core instruction over the last "
-       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), area="gpu"),
-    _m("gpu_dram_bandwidth_utilization_ratio", "gauge", "DRAM bandwidth used relative to the peak over the last "
-       "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), area="gpu"),
-    _m("gpu_sm_occupancy_ratio", "gauge", "Resident warps relative to the SMs' maximum over the last evaluation "
-       "interval, 0-1 (GPM, Hopper+)" + AS_OF, ("gpu",), area="gpu"),
+    _m(
+        "gpu_clock_throttle_reasons",
+        "gauge",
+        "Bitmask of active NVML clock event (throttle) reasons, 0 if none: "
+        "0x1 gpu_idle, 0x2 applications_clocks_setting, 0x4 sw_power_cap, 0x8 hw_slowdown, 0x10 sync_boost, "
+        "0x20 sw_thermal_slowdown, 0x40 hw_thermal_slowdown, 0x80 hw_power_brake_slowdown, 0x100 display_clock_setting",
+        ("gpu",),
+        area="gpu",
+    ),
+    _m(
+        "gpu_ecc_corrected_errors_total",
+        "counter",
+        "Corrected ECC memory errors since the driver was loaded",
+        ("gpu",),
+        area="gpu",
+    ),
+    _m(
+        "gpu_ecc_uncorrected_errors_total",
+        "counter",
+        "Uncorrected ECC memory errors since the driver was loaded",
+        ("gpu",),
+        area="gpu",
+    ),
+    _m(
+        "gpu_sm_active_ratio",
+        "gauge",
+        "Share of SMs busy over the last evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF,
+        ("gpu",),
+        area="gpu",
+    ),
+    _m(
+        "gpu_tensor_active_ratio",
+        "gauge",
+        "Share of time the SMs ran any tensor-core instruction over the last "
+        "evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF,
+        ("gpu",),
+        area="gpu",
+    ),
+    _m(
+        "gpu_dram_bandwidth_utilization_ratio",
+        "gauge",
+        "DRAM bandwidth used relative to the peak over the last evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF,
+        ("gpu",),
+        area="gpu",
+    ),
+    _m(
+        "gpu_sm_occupancy_ratio",
+        "gauge",
+        "Resident warps relative to the SMs' maximum over the last evaluation interval, 0-1 (GPM, Hopper+)" + AS_OF,
+        ("gpu",),
+        area="gpu",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}

@@ -38,11 +38,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (with `only`) one whose single chosen subcommand has its arguments loaded, so a
     command never imports another's dependencies (grafanalib, matplotlib, the simulator)."""
-    parser = argparse.ArgumentParser(prog="specwatch",
-                                     description="Speculative-decoding monitor for vLLM and SGLang inference nodes.")
+    parser = argparse.ArgumentParser(
+        prog="specwatch", description="Speculative-decoding monitor for vLLM and SGLang inference nodes."
+    )
     parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
-    parser.add_argument("--log.level", dest="log_level", default="info",
-                        choices=["debug", "info", "warn", "error"], help="log level (default info)")
+    parser.add_argument(
+        "--log.level",
+        dest="log_level",
+        default="info",
+        choices=["debug", "info", "warn", "error"],
+        help="log level (default info)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -74,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         extra = OPTIONAL_DEPENDENCIES.get((exc.name or "").split(".")[0])
         if extra is None:
             raise
-        print(f"specwatch {chosen}: needs {exc.name}, which the daemon does not: "
-              f"pip install 'specwatch[{extra}]'", file=sys.stderr)
+        print(
+            f"specwatch {chosen}: needs {exc.name}, which the daemon does not: pip install 'specwatch[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
 
 

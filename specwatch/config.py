@@ -200,8 +200,9 @@ class _Checker:
     def fail(self, path: str, msg: str) -> None:
         self.problems.append(f"{path}: {msg}")
 
-    def mapping(self, value: Any, path: str, allowed: set[str],
-                required: set[str] | frozenset[str] = frozenset()) -> dict | None:
+    def mapping(
+        self, value: Any, path: str, allowed: set[str], required: set[str] | frozenset[str] = frozenset()
+    ) -> dict | None:
         if value is None:
             value = {}
         if not isinstance(value, dict):
@@ -226,8 +227,16 @@ class _Checker:
             return default
         return seconds
 
-    def number(self, value: Any, path: str, default: float | None, lo: float | None = None,
-               hi: float | None = None, integer: bool = False, lo_open: bool = False) -> Any:
+    def number(
+        self,
+        value: Any,
+        path: str,
+        default: float | None,
+        lo: float | None = None,
+        hi: float | None = None,
+        integer: bool = False,
+        lo_open: bool = False,
+    ) -> Any:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -301,17 +310,31 @@ def _http_url(c: _Checker, value: Any, path: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         c.fail(path, f"not an http(s) URL: {value!r}")
     elif "@" in parsed.netloc:  # the message leaves the URL out: it holds a secret
-        c.fail(path, "credentials in the URL are not allowed (and would not be sent); "
-                     "use basic_auth or authorization")
+        c.fail(path, "credentials in the URL are not allowed (and would not be sent); use basic_auth or authorization")
         return ""
     return value
 
 
 # Headers the client sets itself, or that have their own keys (authorization, basic_auth); as Prometheus
 # refuses them in `http_headers`.
-_RESERVED_HEADERS = frozenset(("authorization", "host", "accept", "accept-encoding", "connection", "content-length",
-                               "content-type", "keep-alive", "proxy-authorization", "te", "trailer",
-                               "transfer-encoding", "upgrade", "user-agent"))
+_RESERVED_HEADERS = frozenset(
+    (
+        "authorization",
+        "host",
+        "accept",
+        "accept-encoding",
+        "connection",
+        "content-length",
+        "content-type",
+        "keep-alive",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "user-agent",
+    )
+)
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 
 
@@ -362,11 +385,13 @@ def _tls_config(c: _Checker, raw: Any, path: str) -> TlsConfig:
     if not isinstance(skip, bool):
         c.fail(f"{path}.insecure_skip_verify", f"must be true or false, got {skip!r}")
         skip = False
-    return TlsConfig(ca_file=c.string(d.get("ca_file"), f"{path}.ca_file"),
-                     cert_file=c.string(d.get("cert_file"), f"{path}.cert_file"),
-                     key_file=c.string(d.get("key_file"), f"{path}.key_file"),
-                     server_name=c.string(d.get("server_name"), f"{path}.server_name"),
-                     insecure_skip_verify=skip)
+    return TlsConfig(
+        ca_file=c.string(d.get("ca_file"), f"{path}.ca_file"),
+        cert_file=c.string(d.get("cert_file"), f"{path}.cert_file"),
+        key_file=c.string(d.get("key_file"), f"{path}.key_file"),
+        server_name=c.string(d.get("server_name"), f"{path}.server_name"),
+        insecure_skip_verify=skip,
+    )
 
 
 def _headers(c: _Checker, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
@@ -397,9 +422,11 @@ def _http_client(c: _Checker, d: dict, path: str, base: HttpClientConfig) -> Htt
     if "basic_auth" in d:
         authorization, basic_auth = None, _basic_auth(c, d["basic_auth"], f"{prefix}basic_auth")
     return HttpClientConfig(
-        authorization=authorization, basic_auth=basic_auth,
+        authorization=authorization,
+        basic_auth=basic_auth,
         tls_config=_tls_config(c, d["tls_config"], f"{prefix}tls_config") if "tls_config" in d else base.tls_config,
-        headers=_headers(c, d["headers"], f"{prefix}headers") if "headers" in d else base.headers)
+        headers=_headers(c, d["headers"], f"{prefix}headers") if "headers" in d else base.headers,
+    )
 
 
 def _file_url(c: _Checker, value: Any, path: str) -> str:
@@ -410,8 +437,19 @@ def _file_url(c: _Checker, value: Any, path: str) -> str:
     return value
 
 
-_DETECTION_KEYS = {"drop", "warmup_drafted_tokens", "warmup_duration", "min_drafted_tokens", "min_duration",
-                   "cusum_threshold", "adopt_after", "confirm_window", "pin_drafted_tokens", "pin_duration", "block"}
+_DETECTION_KEYS = {
+    "drop",
+    "warmup_drafted_tokens",
+    "warmup_duration",
+    "min_drafted_tokens",
+    "min_duration",
+    "cusum_threshold",
+    "adopt_after",
+    "confirm_window",
+    "pin_drafted_tokens",
+    "pin_duration",
+    "block",
+}
 
 
 def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> DetectionConfig:
@@ -420,19 +458,28 @@ def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> Detec
         return base
     return DetectionConfig(
         drop=c.number(d.get("drop"), f"{path}.drop", base.drop, lo=0.0, hi=0.95, lo_open=True),
-        warmup_drafted_tokens=c.number(d.get("warmup_drafted_tokens"), f"{path}.warmup_drafted_tokens",
-                                       base.warmup_drafted_tokens, lo=0, integer=True),
+        warmup_drafted_tokens=c.number(
+            d.get("warmup_drafted_tokens"),
+            f"{path}.warmup_drafted_tokens",
+            base.warmup_drafted_tokens,
+            lo=0,
+            integer=True,
+        ),
         warmup_seconds=c.duration(d.get("warmup_duration"), f"{path}.warmup_duration", base.warmup_seconds, -1),
-        min_drafted_tokens=c.number(d.get("min_drafted_tokens"), f"{path}.min_drafted_tokens",
-                                    base.min_drafted_tokens, lo=0, integer=True),
+        min_drafted_tokens=c.number(
+            d.get("min_drafted_tokens"), f"{path}.min_drafted_tokens", base.min_drafted_tokens, lo=0, integer=True
+        ),
         min_duration_seconds=c.duration(d.get("min_duration"), f"{path}.min_duration", base.min_duration_seconds, -1),
-        cusum_threshold=c.number(d.get("cusum_threshold"), f"{path}.cusum_threshold", base.cusum_threshold,
-                                 lo=0.0, lo_open=True),
+        cusum_threshold=c.number(
+            d.get("cusum_threshold"), f"{path}.cusum_threshold", base.cusum_threshold, lo=0.0, lo_open=True
+        ),
         adopt_after_seconds=c.duration(d.get("adopt_after"), f"{path}.adopt_after", base.adopt_after_seconds, -1),
-        confirm_window_seconds=c.duration(d.get("confirm_window"), f"{path}.confirm_window",
-                                          base.confirm_window_seconds),
-        pin_drafted_tokens=c.number(d.get("pin_drafted_tokens"), f"{path}.pin_drafted_tokens",
-                                    base.pin_drafted_tokens, lo=0, integer=True),
+        confirm_window_seconds=c.duration(
+            d.get("confirm_window"), f"{path}.confirm_window", base.confirm_window_seconds
+        ),
+        pin_drafted_tokens=c.number(
+            d.get("pin_drafted_tokens"), f"{path}.pin_drafted_tokens", base.pin_drafted_tokens, lo=0, integer=True
+        ),
         pin_seconds=c.duration(d.get("pin_duration"), f"{path}.pin_duration", base.pin_seconds, -1),
         block_seconds=c.duration(d.get("block"), f"{path}.block", base.block_seconds),
     )
@@ -460,8 +507,18 @@ def _baseline(c: _Checker, raw: Any, path: str) -> PinnedBaseline | None:
     return PinnedBaseline(acceptance_ratio=ratio, position_acceptance=tuple(positions), overdispersion=phi)
 
 
-_ESTIMATE_KEYS = {"gpu", "params", "dtype", "layers", "hidden_size", "kv_heads", "head_dim", "hf_config",
-                  "context", "draft"}
+_ESTIMATE_KEYS = {
+    "gpu",
+    "params",
+    "dtype",
+    "layers",
+    "hidden_size",
+    "kv_heads",
+    "head_dim",
+    "hf_config",
+    "context",
+    "draft",
+}
 
 
 def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
@@ -489,8 +546,12 @@ def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
     est = CrossoverEstimateConfig(
         gpu=c.string(e.get("gpu"), f"{p}.gpu"),
         params=c.number(e.get("params"), f"{p}.params", None, lo=0.0, lo_open=True),
-        dtype=c.string(e.get("dtype"), f"{p}.dtype", CrossoverEstimateConfig.dtype,
-                       choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4")),
+        dtype=c.string(
+            e.get("dtype"),
+            f"{p}.dtype",
+            CrossoverEstimateConfig.dtype,
+            choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
+        ),
         layers=c.number(e.get("layers"), f"{p}.layers", None, lo=1, integer=True),
         hidden_size=c.number(e.get("hidden_size"), f"{p}.hidden_size", None, lo=1, integer=True),
         kv_heads=c.number(e.get("kv_heads"), f"{p}.kv_heads", None, lo=1, integer=True),
@@ -529,22 +590,34 @@ def _probe(c: _Checker, raw: Any, path: str) -> ProbeConfig | None:
         except PromptSetError as exc:
             c.fail(f"{path}.prompts", str(exc))
     return ProbeConfig(
-        every_seconds=every, on_change=on_change, prompts=prompts,
+        every_seconds=every,
+        on_change=on_change,
+        prompts=prompts,
         max_tokens=c.number(d.get("max_tokens"), f"{path}.max_tokens", base.max_tokens, lo=1, hi=4096, integer=True),
-        concurrency=c.number(d.get("concurrency"), f"{path}.concurrency", base.concurrency, lo=1, hi=16,
-                             integer=True),
+        concurrency=c.number(d.get("concurrency"), f"{path}.concurrency", base.concurrency, lo=1, hi=16, integer=True),
         timeout_seconds=c.duration(d.get("timeout"), f"{path}.timeout", base.timeout_seconds),
         api=c.string(d.get("api"), f"{path}.api", base.api, PROBE_APIS),
         model=c.string(d.get("model"), f"{path}.model", base.model) or base.model,
     )
 
 
-_ROUTE_KEYS = {"name", "engine", "url", "match", "engines", "gpus", "version_url", "detection", "drop",
-               "baseline", "crossover", "probe"} | _HTTP_CLIENT_KEYS
+_ROUTE_KEYS = {
+    "name",
+    "engine",
+    "url",
+    "match",
+    "engines",
+    "gpus",
+    "version_url",
+    "detection",
+    "drop",
+    "baseline",
+    "crossover",
+    "probe",
+} | _HTTP_CLIENT_KEYS
 
 
-def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig,
-           http: HttpClientConfig) -> RouteConfig | None:
+def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig, http: HttpClientConfig) -> RouteConfig | None:
     d = c.mapping(raw, path, _ROUTE_KEYS, {"name", "url"})
     if d is None:
         return None
@@ -576,13 +649,20 @@ def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig,
             gpus = tuple(v for v in vals if v is not None)
     det = _detection(c, d.get("detection"), f"{path}.detection", detection)
     if "drop" in d:  # shorthand for detection.drop
-        det = DetectionConfig(**{**det.__dict__, "drop": c.number(d["drop"], f"{path}.drop", det.drop,
-                                                                   lo=0.0, hi=0.95, lo_open=True)})
+        det = DetectionConfig(
+            **{**det.__dict__, "drop": c.number(d["drop"], f"{path}.drop", det.drop, lo=0.0, hi=0.95, lo_open=True)}
+        )
     return RouteConfig(
-        name=name, url=url, engine=c.string(d.get("engine"), f"{path}.engine", RouteConfig.engine, ENGINE_KINDS),
+        name=name,
+        url=url,
+        engine=c.string(d.get("engine"), f"{path}.engine", RouteConfig.engine, ENGINE_KINDS),
         http=_http_client(c, d, path, http),
-        match=c.string_map(d.get("match"), f"{path}.match"), engines=tuple(engines), gpus=gpus,
-        version_url=version_url, detection=det, baseline=_baseline(c, d.get("baseline"), f"{path}.baseline"),
+        match=c.string_map(d.get("match"), f"{path}.match"),
+        engines=tuple(engines),
+        gpus=gpus,
+        version_url=version_url,
+        detection=det,
+        baseline=_baseline(c, d.get("baseline"), f"{path}.baseline"),
         crossover=_crossover(c, d.get("crossover"), f"{path}.crossover"),
         probe=_probe(c, d.get("probe"), f"{path}.probe"),
     )
@@ -603,8 +683,9 @@ def parse_config(raw: Any, source: str = "") -> Config:
     timeout = c.duration(scrape.get("timeout"), "scrape.timeout", Config.scrape_timeout_seconds)
     if timeout >= interval and "timeout" in scrape:
         c.fail("scrape.timeout", f"must be shorter than interval ({interval:g}s)")
-    max_body = c.number(scrape.get("max_body_bytes"), "scrape.max_body_bytes", Config.max_body_bytes, lo=1024,
-                        integer=True)
+    max_body = c.number(
+        scrape.get("max_body_bytes"), "scrape.max_body_bytes", Config.max_body_bytes, lo=1024, integer=True
+    )
     http = _http_client(c, scrape, "scrape", DEFAULT_HTTP_CLIENT)
     gpu_raw = c.mapping(d.get("gpu"), "gpu", {"enabled"}) or {}
     gpu = GpuConfig(enabled=c.string(gpu_raw.get("enabled"), "gpu.enabled", GpuConfig.enabled, GPU_MODES))
@@ -615,15 +696,18 @@ def parse_config(raw: Any, source: str = "") -> Config:
         o = c.mapping(d["otlp"], "otlp", {"endpoint", "protocol", "interval", "headers"}, {"endpoint"})
         if o is not None:
             ep = _http_url(c, o.get("endpoint"), "otlp.endpoint") if "endpoint" in o else ""
-            otlp = OtlpConfig(endpoint=ep,
-                              protocol=c.string(o.get("protocol"), "otlp.protocol", OtlpConfig.protocol,
-                                                OTLP_PROTOCOLS),
-                              interval_seconds=c.duration(o.get("interval"), "otlp.interval",
-                                                          OtlpConfig.interval_seconds),
-                              headers=c.string_map(o.get("headers"), "otlp.headers"))
+            otlp = OtlpConfig(
+                endpoint=ep,
+                protocol=c.string(o.get("protocol"), "otlp.protocol", OtlpConfig.protocol, OTLP_PROTOCOLS),
+                interval_seconds=c.duration(o.get("interval"), "otlp.interval", OtlpConfig.interval_seconds),
+                headers=c.string_map(o.get("headers"), "otlp.headers"),
+            )
             if otlp.protocol == "grpc" and not _module_available(OTLP_GRPC_MODULE):
-                c.fail("otlp.protocol", "grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
-                                        "installed; install it or use protocol: http/protobuf")
+                c.fail(
+                    "otlp.protocol",
+                    "grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
+                    "installed; install it or use protocol: http/protobuf",
+                )
 
     routes: list[RouteConfig] = []
     raw_routes = d.get("routes")
@@ -645,15 +729,26 @@ def parse_config(raw: Any, source: str = "") -> Config:
         if route.probe is not None and route.url:
             engine = urlparse(route.url)._replace(path="", params="", query="", fragment="").geturl()
             if engine in probed:
-                c.fail(f"routes[{i}].probe", f"routes[{probed[engine]}] already probes {engine}: one route per "
-                                             "engine may probe it (rounds on one engine must not overlap)")
+                c.fail(
+                    f"routes[{i}].probe",
+                    f"routes[{probed[engine]}] already probes {engine}: one route per "
+                    "engine may probe it (rounds on one engine must not overlap)",
+                )
             else:
                 probed[engine] = i
         routes.append(route)
     if c.problems:
         raise ConfigError(c.problems, source)
-    return Config(interval_seconds=interval, state_dir=state_dir, scrape_timeout_seconds=timeout,
-                  max_body_bytes=max_body, routes=tuple(routes), gpu=gpu, otlp=otlp, detection=detection)
+    return Config(
+        interval_seconds=interval,
+        state_dir=state_dir,
+        scrape_timeout_seconds=timeout,
+        max_body_bytes=max_body,
+        routes=tuple(routes),
+        gpu=gpu,
+        otlp=otlp,
+        detection=detection,
+    )
 
 
 def read_yaml_file(path: str) -> Any:
@@ -682,10 +777,13 @@ def unreadable_files(cfg: Config) -> list[str]:
     problems = []
     for r in cfg.routes:
         http = r.http
-        files = {"tls_config.ca_file": http.tls_config.ca_file, "tls_config.cert_file": http.tls_config.cert_file,
-                 "tls_config.key_file": http.tls_config.key_file,
-                 "authorization.credentials_file": http.authorization.credentials_file if http.authorization else "",
-                 "basic_auth.password_file": http.basic_auth.password_file if http.basic_auth else ""}
+        files = {
+            "tls_config.ca_file": http.tls_config.ca_file,
+            "tls_config.cert_file": http.tls_config.cert_file,
+            "tls_config.key_file": http.tls_config.key_file,
+            "authorization.credentials_file": http.authorization.credentials_file if http.authorization else "",
+            "basic_auth.password_file": http.basic_auth.password_file if http.basic_auth else "",
+        }
         for key, name in files.items():
             if name:
                 try:
@@ -698,8 +796,10 @@ def unreadable_files(cfg: Config) -> list[str]:
 
 def summarize(cfg: Config) -> str:
     """A short human summary, printed by `check-config` on success."""
-    lines = [f"interval {cfg.interval_seconds:g}s, state_dir {cfg.state_dir}, gpu {cfg.gpu.enabled}, "
-             f"{len(cfg.routes)} route(s)" + (f", otlp -> {cfg.otlp.endpoint}" if cfg.otlp else "")]
+    lines = [
+        f"interval {cfg.interval_seconds:g}s, state_dir {cfg.state_dir}, gpu {cfg.gpu.enabled}, "
+        f"{len(cfg.routes)} route(s)" + (f", otlp -> {cfg.otlp.endpoint}" if cfg.otlp else "")
+    ]
     for r in cfg.routes:
         extra = []
         if r.match:
@@ -723,4 +823,3 @@ def summarize(cfg: Config) -> str:
         details = f" ({'; '.join(extra)})" if extra else ""
         lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}{details}")
     return "\n".join(lines)
-

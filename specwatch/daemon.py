@@ -74,11 +74,19 @@ def run_source(call: Callable[[], Any]) -> ScrapeOutcome:
     try:
         sample = call()
     except SourceError as exc:  # NoData included
-        return ScrapeOutcome(reason=exc.reason, message=str(exc), duration_seconds=time.perf_counter() - begin,
-                             exc_info=exc if isinstance(exc, NoData) else None)
+        return ScrapeOutcome(
+            reason=exc.reason,
+            message=str(exc),
+            duration_seconds=time.perf_counter() - begin,
+            exc_info=exc if isinstance(exc, NoData) else None,
+        )
     except Exception as exc:  # noqa: BLE001 - a source bug must cost its route, never the loop
-        return ScrapeOutcome(reason="internal", message=f"{type(exc).__name__}: {exc}",
-                             duration_seconds=time.perf_counter() - begin, exc_info=exc)
+        return ScrapeOutcome(
+            reason="internal",
+            message=f"{type(exc).__name__}: {exc}",
+            duration_seconds=time.perf_counter() - begin,
+            exc_info=exc,
+        )
     return ScrapeOutcome(sample=sample, duration_seconds=time.perf_counter() - begin)
 
 
@@ -169,8 +177,14 @@ class _Route:
 class Daemon:
     """Owns the routes, the GPU source and the published Snapshot. `tick()` and `reload()` are serialized."""
 
-    def __init__(self, config: Config, *, source_factory: SourceFactory | None = None,
-                 gpu_source_factory: GpuSourceFactory | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source_factory: SourceFactory | None = None,
+        gpu_source_factory: GpuSourceFactory | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self._clock = clock
         self._source_factory = source_factory or _default_source_factory
@@ -202,9 +216,11 @@ class Daemon:
         self._snapshot = snapshot  # one reference assignment: readers see the old or the new, never a mix
 
     def _control_fields(self) -> dict[str, Any]:
-        return {"config_last_reload_successful": self._reload_ok,
-                "config_last_reload_success_timestamp": self._reload_success_ts,
-                "evaluation_overruns_total": self._overruns}
+        return {
+            "config_last_reload_successful": self._reload_ok,
+            "config_last_reload_success_timestamp": self._reload_success_ts,
+            "evaluation_overruns_total": self._overruns,
+        }
 
     # ------------------------------------------------------------------ the cycle
     def tick(self, now: float | None = None) -> Snapshot:
@@ -217,8 +233,10 @@ class Daemon:
             futures = {id(route): self._submit(pool, route, now) for route in self._routes}
             gpu_future = self._submit_gpu(pool, now)
             # One wait for every call (rather than one per route) wakes this thread once, not up to 65 times.
-            wait([f for f in (gpu_future, *futures.values()) if f is not None],
-                 timeout=max(0.0, deadline - time.monotonic()))
+            wait(
+                [f for f in (gpu_future, *futures.values()) if f is not None],
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
 
             nvml_up, gpus = self._gpu_result(gpu_future, deadline)
             by_index = {g.index: g for g in gpus}
@@ -227,9 +245,15 @@ class Daemon:
                 outcome = self._result(futures[id(route)], deadline)
                 states.append(self._evaluate_route(route, outcome, now, by_index))
             self._drain_state_errors()
-            snapshot = Snapshot(timestamp=now, routes=tuple(states), gpus=gpus, nvml_up=nvml_up,
-                                evaluation_duration_seconds=time.perf_counter() - begin,
-                                state_errors_total=self._state_errors, **self._control_fields())
+            snapshot = Snapshot(
+                timestamp=now,
+                routes=tuple(states),
+                gpus=gpus,
+                nvml_up=nvml_up,
+                evaluation_duration_seconds=time.perf_counter() - begin,
+                state_errors_total=self._state_errors,
+                **self._control_fields(),
+            )
             self._publish(snapshot)
             return snapshot
 
@@ -246,8 +270,11 @@ class Daemon:
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
-            return ScrapeOutcome(reason="timeout", message=f"no answer within {DEADLINE_FACTOR * timeout:g}s",
-                                 duration_seconds=DEADLINE_FACTOR * timeout)
+            return ScrapeOutcome(
+                reason="timeout",
+                message=f"no answer within {DEADLINE_FACTOR * timeout:g}s",
+                duration_seconds=DEADLINE_FACTOR * timeout,
+            )
 
     def _submit_gpu(self, pool: ScrapePool, now: float) -> Future | None:
         source = self._gpu_source
@@ -286,8 +313,9 @@ class Daemon:
             log.exception("route %s: GPU mapping failed", route.cfg.name)
             return ()
 
-    def _evaluate_route(self, route: _Route, outcome: ScrapeOutcome, now: float,
-                        gpus_by_index: dict[int, GpuSample]) -> RouteState:
+    def _evaluate_route(
+        self, route: _Route, outcome: ScrapeOutcome, now: float, gpus_by_index: dict[int, GpuSample]
+    ) -> RouteState:
         route.record(outcome)
         gpu_indexes = self._route_gpus(route)
         self._exclude_probe_tokens(route)
@@ -303,8 +331,11 @@ class Daemon:
             obs = route.tracker.observe_down(now, gpus=gpu_indexes)
             base = route.tracker.state_fields(error_reason="internal")
         # Every field is gathered first and the RouteState built once.
-        fields: dict[str, Any] = {"scrape_duration_seconds": route.scrape_duration,
-                                  "errors_total": dict(route.errors_total), "gpus": gpu_indexes}
+        fields: dict[str, Any] = {
+            "scrape_duration_seconds": route.scrape_duration,
+            "errors_total": dict(route.errors_total),
+            "gpus": gpu_indexes,
+        }
         errors = route.evaluator_errors
         route_gpus: Sequence[GpuSample] = [gpus_by_index[i] for i in gpu_indexes if i in gpus_by_index]
         for i, evaluator in enumerate(route.evaluators):
@@ -316,8 +347,11 @@ class Daemon:
             except Exception:  # noqa: BLE001 - a detector bug costs its fields, not the route
                 errors[evaluator.name] = errors.get(evaluator.name, 0.0) + 1
                 if i not in route.failing_evaluators:
-                    log.exception("route %s: evaluator %s failed; its fields are left out",
-                                  route.cfg.name, type(evaluator).__name__)
+                    log.exception(
+                        "route %s: evaluator %s failed; its fields are left out",
+                        route.cfg.name,
+                        type(evaluator).__name__,
+                    )
                 route.failing_evaluators.add(i)
             else:
                 if i in route.failing_evaluators:
@@ -394,7 +428,10 @@ class Daemon:
         with self._lock:
             old, self.config = self.config, new
             rebuild_all = (old.scrape_timeout_seconds, old.max_body_bytes, old.state_dir) != (
-                new.scrape_timeout_seconds, new.max_body_bytes, new.state_dir)
+                new.scrape_timeout_seconds,
+                new.max_body_bytes,
+                new.state_dir,
+            )
             by_key = {(r.cfg.name, r.cfg.url): r for r in self._routes}
             kept = [by_key.pop((cfg.name, cfg.url), None) for cfg in new.routes]
             for route in by_key.values():

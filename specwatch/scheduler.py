@@ -34,8 +34,11 @@ def run_tick(daemon: Daemon, interval_seconds: float, on_tick: Callable[[Snapsho
     took = time.monotonic() - begin
     if took > interval_seconds:
         daemon.count_overrun()
-        log.warning("evaluation took %.2fs, longer than the %gs interval; the next cycle is skipped or late",
-                    took, interval_seconds)
+        log.warning(
+            "evaluation took %.2fs, longer than the %gs interval; the next cycle is skipped or late",
+            took,
+            interval_seconds,
+        )
     if on_tick is not None:
         try:
             on_tick(snapshot)
@@ -43,8 +46,12 @@ def run_tick(daemon: Daemon, interval_seconds: float, on_tick: Callable[[Snapsho
             log.exception("post-evaluation hook failed")
 
 
-def start_scheduler(daemon: Daemon, interval_seconds: float, on_tick: Callable[[Snapshot], None] | None = None,
-                    first_run_in: float | None = None) -> BackgroundScheduler:
+def start_scheduler(
+    daemon: Daemon,
+    interval_seconds: float,
+    on_tick: Callable[[Snapshot], None] | None = None,
+    first_run_in: float | None = None,
+) -> BackgroundScheduler:
     """Start the loop in a background thread; the first run is one interval from now unless `first_run_in`."""
     aps_log = logging.getLogger("apscheduler")
     if aps_log.level == logging.NOTSET:  # it logs every run at INFO; keep its warnings (skipped runs)
@@ -55,13 +62,24 @@ def start_scheduler(daemon: Daemon, interval_seconds: float, on_tick: Callable[[
     return scheduler
 
 
-def schedule(scheduler: BackgroundScheduler, daemon: Daemon, interval_seconds: float,
-             on_tick: Callable[[Snapshot], None] | None = None, first_run_in: float | None = None) -> None:
+def schedule(
+    scheduler: BackgroundScheduler,
+    daemon: Daemon,
+    interval_seconds: float,
+    on_tick: Callable[[Snapshot], None] | None = None,
+    first_run_in: float | None = None,
+) -> None:
     """Add (or replace, on a reload that changed the interval) the one evaluation job."""
     delay = interval_seconds if first_run_in is None else first_run_in
     scheduler.add_job(
-        run_tick, "interval", seconds=interval_seconds, args=(daemon, interval_seconds, on_tick), id=JOB_ID,
-        replace_existing=True, max_instances=1, coalesce=True,
+        run_tick,
+        "interval",
+        seconds=interval_seconds,
+        args=(daemon, interval_seconds, on_tick),
+        id=JOB_ID,
+        replace_existing=True,
+        max_instances=1,
+        coalesce=True,
         # A run later than this (the process was stopped, the previous tick hung) is skipped, not queued.
         misfire_grace_time=max(1, int(interval_seconds)),
         next_run_time=datetime.now().astimezone() + timedelta(seconds=delay),

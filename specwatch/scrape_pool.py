@@ -39,9 +39,16 @@ class _Worker:
 class ScrapePool:
     """A small executor (`submit` -> `concurrent.futures.Future`) that grows only past stalled workers."""
 
-    def __init__(self, max_workers: int, *, core_workers: int = CORE_WORKERS, stall_seconds: float = STALL_SECONDS,
-                 idle_seconds: float = IDLE_SECONDS, name: str = "specwatch-scrape",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_workers: int,
+        *,
+        core_workers: int = CORE_WORKERS,
+        stall_seconds: float = STALL_SECONDS,
+        idle_seconds: float = IDLE_SECONDS,
+        name: str = "specwatch-scrape",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_workers < 1 or core_workers < 1 or stall_seconds <= 0 or idle_seconds <= 0:
             raise ValueError("ScrapePool needs max_workers >= 1, core_workers >= 1 and positive durations")
         self.max_workers = max_workers
@@ -111,8 +118,9 @@ class ScrapePool:
             worker = _Worker(self._lock)
             self._workers.append(worker)
             self._serial += 1
-            threading.Thread(target=self._work, args=(worker,), name=f"{self._name}-{self._serial}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._work, args=(worker,), name=f"{self._name}-{self._serial}", daemon=True
+            ).start()
         else:
             return False
         self._running += 1
@@ -156,8 +164,7 @@ class ScrapePool:
     def _start_supervisor(self) -> None:
         """The thread that times stalled workers, started with the first backlog. Lock held."""
         if self._supervisor is None:
-            self._supervisor = threading.Thread(target=self._supervise, name=f"{self._name}-supervisor",
-                                                daemon=True)
+            self._supervisor = threading.Thread(target=self._supervise, name=f"{self._name}-supervisor", daemon=True)
             self._supervisor.start()
 
     def _supervise(self) -> None:

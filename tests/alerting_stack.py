@@ -77,8 +77,9 @@ class Processes:
 
     def start(self, name: str, argv: list[str]) -> None:
         log = self.workdir / f"{name}.log"
-        proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
         self.running.append((name, proc, log))
 
     def check_alive(self) -> None:
@@ -90,8 +91,7 @@ class Processes:
         parts = []
         for name, _, log in self.running:
             # The scheduler's per-tick INFO lines would push everything useful out of the tail.
-            lines = [line for line in log.read_text(errors="replace").splitlines()
-                     if "apscheduler" not in line][-tail:]
+            lines = [line for line in log.read_text(errors="replace").splitlines() if "apscheduler" not in line][-tail:]
             parts.append(f"--- {name} (last {len(lines)} lines)\n" + "\n".join(lines))
         return "\n".join(parts)
 
@@ -140,8 +140,9 @@ class Webhook:
         self.server.server_close()
 
 
-def prometheus_config(workdir: Path, daemon_port: int, am_port: int, evaluation_interval_seconds: float = 1.0,
-                      alert_for: str = "5s") -> Path:
+def prometheus_config(
+    workdir: Path, daemon_port: int, am_port: int, evaluation_interval_seconds: float = 1.0, alert_for: str = "5s"
+) -> Path:
     """Our generated rules with every `for:` shortened, scraping and evaluating every second."""
     settings = replace(DEFAULT.with_all_for(alert_for), evaluation_interval_seconds=evaluation_interval_seconds)
     rules = workdir / "specwatch-rules.yaml"
@@ -196,20 +197,38 @@ def query(prometheus: str, expr: str) -> list[dict]:
     return query_or_error(prometheus, expr)[0]
 
 
-def start_alerting(procs: Processes, workdir: Path, webhook: Webhook, ports: dict[str, int],
-                   evaluation_interval_seconds: float = 1.0, alert_for: str = "5s") -> tuple[str, str]:
+def start_alerting(
+    procs: Processes,
+    workdir: Path,
+    webhook: Webhook,
+    ports: dict[str, int],
+    evaluation_interval_seconds: float = 1.0,
+    alert_for: str = "5s",
+) -> tuple[str, str]:
     """Start Alertmanager (the example config, receivers pointed at `webhook`) and Prometheus (our rules,
     scraping the daemon on ports["daemon"]) on ports["alertmanager"] and ports["prometheus"]; wait until
     Prometheus scrapes the daemon. Returns (Prometheus URL, Alertmanager URL). Skips if they cannot be had."""
     found = binaries()
-    procs.start("alertmanager", [found["alertmanager"], f"--config.file={alertmanager_config(workdir, webhook)}",
-                                 f"--storage.path={workdir / 'alertmanager-data'}",
-                                 f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
-                                 "--cluster.listen-address="])
+    procs.start(
+        "alertmanager",
+        [
+            found["alertmanager"],
+            f"--config.file={alertmanager_config(workdir, webhook)}",
+            f"--storage.path={workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+            "--cluster.listen-address=",
+        ],
+    )
     config = prometheus_config(workdir, ports["daemon"], ports["alertmanager"], evaluation_interval_seconds, alert_for)
-    procs.start("prometheus", [found["prometheus"], f"--config.file={config}",
-                               f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-                               f"--web.listen-address=127.0.0.1:{ports['prometheus']}"])
+    procs.start(
+        "prometheus",
+        [
+            found["prometheus"],
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+        ],
+    )
     prometheus = f"http://127.0.0.1:{ports['prometheus']}"
     wait_until("Prometheus to scrape specwatch", lambda: query(prometheus, 'up{job="specwatch"} == 1'), 60, procs)
     return prometheus, f"http://127.0.0.1:{ports['alertmanager']}"

@@ -10,8 +10,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.testbed import successor
 
-SUMMED = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-          "vllm:spec_decode_num_accepted_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting")
+SUMMED = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
@@ -26,11 +31,14 @@ def engine_values(body: str) -> dict[str, Any]:
                 positions[position] = positions.get(position, 0.0) + sample.value
             elif sample.name in SUMMED:
                 sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    return {"drafts": sums["vllm:spec_decode_num_drafts_total"],
-            "draft_tokens": sums["vllm:spec_decode_num_draft_tokens_total"],
-            "accepted": sums["vllm:spec_decode_num_accepted_tokens_total"],
-            "per_pos": tuple(positions[p] for p in sorted(positions)),
-            "running": sums["vllm:num_requests_running"], "waiting": sums["vllm:num_requests_waiting"]}
+    return {
+        "drafts": sums["vllm:spec_decode_num_drafts_total"],
+        "draft_tokens": sums["vllm:spec_decode_num_draft_tokens_total"],
+        "accepted": sums["vllm:spec_decode_num_accepted_tokens_total"],
+        "per_pos": tuple(positions[p] for p in sorted(positions)),
+        "running": sums["vllm:num_requests_running"],
+        "waiting": sums["vllm:num_requests_waiting"],
+    }
 
 
 def spec_counts(body: str) -> successor.Counts:

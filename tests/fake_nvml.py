@@ -48,10 +48,14 @@ NVML_GPM_METRIC_MAX = 477
 NVML_GPM_METRICS_GET_VERSION = 1
 
 _MESSAGES = {
-    NVML_ERROR_UNINITIALIZED: "Uninitialized", NVML_ERROR_NOT_SUPPORTED: "Not Supported",
-    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions", NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
-    NVML_ERROR_TIMEOUT: "Timeout", NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
-    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found", NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_TIMEOUT: "Timeout",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -79,15 +83,21 @@ class FakeGpu:
     clocks_mhz: dict[int, int] = field(default_factory=lambda: {NVML_CLOCK_SM: 1980, NVML_CLOCK_MEM: 3201})
     temperature: int = 52
     clock_event_reasons: int = 0x4  # sw_power_cap
-    ecc: dict[int, int] = field(default_factory=lambda: {NVML_MEMORY_ERROR_TYPE_CORRECTED: 3,
-                                                         NVML_MEMORY_ERROR_TYPE_UNCORRECTED: 0})
+    ecc: dict[int, int] = field(
+        default_factory=lambda: {NVML_MEMORY_ERROR_TYPE_CORRECTED: 3, NVML_MEMORY_ERROR_TYPE_UNCORRECTED: 0}
+    )
     processes: tuple[int, ...] = ()
     gpm_supported: bool = True
     mig: bool = False
     # percent over the interval ending at the next GPM sample, by metric id; an int in gpm_errors fails that id
-    gpm: dict[int, float] = field(default_factory=lambda: {
-        NVML_GPM_METRIC_SM_UTIL: 65.1, NVML_GPM_METRIC_ANY_TENSOR_UTIL: 2.5, NVML_GPM_METRIC_DRAM_BW_UTIL: 64.4,
-        NVML_GPM_METRIC_SM_OCCUPANCY: 12.0})
+    gpm: dict[int, float] = field(
+        default_factory=lambda: {
+            NVML_GPM_METRIC_SM_UTIL: 65.1,
+            NVML_GPM_METRIC_ANY_TENSOR_UTIL: 2.5,
+            NVML_GPM_METRIC_DRAM_BW_UTIL: 64.4,
+            NVML_GPM_METRIC_SM_OCCUPANCY: 12.0,
+        }
+    )
     gpm_errors: dict[int, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # pynvml function name -> NVML error code it raises
     lost: bool = False
@@ -263,7 +273,7 @@ class FakeNvml:
         assert s1 is not None and s2 is not None and not s1.freed and not s2.freed
         assert s1.device == s2.device and s1.seq < s2.seq, "samples must be of one GPU, oldest first"
         gpu = self.gpus[s2.device]
-        for m in request.metrics[:request.numMetrics]:
+        for m in request.metrics[: request.numMetrics]:
             m.nvmlReturn = gpu.gpm_errors.get(m.metricId, NVML_SUCCESS)
             m.value = s2.values.get(m.metricId, 0.0) if m.nvmlReturn == NVML_SUCCESS else 0.0
         return request
@@ -286,8 +296,10 @@ def one_field_unsupported() -> FakeNvml:
     """Power NotSupported, ECC NoPermission and the DRAM GPM id failing on GPU 0: those are absent, nothing else."""
     nvml = basic_h200(1)
     gpu = nvml.gpus[0]
-    gpu.errors = {"nvmlDeviceGetPowerUsage": NVML_ERROR_NOT_SUPPORTED,
-                  "nvmlDeviceGetTotalEccErrors": NVML_ERROR_NO_PERMISSION}
+    gpu.errors = {
+        "nvmlDeviceGetPowerUsage": NVML_ERROR_NOT_SUPPORTED,
+        "nvmlDeviceGetTotalEccErrors": NVML_ERROR_NO_PERMISSION,
+    }
     gpu.gpm_errors = {NVML_GPM_METRIC_DRAM_BW_UTIL: NVML_ERROR_NOT_SUPPORTED}
     return nvml
 
@@ -305,8 +317,9 @@ def library_missing() -> FakeNvml:
 
 
 def pre_hopper() -> FakeNvml:
-    return FakeNvml([FakeGpu(name="NVIDIA A100-SXM4-80GB", uuid=_uuid(0), memory_total=85_899_345_920,
-                             gpm_supported=False)])
+    return FakeNvml(
+        [FakeGpu(name="NVIDIA A100-SXM4-80GB", uuid=_uuid(0), memory_total=85_899_345_920, gpm_supported=False)]
+    )
 
 
 def mig_mode() -> FakeNvml:

@@ -17,14 +17,17 @@ from specwatch.stats.cusum import SPRT_LOWER, SPRT_UPPER, Cusum, LogLikelihoodRa
 from specwatch.stats.overdispersion import DispersionEstimator, DispersionModel
 from specwatch.stats.wilson import wilson_bounds
 from specwatch.evaluators.acceptance_drop import STORE_KEY, AcceptanceDropEvaluator, build_evaluator
-from specwatch.stats.evidence import (BUSY_EFFECTIVE_TOKENS_PER_SECOND, MIN_ADAPTED_THRESHOLD, TrafficRate,
-                                      adapted_threshold)
+from specwatch.stats.evidence import (
+    BUSY_EFFECTIVE_TOKENS_PER_SECOND,
+    MIN_ADAPTED_THRESHOLD,
+    TrafficRate,
+    adapted_threshold,
+)
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
 from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
 from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineStore
-
 
 
 # --------------------------------------------------------------------------- statistics
@@ -135,8 +138,9 @@ def test_traffic_rate_averages_over_the_time_constant() -> None:
 
 
 # --------------------------------------------------------------------------- the evaluator
-FAST = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0, pin_drafted_tokens=200_000,
-                       pin_seconds=4 * 3600.0)
+FAST = DetectionConfig(
+    warmup_drafted_tokens=20_000, warmup_seconds=1800.0, pin_drafted_tokens=200_000, pin_seconds=4 * 3600.0
+)
 
 
 def _ctx(tmp_path: Path, detection: DetectionConfig = FAST) -> EvaluatorContext:
@@ -161,10 +165,13 @@ def _run(ev: AcceptanceDropEvaluator, spec: TraceSpec, builder: ObservationBuild
 
 def test_learns_then_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
-    assert ev.evaluate(RouteObservation(route="chat", ts=0.0, up=True, model_name="m", k=4), ()).get(
-        "baseline_ratio") is None  # nothing learned yet
-    spec = TraceSpec(rate=0.5, duration=14 * 3600.0, seed=5,
-                     drops=(Drop(start=8 * 3600.0, ratio=0.25, end=11 * 3600.0),))
+    assert (
+        ev.evaluate(RouteObservation(route="chat", ts=0.0, up=True, model_name="m", k=4), ()).get("baseline_ratio")
+        is None
+    )  # nothing learned yet
+    spec = TraceSpec(
+        rate=0.5, duration=14 * 3600.0, seed=5, drops=(Drop(start=8 * 3600.0, ratio=0.25, end=11 * 3600.0),)
+    )
     transitions, _ = _run(ev, spec)
     assert [d for _, d in transitions] == [True, False]
     fired, resolved = transitions[0][0], transitions[1][0]
@@ -201,8 +208,13 @@ def test_model_change_counts_keeps_old_baseline_and_adopts_after_clean_period(tm
 
 def test_model_change_with_a_regression_pages_through_the_sprt(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
-    spec = TraceSpec(rate=1.0, duration=8 * 3600.0, seed=4, changes=(ModelChange(at=5 * 3600.0, model_name="m2"),),
-                     drops=(Drop(start=5 * 3600.0, ratio=0.25),))
+    spec = TraceSpec(
+        rate=1.0,
+        duration=8 * 3600.0,
+        seed=4,
+        changes=(ModelChange(at=5 * 3600.0, model_name="m2"),),
+        drops=(Drop(start=5 * 3600.0, ratio=0.25),),
+    )
     transitions, _ = _run(ev, spec)
     assert transitions and transitions[0][1] is True and transitions[0][0] - 5 * 3600.0 < 600
     assert ev.sprt_verdict == "regressed"
@@ -213,8 +225,12 @@ def test_model_change_with_a_regression_pages_through_the_sprt(tmp_path: Path) -
 def test_state_survives_a_restart(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
     ev = build_evaluator(ctx, _route())
-    spec = TraceSpec(rate=1.0, duration=3.5 * 3600.0, seed=6,  # ends before adopt_after (1 h)
-                     changes=(ModelChange(at=3 * 3600.0, model_name="m2"),))
+    spec = TraceSpec(
+        rate=1.0,
+        duration=3.5 * 3600.0,
+        seed=6,  # ends before adopt_after (1 h)
+        changes=(ModelChange(at=3 * 3600.0, model_name="m2"),),
+    )
     _, builder = _run(ev, spec)
     end = spec.start + spec.duration
     before, threshold, rate_before = ev.fields(), ev.threshold(end), ev.traffic.per_second(end, 0.0)
@@ -314,6 +330,7 @@ def test_small_benchmark_at_one_request_per_minute() -> None:
 
 def test_version_one_store_gains_the_dispersion_columns(tmp_path: Path) -> None:
     import sqlite3
+
     path = tmp_path / "baselines.db"
     conn = sqlite3.connect(path)
     conn.executescript("""
@@ -350,17 +367,43 @@ _values = st.floats(min_value=0, max_value=1e7, allow_nan=False) | st.just(0.0)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "b", ""]), st.sampled_from([None, 0, 3, 4]),
-                          st.booleans(), _values, _values, _values), min_size=1, max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.sampled_from(["a", "b", ""]),
+            st.sampled_from([None, 0, 3, 4]),
+            st.booleans(),
+            _values,
+            _values,
+            _values,
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
 def test_odd_observations_never_raise(tmp_path_factory, cycles) -> None:
-    detection = DetectionConfig(warmup_drafted_tokens=10, warmup_seconds=0.0, min_drafted_tokens=0,
-                                min_duration_seconds=0.0)
+    detection = DetectionConfig(
+        warmup_drafted_tokens=10, warmup_seconds=0.0, min_drafted_tokens=0, min_duration_seconds=0.0
+    )
     ctx = _ctx(tmp_path_factory.mktemp("state"), detection)
     ev = build_evaluator(ctx, _route(detection))
     for i, (up, model, k, reset, drafts, tokens, accepted) in enumerate(cycles):
-        fields = ev.evaluate(RouteObservation(route="chat", ts=i * 61.0, up=up, model_name=model, k=k, reset=reset,
-                                              d_drafts=drafts, d_draft_tokens=tokens, d_accepted=accepted,
-                                              d_accepted_per_pos=(accepted / 2, accepted / 4)), ())
+        fields = ev.evaluate(
+            RouteObservation(
+                route="chat",
+                ts=i * 61.0,
+                up=up,
+                model_name=model,
+                k=k,
+                reset=reset,
+                d_drafts=drafts,
+                d_draft_tokens=tokens,
+                d_accepted=accepted,
+                d_accepted_per_pos=(accepted / 2, accepted / 4),
+            ),
+            (),
+        )
         for value in fields.values():
             assert value is None or isinstance(value, bool) or math.isfinite(value)
     ev.close()
@@ -370,14 +413,26 @@ def test_a_draft_length_that_follows_load_is_not_a_model_change(tmp_path: Path) 
     """SGLang's adaptive tiers and a batch-size schedule move k without a restart: the baseline stays."""
     ev = build_evaluator(_ctx(tmp_path), _route())
     for i, k in enumerate([4, 4, 2, 1, 0, 3, 4]):
-        fields = ev.evaluate(RouteObservation(route="chat", ts=float(i), up=True, model_name="m", engine_version="1",
-                                              k=k, d_drafts=10.0 * k, d_draft_tokens=10.0 * k * k,
-                                              d_accepted=5.0 * k * k), ())
+        fields = ev.evaluate(
+            RouteObservation(
+                route="chat",
+                ts=float(i),
+                up=True,
+                model_name="m",
+                engine_version="1",
+                k=k,
+                d_drafts=10.0 * k,
+                d_draft_tokens=10.0 * k * k,
+                d_accepted=5.0 * k * k,
+            ),
+            (),
+        )
     assert fields["model_changes_total"] == 0.0
     assert ev.key == BaselineKey("m", "1", 4)
     # the same k change together with an engine restart is a redeployment
-    fields = ev.evaluate(RouteObservation(route="chat", ts=10.0, up=True, model_name="m", engine_version="1", k=2,
-                                          reset=True), ())
+    fields = ev.evaluate(
+        RouteObservation(route="chat", ts=10.0, up=True, model_name="m", engine_version="1", k=2, reset=True), ()
+    )
     assert fields["model_changes_total"] == 1.0 and ev.key == BaselineKey("m", "1", 2)
     # and a new model name is one whatever k does
     fields = ev.evaluate(RouteObservation(route="chat", ts=11.0, up=True, model_name="m2", engine_version="1", k=3), ())
@@ -389,14 +444,26 @@ def test_shorter_evidence_blocks_give_a_faster_verdict_on_a_busy_route(tmp_path:
     """A pinned baseline and a clear drop from the first second: the verdict waits for the first block to close."""
     flagged = {}
     for block in (60.0, 15.0):
-        detection = dataclasses.replace(FAST, block_seconds=block, min_duration_seconds=5.0,
-                                        confirm_window_seconds=10.0, min_drafted_tokens=300)
+        detection = dataclasses.replace(
+            FAST, block_seconds=block, min_duration_seconds=5.0, confirm_window_seconds=10.0, min_drafted_tokens=300
+        )
         route = _route(detection, baseline=PinnedBaseline(acceptance_ratio=0.6, overdispersion=2.0))
         ev = build_evaluator(_ctx(tmp_path / str(block), detection), route)
         for second in range(1, 121):  # 200 draft tokens a second accepted at 0.36: a 40% drop
-            fields = ev.evaluate(RouteObservation(route="chat", ts=float(second), up=True, model_name="m", k=4,
-                                                  d_drafts=50.0, d_draft_tokens=200.0, d_accepted=72.0,
-                                                  running_per_engine={"0": 8.0}), ())
+            fields = ev.evaluate(
+                RouteObservation(
+                    route="chat",
+                    ts=float(second),
+                    up=True,
+                    model_name="m",
+                    k=4,
+                    d_drafts=50.0,
+                    d_draft_tokens=200.0,
+                    d_accepted=72.0,
+                    running_per_engine={"0": 8.0},
+                ),
+                (),
+            )
             if fields.get("degraded"):
                 flagged[block] = second
                 break
@@ -406,7 +473,8 @@ def test_shorter_evidence_blocks_give_a_faster_verdict_on_a_busy_route(tmp_path:
 
 @pytest.mark.parametrize("block", [60.0, 15.0])
 def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_learner(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: float) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: float
+) -> None:
     """15 s scrapes on a never-idle route: a block holds block/15 intervals, timed from the scrape before its
     first one, and the dispersion learner fits φ on the same blocks the CUSUM weighs."""
     detection = dataclasses.replace(FAST, block_seconds=block)
@@ -423,9 +491,20 @@ def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_lea
     monkeypatch.setattr(ev, "_weigh", record)
     for ts in range(0, 616, 15):  # the scrape at 0 only starts the first interval; the next sets the baseline
         drafted = 0.0 if ts == 0 else 400.0
-        ev.evaluate(RouteObservation(route="chat", ts=float(ts), up=True, model_name="m", k=4, d_drafts=drafted / 4,
-                                     d_draft_tokens=drafted, d_accepted=0.6 * drafted,
-                                     running_per_engine={"0": 8.0}), ())
+        ev.evaluate(
+            RouteObservation(
+                route="chat",
+                ts=float(ts),
+                up=True,
+                model_name="m",
+                k=4,
+                d_drafts=drafted / 4,
+                d_draft_tokens=drafted,
+                d_accepted=0.6 * drafted,
+                running_per_engine={"0": 8.0},
+            ),
+            (),
+        )
     assert ev.learner.dispersion.blocks == 615 // block  # from the scrape at 0
     assert weighed == [(15.0 + block * (i - 1), 15.0 + block * i) for i in range(1, round(600 / block) + 1)]
     ev.close()
@@ -434,17 +513,40 @@ def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_lea
 def test_a_stored_baseline_learned_on_other_blocks_keeps_r0_and_relearns_phi(tmp_path: Path) -> None:
     key = BaselineKey("m", "", 4)
     store = BaselineStore.in_state_dir(str(tmp_path))
-    store.put(Baseline(route="chat", key=key, acceptance_ratio=0.6, overdispersion=30.0, drafted_tokens=1e6,
-                       dispersion_block_seconds=60.0, source="learned", pinned=True, created=1.0, updated=1.0))
+    store.put(
+        Baseline(
+            route="chat",
+            key=key,
+            acceptance_ratio=0.6,
+            overdispersion=30.0,
+            drafted_tokens=1e6,
+            dispersion_block_seconds=60.0,
+            source="learned",
+            pinned=True,
+            created=1.0,
+            updated=1.0,
+        )
+    )
     store.close()
     detection = dataclasses.replace(FAST, block_seconds=15.0)
     ev = build_evaluator(_ctx(tmp_path, detection), _route(detection))
     rng = random.Random(5)
     for ts in range(0, 3601, 15):  # 400 drafted tokens per 15 s, acceptance 0.6 with a little spread
         drafted = 0.0 if ts == 0 else 400.0
-        ev.evaluate(RouteObservation(route="chat", ts=float(ts), up=True, model_name="m", k=4, d_drafts=drafted / 4,
-                                     d_draft_tokens=drafted, d_accepted=round(drafted * rng.uniform(0.55, 0.65)),
-                                     running_per_engine={"0": 8.0}), ())
+        ev.evaluate(
+            RouteObservation(
+                route="chat",
+                ts=float(ts),
+                up=True,
+                model_name="m",
+                k=4,
+                d_drafts=drafted / 4,
+                d_draft_tokens=drafted,
+                d_accepted=round(drafted * rng.uniform(0.55, 0.65)),
+                running_per_engine={"0": 8.0},
+            ),
+            (),
+        )
         if ts == 900:  # before the warm-up: the stored baseline as it is
             assert ev.reference.overdispersion == 30.0 and ev.reference.dispersion_block_seconds == 60.0
     ref = ev.reference

@@ -12,8 +12,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "dynamo": "trtllm", "llamacpp": "llamacpp"}
 # Every /metrics body (and TensorRT-LLM's JSON iteration stats); `responses/` folders hold API responses and
 # `request_log/` SGLang's per-request files, not /metrics bodies.
-BODIES = sorted(p for p in FIXTURES.rglob("*") if p.suffix in (".prom", ".json") and not p.name.endswith(".truth.json")
-                and not {"responses", "request_log"} & set(p.relative_to(FIXTURES).parts))
+BODIES = sorted(
+    p
+    for p in FIXTURES.rglob("*")
+    if p.suffix in (".prom", ".json")
+    and not p.name.endswith(".truth.json")
+    and not {"responses", "request_log"} & set(p.relative_to(FIXTURES).parts)
+)
 
 
 def test_every_engine_directory_has_fixtures():

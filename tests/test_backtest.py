@@ -43,12 +43,17 @@ def _free_port() -> int:
 
 def _openmetrics(samples, route: str) -> str:
     out = []
-    for family, field in (("specwatch_route_drafts", "drafts"), ("specwatch_route_draft_tokens", "draft_tokens"),
-                          ("specwatch_route_accepted_tokens", "accepted_tokens")):
+    for family, field in (
+        ("specwatch_route_drafts", "drafts"),
+        ("specwatch_route_draft_tokens", "draft_tokens"),
+        ("specwatch_route_accepted_tokens", "accepted_tokens"),
+    ):
         out.append(f"# TYPE {family} counter")
         out += [f'{family}_total{{route="{route}"}} {getattr(s, field):.0f} {s.ts:.0f}' for s in samples]
-    for family, value in (("specwatch_route_running_requests", lambda s: s.running),
-                          ("specwatch_route_waiting_requests", lambda s: 0)):
+    for family, value in (
+        ("specwatch_route_running_requests", lambda s: s.running),
+        ("specwatch_route_waiting_requests", lambda s: 0),
+    ):
         out.append(f"# TYPE {family} gauge")
         out += [f'{family}{{route="{route}"}} {value(s):.0f} {s.ts:.0f}' for s in samples]
     out.append("# TYPE specwatch_route_info gauge")
@@ -60,18 +65,35 @@ def _openmetrics(samples, route: str) -> str:
 @pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="prometheus and promtool are not installed")
 def test_backtest_against_a_real_prometheus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     start = float(int(time.time() // 3600 * 3600) - 10 * 3600)  # recent, so inside retention
-    spec = TraceSpec(route="chat", rate=2.0, duration=8 * 3600.0, start=start, seed=21,
-                     drops=(Drop(start=5 * 3600.0, ratio=0.25, end=7 * 3600.0),))
+    spec = TraceSpec(
+        route="chat",
+        rate=2.0,
+        duration=8 * 3600.0,
+        start=start,
+        seed=21,
+        drops=(Drop(start=5 * 3600.0, ratio=0.25, end=7 * 3600.0),),
+    )
     samples = list(generate(spec))
     (tmp_path / "in.om").write_text(_openmetrics(samples, "chat"))
-    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"),
-                    str(tmp_path / "data")], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"), str(tmp_path / "data")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     (tmp_path / "prometheus.yml").write_text("global: {}\nscrape_configs: []\n")
     port = _free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", "--storage.tsdb.retention.time=30d",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            "--storage.tsdb.retention.time=30d",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -83,8 +105,24 @@ def test_backtest_against_a_real_prometheus(tmp_path: Path, capsys: pytest.Captu
                 pass
             assert time.monotonic() < deadline, "prometheus did not become ready"
             time.sleep(0.2)
-        assert cli_main(["backtest", "--prometheus", url, "--route", "chat", "--start", str(samples[0].ts),
-                         "--end", str(samples[-1].ts), "--step", "15s"]) == 0
+        assert (
+            cli_main(
+                [
+                    "backtest",
+                    "--prometheus",
+                    url,
+                    "--route",
+                    "chat",
+                    "--start",
+                    str(samples[0].ts),
+                    "--end",
+                    str(samples[-1].ts),
+                    "--step",
+                    "15s",
+                ]
+            )
+            == 0
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -97,6 +135,20 @@ def test_backtest_against_a_real_prometheus(tmp_path: Path, capsys: pytest.Captu
 
 def test_backtest_reports_an_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
     port = _free_port()  # nothing listens there
-    assert cli_main(["backtest", "--prometheus", f"http://127.0.0.1:{port}", "--route", "chat",
-                     "--start", "now-1h", "--end", "now"]) == 1
+    assert (
+        cli_main(
+            [
+                "backtest",
+                "--prometheus",
+                f"http://127.0.0.1:{port}",
+                "--route",
+                "chat",
+                "--start",
+                "now-1h",
+                "--end",
+                "now",
+            ]
+        )
+        == 1
+    )
     assert f"127.0.0.1:{port}" in capsys.readouterr().err

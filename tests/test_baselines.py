@@ -18,9 +18,19 @@ KEY = BaselineKey("llama", "0.11.0", 4)
 
 
 def _baseline(ratio: float = 0.5, tokens: float = 50_000.0, route: str = "chat") -> Baseline:
-    return Baseline(route=route, key=KEY, acceptance_ratio=ratio, position_acceptance=(0.7, 0.5, 0.4, 0.3),
-                    mean_acceptance_length=2.9, overdispersion=30.0, drafted_tokens=tokens, source="learned",
-                    pinned=True, created=100.0, updated=200.0)
+    return Baseline(
+        route=route,
+        key=KEY,
+        acceptance_ratio=ratio,
+        position_acceptance=(0.7, 0.5, 0.4, 0.3),
+        mean_acceptance_length=2.9,
+        overdispersion=30.0,
+        drafted_tokens=tokens,
+        source="learned",
+        pinned=True,
+        created=100.0,
+        updated=200.0,
+    )
 
 
 def test_round_trip_survives_reopen(tmp_path: Path) -> None:
@@ -170,8 +180,12 @@ def _daemon_after_a_model_change(tmp_path: Path):
     detection = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0)
     ctx = EvaluatorContext(config=Config(state_dir=str(tmp_path), detection=detection), clock=lambda: 0.0)
     ev = build_evaluator(ctx, RouteConfig(name="chat", url="http://127.0.0.1:1/metrics", detection=detection))
-    spec = TraceSpec(rate=1.0, duration=2.75 * 3600.0, seed=3,  # ends before adopt_after (1 h)
-                     changes=(ModelChange(at=2 * 3600.0, model_name="m2"),))
+    spec = TraceSpec(
+        rate=1.0,
+        duration=2.75 * 3600.0,
+        seed=3,  # ends before adopt_after (1 h)
+        changes=(ModelChange(at=2 * 3600.0, model_name="m2"),),
+    )
     builder = ObservationBuilder("chat")
     for sample in generate(spec):
         ev.evaluate(builder.observe(sample), ())

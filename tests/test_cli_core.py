@@ -26,11 +26,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "specwatch.yml"
 # ---------------------------------------------------------------------------------------------- check-config
 def test_check_config_lists_three_distinct_errors_and_exits_1(tmp_path, capsys):
     path = tmp_path / "bad.yml"
-    path.write_text("interval: soon\n"
-                    "routes:\n"
-                    "  - name: chat\n"
-                    "    url: localhost:8000\n"
-                    "    colour: blue\n")
+    path.write_text("interval: soon\nroutes:\n  - name: chat\n    url: localhost:8000\n    colour: blue\n")
     assert cli_main(["check-config", "--config.file", str(path)]) == 1
     err = capsys.readouterr().err
     assert f"FAILED: {path}: 3 problem(s)" in err
@@ -62,8 +58,10 @@ def test_an_offline_command_without_its_extra_says_how_to_install_it(monkeypatch
 
 
 def test_the_daemon_imports_no_offline_only_dependency():
-    code = ("import sys; import specwatch.commands.run, specwatch.commands.check_config, specwatch.commands.status; "
-            "print(sorted(m for m in ('matplotlib', 'grafanalib') if m in sys.modules))")
+    code = (
+        "import sys; import specwatch.commands.run, specwatch.commands.check_config, specwatch.commands.status; "
+        "print(sorted(m for m in ('matplotlib', 'grafanalib') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -80,28 +78,64 @@ def table_text(doc) -> str:
 
 
 def test_status_table_shows_optional_columns_only_when_present():
-    plain = Snapshot(timestamp=1.0, routes=(
-        route("chat", up=True, engine_kind="vllm", engine_version="0.33.0", model_name="llama",
-              acceptance_source="counter", acceptance_ratio={"1m": 0.61, "5m": 0.6}, draft_length=3.0,
-              mean_acceptance_length={"5m": 2.8}, running_requests=12.0, waiting_requests=0.0),
-        route("code", up=False, error_reason="timeout"),
-    ))
+    plain = Snapshot(
+        timestamp=1.0,
+        routes=(
+            route(
+                "chat",
+                up=True,
+                engine_kind="vllm",
+                engine_version="0.33.0",
+                model_name="llama",
+                acceptance_source="counter",
+                acceptance_ratio={"1m": 0.61, "5m": 0.6},
+                draft_length=3.0,
+                mean_acceptance_length={"5m": 2.8},
+                running_requests=12.0,
+                waiting_requests=0.0,
+            ),
+            route("code", up=False, error_reason="timeout"),
+        ),
+    )
     text = table_text(routes_document(plain))
     assert "chat" in text and "0.61 0.60 –" in text and "2.80" in text and "12/0" in text
     assert "DOWN timeout" in text
     assert "baseline" not in text and "xover" not in text and "verdict" not in text
-    full = Snapshot(timestamp=1.0, routes=(
-        route("chat", up=True, acceptance_source="gauge", acceptance_ratio={"5m": 0.5}, baseline_ratio=0.7,
-              drop_ratio=0.2857, degraded=True, batch_size=40.0, crossover_batch_size=32.0, above_crossover=True),
-    ))
+    full = Snapshot(
+        timestamp=1.0,
+        routes=(
+            route(
+                "chat",
+                up=True,
+                acceptance_source="gauge",
+                acceptance_ratio={"5m": 0.5},
+                baseline_ratio=0.7,
+                drop_ratio=0.2857,
+                degraded=True,
+                batch_size=40.0,
+                crossover_batch_size=32.0,
+                above_crossover=True,
+            ),
+        ),
+    )
     text = table_text(routes_document(full)["routes"])  # the bare list works too
     assert "baseline" in text and "0.70 -28.6%" in text and "DEGRADED" in text
     assert "40.0/32.0" in text and "ABOVE" in text and "– 0.50* –" in text
     assert "GPU-h" not in text  # no speedup-predicting source: no ledger column
-    ledger = Snapshot(timestamp=1.0, routes=(
-        route("code", up=True, batch_size=120.0, crossover_batch_size=64.4, above_crossover=True,
-              speculation_gpu_seconds_lost_total=5400.0, speculation_gpu_seconds_saved_total=720.0),
-    ))
+    ledger = Snapshot(
+        timestamp=1.0,
+        routes=(
+            route(
+                "code",
+                up=True,
+                batch_size=120.0,
+                crossover_batch_size=64.4,
+                above_crossover=True,
+                speculation_gpu_seconds_lost_total=5400.0,
+                speculation_gpu_seconds_saved_total=720.0,
+            ),
+        ),
+    )
     text = table_text(routes_document(ledger))
     assert "GPU-h lost/saved" in text and "1.50/0.20" in text
 
@@ -133,8 +167,13 @@ def free_port() -> int:
 
 
 def write_config(path: Path, *routes: str, interval: str = "1s") -> None:
-    lines = [f"interval: {interval}", "scrape: {timeout: 200ms}", "gpu: {enabled: false}",
-             f"state_dir: {path.parent / 'state'}", "routes:"]
+    lines = [
+        f"interval: {interval}",
+        "scrape: {timeout: 200ms}",
+        "gpu: {enabled: false}",
+        f"state_dir: {path.parent / 'state'}",
+        "routes:",
+    ]
     lines += [f"  - {{name: {r}, url: 'http://127.0.0.1:9/metrics'}}" for r in routes]
     path.write_text("\n".join(lines) + "\n" if routes else "\n".join(lines[:-1]) + "\n")
 
@@ -173,9 +212,22 @@ def test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "NOTIFY_SOCKET": notify_path}
     log = (tmp_path / "daemon.log").open("w")  # a file, not a pipe: a full pipe would block the daemon
-    proc = subprocess.Popen([sys.executable, "-m", "specwatch", "run", "--config.file", str(config),
-                             "--web.listen-address", f"127.0.0.1:{port}"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specwatch",
+            "run",
+            "--config.file",
+            str(config),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         messages = [notify.recv(4096).decode()]
         assert messages[0] == "READY=1"  # sent only after the first completed cycle

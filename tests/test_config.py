@@ -58,9 +58,13 @@ def test_example_config_shows_every_key(monkeypatch):
     monkeypatch.setattr(config_module._Checker, "mapping", recording)
     load_config(EXAMPLE)
     shown_anywhere = set().union(*seen.values())
-    missing = {key for allowed, present in seen.items() for key in allowed - present
-               # keys that exclude each other: one shown here, the other shown elsewhere
-               if not (EXCLUSIVE.get(key) in present and key in shown_anywhere)}
+    missing = {
+        key
+        for allowed, present in seen.items()
+        for key in allowed - present
+        # keys that exclude each other: one shown here, the other shown elsewhere
+        if not (EXCLUSIVE.get(key) in present and key in shown_anywhere)
+    }
     assert missing == set(), f"examples/specwatch.yml does not show: {sorted(missing)}"
 
 
@@ -94,59 +98,80 @@ def test_all_problems_are_reported_together():
         assert any(p.startswith(want) for p in found), (want, found)
 
 
-@pytest.mark.parametrize("raw, want", [
-    ([1, 2], ": must be a mapping, got list"),
-    ({"routes": {"name": "x"}}, "routes: must be a list"),
-    ({"routes": ["chat"]}, "routes[0]: must be a mapping, got str"),
-    ({"interval": "0s"}, "interval: must be more than 0s"),
-    ({"interval": True}, "interval: not a duration"),
-    ({"interval": "2s", "scrape": {"timeout": "2s"}}, "scrape.timeout: must be shorter than interval (2s)"),
-    ({"scrape": {"max_body_bytes": 2048.5}}, "scrape.max_body_bytes: must be a whole number"),
-    ({"state_dir": 5}, "state_dir: must be a string"),
-    ({"detection": {"drop": 0}}, "detection.drop: must be > 0"),
-    ({"detection": {"drop": 0.99}}, "detection.drop: must be <= 0.95"),
-    ({"detection": {"drop": "15%"}}, "detection.drop: must be a number"),
-    ({"detection": {"drop": float("nan")}}, "detection.drop: must be a number"),
-    ({"detection": {"cusum_threshold": 0}}, "detection.cusum_threshold: must be > 0"),
-    ({"detection": {"warmup_drafted_tokens": -1}}, "detection.warmup_drafted_tokens: must be >= 0"),
-    ({"detection": {"typo": 1}}, "detection.typo: unknown key"),
-    ({"otlp": {}}, "otlp.endpoint: required"),
-    ({"otlp": {"endpoint": "collector:4318"}}, "otlp.endpoint: not an http(s) URL"),
-    ({"otlp": {"endpoint": "http://c:4318", "protocol": "udp"}}, "otlp.protocol: must be one of"),
-    ({"otlp": {"endpoint": "http://c:4318", "headers": {"a": [1]}}}, "otlp.headers.a: must be a string"),
-    ({"routes": [{**ROUTE, "gpus": 0}]}, "routes[0].gpus: must be a list"),
-    ({"routes": [{**ROUTE, "gpus": [-1]}]}, "routes[0].gpus[0]: must be >= 0"),
-    ({"routes": [{**ROUTE, "engines": "0"}]}, "routes[0].engines: must be a list"),
-    ({"routes": [{**ROUTE, "engines": [True]}]}, "routes[0].engines[0]: must be an engine index"),
-    ({"routes": [{**ROUTE, "match": ["model"]}]}, "routes[0].match: must be a mapping of strings"),
-    ({"routes": [{**ROUTE, "version_url": "localhost/version"}]}, "routes[0].version_url: not an http(s) URL"),
-    ({"routes": [{**ROUTE, "drop": 2}]}, "routes[0].drop: must be <= 0.95"),
-    ({"routes": [{**ROUTE, "baseline": {}}]}, "routes[0].baseline.acceptance_ratio: required"),
-    ({"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 1.5}}]},
-     "routes[0].baseline.acceptance_ratio: must be <="),
-    ({"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 0.6, "position_acceptance": [0.9, 2]}}]},
-     "routes[0].baseline.position_acceptance[1]: must be <= 1"),
-    ({"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 0.6, "overdispersion": 0.5}}]},
-     "routes[0].baseline.overdispersion: must be >= 1"),
-    ({"routes": [{**ROUTE, "crossover": {}}]}, "routes[0].crossover: give exactly one of sweep, estimate, batch_size"),
-    ({"routes": [{**ROUTE, "crossover": {"batch_size": 8, "sweep": "s.json"}}]},
-     "routes[0].crossover: give exactly one"),
-    ({"routes": [{**ROUTE, "crossover": {"batch_size": 0}}]}, "routes[0].crossover.batch_size: must be > 0"),
-    ({"routes": [{**ROUTE, "crossover": {"estimate": {"draft": "medusa"}}}]},
-     "routes[0].crossover.estimate.draft: must be eagle, eagle3, mtp, ngram or model:<billions>"),
-    ({"routes": [{**ROUTE, "crossover": {"estimate": {"dtype": "fp64"}}}]}, "routes[0].crossover.estimate.dtype"),
-    ({"routes": [{**ROUTE, "crossover": {"estimate": {"layers": 1.5}}}]},
-     "routes[0].crossover.estimate.layers: must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ([1, 2], ": must be a mapping, got list"),
+        ({"routes": {"name": "x"}}, "routes: must be a list"),
+        ({"routes": ["chat"]}, "routes[0]: must be a mapping, got str"),
+        ({"interval": "0s"}, "interval: must be more than 0s"),
+        ({"interval": True}, "interval: not a duration"),
+        ({"interval": "2s", "scrape": {"timeout": "2s"}}, "scrape.timeout: must be shorter than interval (2s)"),
+        ({"scrape": {"max_body_bytes": 2048.5}}, "scrape.max_body_bytes: must be a whole number"),
+        ({"state_dir": 5}, "state_dir: must be a string"),
+        ({"detection": {"drop": 0}}, "detection.drop: must be > 0"),
+        ({"detection": {"drop": 0.99}}, "detection.drop: must be <= 0.95"),
+        ({"detection": {"drop": "15%"}}, "detection.drop: must be a number"),
+        ({"detection": {"drop": float("nan")}}, "detection.drop: must be a number"),
+        ({"detection": {"cusum_threshold": 0}}, "detection.cusum_threshold: must be > 0"),
+        ({"detection": {"warmup_drafted_tokens": -1}}, "detection.warmup_drafted_tokens: must be >= 0"),
+        ({"detection": {"typo": 1}}, "detection.typo: unknown key"),
+        ({"otlp": {}}, "otlp.endpoint: required"),
+        ({"otlp": {"endpoint": "collector:4318"}}, "otlp.endpoint: not an http(s) URL"),
+        ({"otlp": {"endpoint": "http://c:4318", "protocol": "udp"}}, "otlp.protocol: must be one of"),
+        ({"otlp": {"endpoint": "http://c:4318", "headers": {"a": [1]}}}, "otlp.headers.a: must be a string"),
+        ({"routes": [{**ROUTE, "gpus": 0}]}, "routes[0].gpus: must be a list"),
+        ({"routes": [{**ROUTE, "gpus": [-1]}]}, "routes[0].gpus[0]: must be >= 0"),
+        ({"routes": [{**ROUTE, "engines": "0"}]}, "routes[0].engines: must be a list"),
+        ({"routes": [{**ROUTE, "engines": [True]}]}, "routes[0].engines[0]: must be an engine index"),
+        ({"routes": [{**ROUTE, "match": ["model"]}]}, "routes[0].match: must be a mapping of strings"),
+        ({"routes": [{**ROUTE, "version_url": "localhost/version"}]}, "routes[0].version_url: not an http(s) URL"),
+        ({"routes": [{**ROUTE, "drop": 2}]}, "routes[0].drop: must be <= 0.95"),
+        ({"routes": [{**ROUTE, "baseline": {}}]}, "routes[0].baseline.acceptance_ratio: required"),
+        (
+            {"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 1.5}}]},
+            "routes[0].baseline.acceptance_ratio: must be <=",
+        ),
+        (
+            {"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 0.6, "position_acceptance": [0.9, 2]}}]},
+            "routes[0].baseline.position_acceptance[1]: must be <= 1",
+        ),
+        (
+            {"routes": [{**ROUTE, "baseline": {"acceptance_ratio": 0.6, "overdispersion": 0.5}}]},
+            "routes[0].baseline.overdispersion: must be >= 1",
+        ),
+        (
+            {"routes": [{**ROUTE, "crossover": {}}]},
+            "routes[0].crossover: give exactly one of sweep, estimate, batch_size",
+        ),
+        (
+            {"routes": [{**ROUTE, "crossover": {"batch_size": 8, "sweep": "s.json"}}]},
+            "routes[0].crossover: give exactly one",
+        ),
+        ({"routes": [{**ROUTE, "crossover": {"batch_size": 0}}]}, "routes[0].crossover.batch_size: must be > 0"),
+        (
+            {"routes": [{**ROUTE, "crossover": {"estimate": {"draft": "medusa"}}}]},
+            "routes[0].crossover.estimate.draft: must be eagle, eagle3, mtp, ngram or model:<billions>",
+        ),
+        ({"routes": [{**ROUTE, "crossover": {"estimate": {"dtype": "fp64"}}}]}, "routes[0].crossover.estimate.dtype"),
+        (
+            {"routes": [{**ROUTE, "crossover": {"estimate": {"layers": 1.5}}}]},
+            "routes[0].crossover.estimate.layers: must be a whole number",
+        ),
+    ],
+)
 def test_each_problem_names_its_path(raw, want):
     found = problems(raw)
     assert any(p.startswith(want) for p in found), (want, found)
 
 
 def test_route_detection_inherits_and_overrides():
-    cfg = parse_config({"detection": {"drop": 0.1, "cusum_threshold": 12},
-                        "routes": [{**ROUTE, "detection": {"cusum_threshold": 30}},
-                                   {**ROUTE, "name": "b", "drop": 0.3}]})
+    cfg = parse_config(
+        {
+            "detection": {"drop": 0.1, "cusum_threshold": 12},
+            "routes": [{**ROUTE, "detection": {"cusum_threshold": 30}}, {**ROUTE, "name": "b", "drop": 0.3}],
+        }
+    )
     a, b = cfg.routes
     assert a.detection.drop == 0.1 and a.detection.cusum_threshold == 30
     assert b.detection.drop == 0.3 and b.detection.cusum_threshold == 12

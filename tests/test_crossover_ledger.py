@@ -21,6 +21,7 @@ from specwatch.simulator.engine import EngineSettings, SimEngine, StepRecord
 from specwatch.simulator.speculation import parse_profile
 from specwatch.snapshot import RouteObservation
 
+
 class _Steps:
     def __init__(self) -> None:
         self.steps: list[StepRecord] = []
@@ -54,8 +55,13 @@ def test_demo_ramp_lost_above_saved_below_matches_the_engines():
     assert b_star is not None and 40 < b_star < 100
 
     def engine(k: int) -> tuple[SimEngine, _Steps]:
-        settings = EngineSettings(model_name="code", step_time=spec.step_time, k=k, profile=profile if k else None,
-                                  prefill_seconds_per_token=0.0)  # decode only, like the sweep
+        settings = EngineSettings(
+            model_name="code",
+            step_time=spec.step_time,
+            k=k,
+            profile=profile if k else None,
+            prefill_seconds_per_token=0.0,
+        )  # decode only, like the sweep
         steps = _Steps()
         return SimEngine(0, settings, SimClock(), steps, seed=5), steps
 
@@ -84,9 +90,16 @@ def test_demo_ramp_lost_above_saved_below_matches_the_engines():
         per_pos = [sum(s.accepted_per_pos[j] for s in window if len(s.accepted_per_pos) > j) for j in range(spec.k)]
         busy = sum(s.duration for s in window)
         batch = sum(s.running * s.duration for s in window) / busy if busy else 0.0
-        obs = RouteObservation(route="code", ts=t, up=True, k=spec.k, acceptance_source="counter",
-                               d_drafts=float(drafts), d_accepted_per_pos=tuple(float(a) for a in per_pos),
-                               running_per_engine={"0": batch})
+        obs = RouteObservation(
+            route="code",
+            ts=t,
+            up=True,
+            k=spec.k,
+            acceptance_source="counter",
+            d_drafts=float(drafts),
+            d_accepted_per_pos=tuple(float(a) for a in per_pos),
+            running_per_engine={"0": batch},
+        )
         update = evaluator.evaluate(obs, [])
         d_lost = update["speculation_gpu_seconds_lost_total"] - lost
         d_saved = update["speculation_gpu_seconds_saved_total"] - saved
@@ -97,8 +110,11 @@ def test_demo_ramp_lost_above_saved_below_matches_the_engines():
     assert max(b for _, b, *_ in rows) > 1.5 * b_star
     assert rows[-1][1] < 0.5 * b_star
     # Cycles where the engine (and the minute before it) is clearly on one side of the crossover.
-    settled = [(b, dl, ds) for i, (_, b, dl, ds, _) in enumerate(rows)
-               if i >= 3 and all(abs(rows[j][1] - b) < 0.1 * b for j in range(i - 3, i))]
+    settled = [
+        (b, dl, ds)
+        for i, (_, b, dl, ds, _) in enumerate(rows)
+        if i >= 3 and all(abs(rows[j][1] - b) < 0.1 * b for j in range(i - 3, i))
+    ]
     above = [(dl, ds) for b, dl, ds in settled if b > 1.3 * b_star]
     below = [(dl, ds) for b, dl, ds in settled if b < 0.7 * b_star]
     assert len(above) >= 5 and len(below) >= 5

@@ -10,7 +10,7 @@ import pytest
 from specwatch.config import parse_config
 from specwatch.crossover.live import LiveInputs, SweptCrossover, positions_from_rate
 from specwatch.crossover.sweepfile import FORMAT
-from specwatch.evaluators.above_crossover import (Hysteresis, TimeWeightedMean, build_evaluator, compute_bound)
+from specwatch.evaluators.above_crossover import Hysteresis, TimeWeightedMean, build_evaluator, compute_bound
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation
 
@@ -26,8 +26,16 @@ def evaluator(crossover: dict):
 
 
 def obs(ts: float, running: dict[str, float], k: int = 3, accepted=(80.0, 60.0, 40.0), drafts=100.0, **kw):
-    return RouteObservation(route="chat", ts=ts, up=True, k=k, d_drafts=drafts, d_accepted_per_pos=accepted,
-                            running_per_engine=running, **kw)
+    return RouteObservation(
+        route="chat",
+        ts=ts,
+        up=True,
+        k=k,
+        d_drafts=drafts,
+        d_accepted_per_pos=accepted,
+        running_per_engine=running,
+        **kw,
+    )
 
 
 def drive(ev, start: float, end: float, running: float, step: float = 5.0, engines=("0",)):
@@ -156,8 +164,10 @@ def test_positions_from_rate_mean_matches():
 
 
 def sweep_doc(speedups, tau=2.5, k=3):
-    levels = [{"concurrency": c, "plain": {"output_tokens_per_s": 100.0 * c},
-               "spec": {"output_tokens_per_s": 100.0 * c * s}} for c, s in speedups]
+    levels = [
+        {"concurrency": c, "plain": {"output_tokens_per_s": 100.0 * c}, "spec": {"output_tokens_per_s": 100.0 * c * s}}
+        for c, s in speedups
+    ]
     return {"format": FORMAT, "levels": levels, "mean_acceptance_length": tau, "num_speculative_tokens": k}
 
 
@@ -165,7 +175,7 @@ def test_sweep_source_rescales_by_live_tau(tmp_path):
     doc = sweep_doc([(1, 2.0), (16, 1.5), (32, 1.1), (64, 0.9), (128, 0.7)])
     swept = SweptCrossover(doc)
     as_measured = swept.answer(LiveInputs(positions=(), batch=16))
-    assert as_measured.batch_size == pytest.approx(32 * 2 ** 0.5)  # halfway in log batch
+    assert as_measured.batch_size == pytest.approx(32 * 2**0.5)  # halfway in log batch
     assert as_measured.speedup == pytest.approx(1.5)
     worse = swept.answer(LiveInputs(positions=(0.5, 0.25, 0.0), batch=16))  # tau 1.75 vs 2.5 swept
     assert worse.speedup == pytest.approx(1.5 * 1.75 / 2.5)
@@ -237,13 +247,28 @@ class RampSource:
 
     def sample(self, now: float):
         from specwatch.snapshot import EngineCounters, EngineSample
+
         self.drafts += 500
-        engines = tuple(EngineCounters(engine=str(i), drafts=self.drafts, draft_tokens=4 * self.drafts,
-                                       accepted_tokens=2.2 * self.drafts,
-                                       accepted_per_pos=tuple(p * self.drafts for p in (0.8, 0.6, 0.45, 0.35)),
-                                       running=self.load) for i in range(2))
-        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name="m",
-                            engine_version="0.33.0", num_speculative_tokens=4, engines=engines)
+        engines = tuple(
+            EngineCounters(
+                engine=str(i),
+                drafts=self.drafts,
+                draft_tokens=4 * self.drafts,
+                accepted_tokens=2.2 * self.drafts,
+                accepted_per_pos=tuple(p * self.drafts for p in (0.8, 0.6, 0.45, 0.35)),
+                running=self.load,
+            )
+            for i in range(2)
+        )
+        return EngineSample(
+            ts=now,
+            engine_kind="vllm",
+            acceptance_source="counter",
+            model_name="m",
+            engine_version="0.33.0",
+            num_speculative_tokens=4,
+            engines=engines,
+        )
 
     def close(self) -> None:
         pass
@@ -255,10 +280,22 @@ def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
     from specwatch.daemon import Daemon
     from specwatch.export.prometheus import SnapshotCollector
 
-    cfg = parse_config({"interval": "5s", "gpu": {"enabled": "false"},
-                        "routes": [{"name": "chat", "url": "http://127.0.0.1:9/metrics",
-                                    "crossover": {"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3",
-                                                               "context": 1024}, "hold": "2m"}}]})
+    cfg = parse_config(
+        {
+            "interval": "5s",
+            "gpu": {"enabled": "false"},
+            "routes": [
+                {
+                    "name": "chat",
+                    "url": "http://127.0.0.1:9/metrics",
+                    "crossover": {
+                        "estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024},
+                        "hold": "2m",
+                    },
+                }
+            ],
+        }
+    )
     source = RampSource()
     now = [1_700_000_000.0]
     daemon = Daemon(cfg, source_factory=lambda r, c: source, clock=lambda: now[0])
@@ -271,10 +308,12 @@ def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
             now[0] += 5
             daemon.tick(now[0])
         get = registry.get_sample_value
-        return {"above": get("specwatch_route_above_crossover", {"route": "chat"}),
-                "batch": get("specwatch_route_batch_size", {"route": "chat"}),
-                "bstar": get("specwatch_route_crossover_batch_size", {"route": "chat", "source": "estimate"}),
-                "speedup": get("specwatch_route_predicted_speedup_ratio", {"route": "chat"})}
+        return {
+            "above": get("specwatch_route_above_crossover", {"route": "chat"}),
+            "batch": get("specwatch_route_batch_size", {"route": "chat"}),
+            "bstar": get("specwatch_route_crossover_batch_size", {"route": "chat", "source": "estimate"}),
+            "speedup": get("specwatch_route_predicted_speedup_ratio", {"route": "chat"}),
+        }
 
     try:
         low = run(120, 10)

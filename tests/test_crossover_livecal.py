@@ -59,11 +59,28 @@ def test_live_crossover_converges_on_the_simulated_engine():
     assert 55 < true_b_star < 75
 
     metrics = VllmMetrics("llama", engines=1, k=K)
-    engine = SimEngine(0, EngineSettings(model_name="llama", step_time=table, k=K, profile=profile,
-                                         prefill_seconds_per_token=0.0), SimClock(), metrics, seed=3)
-    cfg = parse_config({"routes": [{"name": "chat", "url": "http://127.0.0.1:8000/metrics", "engine": "vllm",
-                                    "crossover": {"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3",
-                                                               "context": 1024}, "hold": "1m"}}]})
+    engine = SimEngine(
+        0,
+        EngineSettings(model_name="llama", step_time=table, k=K, profile=profile, prefill_seconds_per_token=0.0),
+        SimClock(),
+        metrics,
+        seed=3,
+    )
+    cfg = parse_config(
+        {
+            "routes": [
+                {
+                    "name": "chat",
+                    "url": "http://127.0.0.1:8000/metrics",
+                    "engine": "vllm",
+                    "crossover": {
+                        "estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024},
+                        "hold": "1m",
+                    },
+                }
+            ]
+        }
+    )
     route = cfg.routes[0]
     evaluator = build_evaluator(EvaluatorContext(config=cfg, clock=lambda: 0.0), route)
     tracker = RouteTracker("chat")
@@ -89,6 +106,8 @@ def test_live_crossover_converges_on_the_simulated_engine():
     assert final["live_crossover_batch_size"] == pytest.approx(true_b_star, rel=0.3)
     # The band narrowed as batches were observed.
     width = final["live_crossover_upper"] - final["live_crossover_lower"]
-    assert first_band["live_crossover_upper"] is None or \
-        width < first_band["live_crossover_upper"] - first_band["live_crossover_lower"]
+    assert (
+        first_band["live_crossover_upper"] is None
+        or width < first_band["live_crossover_upper"] - first_band["live_crossover_lower"]
+    )
     assert width <= 0.5 * final["live_crossover_batch_size"]

@@ -10,9 +10,18 @@ from specwatch.cli import main as cli_main
 from specwatch.crossover import gpus, shapes
 from specwatch.crossover.calibrate import fit_efficiency, reference_points
 from specwatch.crossover.hfconfig import shape_from_hf_config
-from specwatch.crossover.model import (LLAMA3_8B, Draft, Efficiency, StepModel, closed_form_crossover,
-                                       crossover_batch, expected_tokens, interpolate_crossover,
-                                       positions_from_alpha, tau)
+from specwatch.crossover.model import (
+    LLAMA3_8B,
+    Draft,
+    Efficiency,
+    StepModel,
+    closed_form_crossover,
+    crossover_batch,
+    expected_tokens,
+    interpolate_crossover,
+    positions_from_alpha,
+    tau,
+)
 from specwatch.crossover.reference import default_path, load_reference
 
 GAMMAS = (2, 4, 7)
@@ -119,8 +128,9 @@ def test_refit_reproduces_shipped_h200_efficiency(shape_tables):
 
 def test_reference_table_single_fit_still_works(table):
     """`crossover calibrate --reference` fits the 8B table alone with the per-kernel model."""
-    fitted, rms = fit_efficiency(h200_model(Efficiency(verify_reads_per_query_head=True)),
-                                 reference_points(table.run(1024)), "test")
+    fitted, rms = fit_efficiency(
+        h200_model(Efficiency(verify_reads_per_query_head=True)), reference_points(table.run(1024)), "test"
+    )
     assert rms < 0.10
     measured = table.run(1024).measured_crossover(4, 0.7)
     assert h200_model(fitted).crossover(positions_from_alpha(0.7, 4), 1024) == pytest.approx(measured, rel=0.25)
@@ -128,6 +138,7 @@ def test_reference_table_single_fit_still_works(table):
 
 def test_moe_touches_experts_as_batch_grows():
     from specwatch.crossover.stepcost import experts_touched
+
     assert experts_touched(1, 128, 8) == pytest.approx(8)
     assert experts_touched(16, 128, 8) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 16))
     assert experts_touched(2048, 128, 8) == pytest.approx(128, rel=1e-6)
@@ -152,8 +163,26 @@ def test_params_ambiguous_exits_2(capsys):
 
 
 def test_estimate_prints_assumptions_and_no_warning_inside_validated_range(capsys):
-    rc = cli_main(["crossover", "estimate", "--gpu", "H200", "--layers", "48", "--hidden-size", "5120",
-                   "--kv-heads", "8", "--head-dim", "128", "--params", "14.7", "--context", "1024"])
+    rc = cli_main(
+        [
+            "crossover",
+            "estimate",
+            "--gpu",
+            "H200",
+            "--layers",
+            "48",
+            "--hidden-size",
+            "5120",
+            "--kv-heads",
+            "8",
+            "--head-dim",
+            "128",
+            "--params",
+            "14.7",
+            "--context",
+            "1024",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "Assumptions:" in out and "GQA 5" in out and "context 1024" in out
@@ -199,14 +228,23 @@ def test_gpu_lookup_by_nvml_name():
 
 
 def test_hf_config_llama3():
-    shape = shape_from_hf_config({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-                                  "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256})
+    shape = shape_from_hf_config(
+        {
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_hidden_layers": 32,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+        }
+    )
     assert shape == LLAMA3_8B
     assert shape.params / 1e9 == pytest.approx(8.03, abs=0.01)
     assert shape.kv_bytes_per_token == 131072
     with pytest.raises(ValueError, match="vocab_size"):
-        shape_from_hf_config({"hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1,
-                              "intermediate_size": 8})
+        shape_from_hf_config(
+            {"hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "intermediate_size": 8}
+        )
 
 
 def test_draft_parse():
@@ -220,8 +258,23 @@ def test_draft_parse():
 
 
 def test_cli_estimate_json(capsys):
-    rc = cli_main(["crossover", "estimate", "--gpu", "H200", "--params", "8", "--gamma", "4", "--alpha", "0.7",
-                   "--draft", "eagle3", "--json"])
+    rc = cli_main(
+        [
+            "crossover",
+            "estimate",
+            "--gpu",
+            "H200",
+            "--params",
+            "8",
+            "--gamma",
+            "4",
+            "--alpha",
+            "0.7",
+            "--draft",
+            "eagle3",
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"crossover_batch_size", "speedup", "assumptions", "warnings"}
@@ -242,6 +295,7 @@ def test_verify_attention_costs_a_head_dim_64_shape_more_per_kv_byte():
     from dataclasses import replace
 
     from specwatch.crossover.stepcost import attention_s
+
     hardware, eff = gpus.lookup("H200")
     wide = LLAMA3_8B
     narrow = replace(LLAMA3_8B, head_dim=64)
@@ -255,11 +309,13 @@ def test_decode_attention_per_kv_byte_grows_with_gqa_ratio():
     from dataclasses import replace
 
     from specwatch.crossover.stepcost import attention_s
+
     hardware, eff = gpus.lookup("H200")
     mha = replace(LLAMA3_8B, kv_heads=32)
     gqa8 = replace(LLAMA3_8B, kv_heads=4)
-    per_kv_head = [attention_s(64, 1, 1024, s, hardware, eff, hardware.sms) / s.kv_heads
-                   for s in (mha, LLAMA3_8B, gqa8)]
+    per_kv_head = [
+        attention_s(64, 1, 1024, s, hardware, eff, hardware.sms) / s.kv_heads for s in (mha, LLAMA3_8B, gqa8)
+    ]
     assert per_kv_head[0] < per_kv_head[1] < per_kv_head[2]
 
 

@@ -24,8 +24,6 @@ from specwatch.sources.base import NoData, SourceError
 from fakes import FakeClock
 
 
-
-
 class CountingSource:
     """A healthy vLLM route: 100 drafts of k=2 per call, 1.5 accepted per draft."""
 
@@ -35,11 +33,23 @@ class CountingSource:
 
     def sample(self, now: float) -> EngineSample:
         self.drafts += 100
-        e = EngineCounters(engine="0", drafts=self.drafts, draft_tokens=2 * self.drafts,
-                           accepted_tokens=1.5 * self.drafts, accepted_per_pos=(0.8 * self.drafts, 0.7 * self.drafts),
-                           running=4.0)
-        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name="m",
-                            engine_version="0.33.0", num_speculative_tokens=2, engines=(e,))
+        e = EngineCounters(
+            engine="0",
+            drafts=self.drafts,
+            draft_tokens=2 * self.drafts,
+            accepted_tokens=1.5 * self.drafts,
+            accepted_per_pos=(0.8 * self.drafts, 0.7 * self.drafts),
+            running=4.0,
+        )
+        return EngineSample(
+            ts=now,
+            engine_kind="vllm",
+            acceptance_source="counter",
+            model_name="m",
+            engine_version="0.33.0",
+            num_speculative_tokens=2,
+            engines=(e,),
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -71,8 +81,13 @@ class HangingSource:
 
 
 def make_config(*names: str, **top: Any) -> Any:
-    raw = {"interval": "1s", "scrape": {"timeout": "100ms"}, "gpu": {"enabled": "false"},
-           "routes": [{"name": n, "url": f"http://127.0.0.1:9/{n}"} for n in names], **top}
+    raw = {
+        "interval": "1s",
+        "scrape": {"timeout": "100ms"},
+        "gpu": {"enabled": "false"},
+        "routes": [{"name": n, "url": f"http://127.0.0.1:9/{n}"} for n in names],
+        **top,
+    }
     return parse_config(raw)
 
 
@@ -105,8 +120,15 @@ def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evalu
                 assert time.monotonic() - begin < 1.0  # the hung source costs 1.5 x 100 ms, not 10 s
         good = snap.route("good")
         assert good.up and good.drafts_total == 300 and good.acceptance_ratio["1m"] == pytest.approx(0.75)
-        expected = {"dead": "connection", "hang": "timeout", "garbage": "parse", "huge": "too_large",
-                    "buggy": "internal", "nomatch": "no_match", "wrongtype": "internal"}
+        expected = {
+            "dead": "connection",
+            "hang": "timeout",
+            "garbage": "parse",
+            "huge": "too_large",
+            "buggy": "internal",
+            "nomatch": "no_match",
+            "wrongtype": "internal",
+        }
         for name, reason in expected.items():
             state = snap.route(name)
             assert not state.up and state.error_reason == reason, name
@@ -142,8 +164,11 @@ def test_more_hung_sources_than_core_workers_do_not_hold_up_the_healthy_routes(n
     healthy = {f"good{i}": timed(f"good{i}", CountingSource()) for i in range(4)}
     sources = {**hung, **healthy}
     clock = FakeClock()
-    d = Daemon(make_config(*sources, interval="5s", scrape={"timeout": "1s"}),
-               source_factory=lambda r, c: sources[r.name], clock=clock)
+    d = Daemon(
+        make_config(*sources, interval="5s", scrape={"timeout": "1s"}),
+        source_factory=lambda r, c: sources[r.name],
+        clock=clock,
+    )
     stall = min(STALL_SECONDS, 1.0 / 4)
     try:
         for cycle in range(2):
@@ -222,8 +247,10 @@ class FakeGpuSource:
         self.closed = False
 
     def sample(self, now):
-        return True, (GpuSample(index=0, up=True, uuid="GPU-0", name="H200", fields={"gpu_power_watts": 300.0}),
-                      GpuSample(index=1, up=False))
+        return True, (
+            GpuSample(index=0, up=True, uuid="GPU-0", name="H200", fields={"gpu_power_watts": 300.0}),
+            GpuSample(index=1, up=False),
+        )
 
     def route_gpus(self, route_cfg):
         return (0,)
@@ -239,8 +266,9 @@ def test_evaluators_merge_their_fields_and_a_failing_one_is_skipped(monkeypatch,
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [good, bad, wrong_field])
     gpu = FakeGpuSource()
     clock = FakeClock()
-    d = Daemon(make_config("r"), source_factory=lambda r, c: CountingSource(), gpu_source_factory=lambda g: gpu,
-               clock=clock)
+    d = Daemon(
+        make_config("r"), source_factory=lambda r, c: CountingSource(), gpu_source_factory=lambda g: gpu, clock=clock
+    )
     with caplog.at_level(logging.ERROR, logger="specwatch.daemon"):
         d.tick(clock.advance(5))
         snap = d.tick(clock.advance(5))
@@ -265,8 +293,13 @@ def test_an_evaluator_forced_to_raise_is_counted_on_metrics_and_survives_a_reloa
         raise ZeroDivisionError("forced")
 
     monkeypatch.setattr(AcceptanceDropEvaluator, "evaluate", broken)
-    raw = {"interval": "1s", "scrape": {"timeout": "100ms"}, "gpu": {"enabled": "false"}, "state_dir": str(tmp_path),
-           "routes": [{"name": "r", "url": "http://127.0.0.1:9/r", "crossover": {"batch_size": 32}}]}
+    raw = {
+        "interval": "1s",
+        "scrape": {"timeout": "100ms"},
+        "gpu": {"enabled": "false"},
+        "state_dir": str(tmp_path),
+        "routes": [{"name": "r", "url": "http://127.0.0.1:9/r", "crossover": {"batch_size": 32}}],
+    }
     config = parse_config(raw)
     clock = FakeClock()
     d = Daemon(config, source_factory=lambda r, c: CountingSource(), clock=clock)
@@ -305,10 +338,18 @@ def test_reload_keeps_state_of_unchanged_routes_and_closes_removed_ones(monkeypa
     d = Daemon(make_config("keep", "change", "drop"), source_factory=factory, clock=clock)
     d.tick(clock.advance(5))
     d.tick(clock.advance(5))
-    new = parse_config({"interval": "1s", "scrape": {"timeout": "100ms"}, "gpu": {"enabled": "false"},
-                        "routes": [{"name": "keep", "url": "http://127.0.0.1:9/keep"},
-                                   {"name": "change", "url": "http://127.0.0.1:9/change", "drop": 0.3},
-                                   {"name": "added", "url": "http://127.0.0.1:9/added"}]})
+    new = parse_config(
+        {
+            "interval": "1s",
+            "scrape": {"timeout": "100ms"},
+            "gpu": {"enabled": "false"},
+            "routes": [
+                {"name": "keep", "url": "http://127.0.0.1:9/keep"},
+                {"name": "change", "url": "http://127.0.0.1:9/change", "drop": 0.3},
+                {"name": "added", "url": "http://127.0.0.1:9/added"},
+            ],
+        }
+    )
     clock.advance(1)
     d.reload(new)
     assert d.snapshot.config_last_reload_successful and d.snapshot.config_last_reload_success_timestamp == clock.now
@@ -362,10 +403,15 @@ def test_scheduler_smoke(no_evaluators):
 def test_reload_with_the_real_evaluators_keeps_their_shared_state_store_usable(tmp_path, caplog):
     """The state store closes with its last user: a reload that replaces every evaluator must start a fresh
     context instead of handing the new evaluators a closed store."""
+
     def config(drop: float):
-        return parse_config({"state_dir": str(tmp_path), "gpu": {"enabled": "false"},
-                             "routes": [{"name": "r", "url": "http://127.0.0.1:9/r", "drop": drop,
-                                         "crossover": {"batch_size": 2}}]})
+        return parse_config(
+            {
+                "state_dir": str(tmp_path),
+                "gpu": {"enabled": "false"},
+                "routes": [{"name": "r", "url": "http://127.0.0.1:9/r", "drop": drop, "crossover": {"batch_size": 2}}],
+            }
+        )
 
     clock = FakeClock()
     d = Daemon(config(0.15), source_factory=lambda r, c: CountingSource(), clock=clock)

@@ -68,8 +68,10 @@ def test_generated_config_is_valid_and_uses_each_engines_own_crossover(tmp_path)
 
 def test_a_broken_plan_is_reported_not_crashed():
     with pytest.raises(ScenarioError) as err:
-        load_demo_plan("time_scale: -1\nroutes:\n  - {name: x, engine: tgi}\n  - {name: y, engine: vllm, "
-                       "scenario: {events: [{at: 1m, type: nope}]}}\n")
+        load_demo_plan(
+            "time_scale: -1\nroutes:\n  - {name: x, engine: tgi}\n  - {name: y, engine: vllm, "
+            "scenario: {events: [{at: 1m, type: nope}]}}\n"
+        )
     text = str(err.value)
     assert "time_scale" in text and "routes[0].engine" in text and "events[0].type" in text
 
@@ -89,11 +91,21 @@ def _routes(port: int) -> dict:
 @pytest.mark.e2e
 def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specwatch", "demo", "--duration", "120",
-                             "--web.listen-address", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_interactive_ctrl_c)
-    seen = {"both_up": False, "first_model": None, "bumped": False, "degraded_after_bump": False,
-            "above_crossover": False, "back_below_crossover": False}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specwatch", "demo", "--duration", "120", "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_interactive_ctrl_c,
+    )
+    seen = {
+        "both_up": False,
+        "first_model": None,
+        "bumped": False,
+        "degraded_after_bump": False,
+        "above_crossover": False,
+        "back_below_crossover": False,
+    }
     deadline = time.monotonic() + 115
     try:
         while time.monotonic() < deadline and not all(seen.values()):
@@ -111,9 +123,11 @@ def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c(
                 seen["bumped"] = seen["bumped"] or chat["model_name"] != seen["first_model"]
             seen["degraded_after_bump"] = seen["degraded_after_bump"] or (seen["bumped"] and bool(chat["degraded"]))
             seen["back_below_crossover"] = seen["back_below_crossover"] or bool(
-                seen["above_crossover"] and code["above_crossover"] is False)
+                seen["above_crossover"] and code["above_crossover"] is False
+            )
             seen["above_crossover"] = seen["above_crossover"] or bool(
-                code["above_crossover"] and code["batch_size"] > code["crossover_batch_size"])
+                code["above_crossover"] and code["batch_size"] > code["crossover_batch_size"]
+            )
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
@@ -125,9 +139,22 @@ def test_demo_run_shows_the_drop_and_the_crossover_then_exits_cleanly_on_ctrl_c(
 @pytest.mark.e2e
 def test_ctrl_c_during_the_cleanup_does_not_leave_the_demo_hanging():
     """Ctrl-C pressed as --duration runs out lands in the cleanup; it must still finish and exit."""
-    proc = subprocess.Popen([sys.executable, "-m", "specwatch", "demo", "--duration", "6",
-                             "--web.listen-address", f"127.0.0.1:{free_port()}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_interactive_ctrl_c)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specwatch",
+            "demo",
+            "--duration",
+            "6",
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_interactive_ctrl_c,
+    )
     try:
         time.sleep(5.5)
         deadline = time.monotonic() + 25

@@ -65,8 +65,25 @@ def test_quick_run_writes_its_section_and_json(tmp_path: Path) -> None:
     doc.write_text("# B\n\n## Detection limit (oracle)\nold\n\n## Next\nkept\n", encoding="utf-8")
     out = tmp_path / "bound.json"
     bound = _bound()
-    assert bound.main(["--tier", "1 req/min", "--kappa", "30", "--sets", "1", "--drops", "2", "--write", str(doc),
-                       "--json", str(out)]) == 0
+    assert (
+        bound.main(
+            [
+                "--tier",
+                "1 req/min",
+                "--kappa",
+                "30",
+                "--sets",
+                "1",
+                "--drops",
+                "2",
+                "--write",
+                str(doc),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = doc.read_text(encoding="utf-8")
     assert "old" not in text and "## Next\nkept" in text and "| 1 req/min | 30 | 90% of the sets |" in text
     assert set(json.loads(out.read_text())) == {"1 req/min|30"}

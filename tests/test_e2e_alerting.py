@@ -38,8 +38,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerting_stack import (DAEMON_WITH_FAKE_NVML, Processes, Webhook, answers, free_port, query, query_or_error,
-                            start_alerting, wait_until)
+from alerting_stack import (
+    DAEMON_WITH_FAKE_NVML,
+    Processes,
+    Webhook,
+    answers,
+    free_port,
+    query,
+    query_or_error,
+    start_alerting,
+    wait_until,
+)
 from specwatch.mixin import dashboards
 from specwatch.mixin.settings import DEFAULT
 
@@ -63,26 +72,54 @@ EVALUATION_INTERVAL_SECONDS = 1.0
 # (docs/design/detection-research.md §3).
 PINNED_BASELINE = {"acceptance_ratio": 0.443, "overdispersion": 2.45}
 
+
 def _scenarios(workdir: Path) -> tuple[Path, Path, Path]:
     drop = workdir / "chat-drop.yaml"
-    drop.write_text(yaml.safe_dump({
-        "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
-        "events": [{"at": f"{DROP_AT_SECONDS * TIME_SCALE:g}s", "type": "acceptance", "factor": 0.7}],
-    }))
+    drop.write_text(
+        yaml.safe_dump(
+            {
+                "speculation": {"k": 4, "acceptance": 0.7},
+                "load": 16,
+                "events": [{"at": f"{DROP_AT_SECONDS * TIME_SCALE:g}s", "type": "acceptance", "factor": 0.7}],
+            }
+        )
+    )
     steady = workdir / "code-steady.yaml"
-    steady.write_text(yaml.safe_dump({
-        "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
-        # A model bump that keeps acceptance: a model change annotation, and no page.
-        "events": [{"at": f"{BENIGN_BUMP_AT_SECONDS * TIME_SCALE:g}s", "type": "model_bump",
-                    "model_name": "llama-3.1-8b-v2", "acceptance_factor": 1.0}],
-    }))
+    steady.write_text(
+        yaml.safe_dump(
+            {
+                "speculation": {"k": 4, "acceptance": 0.7},
+                "load": 16,
+                # A model bump that keeps acceptance: a model change annotation, and no page.
+                "events": [
+                    {
+                        "at": f"{BENIGN_BUMP_AT_SECONDS * TIME_SCALE:g}s",
+                        "type": "model_bump",
+                        "model_name": "llama-3.1-8b-v2",
+                        "acceptance_factor": 1.0,
+                    }
+                ],
+            }
+        )
+    )
     bump = workdir / "rag-bump.yaml"
-    bump.write_text(yaml.safe_dump({
-        "speculation": {"k": 4, "acceptance": 0.7}, "load": 16,
-        # A model bump that makes drafting worse: pages as "after a model change", naming the new model.
-        "events": [{"at": f"{BUMP_AT_SECONDS * TIME_SCALE:g}s", "type": "model_bump", "model_name": BUMPED_MODEL,
-                    "acceptance_factor": 0.7}],
-    }))
+    bump.write_text(
+        yaml.safe_dump(
+            {
+                "speculation": {"k": 4, "acceptance": 0.7},
+                "load": 16,
+                # A model bump that makes drafting worse: pages as "after a model change", naming the new model.
+                "events": [
+                    {
+                        "at": f"{BUMP_AT_SECONDS * TIME_SCALE:g}s",
+                        "type": "model_bump",
+                        "model_name": BUMPED_MODEL,
+                        "acceptance_factor": 0.7,
+                    }
+                ],
+            }
+        )
+    )
     return drop, steady, bump
 
 
@@ -95,14 +132,35 @@ def _specwatch_config(workdir: Path, ports: dict[str, int]) -> Path:
         # Short guards so the test runs in about a minute; the logic is the production detector's.
         "detection": {"min_drafted_tokens": 1000, "min_duration": "5s", "confirm_window": "10s"},
         "routes": [
-            {"name": "chat", "url": f"http://127.0.0.1:{ports['chat']}/metrics", "gpus": [0],
-             "baseline": PINNED_BASELINE, "crossover": {"batch_size": 64}},
-            {"name": "rag", "url": f"http://127.0.0.1:{ports['rag']}/metrics", "gpus": [0],
-             "baseline": PINNED_BASELINE},
-            {"name": "code", "url": f"http://127.0.0.1:{ports['code']}/metrics", "gpus": [0],
-             "baseline": PINNED_BASELINE,
-             "crossover": {"estimate": {"gpu": "H200", "params": 8, "layers": 32, "hidden_size": 4096,
-                                        "kv_heads": 8, "head_dim": 128}}},
+            {
+                "name": "chat",
+                "url": f"http://127.0.0.1:{ports['chat']}/metrics",
+                "gpus": [0],
+                "baseline": PINNED_BASELINE,
+                "crossover": {"batch_size": 64},
+            },
+            {
+                "name": "rag",
+                "url": f"http://127.0.0.1:{ports['rag']}/metrics",
+                "gpus": [0],
+                "baseline": PINNED_BASELINE,
+            },
+            {
+                "name": "code",
+                "url": f"http://127.0.0.1:{ports['code']}/metrics",
+                "gpus": [0],
+                "baseline": PINNED_BASELINE,
+                "crossover": {
+                    "estimate": {
+                        "gpu": "H200",
+                        "params": 8,
+                        "layers": 32,
+                        "hidden_size": 4096,
+                        "kv_heads": 8,
+                        "head_dim": 128,
+                    }
+                },
+            },
         ],
     }
     path = workdir / "specwatch.yml"
@@ -119,22 +177,40 @@ def stack(tmp_path_factory):
     try:
         drop, steady, bump = _scenarios(workdir)
         simulate = [sys.executable, "-m", "specwatch", "simulate", "--engine", "vllm", "--time-scale", str(TIME_SCALE)]
-        procs.start("sim-chat", [*simulate, "--dp", "2", "--seed", "1", "--port", str(ports["chat"]),
-                                 "--scenario", str(drop)])
+        procs.start(
+            "sim-chat", [*simulate, "--dp", "2", "--seed", "1", "--port", str(ports["chat"]), "--scenario", str(drop)]
+        )
         procs.start("sim-code", [*simulate, "--seed", "2", "--port", str(ports["code"]), "--scenario", str(steady)])
         procs.start("sim-rag", [*simulate, "--seed", "3", "--port", str(ports["rag"]), "--scenario", str(bump)])
         for route in ("chat", "code", "rag"):
-            wait_until(f"the {route} simulator", lambda url=f"http://127.0.0.1:{ports[route]}/metrics": answers(url),
-                       60, procs)
+            wait_until(
+                f"the {route} simulator", lambda url=f"http://127.0.0.1:{ports[route]}/metrics": answers(url), 60, procs
+            )
         # No earlier than simulated time 0 of every simulator, so "not paged before the fault" is checked strictly.
         started = time.monotonic()
-        procs.start("specwatch", [sys.executable, "-c", DAEMON_WITH_FAKE_NVML, str(REPO / "tests"), "run",
-                                  "--config.file", str(_specwatch_config(workdir, ports)),
-                                  "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
+        procs.start(
+            "specwatch",
+            [
+                sys.executable,
+                "-c",
+                DAEMON_WITH_FAKE_NVML,
+                str(REPO / "tests"),
+                "run",
+                "--config.file",
+                str(_specwatch_config(workdir, ports)),
+                "--web.listen-address",
+                f"127.0.0.1:{ports['daemon']}",
+            ],
+        )
         prometheus, alertmanager = start_alerting(procs, workdir, webhook, ports, EVALUATION_INTERVAL_SECONDS)
-        yield {"prometheus": prometheus, "alertmanager": alertmanager,
-               "webhook": webhook, "procs": procs, "drop_at": started + DROP_AT_SECONDS,
-               "bump_at": started + BUMP_AT_SECONDS}
+        yield {
+            "prometheus": prometheus,
+            "alertmanager": alertmanager,
+            "webhook": webhook,
+            "procs": procs,
+            "drop_at": started + DROP_AT_SECONDS,
+            "bump_at": started + BUMP_AT_SECONDS,
+        }
     finally:
         procs.stop_all()
         webhook.close()
@@ -146,9 +222,12 @@ def _pages_for(webhook: Webhook, route: str) -> list[tuple[float, dict, dict]]:
 
 def _wait_for_chat_page(stack) -> tuple[float, dict, dict]:
     timeout = stack["drop_at"] + PAGE_DEADLINE_SECONDS - time.monotonic()
-    pages = wait_until("the acceptance drop on route chat to be paged",
-                        lambda: [p for p in _pages_for(stack["webhook"], "chat") if p[1]["status"] == "firing"],
-                        timeout, stack["procs"])
+    pages = wait_until(
+        "the acceptance drop on route chat to be paged",
+        lambda: [p for p in _pages_for(stack["webhook"], "chat") if p[1]["status"] == "firing"],
+        timeout,
+        stack["procs"],
+    )
     return pages[0]
 
 
@@ -165,9 +244,12 @@ def test_injected_drop_pages_through_alertmanager(stack):
 
 def test_drop_after_a_model_bump_pages_naming_the_new_model(stack):
     timeout = stack["bump_at"] + PAGE_DEADLINE_SECONDS - time.monotonic()
-    pages = wait_until("the drop after the model bump on route rag to be paged",
-                        lambda: [p for p in _pages_for(stack["webhook"], "rag") if p[1]["status"] == "firing"],
-                        timeout, stack["procs"])
+    pages = wait_until(
+        "the drop after the model bump on route rag to be paged",
+        lambda: [p for p in _pages_for(stack["webhook"], "rag") if p[1]["status"] == "firing"],
+        timeout,
+        stack["procs"],
+    )
     arrival, alert, notification = pages[0]
     assert alert["labels"]["alertname"] == "SpecwatchAcceptanceDegradedAfterModelChange"
     assert alert["labels"]["model_name"] == BUMPED_MODEL
@@ -176,7 +258,8 @@ def test_drop_after_a_model_bump_pages_naming_the_new_model(stack):
     assert arrival > stack["bump_at"]
     # One page per route and cause: never also the plain "degraded" page for the same drop.
     assert {a["labels"]["alertname"] for _, a, _ in _pages_for(stack["webhook"], "rag")} == {
-        "SpecwatchAcceptanceDegradedAfterModelChange"}
+        "SpecwatchAcceptanceDegradedAfterModelChange"
+    }
 
 
 def test_undisturbed_route_never_pages(stack):
@@ -194,8 +277,9 @@ def test_undisturbed_route_never_pages(stack):
     # The undisturbed route was really evaluated: a baseline, and a verdict of "not degraded".
     verdict = query(stack["prometheus"], 'specwatch_route_acceptance_degraded{route="code"}')
     assert verdict and verdict[0]["value"][1] == "0"
-    assert query(stack["prometheus"], 'specwatch_route_model_changes_total{route="code"} > 0'), \
+    assert query(stack["prometheus"], 'specwatch_route_model_changes_total{route="code"} > 0'), (
         "the undisturbed route's model bump was not seen"
+    )
 
 
 def test_alertmanager_inhibits_route_alerts_while_specwatch_is_down(stack):
@@ -203,19 +287,26 @@ def test_alertmanager_inhibits_route_alerts_while_specwatch_is_down(stack):
     webhook, procs = stack["webhook"], stack["procs"]
 
     def post(*alerts: dict) -> None:
-        request = urllib.request.Request(f"{stack['alertmanager']}/api/v2/alerts", method="POST",
-                                         data=json.dumps(list(alerts)).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{stack['alertmanager']}/api/v2/alerts",
+            method="POST",
+            data=json.dumps(list(alerts)).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         urllib.request.urlopen(request, timeout=5).close()
 
     def alert(name: str, severity: str, **labels: str) -> dict:
-        return {"labels": {"alertname": name, "severity": severity, "job": "specwatch", **labels},
-                "annotations": {"summary": "posted by the end-to-end test"}}
+        return {
+            "labels": {"alertname": name, "severity": severity, "job": "specwatch", **labels},
+            "annotations": {"summary": "posted by the end-to-end test"},
+        }
 
     post(alert("SpecwatchTargetDown", "warning", instance="blind-node:9448"))
     time.sleep(1.5)  # the source alert must be known before the target is flushed
-    post(alert("SpecwatchAcceptanceDegraded", "critical", instance="blind-node:9448", route="inhibited"),
-         alert("SpecwatchAcceptanceDegraded", "critical", instance="seeing-node:9448", route="not-inhibited"))
+    post(
+        alert("SpecwatchAcceptanceDegraded", "critical", instance="blind-node:9448", route="inhibited"),
+        alert("SpecwatchAcceptanceDegraded", "critical", instance="seeing-node:9448", route="not-inhibited"),
+    )
     wait_until("the control page from the node that is up", lambda: _pages_for(webhook, "not-inhibited"), 60, procs)
     time.sleep(3)  # several group intervals: an inhibition failure would have been delivered by now
     assert _pages_for(webhook, "inhibited") == []
@@ -224,8 +315,13 @@ def test_alertmanager_inhibits_route_alerts_while_specwatch_is_down(stack):
 
 def _concrete(expr: str) -> str:
     """Grafana's variables as a dashboard with every job, instance and route selected would send them."""
-    return (expr.replace("$job", "specwatch").replace("$instance", ".+").replace("$route", ".+")
-            .replace("$__rate_interval", "1m").replace("$__interval", "5m"))
+    return (
+        expr.replace("$job", "specwatch")
+        .replace("$instance", ".+")
+        .replace("$route", ".+")
+        .replace("$__rate_interval", "1m")
+        .replace("$__interval", "5m")
+    )
 
 
 def test_every_dashboard_query_returns_data(stack):

@@ -95,9 +95,14 @@ def value(metrics, name, **labels):
 
 
 def test_daemon_reports_the_engines_own_counter_ratios(server, tmp_path):
-    config = parse_config({"interval": "5s", "state_dir": str(tmp_path), "gpu": {"enabled": "false"},
-                           "routes": [{"name": r, "url": server.url + path, "engine": "auto"}
-                                      for r, (path, _) in ROUTES.items()]})
+    config = parse_config(
+        {
+            "interval": "5s",
+            "state_dir": str(tmp_path),
+            "gpu": {"enabled": "false"},
+            "routes": [{"name": r, "url": server.url + path, "engine": "auto"} for r, (path, _) in ROUTES.items()],
+        }
+    )
     daemon = Daemon(config, clock=FakeClock(1000.0))
     try:
         daemon.tick(1000.0)
@@ -107,8 +112,9 @@ def test_daemon_reports_the_engines_own_counter_ratios(server, tmp_path):
     finally:
         daemon.close()
 
-    kinds = {dict(labels)["route"]: dict(labels)["engine_kind"]
-             for (name, labels) in m if name == "specwatch_route_info"}
+    kinds = {
+        dict(labels)["route"]: dict(labels)["engine_kind"] for (name, labels) in m if name == "specwatch_route_info"
+    }
     assert kinds == {"trt": "trtllm", "dynamo": "trtllm", "llama": "llamacpp", "trtjson": "trtllm"}
     for route, (_, name) in ROUTES.items():
         a, b = truth(name, 1), truth(name, 2)
@@ -121,16 +127,22 @@ def test_daemon_reports_the_engines_own_counter_ratios(server, tmp_path):
             d_acc = b["accepted_tokens"] - a["accepted_tokens"]
             d_drafted = b["draft_tokens"] - a["draft_tokens"]
             d_drafts = b["drafts"] - a["drafts"]
-            positions = ([(y - x) / d_drafts for x, y in zip(a["accepted_per_pos"], b["accepted_per_pos"])]
-                         if route == "llama" else [])
+            positions = (
+                [(y - x) / d_drafts for x, y in zip(a["accepted_per_pos"], b["accepted_per_pos"])]
+                if route == "llama"
+                else []
+            )
         assert value(m, "specwatch_route_up", route=route) == 1.0
-        assert value(m, "specwatch_route_acceptance_ratio", route=route, window="1m") == \
-            pytest.approx(d_acc / d_drafted)
+        assert value(m, "specwatch_route_acceptance_ratio", route=route, window="1m") == pytest.approx(
+            d_acc / d_drafted
+        )
         assert value(m, "specwatch_route_mean_acceptance_length", route=route, window="1m") == pytest.approx(
-            1 + d_acc / d_drafts)
+            1 + d_acc / d_drafts
+        )
         assert value(m, "specwatch_route_draft_length", route=route) == pytest.approx(d_drafted / d_drafts)
         for j, p in enumerate(positions):
-            assert value(m, "specwatch_route_position_acceptance_ratio", route=route, position=str(j),
-                         window="5m") == pytest.approx(p)
+            assert value(
+                m, "specwatch_route_position_acceptance_ratio", route=route, position=str(j), window="5m"
+            ) == pytest.approx(p)
         if route != "trtjson":  # the JSON iteration stats carry no generated-token count
             assert value(m, "specwatch_route_speculation_active", route=route) == 1.0

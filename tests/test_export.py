@@ -32,39 +32,88 @@ CORE_GPU = {"specwatch_gpu_up", "specwatch_gpu_info", "specwatch_nvml_up", "spec
 
 def gpu_field_keys() -> list[str]:
     """Every per-GPU field metric registered in the catalog, as a GpuSample.fields key."""
-    return sorted(m.name[len(catalog.PREFIX):] for m in catalog.METRICS
-                  if m.labels == ("gpu",) and m.name not in CORE_GPU)
+    return sorted(
+        m.name[len(catalog.PREFIX) :] for m in catalog.METRICS if m.labels == ("gpu",) and m.name not in CORE_GPU
+    )
 
 
 def full_snapshot() -> Snapshot:
     chat = RouteState(
-        name="chat", up=True, engine_kind="vllm", model_name="meta-llama/Llama-3.1-8B-Instruct",
-        engine_version="0.33.0", acceptance_source="counter", drafts_total=120000.0, draft_tokens_total=360000.0,
-        accepted_tokens_total=216000.0, acceptance_ratio={"1m": 0.58, "5m": 0.6, "1h": 0.62},
-        mean_acceptance_length={"1m": 2.74, "5m": 2.8, "1h": 2.86}, position_acceptance_ratio=(0.8, 0.6, 0.4),
-        draft_length=3.0, speculation_active=True, running_requests=24.0, waiting_requests=2.0, kv_usage_ratio=0.41,
-        scrape_duration_seconds=0.012, errors_total={"connection": 0.0, "timeout": 2.0}, gpus=(0, 1),
+        name="chat",
+        up=True,
+        engine_kind="vllm",
+        model_name="meta-llama/Llama-3.1-8B-Instruct",
+        engine_version="0.33.0",
+        acceptance_source="counter",
+        drafts_total=120000.0,
+        draft_tokens_total=360000.0,
+        accepted_tokens_total=216000.0,
+        acceptance_ratio={"1m": 0.58, "5m": 0.6, "1h": 0.62},
+        mean_acceptance_length={"1m": 2.74, "5m": 2.8, "1h": 2.86},
+        position_acceptance_ratio=(0.8, 0.6, 0.4),
+        draft_length=3.0,
+        speculation_active=True,
+        running_requests=24.0,
+        waiting_requests=2.0,
+        kv_usage_ratio=0.41,
+        scrape_duration_seconds=0.012,
+        errors_total={"connection": 0.0, "timeout": 2.0},
+        gpus=(0, 1),
         evaluator_errors_total={"above_crossover": 0.0, "acceptance_drop": 3.0},
-        baseline_ratio=0.7, drop_ratio=0.142857, degraded=False, cusum_statistic=3.5, model_changes_total=1.0,
-        last_model_change_timestamp=1764400000.0, crossover_batch_size=32.0, crossover_source="sweep",
-        batch_size=12.0, above_crossover=False, predicted_speedup_ratio=1.35, compute_bound=False,
-        speculation_gpu_seconds_lost_total=120.0, speculation_gpu_seconds_saved_total=3600.0,
-        live_crossover_batch_size=40.0, live_crossover_lower=35.0, live_crossover_upper=46.0,
-        probe_acceptance_ratio=0.55, probe_baseline_ratio=0.56, probe_degraded=False, probe_success=True,
-        probe_duration_seconds=9.5, probe_rounds_total={"ok": 12.0, "busy": 0.0, "error": 1.0, "skipped": 0.0},
+        baseline_ratio=0.7,
+        drop_ratio=0.142857,
+        degraded=False,
+        cusum_statistic=3.5,
+        model_changes_total=1.0,
+        last_model_change_timestamp=1764400000.0,
+        crossover_batch_size=32.0,
+        crossover_source="sweep",
+        batch_size=12.0,
+        above_crossover=False,
+        predicted_speedup_ratio=1.35,
+        compute_bound=False,
+        speculation_gpu_seconds_lost_total=120.0,
+        speculation_gpu_seconds_saved_total=3600.0,
+        live_crossover_batch_size=40.0,
+        live_crossover_lower=35.0,
+        live_crossover_upper=46.0,
+        probe_acceptance_ratio=0.55,
+        probe_baseline_ratio=0.56,
+        probe_degraded=False,
+        probe_success=True,
+        probe_duration_seconds=9.5,
+        probe_rounds_total={"ok": 12.0, "busy": 0.0, "error": 1.0, "skipped": 0.0},
         probe_method="vllm_response",
     )
     code = RouteState(
-        name="code", up=False, engine_kind="sglang", model_name="Qwen/Qwen3-8B", engine_version="0.5.10",
-        acceptance_source="gauge", error_reason="connection", errors_total={"connection": 7.0},
-        scrape_duration_seconds=0.001, degraded=True, baseline_ratio=float("nan"),  # NaN must never be exported
+        name="code",
+        up=False,
+        engine_kind="sglang",
+        model_name="Qwen/Qwen3-8B",
+        engine_version="0.5.10",
+        acceptance_source="gauge",
+        error_reason="connection",
+        errors_total={"connection": 7.0},
+        scrape_duration_seconds=0.001,
+        degraded=True,
+        baseline_ratio=float("nan"),  # NaN must never be exported
     )
     fields = {key: 0.25 if key.endswith("_ratio") else float(100 * (i + 1)) for i, key in enumerate(gpu_field_keys())}
-    gpus = (GpuSample(index=0, up=True, uuid="GPU-aaaa", name="NVIDIA H200", driver="570.86.15", fields=fields),
-            GpuSample(index=1, up=False, uuid="GPU-bbbb", name="NVIDIA H200", driver="570.86.15"))
-    return Snapshot(timestamp=1764403200.0, routes=(chat, code), gpus=gpus, nvml_up=True,
-                    evaluation_duration_seconds=0.0315, evaluation_overruns_total=1.0, state_errors_total=0.0,
-                    config_last_reload_successful=True, config_last_reload_success_timestamp=1764400000.0)
+    gpus = (
+        GpuSample(index=0, up=True, uuid="GPU-aaaa", name="NVIDIA H200", driver="570.86.15", fields=fields),
+        GpuSample(index=1, up=False, uuid="GPU-bbbb", name="NVIDIA H200", driver="570.86.15"),
+    )
+    return Snapshot(
+        timestamp=1764403200.0,
+        routes=(chat, code),
+        gpus=gpus,
+        nvml_up=True,
+        evaluation_duration_seconds=0.0315,
+        evaluation_overruns_total=1.0,
+        state_errors_total=0.0,
+        config_last_reload_successful=True,
+        config_last_reload_success_timestamp=1764400000.0,
+    )
 
 
 def render(snapshot: Snapshot) -> str:
@@ -83,8 +132,9 @@ def test_golden_metrics():
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH")
 def test_golden_passes_promtool_lint():
-    result = subprocess.run(["promtool", "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True,
-                            timeout=30)
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True, timeout=30
+    )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
@@ -120,10 +170,20 @@ def test_a_failing_section_costs_only_itself(monkeypatch, caplog):
     families = {f.name: f for f in render_families(full_snapshot(), errors)}
     assert "specwatch_route_up" in families and "specwatch_gpu_up" in families
     assert any("rendering broken failed" in r.getMessage() for r in caplog.records)
-    counted = {s.labels["section"]: s.value for s in families["specwatch_render_errors"].samples
-               if s.name == "specwatch_render_errors_total"}
-    assert counted == {"broken": 1.0, "route": 0.0, "self": 0.0, "detection": 0.0, "crossover": 0.0, "probe": 0.0,
-                       "gpu": 0.0}
+    counted = {
+        s.labels["section"]: s.value
+        for s in families["specwatch_render_errors"].samples
+        if s.name == "specwatch_render_errors_total"
+    }
+    assert counted == {
+        "broken": 1.0,
+        "route": 0.0,
+        "self": 0.0,
+        "detection": 0.0,
+        "crossover": 0.0,
+        "probe": 0.0,
+        "gpu": 0.0,
+    }
     render_families(full_snapshot(), errors)  # the counter counts on across scrapes
     assert errors.counts()[0] == {"broken": 2.0}
 
@@ -200,9 +260,31 @@ def test_http_basic_auth_refuses_without_detail():
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not on PATH")
 def test_http_tls(tmp_path):
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig(context))

@@ -32,7 +32,7 @@ def test_every_fixture_parses_like_prometheus_client(path):
     written = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M))
 
     def as_written(name: str) -> str:
-        return name[:-len("_total")] if name not in written and name.endswith("_total") else name
+        return name[: -len("_total")] if name not in written and name.endswith("_total") else name
 
     ref_samples = {_key(as_written(s.name), s.labels, s.value) for fam in reference for s in fam.samples}
     our_samples = {_key(s.name, s.labels, s.value) for fam in ours.values() for s in fam.samples}
@@ -47,9 +47,11 @@ def test_every_fixture_parses_like_prometheus_client(path):
 
 
 def test_only_wanted_families_and_exact_names():
-    text = ("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 3\n"
-            "# TYPE vllm:num_requests_waiting_by_reason gauge\n"
-            "vllm:num_requests_waiting_by_reason{engine=\"0\",reason=\"capacity\"} 2\n")
+    text = (
+        '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0"} 3\n'
+        "# TYPE vllm:num_requests_waiting_by_reason gauge\n"
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 2\n'
+    )
     fams = parse(text, {"vllm:num_requests_waiting"})
     assert list(fams) == ["vllm:num_requests_waiting"]
     assert [s.value for s in fams["vllm:num_requests_waiting"].samples] == [3.0]
@@ -69,19 +71,27 @@ def test_label_sets_read_again_next_scrape_are_equal_and_read_only():
 
 
 def test_histogram_samples_gather_into_their_family():
-    text = ("# HELP h Tokens.\n# TYPE h histogram\nh_bucket{le=\"1.0\"} 1\nh_bucket{le=\"+Inf\"} 2\n"
-            "h_count 2\nh_sum 3.5\nh_created 1.7e9\n")
+    text = (
+        '# HELP h Tokens.\n# TYPE h histogram\nh_bucket{le="1.0"} 1\nh_bucket{le="+Inf"} 2\n'
+        "h_count 2\nh_sum 3.5\nh_created 1.7e9\n"
+    )
     fam = parse(text, {"h"})["h"]
     assert fam.type == "histogram" and fam.help == "Tokens."
-    assert [(s.name, s.value) for s in fam.samples] == [("h_bucket", 1.0), ("h_bucket", 2.0), ("h_count", 2.0),
-                                                        ("h_sum", 3.5)]
+    assert [(s.name, s.value) for s in fam.samples] == [
+        ("h_bucket", 1.0),
+        ("h_bucket", 2.0),
+        ("h_count", 2.0),
+        ("h_sum", 3.5),
+    ]
     assert fam.samples[1].labels == {"le": "+Inf"}
 
 
 def test_label_escapes_special_values_and_timestamps():
-    text = ('# HELP m A \\\\ path\\nnext line\n'
-            'm{a="q\\"uote",b="back\\\\slash",c="new\\nline",d=""} NaN 1700000000000\n'
-            'm{a="x"} +Inf\nm{a="y"} -Inf\nm{a="z",} 1.5e-3\n')
+    text = (
+        "# HELP m A \\\\ path\\nnext line\n"
+        'm{a="q\\"uote",b="back\\\\slash",c="new\\nline",d=""} NaN 1700000000000\n'
+        'm{a="x"} +Inf\nm{a="y"} -Inf\nm{a="z",} 1.5e-3\n'
+    )
     fam = parse(text, {"m"})["m"]
     assert fam.help == "A \\ path\nnext line"
     first = fam.samples[0]
@@ -91,58 +101,73 @@ def test_label_escapes_special_values_and_timestamps():
 
 
 def test_openmetrics_tolerance_eof_exemplars_and_escaped_names():
-    text = ("# TYPE vllm:spec_decode_num_drafts counter\n# UNIT vllm:spec_decode_num_drafts drafts\n"
-            "vllm_spec_decode_num_drafts_total{engine=\"0\"} 7.0 # {trace_id=\"abc\"} 1.0 1700000000.5\n"
-            "# EOF\nvllm_spec_decode_num_drafts_total{engine=\"1\"} 99\n")
+    text = (
+        "# TYPE vllm:spec_decode_num_drafts counter\n# UNIT vllm:spec_decode_num_drafts drafts\n"
+        'vllm_spec_decode_num_drafts_total{engine="0"} 7.0 # {trace_id="abc"} 1.0 1700000000.5\n'
+        '# EOF\nvllm_spec_decode_num_drafts_total{engine="1"} 99\n'
+    )
     fam = parse(text, {"vllm:spec_decode_num_drafts_total"})["vllm:spec_decode_num_drafts_total"]
     assert fam.type == "counter"
     assert [(s.name, s.labels, s.value) for s in fam.samples] == [
-        ("vllm:spec_decode_num_drafts_total", {"engine": "0"}, 7.0)], "normalised name; nothing after # EOF"
+        ("vllm:spec_decode_num_drafts_total", {"engine": "0"}, 7.0)
+    ], "normalised name; nothing after # EOF"
 
 
-@pytest.mark.parametrize("unusual", [
-    'm{ a = "1" , b="x y" } 2 1700000000000',  # spaces inside the label set
-    'm{a="1",b="x y",} 2 1700000000000',  # trailing comma
-    'm{a="1",b="x y"}\t2\t1700000000000\r',  # tabs and a CR line end
-    '  m{a="1",b="x y"} 2 1700000000000 # {trace_id="t"} 1.0',  # indented, with an exemplar
-    'm{b="x y",a="1"}2 1700000000000',  # no space before the value
-])
+@pytest.mark.parametrize(
+    "unusual",
+    [
+        'm{ a = "1" , b="x y" } 2 1700000000000',  # spaces inside the label set
+        'm{a="1",b="x y",} 2 1700000000000',  # trailing comma
+        'm{a="1",b="x y"}\t2\t1700000000000\r',  # tabs and a CR line end
+        '  m{a="1",b="x y"} 2 1700000000000 # {trace_id="t"} 1.0',  # indented, with an exemplar
+        'm{b="x y",a="1"}2 1700000000000',  # no space before the value
+    ],
+)
 def test_plain_and_unusual_spellings_of_a_line_read_the_same(unusual):
     """The regex reader for the usual shape and the strict reader for the rest agree on every value."""
     plain = parse('m{a="1",b="x y"} 2 1700000000000\n', {"m"})["m"].samples
     other = parse(unusual + "\n", {"m"})["m"].samples
-    assert [(s.name, dict(s.labels), s.value, s.timestamp) for s in other] == [
-        (s.name, dict(s.labels), s.value, s.timestamp) for s in plain] == [("m", {"a": "1", "b": "x y"}, 2.0, 1.7e9)]
+    assert (
+        [(s.name, dict(s.labels), s.value, s.timestamp) for s in other]
+        == [(s.name, dict(s.labels), s.value, s.timestamp) for s in plain]
+        == [("m", {"a": "1", "b": "x y"}, 2.0, 1.7e9)]
+    )
 
 
 def test_a_wanted_line_of_the_usual_shape_with_a_bad_value_is_still_refused():
-    for line, message in (('m{a="1",a="2"} 1', "duplicate label a"), ('m{a="1"} 1_0', "invalid number"),
-                          ('m{a="1"} 1 NaN', "invalid timestamp")):
+    for line, message in (
+        ('m{a="1",a="2"} 1', "duplicate label a"),
+        ('m{a="1"} 1_0', "invalid number"),
+        ('m{a="1"} 1 NaN', "invalid timestamp"),
+    ):
         with pytest.raises(ExpositionError, match=message):
             parse(f"# TYPE m gauge\n{line}\n", {"m"})
 
 
 def test_bytes_input_and_crlf_line_ends():
-    fam = parse(b"# TYPE g gauge\r\ng{a=\"1\"} 2\r\n", {"g"})["g"]
+    fam = parse(b'# TYPE g gauge\r\ng{a="1"} 2\r\n', {"g"})["g"]
     assert fam.type == "gauge" and fam.samples[0].value == 2.0
 
 
-@pytest.mark.parametrize("text, line", [
-    ("ok 1\n<html><body>502</body></html>\n", 2),
-    ("m{a=\"1\" 2\n", 1),
-    ("m{a=1} 2\n", 1),
-    ("m{1a=\"x\"} 2\n", 1),
-    ("m{a=\"x\",a=\"y\"} 2\n", 1),
-    ("# TYPE m gauge\nm{a=\"\\q\"} 2\n", 2),
-    ("x 1\nm not_a_number\n", 2),
-    ("m 1_000\n", 1),
-    ("m 1 2 3\n", 1),
-    ("m\n", 1),
-    ("m 1 NaN\n", 1),
-    ("# TYPE m strange\n", 1),
-    ("\x00\x01binary", 1),
-    ("{\"error\": \"not found\"}", 1),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("ok 1\n<html><body>502</body></html>\n", 2),
+        ('m{a="1" 2\n', 1),
+        ("m{a=1} 2\n", 1),
+        ('m{1a="x"} 2\n', 1),
+        ('m{a="x",a="y"} 2\n', 1),
+        ('# TYPE m gauge\nm{a="\\q"} 2\n', 2),
+        ("x 1\nm not_a_number\n", 2),
+        ("m 1_000\n", 1),
+        ("m 1 2 3\n", 1),
+        ("m\n", 1),
+        ("m 1 NaN\n", 1),
+        ("# TYPE m strange\n", 1),
+        ("\x00\x01binary", 1),
+        ('{"error": "not found"}', 1),
+    ],
+)
 def test_malformed_input_raises_one_error_type_with_the_line(text, line):
     with pytest.raises(ExpositionError) as info:
         parse(text, {"m"})
@@ -154,8 +179,14 @@ def test_invalid_utf8_is_an_exposition_error():
         parse(b'm{a="\xff\xfe"} 1\n', {"m"})
 
 
-@given(st.lists(st.tuples(st.text(max_size=12), st.floats(allow_nan=False, width=32)), min_size=1, max_size=6,
-                unique_by=lambda t: t[0]))
+@given(
+    st.lists(
+        st.tuples(st.text(max_size=12), st.floats(allow_nan=False, width=32)),
+        min_size=1,
+        max_size=6,
+        unique_by=lambda t: t[0],
+    )
+)
 @settings(max_examples=60, deadline=None)
 def test_round_trip_of_anything_prometheus_client_renders(series):
     """Label values with quotes, backslashes, newlines or any Unicode come back exactly as they went out."""
@@ -169,9 +200,11 @@ def test_round_trip_of_anything_prometheus_client_renders(series):
 
 
 def test_unique_refuses_a_series_twice_in_any_label_order_and_names_it():
-    text = ('vllm:num_requests_running{engine="0",model_name="m"} 1\n'
-            'vllm:num_requests_running{model_name="m",engine="1"} 2\n'
-            'vllm:num_requests_running{model_name="m",engine="0"} 3\n')
+    text = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+        'vllm:num_requests_running{model_name="m",engine="1"} 2\n'
+        'vllm:num_requests_running{model_name="m",engine="0"} 3\n'
+    )
     assert len(parse(text, {"vllm:num_requests_running"})["vllm:num_requests_running"].samples) == 3
     with pytest.raises(ExpositionError, match=r"line 3: duplicate series vllm:num_requests_running") as info:
         parse(text, {"vllm:num_requests_running"}, unique=True)
@@ -179,7 +212,10 @@ def test_unique_refuses_a_series_twice_in_any_label_order_and_names_it():
     # Read strictly (an escape in a label value) or inline, a series is the same series.
     strict = 'vllm:num_requests_running{engine="0",model_name="m",x="a\\\\b"} 1\n'
     with pytest.raises(ExpositionError, match="duplicate series"):
-        parse(strict + strict.replace('"0",model_name="m"', '"0", model_name="m"'), {"vllm:num_requests_running"},
-              unique=True)
+        parse(
+            strict + strict.replace('"0",model_name="m"', '"0", model_name="m"'),
+            {"vllm:num_requests_running"},
+            unique=True,
+        )
     histogram = 'h_bucket{le="1"} 1\nh_bucket{le="2"} 2\nh_count 2\nh_sum 3\n'
     assert len(parse(histogram, {"h"}, unique=True)["h"].samples) == 4, "one label set under several names is fine"

@@ -95,10 +95,12 @@ REPO = Path(__file__).resolve().parent.parent
 START = 1_800_000_000.0
 INTERVAL = 5.0
 # Detection tuned so a baseline is learned in minutes of fake time (the defaults want 30 minutes of traffic).
-FAST_DETECTION = {"warmup_duration": "2m", "warmup_drafted_tokens": 2000, "min_duration": "1m",
-                  "min_drafted_tokens": 500}
-
-
+FAST_DETECTION = {
+    "warmup_duration": "2m",
+    "warmup_drafted_tokens": 2000,
+    "min_duration": "1m",
+    "min_drafted_tokens": 500,
+}
 
 
 class SimulatedEngine:
@@ -130,35 +132,62 @@ class SimulatedEngine:
             e["drafts"] += self.drafts_per_sample
             reached = self.drafts_per_sample
             for j, p in enumerate(self.POSITIONS):  # position j is accepted only if all before it were
-                reached = sum(1 for _ in range(int(reached)) if self.rng.random() < p / (self.POSITIONS[j - 1]
-                                                                                           if j else 1.0))
+                reached = sum(
+                    1 for _ in range(int(reached)) if self.rng.random() < p / (self.POSITIONS[j - 1] if j else 1.0)
+                )
                 e["per_pos"][j] += reached
             drafts, accepted = e["drafts"], sum(e["per_pos"])
             if self.poison is not None:
                 drafts = accepted = self.poison
-            counters.append(EngineCounters(engine=str(index), drafts=drafts, draft_tokens=self.K * drafts,
-                                           accepted_tokens=accepted, accepted_per_pos=tuple(e["per_pos"]),
-                                           created=e["created"], running=8.0, kv_usage=0.3))
+            counters.append(
+                EngineCounters(
+                    engine=str(index),
+                    drafts=drafts,
+                    draft_tokens=self.K * drafts,
+                    accepted_tokens=accepted,
+                    accepted_per_pos=tuple(e["per_pos"]),
+                    created=e["created"],
+                    running=8.0,
+                    kv_usage=0.3,
+                )
+            )
         self.poison = None
-        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name="llama",
-                            engine_version="0.33.0", num_speculative_tokens=self.K, engines=tuple(counters))
+        return EngineSample(
+            ts=now,
+            engine_kind="vllm",
+            acceptance_source="counter",
+            model_name="llama",
+            engine_version="0.33.0",
+            num_speculative_tokens=self.K,
+            engines=tuple(counters),
+        )
 
     def close(self) -> None:
         self.closed = True
 
 
 def make_config(state_dir: Path | str, routes: int = 1, **top: Any) -> Any:
-    raw = {"interval": f"{INTERVAL:g}s", "state_dir": str(state_dir), "scrape": {"timeout": "200ms"},
-           "gpu": {"enabled": "false"}, "detection": FAST_DETECTION,
-           "routes": [{"name": f"r{i}", "url": f"http://127.0.0.1:9/r{i}", "crossover": {"batch_size": 16}}
-                      for i in range(routes)], **top}
+    raw = {
+        "interval": f"{INTERVAL:g}s",
+        "state_dir": str(state_dir),
+        "scrape": {"timeout": "200ms"},
+        "gpu": {"enabled": "false"},
+        "detection": FAST_DETECTION,
+        "routes": [
+            {"name": f"r{i}", "url": f"http://127.0.0.1:9/r{i}", "crossover": {"batch_size": 16}} for i in range(routes)
+        ],
+        **top,
+    }
     return parse_config(raw)
 
 
 def exported(snapshot: Snapshot) -> dict[tuple[str, tuple], float]:
     """The /metrics samples of a snapshot, keyed by (name, sorted labels)."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in render_families(snapshot) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in render_families(snapshot)
+        for s in family.samples
+    }
 
 
 def assert_sane_route(state: Any) -> None:
@@ -264,11 +293,26 @@ class ExplodedSource:
     def sample(self, now: float) -> EngineSample:
         self.calls += 1
         n = 10.0 * self.calls
-        counters = tuple(EngineCounters(engine=str(i), drafts=n, draft_tokens=4 * n, accepted_tokens=2 * n,
-                                        accepted_per_pos=(0.8 * n, 0.6 * n, 0.4 * n, 0.2 * n), running=1.0)
-                         for i in range(self.engines))
-        return EngineSample(ts=now, engine_kind="vllm", acceptance_source="counter", model_name="llama",
-                            engine_version="0.33.0", num_speculative_tokens=4, engines=counters)
+        counters = tuple(
+            EngineCounters(
+                engine=str(i),
+                drafts=n,
+                draft_tokens=4 * n,
+                accepted_tokens=2 * n,
+                accepted_per_pos=(0.8 * n, 0.6 * n, 0.4 * n, 0.2 * n),
+                running=1.0,
+            )
+            for i in range(self.engines)
+        )
+        return EngineSample(
+            ts=now,
+            engine_kind="vllm",
+            acceptance_source="counter",
+            model_name="llama",
+            engine_version="0.33.0",
+            num_speculative_tokens=4,
+            engines=counters,
+        )
 
     def close(self) -> None:
         pass
@@ -299,8 +343,12 @@ def test_gpu_lost_mid_run_costs_only_that_gpu(tmp_path):
     engine = SimulatedEngine(seed=5)
     clock = FakeClock(START)
     config = make_config(tmp_path, gpu={"enabled": "true"})
-    daemon = Daemon(config, source_factory=lambda r, c: engine, clock=clock,
-                    gpu_source_factory=lambda g: nvml_source.make_gpu_source(g, nvml=nvml))
+    daemon = Daemon(
+        config,
+        source_factory=lambda r, c: engine,
+        clock=clock,
+        gpu_source_factory=lambda g: nvml_source.make_gpu_source(g, nvml=nvml),
+    )
     try:
         healthy = run_cycles(daemon, clock, 3)[-1]
         nvml.gpus[1].lost = True
@@ -314,9 +362,12 @@ def test_gpu_lost_mid_run_costs_only_that_gpu(tmp_path):
     metrics = exported(lost)
     assert lost.nvml_up and metrics[("specwatch_gpu_up", (("gpu", "1"),))] == 0.0
     assert metrics[("specwatch_gpu_up", (("gpu", "0"),))] == 1.0
-    assert not any(name.startswith("specwatch_gpu_") and name not in ("specwatch_gpu_up", "specwatch_gpu_info")
-                   and ("gpu", "1") in labels
-                   for name, labels in metrics), "a lost GPU exports no stale field values"
+    assert not any(
+        name.startswith("specwatch_gpu_")
+        and name not in ("specwatch_gpu_up", "specwatch_gpu_info")
+        and ("gpu", "1") in labels
+        for name, labels in metrics
+    ), "a lost GPU exports no stale field values"
     assert any(name == "specwatch_gpu_power_watts" and ("gpu", "0") in labels for name, labels in metrics)
     assert lost.route("r0").up  # the engine routes are not affected
     assert {s.index: s.up for s in back.gpus} == {0: True, 1: True}
@@ -389,8 +440,12 @@ _CHILD = textwrap.dedent("""
 
 
 def _run_child(state_dir: str, mode: str, prefix: Sequence[str] = ()) -> dict[str, Any]:
-    proc = subprocess.run([*prefix, sys.executable, "-c", _CHILD, str(REPO / "tests"), state_dir, mode],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-c", _CHILD, str(REPO / "tests"), state_dir, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -435,16 +490,22 @@ def test_read_only_state_dir_keeps_detecting_in_memory(tmp_path):
 HTTP_TIMEOUT = 0.5
 
 
-def vllm_text(drafts: float = 1000.0, engines: Sequence[str] = ("0",), per_pos: Sequence[float] = (0.8, 0.6, 0.45, 0.3),
-              value: str | None = None, duplicate: bool = False) -> str:
+def vllm_text(
+    drafts: float = 1000.0,
+    engines: Sequence[str] = ("0",),
+    per_pos: Sequence[float] = (0.8, 0.6, 0.45, 0.3),
+    value: str | None = None,
+    duplicate: bool = False,
+) -> str:
     """A vLLM V1 exposition with the spec-decode families (k=4). `value` replaces every counter value verbatim
     (e.g. "NaN"); `duplicate` repeats every sample line, as a broken multi-process merge would."""
     families = {
         "vllm:spec_decode_num_drafts": lambda d: [("", d)],
         "vllm:spec_decode_num_draft_tokens": lambda d: [("", 4 * d)],
         "vllm:spec_decode_num_accepted_tokens": lambda d: [("", d * sum(per_pos))],
-        "vllm:spec_decode_num_accepted_tokens_per_pos": lambda d: [(f',position="{j}"', d * p)
-                                                                   for j, p in enumerate(per_pos)],
+        "vllm:spec_decode_num_accepted_tokens_per_pos": lambda d: [
+            (f',position="{j}"', d * p) for j, p in enumerate(per_pos)
+        ],
     }
     lines = []
     for name, series in families.items():
@@ -561,9 +622,15 @@ def fault_server():
 
 
 def http_config(*urls: str, **scrape: Any) -> Any:
-    return parse_config({"interval": "5s", "state_dir": "/nonexistent-specwatch-test", "gpu": {"enabled": "false"},
-                         "scrape": {"timeout": f"{HTTP_TIMEOUT * 1000:g}ms", **scrape},
-                         "routes": [{"name": f"r{i}", "url": url, "engine": "vllm"} for i, url in enumerate(urls)]})
+    return parse_config(
+        {
+            "interval": "5s",
+            "state_dir": "/nonexistent-specwatch-test",
+            "gpu": {"enabled": "false"},
+            "scrape": {"timeout": f"{HTTP_TIMEOUT * 1000:g}ms", **scrape},
+            "routes": [{"name": f"r{i}", "url": url, "engine": "vllm"} for i, url in enumerate(urls)],
+        }
+    )
 
 
 def scrape_once(engines: Any, url: str, **scrape: Any) -> tuple[Any, float]:
@@ -618,12 +685,22 @@ def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, 
     assert grown_mib < 32, f"the body must be streamed and cut at the cap, not read whole ({grown_mib:.0f} MiB)"
 
 
-@pytest.mark.parametrize("name, body, kind", [
-    ("garbage", random.Random(7).randbytes(64 * 1024), "application/octet-stream"),
-    ("html_200", "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body><h1>502</h1></body></html>",
-     "text/html"),
-    ("invalid_utf8", vllm_text().encode().replace(b'model_name="m"', b'model_name="\xff\xfe\xc3("', 1), "text/plain"),
-])
+@pytest.mark.parametrize(
+    "name, body, kind",
+    [
+        ("garbage", random.Random(7).randbytes(64 * 1024), "application/octet-stream"),
+        (
+            "html_200",
+            "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body><h1>502</h1></body></html>",
+            "text/html",
+        ),
+        (
+            "invalid_utf8",
+            vllm_text().encode().replace(b'model_name="m"', b'model_name="\xff\xfe\xc3("', 1),
+            "text/plain",
+        ),
+    ],
+)
 def test_http_bad_bodies_are_parse_errors(engines, fault_server, name, body, kind):
     result, took = scrape_once(engines, fault_server.serve(f"/{name}", body, kind=kind))
     assert isinstance(result, SourceError), f"{name}: {result!r}"
@@ -675,9 +752,10 @@ def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value,
     config = http_config(good)
     clock = FakeClock(START)
     route = config.routes[0]
-    source = ScheduledSource([engines.make_source(route, config),
-                              engines.make_source(dataclasses.replace(route, url=bad), config)],
-                             schedule=[0, 0, 1, 1, 0, 0])
+    source = ScheduledSource(
+        [engines.make_source(route, config), engines.make_source(dataclasses.replace(route, url=bad), config)],
+        schedule=[0, 0, 1, 1, 0, 0],
+    )
     daemon = Daemon(config, clock=clock, source_factory=lambda r, c: source)
     try:
         snapshots = run_cycles(daemon, clock, 6)
@@ -694,8 +772,10 @@ def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value,
 def test_http_label_explosion_10000_series(engines, fault_server):
     engine_labels = [str(i) for i in range(10_000)]
     noise = "".join(f'vllm:unrelated_total{{engine="{i}",model_name="m",x="{i}"}} 1.0\n' for i in range(10_000))
-    for path, body in (("/many_engines", vllm_text(10.0, engines=engine_labels)),
-                       ("/many_unrelated", "# TYPE vllm:unrelated counter\n" + noise + vllm_text(10.0))):
+    for path, body in (
+        ("/many_engines", vllm_text(10.0, engines=engine_labels)),
+        ("/many_unrelated", "# TYPE vllm:unrelated counter\n" + noise + vllm_text(10.0)),
+    ):
         cpu = time.process_time()
         result, _ = scrape_once(engines, fault_server.serve(path, body), timeout="4.5s")
         took = time.process_time() - cpu  # the server's threads too: both sides of the scrape, in CPU seconds
@@ -712,9 +792,24 @@ def test_http_label_explosion_10000_series(engines, fault_server):
 # ============================================================================ soak smoke (the soak is scripts/soak.py)
 @pytest.mark.slow
 def test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat():
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "soak.py"), "accelerated", "--routes", "8",
-                           "--duration", "7200", "--warmup", "3700", "--report-every", "500"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "soak.py"),
+            "accelerated",
+            "--routes",
+            "8",
+            "--duration",
+            "7200",
+            "--warmup",
+            "3700",
+            "--report-every",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0 and result["ok"], proc.stdout + proc.stderr
     assert result["state_errors"] == 0 and result["rss_growth_mib"] < 5

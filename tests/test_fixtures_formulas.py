@@ -16,8 +16,9 @@ from specwatch.config import parse_config
 from specwatch.sources.engines import parse_engine_sample
 
 FIXTURES = Path(__file__).parent / "fixtures"
-ROUTE = parse_config({"gpu": {"enabled": "false"},
-                      "routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics"}]}).routes[0]
+ROUTE = parse_config(
+    {"gpu": {"enabled": "false"}, "routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics"}]}
+).routes[0]
 
 
 def scrape(name):
@@ -27,26 +28,41 @@ def scrape(name):
 
 def vllm_formulas(first: dict, second: dict) -> dict:
     """vLLM's formulas over the fed counters of all engines (the reference side)."""
+
     def delta(key):
         return sum(second[e][key] - first[e][key] for e in second)
+
     drafts, draft_tokens, accepted = delta("drafts"), delta("draft_tokens"), delta("accepted_tokens")
     k = next(iter(second.values()))["k"]
-    per_pos = [sum(second[e]["accepted_per_pos"][j] - first[e]["accepted_per_pos"][j] for e in second)
-               for j in range(k)]
-    return {"r": accepted / draft_tokens, "tau": 1 + accepted / drafts, "p": [x / drafts for x in per_pos],
-            "K": draft_tokens / drafts}
+    per_pos = [
+        sum(second[e]["accepted_per_pos"][j] - first[e]["accepted_per_pos"][j] for e in second) for j in range(k)
+    ]
+    return {
+        "r": accepted / draft_tokens,
+        "tau": 1 + accepted / drafts,
+        "p": [x / drafts for x in per_pos],
+        "K": draft_tokens / drafts,
+    }
 
 
 def from_samples(first, second) -> dict:
     """The same figures from what the source extracted (the side under test)."""
+
     def delta(field):
         return sum(getattr(b, field) - getattr(a, field) for a, b in zip(first.engines, second.engines))
+
     drafts, draft_tokens, accepted = delta("drafts"), delta("draft_tokens"), delta("accepted_tokens")
     k = second.num_speculative_tokens
-    per_pos = [sum(b.accepted_per_pos[j] - a.accepted_per_pos[j] for a, b in zip(first.engines, second.engines))
-               for j in range(k)]
-    return {"r": accepted / draft_tokens, "tau": 1 + accepted / drafts, "p": [x / drafts for x in per_pos],
-            "K": draft_tokens / drafts}
+    per_pos = [
+        sum(b.accepted_per_pos[j] - a.accepted_per_pos[j] for a, b in zip(first.engines, second.engines))
+        for j in range(k)
+    ]
+    return {
+        "r": accepted / draft_tokens,
+        "tau": 1 + accepted / drafts,
+        "p": [x / drafts for x in per_pos],
+        "K": draft_tokens / drafts,
+    }
 
 
 @pytest.mark.parametrize("name", ["vllm/v1_k4_2engines", "vllm/v1_k1_1engine"])
@@ -67,8 +83,10 @@ def test_window_figures_match_vllm_formulas_on_the_fed_counters(name):
 def test_engines_are_summed_before_dividing_not_averaged():
     (a, truth_a), (b, truth_b) = scrape("vllm/v1_k4_2engines"), scrape("vllm/v1_k4_2engines_scrape2")
     pooled = from_samples(a, b)["r"]
-    per_engine = [(y.accepted_tokens - x.accepted_tokens) / (y.draft_tokens - x.draft_tokens)
-                  for x, y in zip(a.engines, b.engines)]
+    per_engine = [
+        (y.accepted_tokens - x.accepted_tokens) / (y.draft_tokens - x.draft_tokens)
+        for x, y in zip(a.engines, b.engines)
+    ]
     assert min(per_engine) <= pooled <= max(per_engine)
     assert pooled == pytest.approx(vllm_formulas(truth_a, truth_b)["r"])
 
@@ -77,8 +95,10 @@ def test_sglang_counter_accept_length_matches_the_fed_requests():
     (a, truth_a), (b, truth_b) = scrape("sglang/0.5.23_dp2"), scrape("sglang/0.5.23_dp2_scrape2")
     d_verify = b.engines[0].spec_verify_calls - a.engines[0].spec_verify_calls
     d_generated = b.engines[0].generation_tokens - a.engines[0].generation_tokens
-    fed = {key: sum(truth_b["tokenizer"][r][key] - truth_a["tokenizer"][r][key] for r in truth_b["tokenizer"])
-           for key in ("spec_verify_calls", "generation_tokens")}
+    fed = {
+        key: sum(truth_b["tokenizer"][r][key] - truth_a["tokenizer"][r][key] for r in truth_b["tokenizer"])
+        for key in ("spec_verify_calls", "generation_tokens")
+    }
     assert (d_verify, d_generated) == (fed["spec_verify_calls"], fed["generation_tokens"])
     # SGLang's own accept length (completion_tokens / spec_verify_ct): per request it includes one prefill
     # token, so over many requests it sits just above the per-verify mean of the gauges.

@@ -28,12 +28,14 @@ from specwatch.sources import vllm as vllm_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WATCHDOG_SECONDS = 5.0
-FUZZ = settings(max_examples=150, deadline=1000, suppress_health_check=[HealthCheck.too_slow],
-                derandomize=True, database=None)
+FUZZ = settings(
+    max_examples=150, deadline=1000, suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None
+)
 # What the engine sources ask the parser for: the fuzz exercises the lines that are really parsed.
 WANTED = sorted(vllm_source.WANTED | sglang_source.WANTED)
-ROUTE_CONFIG = parse_config({"gpu": {"enabled": "false"},
-                             "routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics"}]})
+ROUTE_CONFIG = parse_config(
+    {"gpu": {"enabled": "false"}, "routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics"}]}
+)
 
 
 class Hang(Exception):
@@ -43,8 +45,10 @@ class Hang(Exception):
 @contextmanager
 def watchdog(seconds: float = WATCHDOG_SECONDS) -> Iterator[None]:
     """Fail a call that does not return in time (a hang), instead of hanging the test run."""
+
     def expire(signum: int, frame: Any) -> None:
         raise Hang(f"no answer within {seconds:g}s")
+
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -61,6 +65,7 @@ def seed_corpus() -> list[bytes]:
         return corpus
     from specwatch.simulator.metrics_sglang import SglangMetrics
     from specwatch.simulator.metrics_vllm import VllmMetrics
+
     return [VllmMetrics("m", engines=2, k=4).render(), SglangMetrics("m", 2, 4).render()]
 
 
@@ -86,10 +91,12 @@ def engine_sample_or_source_error(kind: str, data: bytes) -> Any:
 
 # --------------------------------------------------------------------------------------------- strategies
 NAMES = st.sampled_from(WANTED + ["vllm:other", "sglang:other", "go_gc", "a", "vllm_spec_decode_num_drafts"])
-LABEL_VALUE = st.lists(st.sampled_from(list('ab0"\\\n{}=,# \t') + ["\\\"", "\\\\", "\\n", "é"]),
-                       max_size=12).map("".join)
-VALUE = st.sampled_from(["1", "0", "-1", "1.5e3", "NaN", "+Inf", "-Inf", "1e400", "0x10", "", "1 2",
-                         "12345678901234567890"])
+LABEL_VALUE = st.lists(st.sampled_from(list('ab0"\\\n{}=,# \t') + ['\\"', "\\\\", "\\n", "é"]), max_size=12).map(
+    "".join
+)
+VALUE = st.sampled_from(
+    ["1", "0", "-1", "1.5e3", "NaN", "+Inf", "-Inf", "1e400", "0x10", "", "1 2", "12345678901234567890"]
+)
 
 
 @st.composite
@@ -98,8 +105,11 @@ def exposition_like_line(draw: Any) -> str:
     kind = draw(st.integers(0, 5))
     if kind == 0:
         return f"# {draw(st.sampled_from(['TYPE', 'HELP', 'EOF', 'UNIT', '']))} {name} {draw(st.text(max_size=10))}"
-    labels = draw(st.lists(st.tuples(st.sampled_from(["engine", "model_name", "position", "le", "", "1x"]),
-                                     LABEL_VALUE), max_size=3))
+    labels = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["engine", "model_name", "position", "le", "", "1x"]), LABEL_VALUE), max_size=3
+        )
+    )
     body = ",".join(f'{k}="{v}"' for k, v in labels)
     opener = draw(st.sampled_from(["{", "{", "", "{{"]))
     closer = draw(st.sampled_from(["}", "}", "", ",}"]))
@@ -116,7 +126,7 @@ def mutated_capture(draw: Any) -> bytes:
         op = draw(st.sampled_from(["delete", "insert", "flip", "truncate", "dup_line", "swap_lines"]))
         at = draw(st.integers(0, max(0, len(data) - 1)))
         if op == "delete":
-            del data[at: at + draw(st.integers(1, 64))]
+            del data[at : at + draw(st.integers(1, 64))]
         elif op == "insert":
             data[at:at] = draw(st.binary(min_size=1, max_size=32))
         elif op == "flip" and data:
@@ -173,7 +183,7 @@ def test_unmutated_corpus_parses():
 
 
 def test_pathological_sizes_finish_quickly():
-    long_line = b"vllm:spec_decode_num_drafts_total{engine=\"" + b"x" * 1_000_000 + b"\"} 1\n"
+    long_line = b'vllm:spec_decode_num_drafts_total{engine="' + b"x" * 1_000_000 + b'"} 1\n'
     many_labels = b"vllm:num_requests_running{" + b",".join(b'l%d="v"' % i for i in range(10_000)) + b"} 1\n"
     deep_escapes = b'vllm:num_requests_running{engine="' + b"\\\\" * 200_000 + b'"} 1\n'
     for data in (long_line, many_labels, deep_escapes, b"\n" * 1_000_000, b"#" * 1_000_000):
@@ -183,7 +193,7 @@ def test_pathological_sizes_finish_quickly():
 # --------------------------------------------------------------------------------------------- differential
 LABEL_NAMES = st.sampled_from(["engine", "model_name", "position", "dp_rank", "le", "a_b", "_x", "Z9"])
 ANY_LABEL_VALUE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=16)
-ANY_VALUE = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**53, 2**53).map(float)
+ANY_VALUE = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**53), 2**53).map(float)
 
 
 def _escape(value: str) -> str:
@@ -196,17 +206,33 @@ def well_formed_exposition(draw: Any) -> tuple[str, set[str]]:
     from prometheus_client.utils import floatToGoString
 
     lines: list[str] = []
-    names = draw(st.lists(st.sampled_from(WANTED + ["vllm:other_total", "go_gc_duration_seconds"]), unique=True,
-                          min_size=1, max_size=6))
+    names = draw(
+        st.lists(
+            st.sampled_from(WANTED + ["vllm:other_total", "go_gc_duration_seconds"]),
+            unique=True,
+            min_size=1,
+            max_size=6,
+        )
+    )
     for name in names:
-        lines += [f"# HELP {name} {_escape(draw(st.text(max_size=20)))}",
-                  f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}"]
-        label_sets = draw(st.lists(st.dictionaries(LABEL_NAMES, ANY_LABEL_VALUE, max_size=3), max_size=4,
-                                   unique_by=lambda d: tuple(sorted(d.items()))))
+        lines += [
+            f"# HELP {name} {_escape(draw(st.text(max_size=20)))}",
+            f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}",
+        ]
+        label_sets = draw(
+            st.lists(
+                st.dictionaries(LABEL_NAMES, ANY_LABEL_VALUE, max_size=3),
+                max_size=4,
+                unique_by=lambda d: tuple(sorted(d.items())),
+            )
+        )
         for labels in label_sets:
             body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{{{body}}} {floatToGoString(draw(ANY_VALUE))}" if body else
-                         f"{name} {floatToGoString(draw(ANY_VALUE))}")
+            lines.append(
+                f"{name}{{{body}}} {floatToGoString(draw(ANY_VALUE))}"
+                if body
+                else f"{name} {floatToGoString(draw(ANY_VALUE))}"
+            )
     return "\n".join(lines) + "\n", {n for n in names if n in WANTED}
 
 
@@ -244,7 +270,7 @@ def sample_line(draw: Any) -> str:
         line += "{" + separator.join(pairs) + draw(st.sampled_from(["", ","])) + draw(st.sampled_from(["}", ""]))
     line += draw(st.sampled_from([" ", "\t", "", "  "]))
     line += draw(st.sampled_from(["1", "1.5", "-2e3", "NaN", "+Inf", "1_0", "0x1", "abc", "", "1 2"]))
-    line += draw(st.sampled_from(["", " 1700000000000", " # {a=\"b\"} 1", "\r", " ", "#"]))
+    line += draw(st.sampled_from(["", " 1700000000000", ' # {a="b"} 1', "\r", " ", "#"]))
     return line
 
 

@@ -15,8 +15,9 @@ from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
 from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
 
-FAST = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0, pin_drafted_tokens=200_000,
-                       pin_seconds=4 * 3600.0)
+FAST = DetectionConfig(
+    warmup_drafted_tokens=20_000, warmup_seconds=1800.0, pin_drafted_tokens=200_000, pin_seconds=4 * 3600.0
+)
 
 
 def _evaluator(tmp_path: Path, detection: DetectionConfig = FAST) -> AcceptanceDropEvaluator:
@@ -46,23 +47,38 @@ def _interval_gauge(spec: TraceSpec) -> Iterator[RouteObservation]:
     prev = None
     for s in generate(spec):
         d_tok = s.draft_tokens - prev.draft_tokens if prev and s.model_name == prev.model_name else s.draft_tokens
-        d_acc = s.accepted_tokens - prev.accepted_tokens if prev and s.model_name == prev.model_name \
-            else s.accepted_tokens
+        d_acc = (
+            s.accepted_tokens - prev.accepted_tokens if prev and s.model_name == prev.model_name else s.accepted_tokens
+        )
         prev = s
         busy = d_tok > 0
-        yield RouteObservation(route="chat", ts=s.ts, up=True, model_name=s.model_name, engine_kind="sglang",
-                               acceptance_source="gauge", k=spec.k,
-                               gauge_acceptance_ratio=d_acc / d_tok if busy else None,
-                               running_per_engine={"0": 1.0 if busy else 0.0})
+        yield RouteObservation(
+            route="chat",
+            ts=s.ts,
+            up=True,
+            model_name=s.model_name,
+            engine_kind="sglang",
+            acceptance_source="gauge",
+            k=spec.k,
+            gauge_acceptance_ratio=d_acc / d_tok if busy else None,
+            running_per_engine={"0": 1.0 if busy else 0.0},
+        )
 
 
 def _lifetime_gauge(spec: TraceSpec) -> Iterator[RouteObservation]:
     """vLLM V0: accepted / drafted since the engine started (a model change restarts it)."""
     for s in generate(spec):
-        yield RouteObservation(route="chat", ts=s.ts, up=True, model_name=s.model_name, engine_kind="vllm",
-                               acceptance_source="lifetime_gauge", k=spec.k,
-                               gauge_acceptance_ratio=s.accepted_tokens / s.draft_tokens if s.draft_tokens else 0.0,
-                               running_per_engine={"0": float(s.running or 0) + 1.0})
+        yield RouteObservation(
+            route="chat",
+            ts=s.ts,
+            up=True,
+            model_name=s.model_name,
+            engine_kind="vllm",
+            acceptance_source="lifetime_gauge",
+            k=spec.k,
+            gauge_acceptance_ratio=s.accepted_tokens / s.draft_tokens if s.draft_tokens else 0.0,
+            running_per_engine={"0": float(s.running or 0) + 1.0},
+        )
 
 
 # --------------------------------------------------------------------------- a broken drafter
@@ -122,8 +138,9 @@ def test_gauge_statistics() -> None:
 
 def test_interval_gauge_route_learns_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
     ev = _evaluator(tmp_path)
-    spec = TraceSpec(rate=0.5, duration=14 * 3600.0, seed=7,
-                     drops=(Drop(start=8 * 3600.0, ratio=0.25, end=11 * 3600.0),))
+    spec = TraceSpec(
+        rate=0.5, duration=14 * 3600.0, seed=7, drops=(Drop(start=8 * 3600.0, ratio=0.25, end=11 * 3600.0),)
+    )
     transitions = _transitions(ev, _interval_gauge(spec), spec.start)
     assert [d for _, d in transitions] == [True, False]
     assert 8 * 3600 < transitions[0][0] < 8 * 3600 + 3600  # lower power than counters: within the hour
@@ -145,8 +162,13 @@ def test_lifetime_gauge_route_pages_on_a_regressed_restart_and_not_on_a_clean_on
     """vLLM V0: the model bump restarts the engine, so its lifetime ratio shows the new model alone."""
     detection = FAST
     bad = _evaluator(tmp_path / "bad", detection)
-    spec = TraceSpec(rate=0.5, duration=10 * 3600.0, seed=10, changes=(ModelChange(at=6 * 3600.0, model_name="m2"),),
-                     drops=(Drop(start=6 * 3600.0, ratio=0.25),))
+    spec = TraceSpec(
+        rate=0.5,
+        duration=10 * 3600.0,
+        seed=10,
+        changes=(ModelChange(at=6 * 3600.0, model_name="m2"),),
+        drops=(Drop(start=6 * 3600.0, ratio=0.25),),
+    )
     transitions = _transitions(bad, _lifetime_gauge(spec), spec.start)
     assert transitions and transitions[0][1] is True and transitions[0][0] - 6 * 3600 < 3600
     bad.close()

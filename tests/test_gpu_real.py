@@ -45,8 +45,9 @@ def test_real_gpus_sample_cleanly(source):
             if key.endswith("_ratio"):
                 assert value <= 1.0, (key, value)
         if any(h in g.name for h in ("H100", "H200", "H800", "H20", "GH200", "B200", "B100")):
-            assert "gpu_tensor_active_ratio" in g.fields and "gpu_dram_bandwidth_utilization_ratio" in g.fields, \
+            assert "gpu_tensor_active_ratio" in g.fields and "gpu_dram_bandwidth_utilization_ratio" in g.fields, (
                 f"{g.name} is Hopper or later but exported no GPM activity"
+            )
 
 
 def test_route_with_pinned_gpus_needs_no_lookup(source):

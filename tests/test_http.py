@@ -57,7 +57,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             for start in range(0, len(BODY), 10_000):
-                piece = BODY[start:start + 10_000]
+                piece = BODY[start : start + 10_000]
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.write(b"0\r\n\r\n")
         elif self.path == "/wait":  # holds its connection until the test lets it go
@@ -198,8 +198,9 @@ def test_not_found_is_an_http_status_and_a_refused_port_a_connection_failure(ser
     assert info.value.reason == "connection"
 
 
-@pytest.mark.parametrize("url", ["http://[::1/metrics", "http://127.0.0.1:port/metrics", "ftp://127.0.0.1/metrics",
-                                 "http:///metrics"])
+@pytest.mark.parametrize(
+    "url", ["http://[::1/metrics", "http://127.0.0.1:port/metrics", "ftp://127.0.0.1/metrics", "http:///metrics"]
+)
 def test_a_url_it_cannot_use_is_a_connection_failure(fetcher, url):
     with pytest.raises(SourceError) as info:
         fetcher.get(url)
@@ -301,9 +302,31 @@ def tls_server(tmp_path_factory):
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not installed")
     d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", "key.pem", "-out", "cert.pem", "-days", "2", "-subj", "/CN=engine",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], cwd=d, check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=engine",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        cwd=d,
+        check=True,
+        capture_output=True,
+    )
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(d / "cert.pem", d / "key.pem")
     httpd = start(QuietServer, Handler, tls=context)
@@ -417,13 +440,19 @@ def test_an_interim_100_continue_is_skipped(canned, fetcher):
     assert fetcher.get(f"{server.url}/metrics") == b"m 1\n"
 
 
-@pytest.mark.parametrize("answer, words", [
-    (b"<html><body>Bad Gateway</body></html>\r\n", "not an HTTP response"),
-    (b"HTTP/1.1 200 OK\r\n" + b"X-Filler: " + b"x" * 100_000 + b"\r\n\r\n", "headers over"),
-    (b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * 101 + b"Content-Length: 0\r\n\r\n", "more than 100 response headers"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nm 1\n", "cut short"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nm 1\n\r\n", "cut short"),
-])
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (b"<html><body>Bad Gateway</body></html>\r\n", "not an HTTP response"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X-Filler: " + b"x" * 100_000 + b"\r\n\r\n", "headers over"),
+        (
+            b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * 101 + b"Content-Length: 0\r\n\r\n",
+            "more than 100 response headers",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nm 1\n", "cut short"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nm 1\n\r\n", "cut short"),
+    ],
+)
 def test_a_malformed_or_cut_response_is_a_connection_failure(canned, fetcher, answer, words):
     server = canned(answer)
     with pytest.raises(SourceError) as info:

@@ -74,9 +74,11 @@ def test_every_referenced_metric_is_in_the_catalog(files):
     # Not vacuous: the checks below would catch a typo such as specwatch_route_acceptance_ratios.
     assert {"specwatch_route_acceptance_degraded", "specwatch_gpu_tensor_active_ratio"} <= used
     assert render.unknown_names({"x": "rate(specwatch_route_acceptance_ratios[5m])"}) == [
-        "x: specwatch_route_acceptance_ratios is not in specwatch/catalog.py"]
+        "x: specwatch_route_acceptance_ratios is not in specwatch/catalog.py"
+    ]
     assert render.unknown_names({"x": "route:specwatch_nope:rate5m"}) == [
-        "x: route:specwatch_nope:rate5m is not a recording rule"]
+        "x: route:specwatch_nope:rate5m is not a recording rule"
+    ]
 
 
 def test_render_refuses_a_metric_missing_from_the_catalog(monkeypatch):
@@ -115,11 +117,21 @@ def test_alerts_follow_the_conventions(rule_groups):
 
 def test_pages_are_only_acceptance_regressions(rule_groups):
     pages = {a["alert"] for a in all_alerts(rule_groups) if a["labels"]["severity"] == "critical"}
-    assert pages == {"SpecwatchAcceptanceDegraded", "SpecwatchAcceptanceDegradedAfterModelChange",
-                     "SpecwatchCanaryAcceptanceDropped"}
+    assert pages == {
+        "SpecwatchAcceptanceDegraded",
+        "SpecwatchAcceptanceDegradedAfterModelChange",
+        "SpecwatchCanaryAcceptanceDropped",
+    }
     names = {a["alert"] for a in all_alerts(rule_groups)}
-    assert {"SpecwatchRouteAboveCrossover", "SpecwatchSourceDown", "SpecwatchTargetDown", "SpecwatchStale",
-            "SpecwatchGpuLost", "SpecwatchGpuThrottling", "SpecwatchStateStoreErrors"} <= names
+    assert {
+        "SpecwatchRouteAboveCrossover",
+        "SpecwatchSourceDown",
+        "SpecwatchTargetDown",
+        "SpecwatchStale",
+        "SpecwatchGpuLost",
+        "SpecwatchGpuThrottling",
+        "SpecwatchStateStoreErrors",
+    } <= names
 
 
 def test_self_monitoring_expressions(rule_groups):
@@ -163,16 +175,22 @@ def test_amtool_accepts_the_example_and_routes_pages_and_tickets_apart():
     subprocess.run([AMTOOL, "check-config", config], check=True, capture_output=True)
 
     def receiver(*labels: str) -> str:
-        out = subprocess.run([AMTOOL, "config", "routes", "test", f"--config.file={config}", *labels],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [AMTOOL, "config", "routes", "test", f"--config.file={config}", *labels],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         return out.strip()
 
-    assert receiver("alertname=SpecwatchAcceptanceDegraded", "severity=critical", "route=chat") == \
-        DEFAULT.page_receiver
-    assert receiver("alertname=SpecwatchRouteAboveCrossover", "severity=warning", "route=chat") == \
-        DEFAULT.ticket_receiver
-    assert receiver("alertname=SpecwatchGpuLost", "severity=warning", "instance=node-1:9448", "gpu=1") == \
-        DEFAULT.ticket_receiver
+    assert receiver("alertname=SpecwatchAcceptanceDegraded", "severity=critical", "route=chat") == DEFAULT.page_receiver
+    assert (
+        receiver("alertname=SpecwatchRouteAboveCrossover", "severity=warning", "route=chat") == DEFAULT.ticket_receiver
+    )
+    assert (
+        receiver("alertname=SpecwatchGpuLost", "severity=warning", "instance=node-1:9448", "gpu=1")
+        == DEFAULT.ticket_receiver
+    )
 
 
 # --------------------------------------------------------------------------- dashboards
@@ -206,14 +224,28 @@ def test_dashboards_cover_the_required_views(boards):
         return "\n".join(e for _, e in dashboards.iter_queries(boards[name]))
 
     fleet, route, gpu = exprs("specwatch-fleet"), exprs("specwatch-route"), exprs("specwatch-gpus")
-    for needed in (rules.ACCEPTANCE.format(w="5m"), rules.BASELINE, rules.ACCEPTANCE_DROP.format(w="1h"),
-                   rules.NODES_ABOVE_CROSSOVER, rules.BATCH_MAX, rules.CROSSOVER_MIN):
+    for needed in (
+        rules.ACCEPTANCE.format(w="5m"),
+        rules.BASELINE,
+        rules.ACCEPTANCE_DROP.format(w="1h"),
+        rules.NODES_ABOVE_CROSSOVER,
+        rules.BATCH_MAX,
+        rules.CROSSOVER_MIN,
+    ):
         assert needed in fleet
-    for needed in ("specwatch_route_acceptance_ratio", "specwatch_route_acceptance_baseline_ratio",
-                   "specwatch_route_position_acceptance_ratio", "specwatch_route_mean_acceptance_length",
-                   "specwatch_route_draft_length", "specwatch_route_batch_size", "specwatch_route_crossover_batch_size",
-                   "specwatch_route_predicted_speedup_ratio", "specwatch_gpu_tensor_active_ratio",
-                   "specwatch_gpu_dram_bandwidth_utilization_ratio", "specwatch_route_model_changes_total"):
+    for needed in (
+        "specwatch_route_acceptance_ratio",
+        "specwatch_route_acceptance_baseline_ratio",
+        "specwatch_route_position_acceptance_ratio",
+        "specwatch_route_mean_acceptance_length",
+        "specwatch_route_draft_length",
+        "specwatch_route_batch_size",
+        "specwatch_route_crossover_batch_size",
+        "specwatch_route_predicted_speedup_ratio",
+        "specwatch_gpu_tensor_active_ratio",
+        "specwatch_gpu_dram_bandwidth_utilization_ratio",
+        "specwatch_route_model_changes_total",
+    ):
         assert needed in route
     assert "specwatch_gpu_up" in gpu and "specwatch_gpu_clock_throttle_reasons" in gpu
 
@@ -252,8 +284,7 @@ def test_mixin_imports_only_the_catalog_and_itself():
 # --------------------------------------------------------------------------- promtool
 @needs_promtool
 def test_promtool_check_rules():
-    result = subprocess.run([PROMTOOL, "check", "rules", str(REPO / render.RULES_PATH)], capture_output=True,
-                            text=True)
+    result = subprocess.run([PROMTOOL, "check", "rules", str(REPO / render.RULES_PATH)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

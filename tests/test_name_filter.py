@@ -77,8 +77,9 @@ def test_a_vllm_endpoint_is_checked_once_then_scraped_filtered(vllm_sim):
         # (a histogram's `_bucket` lines are not asked for: only its `_sum` and `_count`).
         assert set(families) == set(whole)
         for name in families:
-            assert [(s.name, dict(s.labels)) for s in families[name].samples] == \
-                   [(s.name, dict(s.labels)) for s in whole[name].samples if s.name in FILTER_NAMES]
+            assert [(s.name, dict(s.labels)) for s in families[name].samples] == [
+                (s.name, dict(s.labels)) for s in whole[name].samples if s.name in FILTER_NAMES
+            ]
     sample = vllm_map.extract(families, {}, (), 1015.0)
     assert [e.engine for e in sample.engines] == ["0", "1"] and sample.num_speculative_tokens == 4
 
@@ -138,8 +139,11 @@ class _Refusing(BaseHTTPRequestHandler):
         status, body = (400, b"no query strings here") if "?" in self.path and self.server.refuse else (200, FIXTURE)
         names = parse_qs(urlsplit(self.path).query).get("name[]")
         if status == 200 and names and not self.server.ignore_names:
-            body = b"".join(line for line in FIXTURE.splitlines(keepends=True)
-                            if line.split(b"{")[0].split(b" ")[0].decode() in names)
+            body = b"".join(
+                line
+                for line in FIXTURE.splitlines(keepends=True)
+                if line.split(b"{")[0].split(b" ")[0].decode() in names
+            )
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -201,8 +205,10 @@ def test_a_dead_endpoint_fails_with_a_readable_message_while_filtered(proxy):
 def test_urls_with_their_own_names_or_query_are_respected():
     assert filtered_url("http://h:8000/metrics?name[]=vllm:x", ["a"]) is None
     assert NameFilter("http://h:8000/metrics?name%5B%5D=x", ["a"]).state == "off"
-    assert filtered_url("http://h:8000/metrics?token=1", ["vllm:a", "sglang:b"]) == \
-        "http://h:8000/metrics?token=1&name[]=sglang%3Ab&name[]=vllm%3Aa"
+    assert (
+        filtered_url("http://h:8000/metrics?token=1", ["vllm:a", "sglang:b"])
+        == "http://h:8000/metrics?token=1&name[]=sglang%3Ab&name[]=vllm%3Aa"
+    )
 
 
 def test_every_family_an_extractor_reads_is_asked_for():

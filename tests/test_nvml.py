@@ -50,7 +50,7 @@ def test_every_field_row_has_a_catalog_entry_labelled_by_gpu_only():
 
 
 def test_every_per_gpu_catalog_entry_is_collected():
-    per_gpu = {m.name[len(catalog.PREFIX):] for m in catalog.METRICS if m.labels == ("gpu",)}
+    per_gpu = {m.name[len(catalog.PREFIX) :] for m in catalog.METRICS if m.labels == ("gpu",)}
     assert per_gpu - {"gpu_up"} == NVML_METRICS | GPM_METRICS
 
 
@@ -117,8 +117,12 @@ def test_unsupported_and_forbidden_fields_are_absent_not_zero(caplog):
         _, gpus = two_cycles(src)
     fields = gpus[0].fields
     assert gpus[0].up
-    for absent in ("gpu_power_watts", "gpu_ecc_corrected_errors_total", "gpu_ecc_uncorrected_errors_total",
-                   "gpu_dram_bandwidth_utilization_ratio"):
+    for absent in (
+        "gpu_power_watts",
+        "gpu_ecc_corrected_errors_total",
+        "gpu_ecc_uncorrected_errors_total",
+        "gpu_dram_bandwidth_utilization_ratio",
+    ):
         assert absent not in fields
     assert {"gpu_power_limit_watts", "gpu_tensor_active_ratio", "gpu_temperature_celsius"} <= set(fields)
     assert all(math.isfinite(v) for v in fields.values())
@@ -319,8 +323,10 @@ def test_every_scenario_samples_without_raising_and_exports_only_finite_values(s
 
 # --------------------------------------------------------------------------- /proc mapping
 def _tcp_line(slot: int, local: str, state: str, inode: int) -> str:
-    return (f"  {slot}: {local} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000  1000        0 "
-            f"{inode} 1 0000000000000000 100 0 0 10 0")
+    return (
+        f"  {slot}: {local} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000  1000        0 "
+        f"{inode} 1 0000000000000000 100 0 0 10 0"
+    )
 
 
 _TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
@@ -342,11 +348,15 @@ def fake_proc(tmp_path, *, tcp=(), tcp6=(), procs=()):
 
 
 def test_parse_listening_decodes_addresses_and_skips_other_states_and_ports():
-    text = "\n".join([_TCP_HEADER,
-                      _tcp_line(0, "0100007F:1F40", "0A", 555),  # 127.0.0.1:8000 LISTEN
-                      _tcp_line(1, "0100007F:1F40", "01", 556),  # established
-                      _tcp_line(2, "00000000:1F41", "0A", 557),  # another port
-                      "garbage line"])
+    text = "\n".join(
+        [
+            _TCP_HEADER,
+            _tcp_line(0, "0100007F:1F40", "0A", 555),  # 127.0.0.1:8000 LISTEN
+            _tcp_line(1, "0100007F:1F40", "01", 556),  # established
+            _tcp_line(2, "00000000:1F41", "0A", 557),  # another port
+            "garbage line",
+        ]
+    )
     assert {i: str(a) for i, a in procmap.parse_listening(text, 8000).items()} == {555: "127.0.0.1"}
     six = "\n".join([_TCP_HEADER, _tcp_line(0, "00000000000000000000000001000000:1F40", "0A", 9)])
     assert str(procmap.parse_listening(six, 8000)[9]) == "::1"
@@ -359,8 +369,11 @@ def test_parent_pid_survives_odd_command_names(tmp_path):
 
 
 def test_listening_inodes_match_the_url_host(tmp_path):
-    root = fake_proc(tmp_path, tcp=[_tcp_line(0, "0100007F:1F40", "0A", 1), _tcp_line(1, "00000000:1F41", "0A", 2)],
-                     tcp6=[_tcp_line(0, "00000000000000000000000000000000:1F40", "0A", 3)])
+    root = fake_proc(
+        tmp_path,
+        tcp=[_tcp_line(0, "0100007F:1F40", "0A", 1), _tcp_line(1, "00000000:1F41", "0A", 2)],
+        tcp6=[_tcp_line(0, "00000000000000000000000000000000:1F40", "0A", 3)],
+    )
     assert procmap.listening_inodes(8000, "127.0.0.1", root) == {1, 3}
     assert procmap.listening_inodes(8000, "localhost", root) == {1, 3}
     assert procmap.listening_inodes(8000, "10.1.2.3", root) == {3}  # only the wildcard serves another address
@@ -368,9 +381,16 @@ def test_listening_inodes_match_the_url_host(tmp_path):
 
 
 def test_pids_serving_follows_ancestors_but_never_pid_1(tmp_path):
-    root = fake_proc(tmp_path, procs=[(1, 0, "systemd", (777,)),  # socket activation holds another listener
-                                      (100, 1, "vllm serve", (555,)), (101, 100, "EngineCore_DP0", ()),
-                                      (102, 101, "worker", ()), (200, 1, "other", ())])
+    root = fake_proc(
+        tmp_path,
+        procs=[
+            (1, 0, "systemd", (777,)),  # socket activation holds another listener
+            (100, 1, "vllm serve", (555,)),
+            (101, 100, "EngineCore_DP0", ()),
+            (102, 101, "worker", ()),
+            (200, 1, "other", ()),
+        ],
+    )
     assert procmap.pids_serving({555}, [101, 102, 200], root) == {101, 102}
     assert procmap.pids_serving({777}, [101, 200], root) == set()
     assert procmap.pids_serving(set(), [101], root) == set()
@@ -403,10 +423,16 @@ def test_route_gpus_from_config_win_over_auto_mapping():
 def test_route_gpus_auto_maps_through_the_engine_process_tree_and_caches(tmp_path):
     nvml = fake_nvml.basic_h200(3)
     nvml.gpus[0].processes, nvml.gpus[1].processes, nvml.gpus[2].processes = (300,), (101,), (102,)
-    root = fake_proc(tmp_path, tcp=[_tcp_line(0, "00000000:1F40", "0A", 555)],
-                     procs=[(100, 1, "vllm", (555,)), (101, 100, "EngineCore_DP0", ()),
-                            (102, 100, "EngineCore_DP1", ()),
-                            (300, 1, "someone else", ())])
+    root = fake_proc(
+        tmp_path,
+        tcp=[_tcp_line(0, "00000000:1F40", "0A", 555)],
+        procs=[
+            (100, 1, "vllm", (555,)),
+            (101, 100, "EngineCore_DP0", ()),
+            (102, 100, "EngineCore_DP1", ()),
+            (300, 1, "someone else", ()),
+        ],
+    )
     clock = Clock()
     src = source_for(nvml, clock=clock, proc_root=root)
     route = RouteConfig(name="r", url="http://localhost:8000/metrics")
@@ -451,7 +477,13 @@ def test_a_gpu_lost_before_start_is_down_and_opened_when_it_answers():
 
 
 def test_localhost_is_served_by_loopback_and_wildcard_listeners_only(tmp_path):
-    root = fake_proc(tmp_path, tcp=[_tcp_line(0, "0100007F:1F40", "0A", 1), _tcp_line(1, "0302010A:1F40", "0A", 2),
-                                    _tcp_line(2, "00000000:1F40", "0A", 3)])
+    root = fake_proc(
+        tmp_path,
+        tcp=[
+            _tcp_line(0, "0100007F:1F40", "0A", 1),
+            _tcp_line(1, "0302010A:1F40", "0A", 2),
+            _tcp_line(2, "00000000:1F40", "0A", 3),
+        ],
+    )
     assert procmap.listening_inodes(8000, "localhost", root) == {1, 3}
     assert procmap.listening_inodes(8000, "10.1.2.3", root) == {2, 3}

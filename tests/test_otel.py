@@ -24,16 +24,34 @@ from specwatch.snapshot import GpuSample, RouteState, Snapshot
 SNAPSHOT = Snapshot(
     timestamp=1_800_000_000.0,
     routes=(
-        RouteState(name="chat", up=True, engine_kind="vllm", model_name="llama-70b", engine_version="0.11.0",
-                   acceptance_source="counter", drafts_total=1000, draft_tokens_total=3000,
-                   accepted_tokens_total=2100, acceptance_ratio={"1m": 0.7, "5m": 0.68},
-                   mean_acceptance_length={"5m": 3.04}, position_acceptance_ratio=(0.9, 0.7, 0.5),
-                   degraded=False, baseline_ratio=0.72, errors_total={"timeout": 2}, gpus=(0,),
-                   crossover_batch_size=48.0, crossover_source="sweep", above_crossover=True),
+        RouteState(
+            name="chat",
+            up=True,
+            engine_kind="vllm",
+            model_name="llama-70b",
+            engine_version="0.11.0",
+            acceptance_source="counter",
+            drafts_total=1000,
+            draft_tokens_total=3000,
+            accepted_tokens_total=2100,
+            acceptance_ratio={"1m": 0.7, "5m": 0.68},
+            mean_acceptance_length={"5m": 3.04},
+            position_acceptance_ratio=(0.9, 0.7, 0.5),
+            degraded=False,
+            baseline_ratio=0.72,
+            errors_total={"timeout": 2},
+            gpus=(0,),
+            crossover_batch_size=48.0,
+            crossover_source="sweep",
+            above_crossover=True,
+        ),
         RouteState(name="code", up=False, error_reason="connection"),
     ),
-    gpus=(GpuSample(index=0, up=True, uuid="GPU-1", name="NVIDIA H200", driver="570.1",
-                    fields={"gpu_power_watts": 412.5}),),
+    gpus=(
+        GpuSample(
+            index=0, up=True, uuid="GPU-1", name="NVIDIA H200", driver="570.1", fields={"gpu_power_watts": 412.5}
+        ),
+    ),
     nvml_up=True,
     config_last_reload_successful=False,
 )
@@ -81,8 +99,13 @@ def points(request: ExportMetricsServiceRequest) -> dict[str, list[tuple[float, 
                 else:
                     assert kind == "gauge", m.name
                     data = m.gauge.data_points
-                out[m.name] = [(p.as_double if p.HasField("as_double") else p.as_int,
-                                {a.key: a.value.string_value for a in p.attributes}) for p in data]
+                out[m.name] = [
+                    (
+                        p.as_double if p.HasField("as_double") else p.as_int,
+                        {a.key: a.value.string_value for a in p.attributes},
+                    )
+                    for p in data
+                ]
                 assert m.unit == otel.unit_for(m.name)
     return out
 
@@ -103,18 +126,21 @@ def test_export_delivers_route_metrics_to_an_otlp_http_receiver(receiver):
 
     got = points(request)
     assert sorted(got["specwatch_route_acceptance_ratio"], key=lambda p: p[1]["window"]) == [
-        (0.7, {"route": "chat", "window": "1m"}), (0.68, {"route": "chat", "window": "5m"})]
+        (0.7, {"route": "chat", "window": "1m"}),
+        (0.68, {"route": "chat", "window": "5m"}),
+    ]
     assert got["specwatch_route_accepted_tokens_total"] == [(2100.0, {"route": "chat"})]
     assert sorted(got["specwatch_route_up"], key=lambda p: p[1]["route"]) == [
-        (1.0, {"route": "chat"}), (0.0, {"route": "code"})]
+        (1.0, {"route": "chat"}),
+        (0.0, {"route": "code"}),
+    ]
     assert (0.5, {"route": "chat", "position": "2", "window": "5m"}) in got["specwatch_route_position_acceptance_ratio"]
     assert got["specwatch_route_crossover_batch_size"] == [(48.0, {"route": "chat", "source": "sweep"})]
     assert got["specwatch_source_errors_total"] == [(2.0, {"route": "chat", "reason": "timeout"})]
     assert got["specwatch_route_acceptance_degraded"] == [(0.0, {"route": "chat"})]
     assert got["specwatch_config_last_reload_successful"] == [(0.0, {})]
     assert got["specwatch_gpu_power_watts"] == [(412.5, {"gpu": "0"})]
-    assert got["specwatch_gpu_info"] == [(1.0, {"gpu": "0", "uuid": "GPU-1", "name": "NVIDIA H200",
-                                                "driver": "570.1"})]
+    assert got["specwatch_gpu_info"] == [(1.0, {"gpu": "0", "uuid": "GPU-1", "name": "NVIDIA H200", "driver": "570.1"})]
     # absent beats wrong: values the snapshot does not have are not sent as zeros
     assert "specwatch_route_acceptance_cusum" not in got
 
@@ -129,15 +155,21 @@ def test_otlp_carries_exactly_the_prometheus_exposition(receiver):
     """Same snapshot, two wire formats: every /metrics sample is in the OTLP export and nothing else is."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: SNAPSHOT))
-    exposition = {(s.name, tuple(sorted(s.labels.items())), s.value)
-                  for family in text_string_to_metric_families(generate_latest(registry).decode())
-                  for s in family.samples if s.name in catalog.BY_NAME}
+    exposition = {
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+        if s.name in catalog.BY_NAME
+    }
     base, received = receiver
     export = otel.start_otlp(OtlpConfig(endpoint=base, interval_seconds=3600), lambda: SNAPSHOT)
     export.force_flush()
     export.shutdown()
-    otlp = {(name, tuple(sorted(attrs.items())), value)
-            for name, pts in points(received[0][2]).items() for value, attrs in pts}
+    otlp = {
+        (name, tuple(sorted(attrs.items())), value)
+        for name, pts in points(received[0][2]).items()
+        for value, attrs in pts
+    }
     assert otlp == exposition
 
 
@@ -157,8 +189,9 @@ def test_each_snapshot_is_rendered_once_per_collection(monkeypatch):
     real = otel.render
     monkeypatch.setattr(otel, "render", lambda snap, errors: renders.append(snap) or real(snap, errors))
     current = [SNAPSHOT]
-    export = otel.OtlpExport(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600),
-                             lambda: current[0], exporter=_NullExporter())
+    export = otel.OtlpExport(
+        OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), lambda: current[0], exporter=_NullExporter()
+    )
     try:
         export.force_flush()
         export.force_flush()
@@ -175,8 +208,7 @@ def test_unreachable_collector_neither_raises_nor_hangs_shutdown_and_is_counted_
     failure reaches /metrics through the ExportErrors the two exports share."""
     errors = ExportErrors()
     started = time.monotonic()
-    export = otel.start_otlp(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), lambda: SNAPSHOT,
-                             errors)
+    export = otel.start_otlp(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), lambda: SNAPSHOT, errors)
     export.force_flush(timeout_seconds=5)  # the SDK logs the failure; its return value does not report it
     export.shutdown(timeout_seconds=1)
     assert time.monotonic() - started < 10
@@ -192,8 +224,12 @@ def test_an_exporter_that_raises_is_counted_and_a_successful_one_is_not():
 
     for exporter, expected in ((_NullExporter(), 0.0), (Raising(), 1.0)):
         errors = ExportErrors()
-        export = otel.OtlpExport(OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), lambda: SNAPSHOT,
-                                 exporter=exporter, errors=errors)
+        export = otel.OtlpExport(
+            OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600),
+            lambda: SNAPSHOT,
+            exporter=exporter,
+            errors=errors,
+        )
         try:
             export.force_flush()
             assert errors.counts()[1] == expected

@@ -46,16 +46,28 @@ def test_prompt_file_replaces_the_builtin_set_and_its_hash_differs(tmp_path):
 
 def test_a_broken_prompt_file_lists_every_problem():
     with pytest.raises(PromptSetError) as e:
-        parse_prompt_set({"prompts": [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}, {"prompt": "z"},
-                                      {"id": "c", "prompt": ""}]}, "f")
+        parse_prompt_set(
+            {
+                "prompts": [
+                    {"id": "a", "prompt": "x"},
+                    {"id": "a", "prompt": "y"},
+                    {"prompt": "z"},
+                    {"id": "c", "prompt": ""},
+                ]
+            },
+            "f",
+        )
     text = str(e.value)
     assert "duplicate id 'a'" in text and "prompts[2].id" in text and "prompts[3].prompt" in text
 
 
 def test_a_prompt_may_be_token_ids_and_text_prompts_keep_their_hash(tmp_path):
     f = tmp_path / "ids.json"
-    f.write_text(json.dumps({"prompts": [{"id": "a", "kind": "ids", "prompt": [3, 4, 5, 6]},
-                                         {"id": "b", "prompt": "[3, 4, 5, 6]"}]}))
+    f.write_text(
+        json.dumps(
+            {"prompts": [{"id": "a", "kind": "ids", "prompt": [3, 4, 5, 6]}, {"id": "b", "prompt": "[3, 4, 5, 6]"}]}
+        )
+    )
     ps = load_prompt_set(str(f))
     assert ps.prompts[0].token_ids == (3, 4, 5, 6) and ps.prompts[0].payload == [3, 4, 5, 6]
     assert ps.prompts[1].payload == "[3, 4, 5, 6]"
@@ -64,8 +76,17 @@ def test_a_prompt_may_be_token_ids_and_text_prompts_keep_their_hash(tmp_path):
     assert as_text.hash != as_ids.hash
     assert load_prompt_set(BUILTIN).hash == "fc0295afac52"  # fingerprints stored before token ids existed still match
     with pytest.raises(PromptSetError) as e:
-        parse_prompt_set({"prompts": [{"id": "a", "prompt": []}, {"id": "b", "prompt": [1, -2]},
-                                      {"id": "c", "prompt": [1, "x"]}, {"id": "d", "prompt": [True]}]}, "f")
+        parse_prompt_set(
+            {
+                "prompts": [
+                    {"id": "a", "prompt": []},
+                    {"id": "b", "prompt": [1, -2]},
+                    {"id": "c", "prompt": [1, "x"]},
+                    {"id": "d", "prompt": [True]},
+                ]
+            },
+            "f",
+        )
     assert all(f"prompts[{i}].prompt: a token-id prompt" in str(e.value) for i in range(4))
 
 
@@ -75,17 +96,32 @@ def test_probe_config_is_off_by_default_and_validated_whole(tmp_path):
     cfg = parse_config({"routes": [{"name": "r", "url": "http://h:8000/metrics", "probe": {"every": "1m"}}]})
     assert cfg.routes[0].probe == ProbeConfig(every_seconds=60.0)
     with pytest.raises(ConfigError) as e:
-        parse_config({"routes": [{"name": "r", "url": "http://h:8000/metrics", "probe": {
-            "every": "1s", "api": "grpc", "concurrency": 0, "prompts": str(tmp_path / "missing.json"),
-            "on_change": "yes", "colour": 1}}]})
+        parse_config(
+            {
+                "routes": [
+                    {
+                        "name": "r",
+                        "url": "http://h:8000/metrics",
+                        "probe": {
+                            "every": "1s",
+                            "api": "grpc",
+                            "concurrency": 0,
+                            "prompts": str(tmp_path / "missing.json"),
+                            "on_change": "yes",
+                            "colour": 1,
+                        },
+                    }
+                ]
+            }
+        )
     problems = "\n".join(e.value.problems)
-    for path in ("probe.every", "probe.api", "probe.concurrency", "probe.prompts", "probe.on_change",
-                 "probe.colour"):
+    for path in ("probe.every", "probe.api", "probe.concurrency", "probe.prompts", "probe.on_change", "probe.colour"):
         assert f"routes[0].{path}" in problems
 
 
 def test_example_config_shows_probes_and_passes_the_check():
     from specwatch.config import load_config
+
     cfg = load_config(Path(__file__).parent.parent / "examples" / "specwatch.yml")
     assert any(r.probe is not None for r in cfg.routes)
 
@@ -124,8 +160,9 @@ def test_answers_without_spec_fields_say_none_and_malformed_ones_raise():
     with pytest.raises(ResponseError, match="meta_info"):
         responses.sglang_generate({"text": "x"})
     with pytest.raises(ResponseError, match="> spec_num_proposed_drafts"):
-        responses.sglang_generate({"meta_info": {"spec_verify_ct": 1, "spec_num_correct_drafts": 5,
-                                                 "spec_num_proposed_drafts": 3}})
+        responses.sglang_generate(
+            {"meta_info": {"spec_verify_ct": 1, "spec_num_correct_drafts": 5, "spec_num_proposed_drafts": 3}}
+        )
 
 
 # ----------------------------------------------------------------------------------------- paired verdict
@@ -184,17 +221,30 @@ class ScriptedRunner:
 
 
 def _evaluator(tmp_path, script, drop=0.15, every="1m", store=None):
-    cfg = parse_config({"state_dir": str(tmp_path), "routes": [
-        {"name": "r", "url": "http://h:8000/metrics", "drop": drop, "probe": {"every": every}}]})
+    cfg = parse_config(
+        {
+            "state_dir": str(tmp_path),
+            "routes": [{"name": "r", "url": "http://h:8000/metrics", "drop": drop, "probe": {"every": every}}],
+        }
+    )
     store = store or BaselineStore(str(tmp_path / "b.db"))
     ev = CanaryEvaluator(cfg.routes[0], store, load_prompt_set(BUILTIN), ScriptedRunner(script))
     return ev, store
 
 
 def _obs(ts, model="m", version="0.32.0", k=3, reset=False, waiting=0.0, up=True):
-    return RouteObservation(route="r", ts=ts, up=up, model_name=model, engine_version=version,
-                            engine_kind="vllm", acceptance_source="counter", k=k, reset=reset,
-                            waiting_requests=waiting)
+    return RouteObservation(
+        route="r",
+        ts=ts,
+        up=up,
+        model_name=model,
+        engine_version=version,
+        engine_kind="vllm",
+        acceptance_source="counter",
+        k=k,
+        reset=reset,
+        waiting_requests=waiting,
+    )
 
 
 BASE = [0.3 + 0.5 * i / 31 for i in range(32)]
@@ -292,10 +342,18 @@ def test_no_round_starts_while_the_route_is_down(tmp_path):
 
 # ----------------------------------------------------------------------------------------- tracking
 def _vllm_sample(ts, drafts, draft_tokens, accepted, per_pos):
-    return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter", model_name="m",
-                        num_speculative_tokens=len(per_pos),
-                        engines=(EngineCounters("0", drafts=drafts, draft_tokens=draft_tokens,
-                                                accepted_tokens=accepted, accepted_per_pos=per_pos),))
+    return EngineSample(
+        ts=ts,
+        engine_kind="vllm",
+        acceptance_source="counter",
+        model_name="m",
+        num_speculative_tokens=len(per_pos),
+        engines=(
+            EngineCounters(
+                "0", drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted, accepted_per_pos=per_pos
+            ),
+        ),
+    )
 
 
 def test_probe_tokens_are_left_out_of_windows_and_deltas_but_not_out_of_the_engine_totals():
@@ -329,8 +387,16 @@ def simulator():
     started = []
 
     def start(kind="vllm", per_request="summary", **kw):
-        spec = SimulationSpec(engine_kind=kind, k=3, acceptance=0.7, time_scale=50, seed=3,
-                              per_request_spec_decode_metrics=per_request, repeatable_greedy=True, **kw)
+        spec = SimulationSpec(
+            engine_kind=kind,
+            k=3,
+            acceptance=0.7,
+            time_scale=50,
+            seed=3,
+            per_request_spec_decode_metrics=per_request,
+            repeatable_greedy=True,
+            **kw,
+        )
         sim = RunningSimulator(Simulation(spec)).start()
         started.append(sim)
         return sim
@@ -341,8 +407,9 @@ def simulator():
 
 
 def _runner(sim, kind, api="auto", prompts=None):
-    cfg = parse_config({"routes": [{"name": "r", "url": sim.url + "/metrics",
-                                    "probe": {"every": "1m", "max_tokens": 24, "api": api}}]})
+    cfg = parse_config(
+        {"routes": [{"name": "r", "url": sim.url + "/metrics", "probe": {"every": "1m", "max_tokens": 24, "api": api}}]}
+    )
     route = cfg.routes[0]
     ps = load_prompt_set(BUILTIN)
     if prompts:
@@ -367,9 +434,14 @@ def test_sglang_rounds_read_generate_meta_info_or_sglext(simulator, api, method)
     assert rnd.outcome == "ok" and rnd.method == method and len(rnd.read()) == 8
 
 
-@pytest.mark.parametrize("kind, api, method, field", [("vllm", "auto", "vllm_response", "prompt"),
-                                                       ("sglang", "auto", "sglang_generate", "input_ids"),
-                                                       ("sglang", "openai", "sglang_openai", "prompt")])
+@pytest.mark.parametrize(
+    "kind, api, method, field",
+    [
+        ("vllm", "auto", "vllm_response", "prompt"),
+        ("sglang", "auto", "sglang_generate", "input_ids"),
+        ("sglang", "openai", "sglang_openai", "prompt"),
+    ],
+)
 def test_token_id_prompts_are_sent_as_ids(simulator, kind, api, method, field):
     sim = simulator(kind)
     sent: list[dict] = []
@@ -379,11 +451,13 @@ def test_token_id_prompts_are_sent_as_ids(simulator, kind, api, method, field):
             sent.append(json)
             return super().post(url, json=json, **kw)
 
-    cfg = parse_config({"routes": [{"name": "r", "url": sim.url + "/metrics",
-                                    "probe": {"every": "1m", "max_tokens": 24, "api": api}}]})
+    cfg = parse_config(
+        {"routes": [{"name": "r", "url": sim.url + "/metrics", "probe": {"every": "1m", "max_tokens": 24, "api": api}}]}
+    )
     route = cfg.routes[0]
-    ps = parse_prompt_set({"prompts": [{"id": f"p{i}", "prompt": [10 * i + j for j in range(4)]}
-                                       for i in range(4)]}, "ids")
+    ps = parse_prompt_set(
+        {"prompts": [{"id": f"p{i}", "prompt": [10 * i + j for j in range(4)]} for i in range(4)]}, "ids"
+    )
     runner = ProbeRunner(route, route.probe, ps, engine_kind=lambda: kind, session_factory=Recording)
     first, again = runner.run_now(), runner.run_now()
     assert first.outcome == "ok" and first.method == method and len(first.read()) == 4
@@ -396,8 +470,9 @@ def test_bracketing_reads_the_same_acceptance_as_the_per_request_metrics(simulat
     per_request = _runner(simulator(), "vllm", prompts=6).run_now()
     bracketed = _runner(simulator(per_request="none"), "vllm", prompts=6).run_now()
     assert bracketed.outcome == "ok" and bracketed.method == "bracketing"
-    assert {p: (a.drafted, a.accepted, a.steps) for p, a in bracketed.read().items()} == \
-           {p: (a.drafted, a.accepted, a.steps) for p, a in per_request.read().items()}
+    assert {p: (a.drafted, a.accepted, a.steps) for p, a in bracketed.read().items()} == {
+        p: (a.drafted, a.accepted, a.steps) for p, a in per_request.read().items()
+    }
 
 
 def test_bracketing_discards_prompts_that_shared_the_engine_with_organic_requests(simulator):
@@ -445,8 +520,12 @@ def test_daemon_pages_a_drafter_bump_on_a_quiet_route_within_two_rounds(simulato
     from specwatch.daemon import Daemon
 
     sim = simulator()
-    cfg = parse_config({"state_dir": str(tmp_path), "routes": [
-        {"name": "r", "url": sim.url + "/metrics", "probe": {"every": "1m", "max_tokens": 24}}]})
+    cfg = parse_config(
+        {
+            "state_dir": str(tmp_path),
+            "routes": [{"name": "r", "url": sim.url + "/metrics", "probe": {"every": "1m", "max_tokens": 24}}],
+        }
+    )
     daemon = Daemon(cfg, gpu_source_factory=lambda _: None)
     try:
         canary = next(e for r in daemon._routes for e in r.evaluators if isinstance(e, CanaryEvaluator))
@@ -492,11 +571,18 @@ def test_a_reloaded_runner_waits_for_the_round_its_predecessor_still_runs():
     cfg = parse_config({"routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics", "probe": {}}]})
     route, ps = cfg.routes[0], load_prompt_set(BUILTIN)
     release = threading.Event()
-    old = ProbeRunner(route, route.probe, ps, engine_kind=lambda: "vllm",
-                      session_factory=lambda: _BlockingSession(release))
+    old = ProbeRunner(
+        route, route.probe, ps, engine_kind=lambda: "vllm", session_factory=lambda: _BlockingSession(release)
+    )
     assert old.start()
-    new = ProbeRunner(route, route.probe, ps, engine_kind=lambda: "vllm", previous=old,
-                      session_factory=lambda: _BlockingSession(release))
+    new = ProbeRunner(
+        route,
+        route.probe,
+        ps,
+        engine_kind=lambda: "vllm",
+        previous=old,
+        session_factory=lambda: _BlockingSession(release),
+    )
     assert new.running and not new.start()
     release.set()
     old.join(30)
@@ -508,8 +594,9 @@ def test_probe_command_prints_a_per_prompt_table_and_adopts_a_fingerprint(simula
 
     sim = simulator()
     config = tmp_path / "specwatch.yml"
-    config.write_text(f"state_dir: {tmp_path}\nroutes:\n  - name: chat\n    url: {sim.url}/metrics\n"
-                      f"    probe: {{max_tokens: 16}}\n")
+    config.write_text(
+        f"state_dir: {tmp_path}\nroutes:\n  - name: chat\n    url: {sim.url}/metrics\n    probe: {{max_tokens: 16}}\n"
+    )
     assert main(["probe", "chat", "--config.file", str(config)]) == 0
     out = capsys.readouterr().out
     assert "code-fizzbuzz" in out and "math-primes" in out and "no fingerprint yet" in out
@@ -524,6 +611,11 @@ def test_probe_command_prints_a_per_prompt_table_and_adopts_a_fingerprint(simula
 
 def test_only_one_route_per_engine_may_probe_it():
     with pytest.raises(ConfigError, match=r"routes\[1\].probe: routes\[0\] already probes http://h:8000"):
-        parse_config({"routes": [
-            {"name": "a", "url": "http://h:8000/metrics", "match": {"model_name": "x"}, "probe": {}},
-            {"name": "b", "url": "http://h:8000/metrics", "match": {"model_name": "y"}, "probe": {}}]})
+        parse_config(
+            {
+                "routes": [
+                    {"name": "a", "url": "http://h:8000/metrics", "match": {"model_name": "x"}, "probe": {}},
+                    {"name": "b", "url": "http://h:8000/metrics", "match": {"model_name": "y"}, "probe": {}},
+                ]
+            }
+        )

@@ -52,9 +52,15 @@ Counts = tuple[float, float, float]  # drafted, accepted, verify steps
 
 @pytest.fixture(scope="module")
 def server(engine_env, tiny_models, tmp_path_factory):
-    spec = VllmServerSpec(model=tiny_models.successor_target, per_request_spec_metrics="summary",
-                          speculative={"method": "draft_model", "num_speculative_tokens": K,
-                                       "model": str(tiny_models.successor_drafter(SUCCESSOR_BASE))})
+    spec = VllmServerSpec(
+        model=tiny_models.successor_target,
+        per_request_spec_metrics="summary",
+        speculative={
+            "method": "draft_model",
+            "num_speculative_tokens": K,
+            "model": str(tiny_models.successor_drafter(SUCCESSOR_BASE)),
+        },
+    )
     with VllmServer(engine_env, spec, tmp_path_factory.mktemp("probe-vllm")) as srv:
         yield srv
 
@@ -65,8 +71,7 @@ def _prompt_id(prompt: list[int]) -> str:
 
 def _prompt_file(directory: Path, prompts: list[list[int]]) -> str:
     path = directory / "successor-prompts.json"
-    path.write_text(json.dumps({"prompts": [{"id": _prompt_id(p), "kind": "successor", "prompt": p}
-                                            for p in prompts]}))
+    path.write_text(json.dumps({"prompts": [{"id": _prompt_id(p), "kind": "successor", "prompt": p} for p in prompts]}))
     return str(path)
 
 
@@ -84,20 +89,46 @@ def _ratio(counts: dict[str, Counts]) -> float:
     return sum(a for _, a, _ in counts.values()) / sum(d for d, _, _ in counts.values())
 
 
-def _config(srv: VllmServer, directory: Path, prompts: list[list[int]], max_tokens: int, route: str = "quiet",
-            concurrency: int = 1) -> Config:
+def _config(
+    srv: VllmServer,
+    directory: Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    route: str = "quiet",
+    concurrency: int = 1,
+) -> Config:
     directory.mkdir(parents=True, exist_ok=True)
-    return parse_config({"state_dir": str(directory / "state"), "routes": [{
-        "name": route, "url": srv.metrics_url,
-        "probe": {"every": "1m", "prompts": _prompt_file(directory, prompts), "max_tokens": max_tokens,
-                  "concurrency": concurrency, "timeout": "120s"}}]})
+    return parse_config(
+        {
+            "state_dir": str(directory / "state"),
+            "routes": [
+                {
+                    "name": route,
+                    "url": srv.metrics_url,
+                    "probe": {
+                        "every": "1m",
+                        "prompts": _prompt_file(directory, prompts),
+                        "max_tokens": max_tokens,
+                        "concurrency": concurrency,
+                        "timeout": "120s",
+                    },
+                }
+            ],
+        }
+    )
 
 
 def _runner(cfg: Config, bracketing_only: bool = False) -> ProbeRunner:
     route = cfg.routes[0]
     assert route.probe is not None
-    return ProbeRunner(route, route.probe, load_prompt_set(route.probe.prompts), engine_kind=lambda: "vllm",
-                       scrape=bracket_scraper(route, cfg), bracketing_only=bracketing_only)
+    return ProbeRunner(
+        route,
+        route.probe,
+        load_prompt_set(route.probe.prompts),
+        engine_kind=lambda: "vllm",
+        scrape=bracket_scraper(route, cfg),
+        bracketing_only=bracketing_only,
+    )
 
 
 def _counts(rnd: Round) -> dict[str, Counts]:
@@ -129,8 +160,11 @@ def test_bracketing_keeps_only_prompts_that_had_the_engine_to_themselves(server,
             prompt = (json or {}).get("prompt")
             if not isinstance(prompt, list) or _prompt_id(prompt) not in shared:
                 return super().post(url, json=json, **kw)
-            thread = threading.Thread(target=lambda: organic.extend(
-                r.ok for r in run_requests(server.base_url, "tiny", 1, max_tokens=64, prompts=[organic_prompt])))
+            thread = threading.Thread(
+                target=lambda: organic.extend(
+                    r.ok for r in run_requests(server.base_url, "tiny", 1, max_tokens=64, prompts=[organic_prompt])
+                )
+            )
             thread.start()
             while engine_values(server.get("/metrics"))["running"] < 1 and thread.is_alive():
                 time.sleep(0.02)  # the organic request is in the engine before the prompt is
@@ -141,9 +175,15 @@ def test_bracketing_keeps_only_prompts_that_had_the_engine_to_themselves(server,
 
     route = cfg.routes[0]
     assert route.probe is not None
-    runner = ProbeRunner(route, route.probe, load_prompt_set(route.probe.prompts), engine_kind=lambda: "vllm",
-                         scrape=bracket_scraper(route, cfg), bracketing_only=True,
-                         session_factory=OrganicDuringSomePrompts)
+    runner = ProbeRunner(
+        route,
+        route.probe,
+        load_prompt_set(route.probe.prompts),
+        engine_kind=lambda: "vllm",
+        scrape=bracket_scraper(route, cfg),
+        bracketing_only=True,
+        session_factory=OrganicDuringSomePrompts,
+    )
     before = spec_counts(server.get("/metrics"))
     rnd = runner.run_now()
     after = spec_counts(server.get("/metrics"))
@@ -177,15 +217,17 @@ class _Minutes:
 
 
 def test_100_live_rounds_never_page_and_a_20_percent_worse_drafter_pages_within_two_rounds(
-        server, tmp_path, tiny_models):
+    server, tmp_path, tiny_models
+):
     small_base = _predicted(SUCCESSOR_BASE, SMALL_PROMPTS, SMALL_TOKENS)
     base = _predicted(SUCCESSOR_BASE, DESIGN_PROMPTS, DESIGN_TOKENS)
     worse = _predicted(SUCCESSOR_DROP_20, DESIGN_PROMPTS, DESIGN_TOKENS)
     assert _ratio(worse) / _ratio(base) == pytest.approx(0.80, abs=0.001)
     # Two daemons, one route each, on the one engine (never probing at once): the 100 unchanged rounds on the
     # cheap set, the swap on the design set.
-    unchanged = _Minutes(_config(server, tmp_path / "small", SMALL_PROMPTS, SMALL_TOKENS, "unchanged",
-                                 concurrency=len(SMALL_PROMPTS)))
+    unchanged = _Minutes(
+        _config(server, tmp_path / "small", SMALL_PROMPTS, SMALL_TOKENS, "unchanged", concurrency=len(SMALL_PROMPTS))
+    )
     swap = _Minutes(_config(server, tmp_path / "design", DESIGN_PROMPTS, DESIGN_TOKENS, "swap", concurrency=8))
     try:
         state, rnd = unchanged.minute()  # a route's first round becomes its fingerprint
@@ -206,10 +248,11 @@ def test_100_live_rounds_never_page_and_a_20_percent_worse_drafter_pages_within_
     finally:
         unchanged.daemon.close()
         swap.daemon.close()  # the module's server is left on the DROP_20 drafter: this test comes last
-    print(f"\n{UNCHANGED_ROUNDS} unchanged rounds of {len(SMALL_PROMPTS)} prompts x {SMALL_TOKENS} tokens in "
-          f"{unchanged_seconds:.1f}s; design set fingerprint {_ratio(base):.4f}, after the swap: "
-          + ", ".join(f"{s.probe_acceptance_ratio:.4f} ({r.reason}, degraded {s.probe_degraded})"
-                      for (s, r), _ in after))
+    print(
+        f"\n{UNCHANGED_ROUNDS} unchanged rounds of {len(SMALL_PROMPTS)} prompts x {SMALL_TOKENS} tokens in "
+        f"{unchanged_seconds:.1f}s; design set fingerprint {_ratio(base):.4f}, after the swap: "
+        + ", ".join(f"{s.probe_acceptance_ratio:.4f} ({r.reason}, degraded {s.probe_degraded})" for (s, r), _ in after)
+    )
     (_, first), (swapped, second) = (pair[0] for pair in after)
     assert (first.reason, second.reason) == ("change", "schedule")
     assert _counts(first) == worse and _counts(second) == worse

@@ -104,9 +104,15 @@ def watched(served, tmp_path):
     """A daemon (real sources, tracking and detectors; no GPU) scraping the served engine through a proxy."""
     method, server = served
     proxy = RecordingProxy(server.base_url)
-    config = parse_config({"interval": "15s", "state_dir": str(tmp_path / "state"), "gpu": {"enabled": "false"},
-                           "scrape": {"timeout": "10s"},
-                           "routes": [{"name": "r", "url": proxy.url + "/metrics", "engine": "vllm"}]})
+    config = parse_config(
+        {
+            "interval": "15s",
+            "state_dir": str(tmp_path / "state"),
+            "gpu": {"enabled": "false"},
+            "scrape": {"timeout": "10s"},
+            "routes": [{"name": "r", "url": proxy.url + "/metrics", "engine": "vllm"}],
+        }
+    )
     daemon = Daemon(config)
     yield method, server, proxy, daemon
     daemon.close()
@@ -131,10 +137,12 @@ def test_every_figure_equals_the_real_engines_own_counters(watched):
 
     drafts, draft_tokens = after["drafts"] - before["drafts"], after["draft_tokens"] - before["draft_tokens"]
     accepted = after["accepted"] - before["accepted"]
-    print(f"\n{method}: vLLM counted {drafts:.0f} drafts, {draft_tokens:.0f} draft tokens, {accepted:.0f} accepted "
-          f"(acceptance {accepted / max(draft_tokens, 1):.4f}); specwatch 1m acceptance "
-          f"{state.acceptance_ratio.get('1m')}, mean length {state.mean_acceptance_length.get('1m')}, "
-          f"k {state.draft_length}")
+    print(
+        f"\n{method}: vLLM counted {drafts:.0f} drafts, {draft_tokens:.0f} draft tokens, {accepted:.0f} accepted "
+        f"(acceptance {accepted / max(draft_tokens, 1):.4f}); specwatch 1m acceptance "
+        f"{state.acceptance_ratio.get('1m')}, mean length {state.mean_acceptance_length.get('1m')}, "
+        f"k {state.draft_length}"
+    )
     assert drafts > 0, f"{method}: the engine drafted nothing ({after})"
     # A draft model always proposes k tokens; n-gram lookup proposes fewer when its match is short.
     assert draft_tokens == K * drafts if method == "draft_model" else draft_tokens <= K * drafts
@@ -220,8 +228,9 @@ def test_step_time_histogram_counts_one_observation_per_request_per_step(served,
     tracker.observe(parse_engine_sample("vllm", served.get("/metrics"), route, 0.0))
 
     started = time.monotonic()
-    results = run_requests(served.base_url, "tiny", count=STEP_TIME_REQUESTS, concurrency=1,
-                           max_tokens=STEP_TIME_MAX_TOKENS)
+    results = run_requests(
+        served.base_url, "tiny", count=STEP_TIME_REQUESTS, concurrency=1, max_tokens=STEP_TIME_MAX_TOKENS
+    )
     wall = time.monotonic() - started
     assert all(r.ok and r.completion_tokens == STEP_TIME_MAX_TOKENS for r in results)
 

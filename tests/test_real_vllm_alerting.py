@@ -48,9 +48,16 @@ def _daemon_routes(url: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def story(engine_env, tiny_models, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("real-alerting")
-    spec = VllmServerSpec(model=tiny_models.target, max_num_seqs=8, per_request_spec_metrics="summary",
-                          speculative={"method": "draft_model", "num_speculative_tokens": K,
-                                       "model": str(tiny_models.drafter(GOOD_DRAFTER_NOISE))})
+    spec = VllmServerSpec(
+        model=tiny_models.target,
+        max_num_seqs=8,
+        per_request_spec_metrics="summary",
+        speculative={
+            "method": "draft_model",
+            "num_speculative_tokens": K,
+            "model": str(tiny_models.drafter(GOOD_DRAFTER_NOISE)),
+        },
+    )
     server = VllmServer(engine_env, spec, workdir)
     server.start()
     procs = Processes(workdir)
@@ -59,23 +66,43 @@ def story(engine_env, tiny_models, tmp_path_factory):
         baseline = measure_baseline(server.base_url, "tiny")
         ports = {name: free_port() for name in ("daemon", "prometheus", "alertmanager")}
         config = {
-            "interval": "1s", "state_dir": str(workdir / "state"), "gpu": {"enabled": "false"},
+            "interval": "1s",
+            "state_dir": str(workdir / "state"),
+            "gpu": {"enabled": "false"},
             "scrape": {"timeout": "0.9s"},
-            "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s",
-                          "block": "15s"},
-            "routes": [{"name": "chat", "url": server.metrics_url, "engine": "vllm",
-                        "baseline": baseline.config()}],
+            "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s", "block": "15s"},
+            "routes": [{"name": "chat", "url": server.metrics_url, "engine": "vllm", "baseline": baseline.config()}],
         }
         (workdir / "specwatch.yml").write_text(yaml.safe_dump(config))
         daemon = f"http://127.0.0.1:{ports['daemon']}"
         config_file = workdir / "specwatch.yml"
-        procs.start("specwatch", [sys.executable, "-m", "specwatch", "run", "--config.file", str(config_file),
-                                  "--web.listen-address", f"127.0.0.1:{ports['daemon']}"])
+        procs.start(
+            "specwatch",
+            [
+                sys.executable,
+                "-m",
+                "specwatch",
+                "run",
+                "--config.file",
+                str(config_file),
+                "--web.listen-address",
+                f"127.0.0.1:{ports['daemon']}",
+            ],
+        )
         wait_until("specwatch to answer", lambda: answers(f"{daemon}/-/ready"), 60, procs)
         prometheus, _ = start_alerting(procs, workdir, webhook, ports)
         with BackgroundLoad(server.base_url, "tiny", concurrency=2, max_tokens=32, max_seconds=1500) as load:
-            yield {"server": server, "spec": spec, "procs": procs, "webhook": webhook, "daemon": daemon,
-                   "prometheus": prometheus, "baseline": baseline.acceptance_ratio, "load": load, "models": tiny_models}
+            yield {
+                "server": server,
+                "spec": spec,
+                "procs": procs,
+                "webhook": webhook,
+                "daemon": daemon,
+                "prometheus": prometheus,
+                "baseline": baseline.acceptance_ratio,
+                "load": load,
+                "models": tiny_models,
+            }
     finally:
         procs.stop_all()
         webhook.close()
@@ -91,8 +118,9 @@ def _restart(story, **speculative) -> float:
     server: VllmServer = story["server"]
     spec = story["spec"]
     name = speculative.pop("served_model_name", spec.served_model_name)
-    story["spec"] = spec = VllmServerSpec(**{**spec.__dict__, "served_model_name": name,
-                                             "speculative": {**spec.speculative, **speculative}})
+    story["spec"] = spec = VllmServerSpec(
+        **{**spec.__dict__, "served_model_name": name, "speculative": {**spec.speculative, **speculative}}
+    )
     server.restart(spec)
     story["load"].model = name
     return time.monotonic()
@@ -109,12 +137,18 @@ def test_1_an_undisturbed_engine_does_not_page(story):
 def test_2_a_drafter_only_bump_pages_within_a_minute_of_the_restart(story):
     before = _daemon_routes(story["daemon"])["chat"]["model_changes_total"]
     up_at = _restart(story, model=str(story["models"].drafter(WORSE_DRAFTER_NOISE)))
-    flagged = wait_until("the daemon to flag the drop", lambda: _daemon_routes(story["daemon"])["chat"]["degraded"],
-                         FLAG_WITHIN_SECONDS + 120, story["procs"])
+    flagged = wait_until(
+        "the daemon to flag the drop",
+        lambda: _daemon_routes(story["daemon"])["chat"]["degraded"],
+        FLAG_WITHIN_SECONDS + 120,
+        story["procs"],
+    )
     flagged_after = time.monotonic() - up_at
     route = _daemon_routes(story["daemon"])["chat"]
-    print(f"\ndrafter bump: flagged {flagged_after:.0f}s after the engine answered again; acceptance "
-          f"{route['acceptance_ratio']} vs baseline {story['baseline']:.3f}")
+    print(
+        f"\ndrafter bump: flagged {flagged_after:.0f}s after the engine answered again; acceptance "
+        f"{route['acceptance_ratio']} vs baseline {story['baseline']:.3f}"
+    )
     assert flagged and flagged_after <= FLAG_WITHIN_SECONDS, f"flagged only after {flagged_after:.0f}s"
     assert route["model_changes_total"] > before  # the restart is on the record, same model name or not
     pages = wait_until("the page", lambda: _pages(story["webhook"]), PAGE_DEADLINE_SECONDS, story["procs"])
@@ -128,17 +162,30 @@ def test_2_a_drafter_only_bump_pages_within_a_minute_of_the_restart(story):
 def test_3_a_model_bump_is_counted_and_judged(story):
     before = _daemon_routes(story["daemon"])["chat"]["model_changes_total"]
     _restart(story, served_model_name="tiny-v2")
-    route = wait_until("the daemon to see the new model",
-                       lambda: (r := _daemon_routes(story["daemon"])["chat"])["model_name"] == "tiny-v2" and r,
-                       120, story["procs"])
+    route = wait_until(
+        "the daemon to see the new model",
+        lambda: (r := _daemon_routes(story["daemon"])["chat"])["model_name"] == "tiny-v2" and r,
+        120,
+        story["procs"],
+    )
     assert route["model_changes_total"] > before
     # Still the worse drafter: judged against the baseline, the verdict stays "degraded".
-    route = wait_until("a verdict on the new model", lambda: (r := _daemon_routes(story["daemon"])["chat"])
-                       .get("degraded") is True and r.get("acceptance_ratio", {}).get("1m") and r,
-                       120, story["procs"])
-    wait_until("Prometheus to scrape the new model's route info",  # it scrapes every second: the next one
-               lambda: query(story["prometheus"], 'specwatch_route_info{route="chat", model_name="tiny-v2"}'),
-               60, story["procs"])
+    route = wait_until(
+        "a verdict on the new model",
+        lambda: (
+            (r := _daemon_routes(story["daemon"])["chat"]).get("degraded") is True
+            and r.get("acceptance_ratio", {}).get("1m")
+            and r
+        ),
+        120,
+        story["procs"],
+    )
+    wait_until(
+        "Prometheus to scrape the new model's route info",  # it scrapes every second: the next one
+        lambda: query(story["prometheus"], 'specwatch_route_info{route="chat", model_name="tiny-v2"}'),
+        60,
+        story["procs"],
+    )
 
 
 def test_4_a_k_change_is_a_new_baseline_key(story):
@@ -146,9 +193,16 @@ def test_4_a_k_change_is_a_new_baseline_key(story):
     _restart(story, num_speculative_tokens=2)
     # A new key (model, version, k): counted as a change. The effective k is over 5 minutes, so it moves off 3
     # at once and reaches 2 only when the window holds k = 2 drafts alone.
-    route = wait_until("the daemon to see the k change", lambda: (r := _daemon_routes(story["daemon"])["chat"])
-                       ["model_changes_total"] > before and (r.get("draft_length") or 3.0) < 2.99 and r,
-                       120, story["procs"])
+    route = wait_until(
+        "the daemon to see the k change",
+        lambda: (
+            (r := _daemon_routes(story["daemon"])["chat"])["model_changes_total"] > before
+            and (r.get("draft_length") or 3.0) < 2.99
+            and r
+        ),
+        120,
+        story["procs"],
+    )
     assert 2.0 <= route["draft_length"] < 3.0
 
 

@@ -61,10 +61,17 @@ def two_routes(engine_env, tiny_models, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("exact-drop")
     servers = {}
     for name, fraction in (("drop20", SUCCESSOR_DROP_20), ("drift5", SUCCESSOR_DRIFT_5)):
-        speculative = {"method": "draft_model", "model": str(tiny_models.successor_drafter(fraction)),
-                       "num_speculative_tokens": K}
-        spec = VllmServerSpec(model=tiny_models.successor_target, speculative=speculative, max_num_seqs=8,
-                              per_request_spec_metrics="summary")
+        speculative = {
+            "method": "draft_model",
+            "model": str(tiny_models.successor_drafter(fraction)),
+            "num_speculative_tokens": K,
+        }
+        spec = VllmServerSpec(
+            model=tiny_models.successor_target,
+            speculative=speculative,
+            max_num_seqs=8,
+            per_request_spec_metrics="summary",
+        )
         servers[name] = VllmServer(engine_env, spec, workdir / name)
     try:
         for server in servers.values():
@@ -82,40 +89,59 @@ def test_the_real_engine_counts_exactly_what_the_successor_design_predicts(two_r
     server = servers["drop20"]
     prompts = PROMPTS[:8]
     before = spec_counts(server.get("/metrics"))
-    results = run_requests(server.base_url, "tiny", len(prompts), concurrency=2, max_tokens=MAX_TOKENS,
-                           prompts=prompts)
+    results = run_requests(server.base_url, "tiny", len(prompts), concurrency=2, max_tokens=MAX_TOKENS, prompts=prompts)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     after = spec_counts(server.get("/metrics"))
     expected = predicted(SUCCESSOR_DROP_20, prompts)
     for result, counts in zip(results, expected):  # each response's own spec-decode metrics, request by request
         metrics = result.spec_metrics
-        assert (metrics["num_spec_steps"], metrics["num_draft_tokens"], metrics["num_accepted_draft_tokens"]) == \
-            (counts.drafts, counts.draft_tokens, counts.accepted)
+        assert (metrics["num_spec_steps"], metrics["num_draft_tokens"], metrics["num_accepted_draft_tokens"]) == (
+            counts.drafts,
+            counts.draft_tokens,
+            counts.accepted,
+        )
     total = successor.Counts()
     for counts in expected:
         total += counts
-    assert (after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
-            after.accepted - before.accepted) == (total.drafts, total.draft_tokens, total.accepted)
+    assert (
+        after.drafts - before.drafts,
+        after.draft_tokens - before.draft_tokens,
+        after.accepted - before.accepted,
+    ) == (total.drafts, total.draft_tokens, total.accepted)
 
 
 def test_a_20_percent_drop_is_flagged_and_a_5_percent_drift_is_not(two_routes):
     servers, workdir = two_routes
-    base = from_request_metrics({"num_draft_tokens": c.draft_tokens, "num_accepted_draft_tokens": c.accepted}
-                                for c in predicted(SUCCESSOR_BASE))
-    config = parse_config({
-        "interval": "15s", "state_dir": str(workdir / "state"), "gpu": {"enabled": "false"},
-        "scrape": {"timeout": "10s"},
-        "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s",
-                          "block": "15s"},
-        "routes": [{"name": name, "url": server.metrics_url, "engine": "vllm", "baseline": base.config()}
-                   for name, server in servers.items()],
-    })
+    base = from_request_metrics(
+        {"num_draft_tokens": c.draft_tokens, "num_accepted_draft_tokens": c.accepted} for c in predicted(SUCCESSOR_BASE)
+    )
+    config = parse_config(
+        {
+            "interval": "15s",
+            "state_dir": str(workdir / "state"),
+            "gpu": {"enabled": "false"},
+            "scrape": {"timeout": "10s"},
+            "detection": {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s", "block": "15s"},
+            "routes": [
+                {"name": name, "url": server.metrics_url, "engine": "vllm", "baseline": base.config()}
+                for name, server in servers.items()
+            ],
+        }
+    )
     daemon = Daemon(config)
     fractions = {"drop20": SUCCESSOR_DROP_20, "drift5": SUCCESSOR_DRIFT_5}
     # Each route's load takes the prompts in an order whose every prefix accepts what the whole set does.
-    loads = [BackgroundLoad(server.base_url, "tiny", concurrency=2, max_tokens=MAX_TOKENS, max_seconds=WALL_CAP_SECONDS,
-                            prompts=successor.balanced_order(PROMPTS, VOCAB, K, fractions[name], MAX_TOKENS))
-             for name, server in servers.items()]
+    loads = [
+        BackgroundLoad(
+            server.base_url,
+            "tiny",
+            concurrency=2,
+            max_tokens=MAX_TOKENS,
+            max_seconds=WALL_CAP_SECONDS,
+            prompts=successor.balanced_order(PROMPTS, VOCAB, K, fractions[name], MAX_TOKENS),
+        )
+        for name, server in servers.items()
+    ]
     flagged: dict[str, tuple[float, float]] = {}  # route -> (seconds, drafted tokens) at the first flag
     ratios: dict[str, float] = {}
     drafted: dict[str, float] = {}
@@ -137,16 +163,21 @@ def test_a_20_percent_drop_is_flagged_and_a_5_percent_drift_is_not(two_routes):
                     ratios[state.name] = state.acceptance_ratio["5m"]
             if "drift5" in flagged or elapsed > WALL_CAP_SECONDS:
                 break
-            if "drop20" in flagged and elapsed >= max(WATCH_AT_LEAST_SECONDS, 2 * flagged["drop20"][0]) \
-                    and drafted.get("drift5", 0.0) >= 2 * flagged["drop20"][1]:
+            if (
+                "drop20" in flagged
+                and elapsed >= max(WATCH_AT_LEAST_SECONDS, 2 * flagged["drop20"][0])
+                and drafted.get("drift5", 0.0) >= 2 * flagged["drop20"][1]
+            ):
                 break
             time.sleep(1.0)
     finally:
         stats = [load.stop() for load in loads]
         daemon.close()
     served = {name: load_stats.ok for name, load_stats in zip(servers, stats)}
-    print(f"\nexact drop: baseline {base.acceptance_ratio:.4f} (design effect {base.overdispersion:.2f}); flagged "
-          f"(seconds, drafted tokens) {flagged}; drafted {drafted}; 5m acceptance {ratios}; requests served {served}")
+    print(
+        f"\nexact drop: baseline {base.acceptance_ratio:.4f} (design effect {base.overdispersion:.2f}); flagged "
+        f"(seconds, drafted tokens) {flagged}; drafted {drafted}; 5m acceptance {ratios}; requests served {served}"
+    )
     assert "drift5" not in flagged, f"a 5% drift was flagged after {flagged['drift5']} ({ratios})"
     assert "drop20" in flagged, f"a 20% drop was not flagged within {WALL_CAP_SECONDS:.0f}s ({drafted}, {ratios})"
     # The engines ran at the designed rates.

@@ -34,14 +34,22 @@ STEP = 400.0  # test-clock seconds between ticks: more than the 5m window, so ea
 
 
 def generation_tokens(body: str) -> float:
-    return sum(s.value for f in text_string_to_metric_families(body) for s in f.samples
-               if s.name == "vllm:generation_tokens_total")
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+        if s.name == "vllm:generation_tokens_total"
+    )
 
 
 @pytest.fixture(scope="module")
 def scheduled(engine_env, tiny_models, tmp_path_factory):
-    speculative = {"method": "draft_model", "model": str(tiny_models.drafter(GOOD_DRAFTER_NOISE)),
-                   "num_speculative_tokens": K, "num_speculative_tokens_per_batch_size": SCHEDULE}
+    speculative = {
+        "method": "draft_model",
+        "model": str(tiny_models.drafter(GOOD_DRAFTER_NOISE)),
+        "num_speculative_tokens": K,
+        "num_speculative_tokens_per_batch_size": SCHEDULE,
+    }
     spec = VllmServerSpec(model=tiny_models.target, speculative=speculative, max_num_seqs=MAX_NUM_SEQS)
     with VllmServer(engine_env, spec, tmp_path_factory.mktemp("vllm-schedule")) as server:
         yield server
@@ -53,9 +61,15 @@ class Watch:
     def __init__(self, server: VllmServer, state_dir: str) -> None:
         self.server = server
         self.proxy = RecordingProxy(server.base_url)
-        config = parse_config({"interval": "15s", "state_dir": state_dir, "gpu": {"enabled": "false"},
-                               "scrape": {"timeout": "10s"},
-                               "routes": [{"name": "r", "url": self.proxy.url + "/metrics", "engine": "vllm"}]})
+        config = parse_config(
+            {
+                "interval": "15s",
+                "state_dir": state_dir,
+                "gpu": {"enabled": "false"},
+                "scrape": {"timeout": "10s"},
+                "routes": [{"name": "r", "url": self.proxy.url + "/metrics", "engine": "vllm"}],
+            }
+        )
         self.daemon = Daemon(config)
         self.now = 1_000_000.0
         self.last_body = ""
@@ -110,8 +124,7 @@ def test_k_follows_the_schedule_without_a_model_change_and_k0_reads_inactive(sch
         # Phase C, more clients than slots: requests wait, so the batch stays at MAX_NUM_SEQS: K = 0. The engine
         # still drafts for the odd step whose batch dips at a request boundary (a handful of tokens); the route
         # reads inactive because those strays are under 1 draft token per 100 generated.
-        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=2 * MAX_NUM_SEQS, max_tokens=48,
-                            max_seconds=180):
+        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=2 * MAX_NUM_SEQS, max_tokens=48, max_seconds=180):
             watch.wait_running(MAX_NUM_SEQS)
             watch.tick()
             time.sleep(30)

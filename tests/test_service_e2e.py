@@ -38,8 +38,13 @@ CLOSED_PORT_URL = "http://127.0.0.1:9/metrics"  # discard port: connection refus
 
 
 def write_config(path: Path, routes: list[str], extra: str = "") -> Path:
-    lines = ["interval: 300ms", "scrape: {timeout: 200ms}", f"state_dir: {path.parent / 'state'}",
-             "gpu: {enabled: false}", "routes:"]
+    lines = [
+        "interval: 300ms",
+        "scrape: {timeout: 200ms}",
+        f"state_dir: {path.parent / 'state'}",
+        "gpu: {enabled: false}",
+        "routes:",
+    ]
     lines += [f"  - {{name: {name}, engine: vllm, url: '{CLOSED_PORT_URL}'}}" for name in routes]
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
@@ -48,13 +53,17 @@ def write_config(path: Path, routes: list[str], extra: str = "") -> Path:
 class Daemon:
     """`specwatch run` in a subprocess; its log is collected line by line as it runs."""
 
-    def __init__(self, config: Path, *extra_args: str, env: dict | None = None,
-                 python_prelude: str = "") -> None:
+    def __init__(self, config: Path, *extra_args: str, env: dict | None = None, python_prelude: str = "") -> None:
         args = ["run", f"--config.file={config}", "--web.listen-address=127.0.0.1:0", *extra_args]
         # The prelude lets a test instrument the daemon in-process (e.g. block a tick) before the CLI starts.
         code = python_prelude + "\nimport sys\nfrom specwatch.cli import main\nsys.exit(main(sys.argv[1:]))"
-        self.proc = subprocess.Popen([sys.executable, "-c", code, "--log.level=debug", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, "--log.level=debug", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.log: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -107,8 +116,11 @@ def daemons():
 def scrape(url: str, **kwargs) -> dict[tuple[str, tuple], float]:
     response = requests.get(url + "/metrics", timeout=5, **kwargs)
     response.raise_for_status()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def wait_until(predicate, timeout: float = WAIT_TIMEOUT, what: str = "condition"):
@@ -139,8 +151,9 @@ def test_sighup_rejects_a_broken_config_and_applies_a_good_one(tmp_path, daemons
     mark = len(d.log)
     d.signal(signal.SIGHUP)
     d.wait_for_log(r"reload rejected", start=mark)
-    after_bad = wait_until(lambda: (m := scrape(d.url))[("specwatch_config_last_reload_successful", ())] == 0 and m,
-                           what="reload metric 0")
+    after_bad = wait_until(
+        lambda: (m := scrape(d.url))[("specwatch_config_last_reload_successful", ())] == 0 and m, what="reload metric 0"
+    )
     assert d.proc.poll() is None
     assert routes_in(after_bad) == {"chat"}  # the old config keeps running
     assert after_bad[("specwatch_config_last_reload_success_timestamp_seconds", ())] == loaded_at
@@ -152,8 +165,12 @@ def test_sighup_rejects_a_broken_config_and_applies_a_good_one(tmp_path, daemons
     mark = len(d.log)
     d.signal(signal.SIGHUP)
     d.wait_for_log(r"configuration reloaded", start=mark)  # the event; the new route shows from the next cycle
-    after_good = wait_until(lambda: (m := scrape(d.url))[("specwatch_config_last_reload_successful", ())] == 1
-                            and "code" in routes_in(m) and m, what="reload metric 1 and route code")
+    after_good = wait_until(
+        lambda: (
+            (m := scrape(d.url))[("specwatch_config_last_reload_successful", ())] == 1 and "code" in routes_in(m) and m
+        ),
+        what="reload metric 1 and route code",
+    )
     assert routes_in(after_good) == {"chat", "code"}
     assert after_good[("specwatch_config_last_reload_success_timestamp_seconds", ())] > loaded_at
 
@@ -172,8 +189,12 @@ def test_sigterm_finishes_the_cycle_and_exits_0(tmp_path, daemons):
 def test_a_bad_config_at_start_exits_1_with_every_problem(tmp_path):
     config = tmp_path / "specwatch.yml"
     config.write_text("routes: [{name: 'bad name'}]\nbogus: 1\n")
-    result = subprocess.run([sys.executable, "-m", "specwatch", "run", f"--config.file={config}",
-                             "--web.listen-address=127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "specwatch", "run", f"--config.file={config}", "--web.listen-address=127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 1
     assert "bogus: unknown key" in result.stderr and "routes[0].url: required" in result.stderr
 
@@ -183,9 +204,11 @@ def test_tls_and_basic_auth_on_a_running_daemon(tmp_path, daemons):
     pki = make_pki(tmp_path)
     password = "scrape-me"
     web = tmp_path / "web.yml"
-    web.write_text(f"tls_server_config: {{cert_file: server.crt, key_file: server.key}}\n"
-                   f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}'}}"
-                   "\n")
+    web.write_text(
+        f"tls_server_config: {{cert_file: server.crt, key_file: server.key}}\n"
+        f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}'}}"
+        "\n"
+    )
     d = daemons(write_config(tmp_path / "specwatch.yml", ["chat"]), f"--web.config.file={web}")
     assert d.url.startswith("https://127.0.0.1:")
     ca = str(pki["ca.crt"])
@@ -209,10 +232,20 @@ def test_tls_and_basic_auth_on_a_running_daemon(tmp_path, daemons):
 def test_a_bad_web_config_stops_the_start(tmp_path):
     web = tmp_path / "web.yml"
     web.write_text("tls_server_config: {cert_file: missing.crt, key_file: missing.key}\n")
-    result = subprocess.run([sys.executable, "-m", "specwatch", "run",
-                             f"--config.file={write_config(tmp_path / 'specwatch.yml', ['chat'])}",
-                             "--web.listen-address=127.0.0.1:0", f"--web.config.file={web}"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specwatch",
+            "run",
+            f"--config.file={write_config(tmp_path / 'specwatch.yml', ['chat'])}",
+            "--web.listen-address=127.0.0.1:0",
+            f"--web.config.file={web}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 1
     assert "cannot load certificate" in result.stderr
 

@@ -48,9 +48,11 @@ def server():
 
 
 def daemon_for(url: str, tmp_path, extra_url: str | None = None) -> Daemon:
-    routes = [{"name": "both", "url": url, "engine": "vllm"},
-              {"name": "e0", "url": url, "engine": "vllm", "engines": ["0"]},
-              {"name": "e1", "url": url, "engine": "auto", "engines": ["1"]}]
+    routes = [
+        {"name": "both", "url": url, "engine": "vllm"},
+        {"name": "e0", "url": url, "engine": "vllm", "engines": ["0"]},
+        {"name": "e1", "url": url, "engine": "auto", "engines": ["1"]},
+    ]
     if extra_url:
         routes.append({"name": "other", "url": extra_url, "engine": "vllm"})
     config = parse_config({"gpu": {"enabled": "false"}, "state_dir": str(tmp_path), "routes": routes})
@@ -82,7 +84,8 @@ def test_a_failed_shared_endpoint_fails_every_route_on_it_with_the_same_reason(s
         snap = daemon.tick(1010.0)
         assert server.metrics_calls == 2
         assert [(r.up, r.error_reason, r.errors_total["http_status"]) for r in snap.routes] == [
-            (False, "http_status", 1.0)] * 3
+            (False, "http_status", 1.0)
+        ] * 3
     finally:
         daemon.close()
 
@@ -92,15 +95,19 @@ def test_a_refused_endpoint_fails_only_its_routes(server, tmp_path):
     try:
         snap = daemon.tick(1005.0)
         assert {r.name: (r.up, r.error_reason) for r in snap.routes} == {
-            "both": (False, "connection"), "e0": (False, "connection"), "e1": (False, "connection"),
-            "other": (True, "")}
+            "both": (False, "connection"),
+            "e0": (False, "connection"),
+            "e1": (False, "connection"),
+            "other": (True, ""),
+        }
     finally:
         daemon.close()
 
 
 def test_a_second_call_in_the_same_cycle_fetches_afresh(server):
-    route = parse_config({"gpu": {"enabled": "false"}, "routes": [
-        {"name": "r", "url": server.url, "engine": "vllm"}]}).routes[0]
+    route = parse_config(
+        {"gpu": {"enabled": "false"}, "routes": [{"name": "r", "url": server.url, "engine": "vllm"}]}
+    ).routes[0]
     config = parse_config({"gpu": {"enabled": "false"}, "routes": [{"name": "r", "url": server.url}]})
     source = engines.make_source(route, config)
     try:

@@ -10,8 +10,14 @@ from specwatch.simulator.clock import SimClock
 from specwatch.simulator.engine import EngineSettings, SimEngine, SimRequest, StepRecord
 from specwatch.simulator.scenario import ScenarioError, parse_scenario
 from specwatch.simulator.speculation import AcceptanceProfile, AcceptanceSampler, parse_profile
-from specwatch.simulator.steptime import (AnalyticStepTime, TableStepTime, crossover_batch, load_reference,
-                                          load_table, step_seconds)
+from specwatch.simulator.steptime import (
+    AnalyticStepTime,
+    TableStepTime,
+    crossover_batch,
+    load_reference,
+    load_table,
+    step_seconds,
+)
 
 
 # ----------------------------------------------------------------------------------------- step times
@@ -92,12 +98,19 @@ def test_sampler_draws_the_profiles_distribution():
 
 # ----------------------------------------------------------------------------------------- scenarios
 def test_scenario_parses_and_ramps_load():
-    sc = parse_scenario({
-        "model_name": "m", "speculation": {"k": 3, "acceptance": [0.8, 0.7, 0.6]}, "load": 10,
-        "events": [{"at": "5m", "type": "model_bump", "model_name": "m2", "acceptance_factor": 0.8},
-                   {"at": "1m", "type": "load", "concurrency": 110, "over": "100s"},
-                   {"at": 30, "type": "acceptance", "factor": 0.9},
-                   {"at": "10m", "type": "outage", "duration": "30s"}]})
+    sc = parse_scenario(
+        {
+            "model_name": "m",
+            "speculation": {"k": 3, "acceptance": [0.8, 0.7, 0.6]},
+            "load": 10,
+            "events": [
+                {"at": "5m", "type": "model_bump", "model_name": "m2", "acceptance_factor": 0.8},
+                {"at": "1m", "type": "load", "concurrency": 110, "over": "100s"},
+                {"at": 30, "type": "acceptance", "factor": 0.9},
+                {"at": "10m", "type": "outage", "duration": "30s"},
+            ],
+        }
+    )
     assert [e.type for e in sc.events] == ["acceptance", "load", "model_bump", "outage"]
     assert sc.k == 3 and sc.acceptance == (0.8, 0.7, 0.6)
     assert sc.concurrency_at(0) == 10
@@ -109,15 +122,29 @@ def test_scenario_parses_and_ramps_load():
 
 def test_scenario_reports_every_problem_at_once():
     with pytest.raises(ScenarioError) as err:
-        parse_scenario({"lod": 3, "speculation": {"k": 2, "acceptance": [0.5]},
-                        "events": [{"at": "soon", "type": "restart"},
-                                   {"at": "1m", "type": "explode"},
-                                   {"at": "1m", "type": "acceptance"},
-                                   {"at": "2m", "type": "load", "concurrency": -1, "ramp": "1m"}]}, "s.yaml")
+        parse_scenario(
+            {
+                "lod": 3,
+                "speculation": {"k": 2, "acceptance": [0.5]},
+                "events": [
+                    {"at": "soon", "type": "restart"},
+                    {"at": "1m", "type": "explode"},
+                    {"at": "1m", "type": "acceptance"},
+                    {"at": "2m", "type": "load", "concurrency": -1, "ramp": "1m"},
+                ],
+            },
+            "s.yaml",
+        )
     text = str(err.value)
-    for needle in ("lod: unknown key", "lists 1 positions but k is 2", "events[0].at", "events[1].type",
-                   "events[2]: give exactly one of factor, rate", "events[3].ramp: unknown key",
-                   "events[3].concurrency"):
+    for needle in (
+        "lod: unknown key",
+        "lists 1 positions but k is 2",
+        "events[0].at",
+        "events[1].type",
+        "events[2]: give exactly one of factor, rate",
+        "events[3].ramp: unknown key",
+        "events[3].concurrency",
+    ):
         assert needle in text
     assert text.startswith("s.yaml: ")
 
@@ -137,8 +164,9 @@ class _Recorder:
 
 def _engine(k: int = 4, alpha: float = 0.7, **kw) -> tuple[SimEngine, _Recorder]:
     rec = _Recorder()
-    settings = EngineSettings(model_name="m", step_time=load_table(), k=k,
-                              profile=AcceptanceProfile.iid(alpha, k) if k else None, **kw)
+    settings = EngineSettings(
+        model_name="m", step_time=load_table(), k=k, profile=AcceptanceProfile.iid(alpha, k) if k else None, **kw
+    )
     return SimEngine(0, settings, SimClock(), rec, seed=11), rec
 
 
@@ -214,6 +242,6 @@ def test_the_documented_scenario_example_parses():
     from specwatch.simulator import scenario
 
     doc = scenario.__doc__
-    example = doc[doc.index("```yaml") + len("```yaml"):doc.index("```", doc.index("```yaml") + 3)]
+    example = doc[doc.index("```yaml") + len("```yaml") : doc.index("```", doc.index("```yaml") + 3)]
     sc = parse_scenario(yaml.safe_load(example))
     assert {e.type for e in sc.events} == set(scenario.EVENT_TYPES)

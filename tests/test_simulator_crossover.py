@@ -87,8 +87,10 @@ def _measure(ports: dict[str, int], model: str, concurrency: int) -> dict[str, t
         b, a = before[name], after[name]
         assert not clients[name].errors, clients[name].errors[:3]
         tokens = a["generated_tokens"] - b["generated_tokens"]
-        out[name] = (tokens / (a["sim_time"] - b["sim_time"]),
-                     (a["batch_seconds"] - b["batch_seconds"]) / (a["busy_seconds"] - b["busy_seconds"]))
+        out[name] = (
+            tokens / (a["sim_time"] - b["sim_time"]),
+            (a["batch_seconds"] - b["batch_seconds"]) / (a["busy_seconds"] - b["busy_seconds"]),
+        )
     return out
 
 
@@ -103,8 +105,10 @@ def test_spec_and_plain_throughput_cross_where_the_h200_table_says():
 
     ports = {"spec": free_port(), "plain": free_port()}
     common = ["--engine", "vllm", "--time-scale", str(TIME_SCALE), "--context", "1024", "--seed", "7"]
-    procs = {"spec": spawn(ports["spec"], *common, "--k", "4", "--acceptance", "0.7"),
-             "plain": spawn(ports["plain"], *common, "--k", "0")}
+    procs = {
+        "spec": spawn(ports["spec"], *common, "--k", "4", "--acceptance", "0.7"),
+        "plain": spawn(ports["plain"], *common, "--k", "0"),
+    }
     try:
         for name, port in ports.items():
             wait_ready(f"http://127.0.0.1:{port}/v1/models", process=procs[name])

@@ -25,15 +25,20 @@ FIXTURES = Path(__file__).parent / "fixtures"
 SGLANG_NOT_CAPTURED = {"sglang:time_to_first_token_seconds", "sglang:num_aborted_requests"}
 
 
-def _run(metrics, k: int, engines: int, until: float = 3.0, load: int = 8,
-         routes: tuple[str, ...] = ()) -> list[SimEngine]:
+def _run(
+    metrics, k: int, engines: int, until: float = 3.0, load: int = 8, routes: tuple[str, ...] = ()
+) -> list[SimEngine]:
     """Built-in load on every engine, plus a few streaming requests (per route when `routes`)."""
     out = []
     labels = tuple({"route": r} for r in routes)
     for i in range(engines):
-        settings = EngineSettings(model_name=metrics.model_name, step_time=load_table(), k=k,
-                                  profile=AcceptanceProfile.iid(0.7, k) if k else None,
-                                  internal_custom_labels=labels)
+        settings = EngineSettings(
+            model_name=metrics.model_name,
+            step_time=load_table(),
+            k=k,
+            profile=AcceptanceProfile.iid(0.7, k) if k else None,
+            internal_custom_labels=labels,
+        )
         engine = SimEngine(i, settings, SimClock(), metrics, seed=i)
         engine.set_offered_concurrency(load)
         for j in range(max(1, len(labels))):
@@ -69,8 +74,12 @@ def test_vllm_exposition_shape():
             assert "model_name" in s.labels or fam.name == "vllm:cache_config_info", s.name
     # vLLM's own invariants: sum over positions = accepted; draft tokens = k x drafts
     for engine in ("0", "1"):
-        v = {s.name: s.value for f in fams.values() for s in f.samples
-             if s.labels.get("engine") == engine and "position" not in s.labels and s.name.endswith("_total")}
+        v = {
+            s.name: s.value
+            for f in fams.values()
+            for s in f.samples
+            if s.labels.get("engine") == engine and "position" not in s.labels and s.name.endswith("_total")
+        }
         pos = sum(s.value for s in per_pos.samples if s.name.endswith("_total") and s.labels["engine"] == engine)
         assert pos == v["vllm:spec_decode_num_accepted_tokens_total"] > 0
         assert v["vllm:spec_decode_num_draft_tokens_total"] == 3 * v["vllm:spec_decode_num_drafts_total"]
@@ -125,8 +134,14 @@ def test_sglang_custom_labels_split_the_tokenizer_counters_per_route():
 
 def test_sglang_gauges_move_per_log_interval_and_counters_at_completion():
     metrics = SglangMetrics("m", dp=1, k=4)
-    settings = EngineSettings(model_name="m", step_time=load_table(), k=4, profile=AcceptanceProfile.iid(0.7, 4),
-                              internal_output_tokens=(400, 400), prefill_seconds_per_token=0.0)
+    settings = EngineSettings(
+        model_name="m",
+        step_time=load_table(),
+        k=4,
+        profile=AcceptanceProfile.iid(0.7, 4),
+        internal_output_tokens=(400, 400),
+        prefill_seconds_per_token=0.0,
+    )
     engine = SimEngine(0, settings, SimClock(), metrics, seed=2)
     engine.set_offered_concurrency(4)
 
@@ -153,15 +168,18 @@ def test_sglang_gauges_move_per_log_interval_and_counters_at_completion():
 def _fixture_files() -> list[Path]:
     """Fixtures of the engine versions the simulator imitates (others document older formats)."""
     simulated = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
-    return sorted(p for p in FIXTURES.glob("*/*.prom")
-                  if f"# engine: {p.parent.name} {simulated.get(p.parent.name)} " in p.read_text()[:500])
+    return sorted(
+        p
+        for p in FIXTURES.glob("*/*.prom")
+        if f"# engine: {p.parent.name} {simulated.get(p.parent.name)} " in p.read_text()[:500]
+    )
 
 
 def _capture_args(path: Path) -> dict[str, str]:
     """The provenance header's `# args:` line: `engines=2 tp=1 k=4 ...` (`off` = speculation off)."""
     for line in path.read_text().splitlines():
         if line.startswith("# args:"):
-            return dict(w.split("=", 1) if "=" in w else (w, "") for w in line[len("# args:"):].split())
+            return dict(w.split("=", 1) if "=" in w else (w, "") for w in line[len("# args:") :].split())
     return {}
 
 
@@ -191,9 +209,15 @@ def test_simulator_matches_the_captured_fixture(fixture):
         metrics = VllmMetrics("m", engines=engines, k=k)
     else:  # SGLang: k = speculative_num_steps; the capture's TP ranks, priority scheduling and custom labels
         k = int(args.get("steps", "0"))
-        metrics = SglangMetrics("m", dp=engines, k=k, tp=int(args.get("tp", "1")), all_tp_ranks=True,
-                                priority_scheduling=args.get("priority_scheduling") == "on",
-                                custom_labels=("route",) if args.get("routes") else ())
+        metrics = SglangMetrics(
+            "m",
+            dp=engines,
+            k=k,
+            tp=int(args.get("tp", "1")),
+            all_tp_ranks=True,
+            priority_scheduling=args.get("priority_scheduling") == "on",
+            custom_labels=("route",) if args.get("routes") else (),
+        )
     routes = tuple(r for r in args.get("routes", "").split(",") if r)
     _run(metrics, k=k, engines=engines, until=20.0, routes=routes)
     expected = _shape(fixture.read_text(), f"{engine}:")
@@ -216,8 +240,9 @@ def test_specwatch_sources_parse_the_simulator_like_the_fixture(engine):
     else:
         metrics = SglangMetrics("m", dp=2, k=3)
     _run(metrics, k=3, engines=2, until=20.0)
-    route = parse_config({"gpu": {"enabled": "false"},
-                          "routes": [{"name": "r", "engine": engine, "url": "http://127.0.0.1:9/metrics"}]}).routes[0]
+    route = parse_config(
+        {"gpu": {"enabled": "false"}, "routes": [{"name": "r", "engine": engine, "url": "http://127.0.0.1:9/metrics"}]}
+    ).routes[0]
     sample = sources.parse_engine_sample(engine, metrics.render(), route, 1.0)
     assert sample.model_name == "m"
     assert [e.engine for e in sample.engines] == ["0", "1"]

@@ -39,7 +39,7 @@ def _sse(response: requests.Response) -> list:
     for line in response.iter_lines():
         if line:
             assert line.startswith(b"data: ")
-            payload = line[len(b"data: "):]
+            payload = line[len(b"data: ") :]
             events.append(payload.decode() if payload == b"[DONE]" else json.loads(payload))
     return events
 
@@ -52,8 +52,9 @@ def test_streaming_completion_ends_with_usage_then_done(vllm, chat):
         body["messages"] = [{"role": "user", "content": "Say something long."}]
     else:
         body["prompt"] = "Once upon a time"
-    r = requests.post(vllm.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body, stream=True,
-                      timeout=10)
+    r = requests.post(
+        vllm.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body, stream=True, timeout=10
+    )
     assert r.status_code == 200 and r.headers["Content-Type"] == "text/event-stream"
     assert r.headers["X-Specwatch-Simulator"] == "1"
     events = _sse(r)
@@ -72,8 +73,11 @@ def test_streaming_completion_ends_with_usage_then_done(vllm, chat):
 
 
 def test_non_streaming_completion(sglang):
-    r = requests.post(sglang.url + "/v1/completions",
-                      json={"model": sglang.simulation.model_name, "prompt": "hi", "max_tokens": 7}, timeout=10)
+    r = requests.post(
+        sglang.url + "/v1/completions",
+        json={"model": sglang.simulation.model_name, "prompt": "hi", "max_tokens": 7},
+        timeout=10,
+    )
     doc = r.json()
     assert doc["object"] == "text_completion" and doc["usage"]["completion_tokens"] == 7
     assert doc["choices"][0]["finish_reason"] == "length"
@@ -105,8 +109,12 @@ def test_bad_requests_get_openai_errors(vllm):
 
 def test_client_disconnect_frees_the_batch_slot(vllm):
     conn = http.client.HTTPConnection("127.0.0.1", int(vllm.url.rsplit(":", 1)[1]), timeout=5)
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1_000_000, "stream": True}),
-                 {"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        json.dumps({"prompt": "x", "max_tokens": 1_000_000, "stream": True}),
+        {"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     resp.read1(100)
     resp.close()  # the response holds the socket: close both, as a client going away does
@@ -146,10 +154,14 @@ def test_128_concurrent_streaming_clients(vllm):
     def client() -> None:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("POST", "/v1/completions",
-                         json.dumps({"prompt": "x", "max_tokens": 60, "stream": True,
-                                     "stream_options": {"include_usage": True}}),
-                         {"Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                "/v1/completions",
+                json.dumps(
+                    {"prompt": "x", "max_tokens": 60, "stream": True, "stream_options": {"include_usage": True}}
+                ),
+                {"Content-Type": "application/json"},
+            )
             body = conn.getresponse().read()
             conn.close()
             events = [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
@@ -205,7 +217,11 @@ def test_simulate_command_serves_until_sigterm():
 def test_simulate_command_rejects_a_bad_scenario(tmp_path):
     scenario = tmp_path / "bad.yaml"
     scenario.write_text("events: [{at: 1m, type: nope}]\n")
-    result = subprocess.run([sys.executable, "-m", "specwatch", "simulate", "--port", "0", "--scenario",
-                             str(scenario)], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "specwatch", "simulate", "--port", "0", "--scenario", str(scenario)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2
     assert "events[0].type" in result.stderr

@@ -38,7 +38,11 @@ def test_counters_equal_what_the_server_counted(name):
     assert sample.num_speculative_tokens == truth["k"] == 3
     (engine,) = sample.engines
     assert (engine.drafts, engine.draft_tokens, engine.accepted_tokens, engine.generation_tokens) == (
-        truth["drafts"], truth["draft_tokens"], truth["accepted_tokens"], truth["generation_tokens"])
+        truth["drafts"],
+        truth["draft_tokens"],
+        truth["accepted_tokens"],
+        truth["generation_tokens"],
+    )
     assert engine.accepted_per_pos == tuple(truth["accepted_per_pos"])
     assert engine.running is not None and engine.drafted_per_pos == ()
 
@@ -72,11 +76,17 @@ def test_counts_of_the_first_finished_request_are_not_lost():
 
 def test_rounded_large_counters_parse_and_stay_monotonic():
     """llama-server writes doubles with 6 significant digits: 1234567 becomes 1.23457e+06."""
-    text = ("# TYPE llamacpp:spec_decode_num_drafts_total counter\nllamacpp:spec_decode_num_drafts_total 1.23457e+06\n"
-            "# TYPE llamacpp:spec_decode_num_draft_tokens_total counter\n"
-            "llamacpp:spec_decode_num_draft_tokens_total 3.7037e+06\n")
-    (engine,) = extract(parse(text, {"llamacpp:spec_decode_num_drafts_total",
-                                     "llamacpp:spec_decode_num_draft_tokens_total"}), {}, (), 1.0).engines
+    text = (
+        "# TYPE llamacpp:spec_decode_num_drafts_total counter\nllamacpp:spec_decode_num_drafts_total 1.23457e+06\n"
+        "# TYPE llamacpp:spec_decode_num_draft_tokens_total counter\n"
+        "llamacpp:spec_decode_num_draft_tokens_total 3.7037e+06\n"
+    )
+    (engine,) = extract(
+        parse(text, {"llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total"}),
+        {},
+        (),
+        1.0,
+    ).engines
     assert (engine.drafts, engine.draft_tokens) == (1234570.0, 3703700.0)
 
 

@@ -91,8 +91,10 @@ def test_adaptive_step_zero_gates_the_acceptance_gauges():
 
 
 def test_speculation_off_and_missing_families():
-    off = ('sglang:num_running_reqs{model_name="m"} 4\nsglang:spec_accept_length{model_name="m"} 0\n'
-           'sglang:generation_tokens_total{model_name="m"} 100\n')
+    off = (
+        'sglang:num_running_reqs{model_name="m"} 4\nsglang:spec_accept_length{model_name="m"} 0\n'
+        'sglang:generation_tokens_total{model_name="m"} 100\n'
+    )
     sample = parse_engine_sample("sglang", off, route(), 1.0)
     assert (sample.speculation_enabled, sample.acceptance_source) == (False, "none")
     assert sample.engines[0].running == 4

@@ -26,9 +26,15 @@ FILES = ("sglang-request-metrics-20261202_05.log", "sglang-request-metrics-20261
 
 
 def _config(directory: Path, *routes: str):
-    return parse_config({"gpu": {"enabled": "false"}, "routes": [
-        {"name": r, "engine": "sglang_request_log", "url": directory.as_uri(), "match": {"route": r}}
-        for r in routes]})
+    return parse_config(
+        {
+            "gpu": {"enabled": "false"},
+            "routes": [
+                {"name": r, "engine": "sglang_request_log", "url": directory.as_uri(), "match": {"route": r}}
+                for r in routes
+            ],
+        }
+    )
 
 
 def _truth() -> dict:
@@ -123,7 +129,7 @@ def _feed_live(tmp_path: Path, routes: tuple[str, ...]) -> dict[str, tuple[Route
         path = tmp_path / name
         for i in range(0, len(data), 1500):  # writes that end in the middle of lines
             with open(path, "ab") as f:
-                f.write(data[i:i + 1500])
+                f.write(data[i : i + 1500])
             cycle()
     return {name: (trackers[name], last[name]) for name in sources}
 
@@ -135,7 +141,10 @@ def test_shared_server_two_routes_by_custom_label_from_the_request_files(tmp_pat
         fed = truth[route]
         (engine,) = sample.engines
         assert (engine.drafts, engine.draft_tokens, engine.accepted_tokens) == (
-            fed["verify_steps"], fed["proposed"], fed["accepted"])
+            fed["verify_steps"],
+            fed["proposed"],
+            fed["accepted"],
+        )
         assert sample.num_speculative_tokens == 3
         state = tracker.state()
         assert state.accepted_tokens_total == fed["accepted"] and state.draft_tokens_total == fed["proposed"]
@@ -149,9 +158,15 @@ def test_shared_server_two_routes_by_custom_label_from_the_counters() -> None:
     label, so each route's acceptance is (Δgeneration - Δverify) / (Δverify x k) of its own requests."""
     text = (FIXTURES / "0.5.23_dp2.prom").read_text()
     truth = json.loads((FIXTURES / "0.5.23_dp2.truth.json").read_text())
-    config = parse_config({"gpu": {"enabled": "false"}, "routes": [
-        {"name": r, "engine": "sglang", "url": "http://127.0.0.1:9/metrics", "match": {"route": r}}
-        for r in ("chat", "code")]})
+    config = parse_config(
+        {
+            "gpu": {"enabled": "false"},
+            "routes": [
+                {"name": r, "engine": "sglang", "url": "http://127.0.0.1:9/metrics", "match": {"route": r}}
+                for r in ("chat", "code")
+            ],
+        }
+    )
     k = truth["spec_num_draft_tokens"] - 1
     ratios = {}
     for route in config.routes:
@@ -181,8 +196,13 @@ def test_config_takes_a_file_url_for_the_request_files_only(tmp_path: Path) -> N
     route = _config(tmp_path, "chat").routes[0]
     assert route.engine == "sglang_request_log" and route.url == tmp_path.as_uri()
     with pytest.raises(ConfigError, match="file://"):
-        parse_config({"gpu": {"enabled": "false"}, "routes": [
-            {"name": "chat", "engine": "sglang_request_log", "url": "http://127.0.0.1:9/metrics"}]})
+        parse_config(
+            {
+                "gpu": {"enabled": "false"},
+                "routes": [{"name": "chat", "engine": "sglang_request_log", "url": "http://127.0.0.1:9/metrics"}],
+            }
+        )
     with pytest.raises(ConfigError, match="http"):
-        parse_config({"gpu": {"enabled": "false"}, "routes": [
-            {"name": "chat", "engine": "sglang", "url": tmp_path.as_uri()}]})
+        parse_config(
+            {"gpu": {"enabled": "false"}, "routes": [{"name": "chat", "engine": "sglang", "url": tmp_path.as_uri()}]}
+        )

@@ -28,8 +28,9 @@ def fixture(name):
     return (FIXTURES / f"{name}.prom").read_text(), json.loads((FIXTURES / f"{name}.truth.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["trtllm/serve_k3", "trtllm/serve_dynamic_k", "dynamo/trtllm_passthrough",
-                                  "dynamo/trtllm_stripped"])
+@pytest.mark.parametrize(
+    "name", ["trtllm/serve_k3", "trtllm/serve_dynamic_k", "dynamo/trtllm_passthrough", "dynamo/trtllm_stripped"]
+)
 def test_counters_equal_what_the_collector_was_fed(name):
     text, truth = fixture(name)
     sample = parse_engine_sample("auto", text, route(engine="auto"), 1.0)
@@ -63,14 +64,19 @@ def test_tracked_ratios_equal_the_engine_counter_ratios(name):
     tracker.observe(parse_engine_sample("trtllm", t1, route(), 0.0))
     tracker.observe(parse_engine_sample("trtllm", t2, route(), 30.0))
     state = tracker.state()
-    d = {key: second[key] - first[key] if not isinstance(first[key], list) else
-         [b - a for a, b in zip(first[key], second[key])] for key in ("accepted_per_pos", "drafted_per_pos")}
+    d = {
+        key: second[key] - first[key]
+        if not isinstance(first[key], list)
+        else [b - a for a, b in zip(first[key], second[key])]
+        for key in ("accepted_per_pos", "drafted_per_pos")
+    }
     drafts = d["drafted_per_pos"][0]
     assert state.acceptance_ratio["1m"] == pytest.approx(sum(d["accepted_per_pos"]) / sum(d["drafted_per_pos"]))
     assert state.mean_acceptance_length["1m"] == pytest.approx(1 + sum(d["accepted_per_pos"]) / drafts)
     # per position: accepted at j over drafted at j, true for every draft length in the mix
     assert state.position_acceptance_ratio == pytest.approx(
-        [a / n for a, n in zip(d["accepted_per_pos"], d["drafted_per_pos"])])
+        [a / n for a, n in zip(d["accepted_per_pos"], d["drafted_per_pos"])]
+    )
     assert state.draft_length == pytest.approx(sum(d["drafted_per_pos"]) / drafts)
     assert state.speculation_active is True
 
@@ -90,9 +96,11 @@ def test_iteration_stats_json_accumulates_each_iteration_once():
     totals = IterationStatsTotals()
     for body in (body1, body1, body2):  # a repeated body adds nothing
         totals.add(body)
-    assert totals.totals == {"spec_decode_num_draft_tokens_total": truth["draft_tokens"],
-                             "spec_decode_num_accepted_tokens_total": truth["accepted_tokens"],
-                             "specDecodingStats.numRequestsWithDraftTokens": truth["drafts"]}
+    assert totals.totals == {
+        "spec_decode_num_draft_tokens_total": truth["draft_tokens"],
+        "spec_decode_num_accepted_tokens_total": truth["accepted_tokens"],
+        "specDecodingStats.numRequestsWithDraftTokens": truth["drafts"],
+    }
 
 
 def test_iteration_stats_through_the_shared_endpoint():
@@ -102,6 +110,7 @@ def test_iteration_stats_through_the_shared_endpoint():
 
     class DrainingServer:
         """trtllm-serve before its snapshot buffer: a GET hands out the pending iterations and drops them."""
+
         timeout, max_body, client = 1.0, 1 << 20, None
         pending = b"[]"
 
@@ -113,6 +122,7 @@ def test_iteration_stats_through_the_shared_endpoint():
     endpoint = SharedEndpoint("http://127.0.0.1:9/metrics", server)
     tracker = RouteTracker("r")
     from specwatch.sources import trtllm
+
     for ts, truth, body in zip((0.0, 30.0), truths, bodies):
         server.pending = body
         kind, families = endpoint.families(object(), "auto", ts)
@@ -120,7 +130,10 @@ def test_iteration_stats_through_the_shared_endpoint():
         sample = trtllm.extract(families, {}, (), ts)
         (engine,) = sample.engines
         assert (engine.drafts, engine.draft_tokens, engine.accepted_tokens) == (
-            truth["drafts"], truth["draft_tokens"], truth["accepted_tokens"])
+            truth["drafts"],
+            truth["draft_tokens"],
+            truth["accepted_tokens"],
+        )
         tracker.observe(sample)
     d = {key: truths[1][key] - truths[0][key] for key in ("drafts", "draft_tokens", "accepted_tokens")}
     state = tracker.state()
@@ -130,7 +143,7 @@ def test_iteration_stats_through_the_shared_endpoint():
 
 def test_bad_iteration_stats_is_a_parse_error():
     with pytest.raises(SourceError) as err:
-        IterationStatsTotals().add(b"[{\"iter\": 1}, ")
+        IterationStatsTotals().add(b'[{"iter": 1}, ')
     assert err.value.reason == "parse"
 
 

@@ -40,7 +40,11 @@ def test_v1_fixture_yields_the_fed_counters_per_engine(name):
         fed = truth[engine.engine]
         assert sample.num_speculative_tokens == fed["k"] == len(engine.accepted_per_pos)
         assert (engine.drafts, engine.draft_tokens, engine.accepted_tokens, engine.generation_tokens) == (
-            fed["drafts"], fed["draft_tokens"], fed["accepted_tokens"], fed["generation_tokens"])
+            fed["drafts"],
+            fed["draft_tokens"],
+            fed["accepted_tokens"],
+            fed["generation_tokens"],
+        )
         assert list(engine.accepted_per_pos) == fed["accepted_per_pos"]
         assert engine.created and engine.created > 1.7e9, "single-process vLLM exposes _created"
         assert engine.running is not None and engine.waiting is not None and 0 <= engine.kv_usage <= 1
@@ -66,8 +70,10 @@ def test_v0_reads_lifetime_gauges_and_never_its_counters():
 
 
 def test_positions_sort_numerically_and_k_counts_them():
-    lines = "".join(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{p}"}} '
-                    f'{100 - p}\n' for p in (10, 2, 0, 1, 3, 4, 5, 6, 7, 8, 9))
+    lines = "".join(
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{p}"}} {100 - p}\n'
+        for p in (10, 2, 0, 1, 3, 4, 5, 6, 7, 8, 9)
+    )
     body = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100\n' + lines
     sample = parse_engine_sample("vllm", body, route(), 1.0)
     assert sample.num_speculative_tokens == 11
@@ -199,9 +205,14 @@ def server():
 
 
 def http_source(url, **scrape_cfg):
-    config = parse_config({"interval": "5s", "gpu": {"enabled": "false"},
-                           "scrape": {"timeout": f"{TIMEOUT * 1000:g}ms", **scrape_cfg},
-                           "routes": [{"name": "r", "url": url, "engine": "auto"}]})
+    config = parse_config(
+        {
+            "interval": "5s",
+            "gpu": {"enabled": "false"},
+            "scrape": {"timeout": f"{TIMEOUT * 1000:g}ms", **scrape_cfg},
+            "routes": [{"name": "r", "url": url, "engine": "auto"}],
+        }
+    )
     return make_source(config.routes[0], config)
 
 
@@ -241,10 +252,17 @@ def test_http_gzip_body_is_decoded(server):
     assert not isinstance(result, SourceError) and result.engines[0].drafts
 
 
-@pytest.mark.parametrize("path, reason", [
-    ("/hang/metrics", "timeout"), ("/drip/metrics", "timeout"), ("/html/metrics", "parse"),
-    ("/binary/metrics", "parse"), ("/utf8/metrics", "parse"), ("/500/metrics", "http_status"),
-])
+@pytest.mark.parametrize(
+    "path, reason",
+    [
+        ("/hang/metrics", "timeout"),
+        ("/drip/metrics", "timeout"),
+        ("/html/metrics", "parse"),
+        ("/binary/metrics", "parse"),
+        ("/utf8/metrics", "parse"),
+        ("/500/metrics", "http_status"),
+    ],
+)
 def test_http_failures_fail_fast_with_their_reason(server, path, reason):
     result, took = scrape(server.url + path)
     assert isinstance(result, SourceError) and result.reason == reason, repr(result)

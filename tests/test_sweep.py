@@ -117,11 +117,15 @@ class StubEngine:
         c = self.counters
         lines = []
         for name, key in (("drafts", "drafts"), ("draft_tokens", "draft_tokens"), ("accepted_tokens", "accepted")):
-            lines += [f"# TYPE vllm:spec_decode_num_{name} counter",
-                      f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="stub-8b"}} {c[key]}']
-        lines += ["# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
-                  f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="0"}} {c["pos0"]}',
-                  f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="1"}} {c["pos1"]}']
+            lines += [
+                f"# TYPE vllm:spec_decode_num_{name} counter",
+                f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="stub-8b"}} {c[key]}',
+            ]
+        lines += [
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="0"}} {c["pos0"]}',
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="1"}} {c["pos1"]}',
+        ]
         return "\n".join(lines) + "\n"
 
     def close(self):
@@ -140,8 +144,24 @@ def pair():
 def test_sweep_finds_stub_crossover_and_writes_json_and_png(pair, tmp_path, capsys):
     plain, spec = pair
     out = tmp_path / "crossover.json"
-    rc = cli_main(["sweep", "--plain", plain.url, "--spec", spec.url + "/v1", "--concurrency", "1,4,16",
-                   "--max-tokens", "12", "--requests-per-client", "1", "--output", str(out), "--quiet"])
+    rc = cli_main(
+        [
+            "sweep",
+            "--plain",
+            plain.url,
+            "--spec",
+            spec.url + "/v1",
+            "--concurrency",
+            "1,4,16",
+            "--max-tokens",
+            "12",
+            "--requests-per-client",
+            "1",
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0, capsys.readouterr()
     doc = load_sweep(out)
     assert doc["complete"] and doc["failure"] is None and doc["model"] == "stub-8b"
@@ -171,8 +191,9 @@ def test_server_failure_keeps_measured_levels(tmp_path):
     plain, spec = StubEngine(spec=False), StubEngine(spec=True, fail_after=3)
     try:
         out = tmp_path / "c.json"
-        outcome = run_sweep(SweepSettings(plain.url, spec.url, concurrency=(1, 2, 4), max_tokens=4,
-                                          requests_per_client=1), out)
+        outcome = run_sweep(
+            SweepSettings(plain.url, spec.url, concurrency=(1, 2, 4), max_tokens=4, requests_per_client=1), out
+        )
     finally:
         plain.close()
         spec.close()
@@ -184,8 +205,20 @@ def test_server_failure_keeps_measured_levels(tmp_path):
 
 def test_unreachable_server_reports_cleanly(tmp_path, capsys):
     out = tmp_path / "c.json"
-    rc = cli_main(["sweep", "--plain", "http://127.0.0.1:9", "--spec", "http://127.0.0.1:9", "--output", str(out),
-                   "--quiet", "--timeout", "2"])
+    rc = cli_main(
+        [
+            "sweep",
+            "--plain",
+            "http://127.0.0.1:9",
+            "--spec",
+            "http://127.0.0.1:9",
+            "--output",
+            str(out),
+            "--quiet",
+            "--timeout",
+            "2",
+        ]
+    )
     assert rc == 1
     assert "plain server http://127.0.0.1:9: cannot list models" in capsys.readouterr().err
     assert load_sweep(out)["levels"] == []
@@ -224,8 +257,9 @@ def test_sweep_recovers_h200_table_crossover_from_simulated_pair(tmp_path):
     spec = RunningSimulator(Simulation(SimulationSpec(k=4, acceptance=0.7, time_scale=0.25, seed=2))).start()
     try:
         out = tmp_path / "crossover.json"
-        outcome = run_sweep(SweepSettings(plain.url, spec.url, concurrency=levels, max_tokens=64,
-                                          requests_per_client=2), out)
+        outcome = run_sweep(
+            SweepSettings(plain.url, spec.url, concurrency=levels, max_tokens=64, requests_per_client=2), out
+        )
     finally:
         plain.stop()
         spec.stop()
@@ -261,8 +295,9 @@ def test_acceptance_from_vllm_counters_summed_over_engines():
     def delta(key: str) -> float:
         return sum(after[e][key] - before[e][key] for e in after)
 
-    got = acceptance_between(_fixture_sample("vllm/v1_k4_2engines.prom"),
-                             _fixture_sample("vllm/v1_k4_2engines_scrape2.prom"))
+    got = acceptance_between(
+        _fixture_sample("vllm/v1_k4_2engines.prom"), _fixture_sample("vllm/v1_k4_2engines_scrape2.prom")
+    )
     assert got["acceptance_ratio"] == pytest.approx(delta("accepted_tokens") / delta("draft_tokens"))
     assert got["mean_acceptance_length"] == pytest.approx(1 + delta("accepted_tokens") / delta("drafts"))
     assert got["draft_length"] == pytest.approx(4)

@@ -133,8 +133,11 @@ _daemon.Daemon.tick = _hanging_tick
 def test_ready_watchdog_only_while_evaluating_and_stopping(tmp_path, notify_socket):
     block = tmp_path / "hang"
     env = dict(os.environ, WATCHDOG_USEC="20000000")  # 20s: pets at cycle pace, far below it
-    d = Daemon(write_config(tmp_path / "specwatch.yml", ["chat"]), env=env,
-               python_prelude=BLOCK_PRELUDE.format(block=str(block)))
+    d = Daemon(
+        write_config(tmp_path / "specwatch.yml", ["chat"]),
+        env=env,
+        python_prelude=BLOCK_PRELUDE.format(block=str(block)),
+    )
     try:
         notify_socket.wait_for("READY=1")
         # READY=1 follows the first published cycle, so readiness is already true when systemd hears it

@@ -63,6 +63,7 @@ def test_notify_service_with_watchdog_reload_and_restart():
 
 def load_config_default_interval() -> float:
     from specwatch.config import Config
+
     return Config().interval_seconds
 
 
@@ -91,8 +92,9 @@ def test_devices_are_nvml_only():
     for spec, mode in allowed:
         assert mode == "rw"
         nvidia_class = re.fullmatch(r"char-nvidia(ctl|-frontend|-uvm)?", spec)
-        assert spec in ("/dev/nvidiactl", "/dev/nvidia-uvm") or nvidia_class, \
+        assert spec in ("/dev/nvidiactl", "/dev/nvidia-uvm") or nvidia_class, (
             f"{spec}: more device access than NVML needs (no globs: char-nvidia* would add nvswitch, caps, imex)"
+        )
 
 
 def exec_start_argv() -> list[str]:
@@ -103,6 +105,7 @@ def test_exec_start_flags_parse_with_the_real_cli():
     argv = exec_start_argv()
     assert argv[0] == INSTALLED_BINARY
     from specwatch.cli import build_parser
+
     args = build_parser().parse_args(argv[1:])
     assert args.command == "run"
     assert args.listen_address.startswith("127.0.0.1:")  # loopback unless the operator opts in
@@ -120,8 +123,12 @@ def test_systemd_analyze_verify_is_clean(tmp_path):
 
 @needs_analyze
 def test_security_exposure_is_at_most_2_5():
-    result = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(UNIT)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(UNIT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     match = re.search(r"Overall exposure level for specwatch\.service: (\d+\.\d+)", result.stdout)
     assert match, result.stdout + result.stderr
     assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
@@ -131,6 +138,7 @@ def can_build_wheels_offline() -> bool:
     import importlib.util
 
     import setuptools
+
     major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
     return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
 
@@ -147,10 +155,20 @@ def test_install_script_staged(tmp_path):
     subprocess.run([python, "-m", "venv", "--without-pip", str(prefix)], check=True, timeout=60)
     site = next(prefix.glob("lib/python3*/site-packages"))
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = dict(os.environ, PREFIX=str(prefix), CONFIG_DIR=str(tmp_path / "etc"), UNIT_DIR=str(tmp_path / "units"),
-               PIP_ARGS="--no-deps --no-index --no-build-isolation")
-    run = lambda: subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--no-system"], env=env,  # noqa: E731
-                                 capture_output=True, text=True, timeout=110)
+    env = dict(
+        os.environ,
+        PREFIX=str(prefix),
+        CONFIG_DIR=str(tmp_path / "etc"),
+        UNIT_DIR=str(tmp_path / "units"),
+        PIP_ARGS="--no-deps --no-index --no-build-isolation",
+    )
+    run = lambda: subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh"), "--no-system"],
+        env=env,  # noqa: E731
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     first = run()
     assert first.returncode == 0, first.stdout + first.stderr
     assert (prefix / "bin" / "specwatch").exists()
@@ -169,6 +187,5 @@ def test_install_script_staged(tmp_path):
 def test_install_script_refuses_to_run_unprivileged_without_no_system():
     if os.geteuid() == 0:
         pytest.skip("running as root")
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and "must run as root" in result.stderr

@@ -33,7 +33,7 @@ def test_requests_that_differ_show_it_as_dispersion():
     measured = from_request_metrics([_request(90, 18), _request(90, 72)] * 5)
     assert measured.acceptance_ratio == 0.5
     # Each request is 27 accepted tokens off the pooled 45: chi2 / (n - 1) = 10 * 27^2 / 22.5 / 9.
-    assert measured.overdispersion == pytest.approx(10 * 27 ** 2 / 22.5 / 9)
+    assert measured.overdispersion == pytest.approx(10 * 27**2 / 22.5 / 9)
     assert measured.config() == {"acceptance_ratio": 0.5, "overdispersion": round(measured.overdispersion, 4)}
 
 
@@ -63,12 +63,15 @@ def test_the_venv_is_current_only_with_the_stamp_of_this_lock(tmp_path: Path):
     assert engine_env.is_current(venv)
 
 
-@pytest.mark.parametrize("machine, flags, supported", [
-    ("x86_64", {"avx512f", "avx2"}, True),
-    ("x86_64", {"avx2"}, True),
-    ("x86_64", {"sse4_2"}, False),
-    ("aarch64", {"asimd"}, False),
-])
+@pytest.mark.parametrize(
+    "machine, flags, supported",
+    [
+        ("x86_64", {"avx512f", "avx2"}, True),
+        ("x86_64", {"avx2"}, True),
+        ("x86_64", {"sse4_2"}, False),
+        ("aarch64", {"asimd"}, False),
+    ],
+)
 def test_cpu_support_says_why(monkeypatch, machine, flags, supported):
     monkeypatch.setattr(engine_env.platform, "machine", lambda: machine)
     monkeypatch.setattr(engine_env, "_cpu_flags", lambda: flags)
@@ -79,8 +82,12 @@ def test_cpu_support_says_why(monkeypatch, machine, flags, supported):
 
 
 def test_the_server_command_line_carries_the_speculative_config():
-    spec = VllmServerSpec(model=Path("/m/target"), speculative={"method": "ngram", "num_speculative_tokens": 3},
-                          per_request_spec_metrics="summary", extra_args=("--seed", "1"))
+    spec = VllmServerSpec(
+        model=Path("/m/target"),
+        speculative={"method": "ngram", "num_speculative_tokens": 3},
+        per_request_spec_metrics="summary",
+        extra_args=("--seed", "1"),
+    )
     argv = spec.argv(Path("/venv/bin/python"), 8123)
     assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--speculative-config") + 1] == '{"method": "ngram", "num_speculative_tokens": 3}'
@@ -99,13 +106,18 @@ def test_the_successor_design_reproduces_a_real_engines_requests_step_by_step():
     wrong = successor.wrong_tokens(capture["vocab_size"], capture["wrong_fraction"])
     for request in capture["requests"]:
         real = request["metrics"]["speculative_decoding"]
-        steps = successor.accepted_per_step(request["last_prompt_token"], capture["vocab_size"], capture["k"], wrong,
-                                            capture["max_tokens"])
+        steps = successor.accepted_per_step(
+            request["last_prompt_token"], capture["vocab_size"], capture["k"], wrong, capture["max_tokens"]
+        )
         assert steps == real["per_step_accepted"]
-        counts = successor.simulate(request["last_prompt_token"], capture["vocab_size"], capture["k"], wrong,
-                                    capture["max_tokens"])
+        counts = successor.simulate(
+            request["last_prompt_token"], capture["vocab_size"], capture["k"], wrong, capture["max_tokens"]
+        )
         assert (counts.drafts, counts.draft_tokens, counts.accepted) == (
-            real["num_spec_steps"], real["num_draft_tokens"], real["num_accepted_draft_tokens"])
+            real["num_spec_steps"],
+            real["num_draft_tokens"],
+            real["num_accepted_draft_tokens"],
+        )
 
 
 def test_successor_wrong_sets_are_nested_so_acceptance_falls_with_the_fraction():

@@ -9,14 +9,22 @@ import pytest
 
 from specwatch.cli import main as cli_main
 from specwatch.stats.overdispersion import DispersionEstimator
-from specwatch.offline.tracegen import (DAY, Drop, ModelChange, TraceSpec, conditional_alphas, drop_scale, generate,
-                                mean_acceptance_ratio, request_stream)
+from specwatch.offline.tracegen import (
+    DAY,
+    Drop,
+    ModelChange,
+    TraceSpec,
+    conditional_alphas,
+    drop_scale,
+    generate,
+    mean_acceptance_ratio,
+    request_stream,
+)
 
 
 def _ratio(samples, start: float, end: float) -> float:
     inside = [s for s in samples if start <= s.ts - samples[0].ts + 15 <= end]
-    return (inside[-1].accepted_tokens - inside[0].accepted_tokens) / (
-        inside[-1].draft_tokens - inside[0].draft_tokens)
+    return (inside[-1].accepted_tokens - inside[0].accepted_tokens) / (inside[-1].draft_tokens - inside[0].draft_tokens)
 
 
 def test_same_seed_same_trace() -> None:
@@ -40,13 +48,13 @@ def test_counters_are_cumulative_and_consistent() -> None:
 def test_mean_ratio_matches_the_model_at_every_tier(rate: float) -> None:
     samples = list(generate(TraceSpec(rate=rate, duration=2 * DAY, seed=2)))
     last = samples[-1]
-    assert last.accepted_tokens / last.draft_tokens == pytest.approx(mean_acceptance_ratio("eagle3", 4, 30.0),
-                                                                    rel=0.04)
+    assert last.accepted_tokens / last.draft_tokens == pytest.approx(mean_acceptance_ratio("eagle3", 4, 30.0), rel=0.04)
 
 
 def test_injected_drop_lowers_the_ratio_by_the_requested_fraction() -> None:
-    samples = list(generate(TraceSpec(rate=2.0, duration=8 * 3600.0, seed=3,
-                                      drops=(Drop(start=4 * 3600.0, ratio=0.20),))))
+    samples = list(
+        generate(TraceSpec(rate=2.0, duration=8 * 3600.0, seed=3, drops=(Drop(start=4 * 3600.0, ratio=0.20),)))
+    )
     before, after = _ratio(samples, 0, 4 * 3600.0), _ratio(samples, 4 * 3600.0 + 60, 8 * 3600.0)
     assert 1 - after / before == pytest.approx(0.20, abs=0.02)
     # ~7-9% per position (docs/design/detection-research.md §1)
@@ -54,8 +62,9 @@ def test_injected_drop_lowers_the_ratio_by_the_requested_fraction() -> None:
 
 
 def test_model_change_restarts_counters() -> None:
-    samples = list(generate(TraceSpec(rate=2.0, duration=2 * 3600.0, seed=3,
-                                      changes=(ModelChange(at=3600.0, model_name="m2"),))))
+    samples = list(
+        generate(TraceSpec(rate=2.0, duration=2 * 3600.0, seed=3, changes=(ModelChange(at=3600.0, model_name="m2"),)))
+    )
     i = next(i for i, s in enumerate(samples) if s.model_name == "m2")
     assert samples[i].drafts < samples[i - 1].drafts  # the engine restarted
     assert all(s.model_name == "m2" for s in samples[i:])
@@ -86,10 +95,13 @@ def test_request_stream_is_the_model_of_the_traces() -> None:
 
 
 def test_request_stream_applies_drops() -> None:
-    draws = list(request_stream(TraceSpec(rate=2.0, duration=4 * 3600.0, seed=8,
-                                          drops=(Drop(start=2 * 3600.0, ratio=0.20),))))
+    draws = list(
+        request_stream(TraceSpec(rate=2.0, duration=4 * 3600.0, seed=8, drops=(Drop(start=2 * 3600.0, ratio=0.20),)))
+    )
+
     def ratio(ds):
         return sum(d.accepted for d in ds) / sum(d.drafted for d in ds)
+
     before, after = ratio([d for d in draws if d.t < 7200]), ratio([d for d in draws if d.t >= 7200])
     assert 1 - after / before == pytest.approx(0.20, abs=0.02)
     # requests differ far more than binomial noise would allow: the heterogeneity the detectors face
@@ -107,12 +119,38 @@ def test_conditional_alphas_extend_the_profile() -> None:
 
 def test_cli_writes_jsonl(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
-    assert cli_main(["simulate-trace", "--rate", "0.2", "--duration", "1h", "--drop", "30m:0.2",
-                     "--model-change", "45m:m2", "--seed", "1", "-o", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "simulate-trace",
+                "--rate",
+                "0.2",
+                "--duration",
+                "1h",
+                "--drop",
+                "30m:0.2",
+                "--model-change",
+                "45m:m2",
+                "--seed",
+                "1",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 240
-    assert set(lines[0]) == {"ts", "route", "model_name", "drafts", "draft_tokens", "accepted_tokens",
-                             "accepted_per_pos", "running"}
+    assert set(lines[0]) == {
+        "ts",
+        "route",
+        "model_name",
+        "drafts",
+        "draft_tokens",
+        "accepted_tokens",
+        "accepted_per_pos",
+        "running",
+    }
     assert lines[-1]["model_name"] == "m2"
 
 

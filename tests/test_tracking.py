@@ -13,16 +13,32 @@ from specwatch.tracking.windows import MAX_POINTS, Sums, WindowRing
 K = 3
 
 
-def vllm_engine(engine: str, drafts: float, accepted_per_pos: list[float], created: float,
-                running: float = 8.0) -> EngineCounters:
-    return EngineCounters(engine=engine, drafts=drafts, draft_tokens=drafts * K, accepted_tokens=sum(accepted_per_pos),
-                          accepted_per_pos=tuple(accepted_per_pos), created=created, running=running, waiting=1.0,
-                          kv_usage=0.5)
+def vllm_engine(
+    engine: str, drafts: float, accepted_per_pos: list[float], created: float, running: float = 8.0
+) -> EngineCounters:
+    return EngineCounters(
+        engine=engine,
+        drafts=drafts,
+        draft_tokens=drafts * K,
+        accepted_tokens=sum(accepted_per_pos),
+        accepted_per_pos=tuple(accepted_per_pos),
+        created=created,
+        running=running,
+        waiting=1.0,
+        kv_usage=0.5,
+    )
 
 
 def vllm_sample(ts: float, *engines: EngineCounters) -> EngineSample:
-    return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter", model_name="llama",
-                        engine_version="0.33.0", num_speculative_tokens=K, engines=engines)
+    return EngineSample(
+        ts=ts,
+        engine_kind="vllm",
+        acceptance_source="counter",
+        model_name="llama",
+        engine_version="0.33.0",
+        num_speculative_tokens=K,
+        engines=engines,
+    )
 
 
 class FakeVllmEngine:
@@ -181,14 +197,22 @@ def test_window_ring_memory_is_bounded():
 
 # ---------------------------------------------------------------------------------------------- SGLang
 def sglang_sample(ts: float, version: str, source: str, *engines: EngineCounters, k: int | None = None) -> EngineSample:
-    return EngineSample(ts=ts, engine_kind="sglang", acceptance_source=source, model_name="qwen",
-                        engine_version=version, num_speculative_tokens=k, engines=engines)
+    return EngineSample(
+        ts=ts,
+        engine_kind="sglang",
+        acceptance_source=source,
+        model_name="qwen",
+        engine_version=version,
+        num_speculative_tokens=k,
+        engines=engines,
+    )
 
 
 def test_sglang_counter_mode_derives_drafts_accepted_and_draft_tokens():
     tracker = RouteTracker("s")
-    e = lambda verify, gen: EngineCounters(engine="0", spec_verify_calls=verify, generation_tokens=gen,
-                                           spec_num_draft_tokens=4.0, running=10.0)
+    e = lambda verify, gen: EngineCounters(
+        engine="0", spec_verify_calls=verify, generation_tokens=gen, spec_num_draft_tokens=4.0, running=10.0
+    )
     tracker.observe(sglang_sample(0.0, "0.5.13", "counter", e(1000, 3000)))
     obs = tracker.observe(sglang_sample(5.0, "0.5.13", "counter", e(1100, 3250)))
     assert obs.d_drafts == 100 and obs.d_accepted == 150 and obs.d_draft_tokens == 300 and obs.k == 3
@@ -200,8 +224,14 @@ def test_sglang_counter_mode_derives_drafts_accepted_and_draft_tokens():
 
 def test_sglang_gauge_mode_weights_engines_by_running_requests():
     tracker = RouteTracker("s")
-    e = lambda name, rate, tau, running: EngineCounters(engine=name, spec_accept_rate=rate, spec_accept_length=tau,
-                                                        spec_num_draft_tokens=4.0, spec_num_steps=3.0, running=running)
+    e = lambda name, rate, tau, running: EngineCounters(
+        engine=name,
+        spec_accept_rate=rate,
+        spec_accept_length=tau,
+        spec_num_draft_tokens=4.0,
+        spec_num_steps=3.0,
+        running=running,
+    )
     tracker.observe(sglang_sample(0.0, "0.5.23", "gauge", e("0", 0.9, 3.7, 30), e("1", 0.3, 1.9, 10)))
     obs = tracker.observe(sglang_sample(5.0, "0.5.23", "gauge", e("0", 0.9, 3.7, 30), e("1", 0.3, 1.9, 10)))
     assert obs.gauge_acceptance_ratio == pytest.approx(0.75) and obs.d_drafts == 0
@@ -261,8 +291,9 @@ def test_nan_and_infinite_values_never_poison_the_sums():
     state = tracker.state()
     assert state.drafts_total == 200 and state.acceptance_ratio["1m"] == pytest.approx(0.5)
     gauge = RouteTracker("g")
-    e = lambda rate, running: EngineCounters(engine="0", spec_accept_rate=rate, spec_num_draft_tokens=4.0,
-                                             running=running)
+    e = lambda rate, running: EngineCounters(
+        engine="0", spec_accept_rate=rate, spec_num_draft_tokens=4.0, running=running
+    )
     for ts, engine in ((0.0, e(0.6, 10)), (5.0, e(nan, 10)), (10.0, e(0.9, inf)), (15.0, e(0.6, 10))):
         gauge.observe(sglang_sample(ts, "0.5.23", "gauge", engine))
     assert gauge.state().acceptance_ratio["1m"] == pytest.approx(0.6)
@@ -282,10 +313,18 @@ def test_state_fields_are_the_state_as_keyword_arguments():
 
 # --------------------------------------------------------------------------- speculation active
 def _vllm(ts: float, drafts: float, generation: float, k: int = 4) -> EngineSample:
-    e = EngineCounters(engine="0", drafts=drafts, draft_tokens=k * drafts, accepted_tokens=2 * drafts,
-                       accepted_per_pos=(drafts,) * k, generation_tokens=generation, running=8.0)
-    return EngineSample(ts=ts, engine_kind="vllm", acceptance_source="counter", model_name="m",
-                        num_speculative_tokens=k, engines=(e,))
+    e = EngineCounters(
+        engine="0",
+        drafts=drafts,
+        draft_tokens=k * drafts,
+        accepted_tokens=2 * drafts,
+        accepted_per_pos=(drafts,) * k,
+        generation_tokens=generation,
+        running=8.0,
+    )
+    return EngineSample(
+        ts=ts, engine_kind="vllm", acceptance_source="counter", model_name="m", num_speculative_tokens=k, engines=(e,)
+    )
 
 
 def test_speculation_active_follows_drafts_against_generated_tokens():
@@ -307,21 +346,46 @@ def test_speculation_active_follows_drafts_against_generated_tokens():
 
 def test_speculation_active_is_absent_without_speculation_or_counters():
     tracker = RouteTracker("r")
-    off = EngineSample(ts=0.0, engine_kind="vllm", acceptance_source="none", speculation_enabled=False,
-                       engines=(EngineCounters(engine="0", generation_tokens=10.0),))
+    off = EngineSample(
+        ts=0.0,
+        engine_kind="vllm",
+        acceptance_source="none",
+        speculation_enabled=False,
+        engines=(EngineCounters(engine="0", generation_tokens=10.0),),
+    )
     tracker.observe(off)
-    tracker.observe(EngineSample(ts=10.0, engine_kind="vllm", acceptance_source="none", speculation_enabled=False,
-                                 engines=(EngineCounters(engine="0", generation_tokens=90.0),)))
+    tracker.observe(
+        EngineSample(
+            ts=10.0,
+            engine_kind="vllm",
+            acceptance_source="none",
+            speculation_enabled=False,
+            engines=(EngineCounters(engine="0", generation_tokens=90.0),),
+        )
+    )
     assert tracker.state().speculation_active is None
 
 
 def test_sglang_adaptive_step_zero_is_speculation_inactive():
     """At adaptive step 0 SGLang still counts 1-token verify calls: no draft tokens, so inactive."""
+
     def sample(ts, verify, gen, steps, draft_tokens):
-        e = EngineCounters(engine="0", spec_verify_calls=verify, generation_tokens=gen, spec_num_steps=steps,
-                           spec_num_draft_tokens=draft_tokens, running=70.0)
-        return EngineSample(ts=ts, engine_kind="sglang", acceptance_source="counter", model_name="m",
-                            num_speculative_tokens=None, engines=(e,))
+        e = EngineCounters(
+            engine="0",
+            spec_verify_calls=verify,
+            generation_tokens=gen,
+            spec_num_steps=steps,
+            spec_num_draft_tokens=draft_tokens,
+            running=70.0,
+        )
+        return EngineSample(
+            ts=ts,
+            engine_kind="sglang",
+            acceptance_source="counter",
+            model_name="m",
+            num_speculative_tokens=None,
+            engines=(e,),
+        )
 
     tracker = RouteTracker("r")
     tracker.observe(sample(0.0, 100.0, 250.0, 3, 4))

@@ -39,12 +39,29 @@ def make_pki(directory: Path) -> dict[str, Path]:
 
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=specwatch test CA")
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
-                      ("client", "extendedKeyUsage=clientAuth")):
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
         (d / f"{name}.ext").write_text(ext + "\n")
         run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+        )
     return {n: d / n for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
 
 
@@ -72,7 +89,9 @@ def test_empty_file_means_plain_http_without_auth(tmp_path):
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 tls_server_config:
   cert_file: a.crt
   min_version: TLS10
@@ -81,7 +100,8 @@ tls_server_config:
 basic_auth_users:
   alice: plaintext-password
 extra: true
-""")
+""",
+    )
     with pytest.raises(ConfigError) as err:
         load_web_config(path)
     text = "\n".join(err.value.problems)
@@ -97,18 +117,33 @@ extra: true
 
 def test_client_ca_and_client_auth_type_must_agree(tmp_path, pki):
     with pytest.raises(ConfigError, match="client_ca_file: required"):
-        parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
-                                                "client_auth_type": "RequireAndVerifyClientCert"}})
+        parse_web_config(
+            {
+                "tls_server_config": {
+                    "cert_file": str(pki["server.crt"]),
+                    "key_file": str(pki["server.key"]),
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                }
+            }
+        )
     with pytest.raises(ConfigError, match="client_auth_type is NoClientCert"):
-        parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
-                                                "client_ca_file": str(pki["ca.crt"])}})
+        parse_web_config(
+            {
+                "tls_server_config": {
+                    "cert_file": str(pki["server.crt"]),
+                    "key_file": str(pki["server.key"]),
+                    "client_ca_file": str(pki["ca.crt"]),
+                }
+            }
+        )
 
 
 def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
     (tmp_path / "garbage.crt").write_text("not a certificate")
     with pytest.raises(ConfigError, match="cannot load certificate"):
-        load_web_config(write(tmp_path,
-                              f"tls_server_config: {{cert_file: garbage.crt, key_file: {pki['server.key']}}}"))
+        load_web_config(
+            write(tmp_path, f"tls_server_config: {{cert_file: garbage.crt, key_file: {pki['server.key']}}}")
+        )
     with pytest.raises(ConfigError, match="cannot load certificate"):
         load_web_config(write(tmp_path, "tls_server_config: {cert_file: missing.crt, key_file: missing.key}"))
 
@@ -129,19 +164,32 @@ def test_unreadable_and_invalid_yaml_files(tmp_path):
 
 
 def test_exporter_toolkit_only_keys_are_accepted(tmp_path, pki):
-    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]),
-                                                  "key_file": str(pki["server.key"]),
-                                                  "cipher_suites": ["TLS_AES_128_GCM_SHA256"], "min_version": "TLS13"},
-                            "http_server_config": {"http2": True}})
+    cfg = parse_web_config(
+        {
+            "tls_server_config": {
+                "cert_file": str(pki["server.crt"]),
+                "key_file": str(pki["server.key"]),
+                "cipher_suites": ["TLS_AES_128_GCM_SHA256"],
+                "min_version": "TLS13",
+            },
+            "http_server_config": {"http2": True},
+        }
+    )
     assert cfg.ssl_context().minimum_version == ssl.TLSVersion.TLSv1_3
 
 
 # --------------------------------------------------------------------------- basic auth
-@pytest.mark.parametrize("value, expected", [
-    (None, None), ("", None), ("Bearer abc", None), ("Basic !!!", None),
-    ("Basic " + base64.b64encode(b"no-colon").decode(), None),
-    ("basic " + base64.b64encode(b"u:p:with:colons").decode(), ("u", "p:with:colons")),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, None),
+        ("", None),
+        ("Bearer abc", None),
+        ("Basic !!!", None),
+        ("Basic " + base64.b64encode(b"no-colon").decode(), None),
+        ("basic " + base64.b64encode(b"u:p:with:colons").decode(), ("u", "p:with:colons")),
+    ],
+)
 def test_parse_basic_authorization(value, expected):
     assert parse_basic_authorization(value) == expected
 
@@ -224,10 +272,15 @@ def serve():
 
 
 def test_tls_with_basic_auth_answers_401_then_200(tmp_path, pki, serve):
-    cfg = load_web_config(write(tmp_path, f"""
-tls_server_config: {{cert_file: {pki['server.crt']}, key_file: {pki['server.key']}}}
+    cfg = load_web_config(
+        write(
+            tmp_path,
+            f"""
+tls_server_config: {{cert_file: {pki["server.crt"]}, key_file: {pki["server.key"]}}}
 basic_auth_users: {{prometheus: '{USER_HASH}'}}
-"""))
+""",
+        )
+    )
     url = serve(cfg)
     anonymous = requests.get(url, verify=str(pki["ca.crt"]), timeout=5)
     assert anonymous.status_code == 401 and anonymous.content == b""
@@ -237,9 +290,15 @@ basic_auth_users: {{prometheus: '{USER_HASH}'}}
 
 
 def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
-    cfg = parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]),
-                                                  "key_file": str(pki["server.key"]),
-                                                  "min_version": "TLS13"}})
+    cfg = parse_web_config(
+        {
+            "tls_server_config": {
+                "cert_file": str(pki["server.crt"]),
+                "key_file": str(pki["server.key"]),
+                "min_version": "TLS13",
+            }
+        }
+    )
     url = serve(cfg)
     client = ssl.create_default_context(cafile=str(pki["ca.crt"]))
     client.maximum_version = ssl.TLSVersion.TLSv1_2
@@ -250,9 +309,16 @@ def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
 
 
 def test_client_certificates_are_required_and_verified(pki, serve):
-    cfg = parse_web_config({"tls_server_config": {
-        "cert_file": str(pki["server.crt"]), "key_file": str(pki["server.key"]),
-        "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki["ca.crt"])}})
+    cfg = parse_web_config(
+        {
+            "tls_server_config": {
+                "cert_file": str(pki["server.crt"]),
+                "key_file": str(pki["server.key"]),
+                "client_auth_type": "RequireAndVerifyClientCert",
+                "client_ca_file": str(pki["ca.crt"]),
+            }
+        }
+    )
     url = serve(cfg)
     ok = requests.get(url, verify=str(pki["ca.crt"]), cert=(str(pki["client.crt"]), str(pki["client.key"])), timeout=5)
     assert ok.status_code == 200

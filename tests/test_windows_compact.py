@@ -17,8 +17,12 @@ def feed(rings, steps, seed=7):
         ts += rng.choice([5.0, 5.0, 5.0, 4.9, 5.2, 1.0, 12.0, 60.0])
         if i == steps // 2:
             k = 4  # the engine's k grows mid-way: old points read back with their own width
-        inc = Sums(drafts=float(rng.randint(0, 50)), draft_tokens=float(rng.randint(0, 200)),
-                   accepted=float(rng.randint(0, 150)), per_pos=tuple(float(rng.randint(0, 40)) for _ in range(k)))
+        inc = Sums(
+            drafts=float(rng.randint(0, 50)),
+            draft_tokens=float(rng.randint(0, 200)),
+            accepted=float(rng.randint(0, 150)),
+            per_pos=tuple(float(rng.randint(0, 40)) for _ in range(k)),
+        )
         total = total.plus(inc)
         for ring in rings:
             ring.append(ts, total)

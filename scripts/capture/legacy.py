@@ -87,8 +87,14 @@ def capture_sglang_legacy(args: Any) -> list[tuple[str, str, dict]]:
     if version != "0.4.3":
         sched_labels.update(engine_type="unified", tp_rank="0", pp_rank="0", dp_rank="0")
     tok_labels = {"model_name": args.model}
-    gauges = ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
-              "sglang:cache_hit_rate", "sglang:spec_accept_length"]
+    gauges = [
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:gen_throughput",
+        "sglang:cache_hit_rate",
+        "sglang:spec_accept_length",
+    ]
     if version >= "0.5.4":
         gauges.append("sglang:spec_accept_rate")
     rng = random.Random(args.seed)
@@ -97,21 +103,40 @@ def capture_sglang_legacy(args: Any) -> list[tuple[str, str, dict]]:
     length = 1 + sum(accepted) / len(accepted)
     # Before 0.5.13 spec_accept_rate included the bonus token: (accepted + bonus) / (forward_ct x draft_tokens).
     rate = (sum(accepted) + len(accepted)) / (len(accepted) * draft_tokens)
-    values = {"sglang:num_running_reqs": args.running, "sglang:num_queue_reqs": 1, "sglang:token_usage": 0.42,
-              "sglang:gen_throughput": 1234.5, "sglang:cache_hit_rate": 0.37, "sglang:spec_accept_length": length,
-              "sglang:spec_accept_rate": rate}
+    values = {
+        "sglang:num_running_reqs": args.running,
+        "sglang:num_queue_reqs": 1,
+        "sglang:token_usage": 0.42,
+        "sglang:gen_throughput": 1234.5,
+        "sglang:cache_hit_rate": 0.37,
+        "sglang:spec_accept_length": length,
+        "sglang:spec_accept_rate": rate,
+    }
     for name in gauges:
         kind, mode, doc = inventory[name]
         assert kind == "Gauge", name
-        g = prometheus_client.Gauge(name, doc, labelnames=list(sched_labels),
-                                    multiprocess_mode=mode if mode != "None" else "all")
+        g = prometheus_client.Gauge(
+            name, doc, labelnames=list(sched_labels), multiprocess_mode=mode if mode != "None" else "all"
+        )
         g.labels(**sched_labels).set(values[name])
     generated = sum(a + 1 for a in accepted)
     kind, _, doc = inventory["sglang:generation_tokens_total"]
     prometheus_client.Counter("sglang:generation_tokens_total", doc, labelnames=list(tok_labels)).labels(
-        **tok_labels).inc(generated)
+        **tok_labels
+    ).inc(generated)
     registry = prometheus_client.CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     text = prometheus_client.generate_latest(registry).decode("utf-8")
-    return [("", text, {"spec_accept_length": length, "spec_accept_rate": rate, "num_running_reqs": args.running,
-                        "generation_tokens": generated, "spec_num_steps": steps})]
+    return [
+        (
+            "",
+            text,
+            {
+                "spec_accept_length": length,
+                "spec_accept_rate": rate,
+                "num_running_reqs": args.running,
+                "generation_tokens": generated,
+                "spec_num_steps": steps,
+            },
+        )
+    ]

@@ -10,7 +10,7 @@ def draft_accepted(rng: random.Random, k: int, p: float) -> int:
     """Accepted prefix length of one k-token draft when each position is accepted with probability
     p x 0.93^j (later positions are harder, as in real EAGLE traces), stopping at the first rejection."""
     accepted = 0
-    while accepted < k and rng.random() < p * (0.93 ** accepted):
+    while accepted < k and rng.random() < p * (0.93**accepted):
         accepted += 1
     return accepted
 
@@ -36,7 +36,11 @@ class Truth:
             self.accepted_per_pos[j] += 1
 
     def as_dict(self) -> dict:
-        return {"k": self.k, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
-                "accepted_tokens": self.accepted_tokens,
-                "accepted_per_pos": list(self.accepted_per_pos or [0] * self.k),
-                "generation_tokens": self.generation_tokens}
+        return {
+            "k": self.k,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_pos": list(self.accepted_per_pos or [0] * self.k),
+            "generation_tokens": self.generation_tokens,
+        }

@@ -47,7 +47,7 @@ DYNAMO_COMMIT = "041ec8b0a9da970374a2d52190c4d7f2c6ec6090"
 def accepted_prefix(rng: random.Random, k: int, p: float) -> int:
     """Accepted prefix of one k-token draft: position j accepted with p x 0.93^j, stopping at a rejection."""
     n = 0
-    while n < k and rng.random() < p * (0.93 ** n):
+    while n < k and rng.random() < p * (0.93**n):
         n += 1
     return n
 
@@ -62,25 +62,46 @@ class TrtllmCollector:
         self.labels = labels
         names = list(labels)
         p, r = "trtllm_", self.registry
-        self.generation_tokens = Counter(p + "generation_tokens_total",
-                                         "Cumulative number of generation (output) tokens produced.", names, registry=r)
+        self.generation_tokens = Counter(
+            p + "generation_tokens_total",
+            "Cumulative number of generation (output) tokens produced.",
+            names,
+            registry=r,
+        )
         self.kv_cache_utilization = Gauge(p + "kv_cache_utilization", "KV cache utilization", names, registry=r)
         self.num_requests_running = Gauge(p + "num_requests_running", "Number of active requests", names, registry=r)
         self.num_requests_waiting = Gauge(p + "num_requests_waiting", "Number of queued requests", names, registry=r)
-        self.spec_draft = Counter(p + "spec_decode_num_draft_tokens_total",
-                                  "Total number of draft tokens in speculative decoding", names, registry=r)
-        self.spec_accepted = Counter(p + "spec_decode_num_accepted_tokens_total",
-                                     "Total number of accepted tokens in speculative decoding", names, registry=r)
-        self.spec_length = Gauge(p + "spec_decode_acceptance_length", "Acceptance length in speculative decoding",
-                                 names, registry=r)
-        self.spec_overhead = Gauge(p + "spec_decode_draft_overhead", "Draft overhead in speculative decoding",
-                                   names, registry=r)
+        self.spec_draft = Counter(
+            p + "spec_decode_num_draft_tokens_total",
+            "Total number of draft tokens in speculative decoding",
+            names,
+            registry=r,
+        )
+        self.spec_accepted = Counter(
+            p + "spec_decode_num_accepted_tokens_total",
+            "Total number of accepted tokens in speculative decoding",
+            names,
+            registry=r,
+        )
+        self.spec_length = Gauge(
+            p + "spec_decode_acceptance_length", "Acceptance length in speculative decoding", names, registry=r
+        )
+        self.spec_overhead = Gauge(
+            p + "spec_decode_draft_overhead", "Draft overhead in speculative decoding", names, registry=r
+        )
         pos_names = [*names, "token_position"]
-        self.drafted_per_pos = Counter(p + "spec_decode_drafted_tokens_total",
-                                       "Total drafted tokens per speculative decoding position.", pos_names, registry=r)
-        self.accepted_per_pos = Counter(p + "spec_decode_accepted_tokens_total",
-                                        "Total accepted tokens per speculative decoding position.", pos_names,
-                                        registry=r)
+        self.drafted_per_pos = Counter(
+            p + "spec_decode_drafted_tokens_total",
+            "Total drafted tokens per speculative decoding position.",
+            pos_names,
+            registry=r,
+        )
+        self.accepted_per_pos = Counter(
+            p + "spec_decode_accepted_tokens_total",
+            "Total accepted tokens per speculative decoding position.",
+            pos_names,
+            registry=r,
+        )
 
     def log_iteration_stats(self, stats: dict) -> None:
         """collector.py's log_iteration_stats, the branches for the families above."""
@@ -129,8 +150,14 @@ class TrtllmTraffic:
         self.rng = random.Random(seed)
         self.iter = 0
         self.iterations: list[dict] = []  # the JSON /metrics body of the traffic since the last take
-        self.truth = {"draft_tokens": 0, "accepted_tokens": 0, "drafts": 0, "generation_tokens": 0,
-                      "drafted_per_pos": [0] * max(ks), "accepted_per_pos": [0] * max(ks)}
+        self.truth = {
+            "draft_tokens": 0,
+            "accepted_tokens": 0,
+            "drafts": 0,
+            "generation_tokens": 0,
+            "drafted_per_pos": [0] * max(ks),
+            "accepted_per_pos": [0] * max(ks),
+        }
 
     def run(self, requests: int, concurrent: int) -> None:
         rng = self.rng
@@ -157,12 +184,21 @@ class TrtllmTraffic:
             spec["draftOverhead"] = round(rng.uniform(0.08, 0.14), 4)
             spec["iterLatencyMS"] = round(rng.uniform(9.0, 14.0), 3)
             self.iter += 1
-            stats = {"iter": self.iter, "iterLatencyMS": round(rng.uniform(18.0, 26.0), 3),
-                     "numActiveRequests": len(active), "numQueuedRequests": rng.randint(0, 3),
-                     "numCompletedRequests": len(done), "maxNumActiveRequests": 64,
-                     "kvCacheStats": {"maxNumBlocks": 4096, "usedNumBlocks": 300 + 40 * len(active),
-                                      "freeNumBlocks": 3796 - 40 * len(active), "tokensPerBlock": 32},
-                     "specDecodingStats": spec}
+            stats = {
+                "iter": self.iter,
+                "iterLatencyMS": round(rng.uniform(18.0, 26.0), 3),
+                "numActiveRequests": len(active),
+                "numQueuedRequests": rng.randint(0, 3),
+                "numCompletedRequests": len(done),
+                "maxNumActiveRequests": 64,
+                "kvCacheStats": {
+                    "maxNumBlocks": 4096,
+                    "usedNumBlocks": 300 + 40 * len(active),
+                    "freeNumBlocks": 3796 - 40 * len(active),
+                    "tokensPerBlock": 32,
+                },
+                "specDecodingStats": spec,
+            }
             self.iterations.append(stats)
             self.c.log_iteration_stats(stats)
             t = self.truth
@@ -183,8 +219,13 @@ class TrtllmTraffic:
     def _new_request(self) -> dict:
         k = self.rng.choice(self.ks)
         width = max(self.ks)
-        return {"k": k, "length": self.rng.randint(40, 120), "generated": 0,
-                "drafted": [0] * width, "accepted": [0] * width}
+        return {
+            "k": k,
+            "length": self.rng.randint(40, 120),
+            "generated": 0,
+            "drafted": [0] * width,
+            "accepted": [0] * width,
+        }
 
     def take_iterations(self) -> list[dict]:
         out, self.iterations = self.iterations, []
@@ -245,12 +286,18 @@ def llamacpp_text(m: dict) -> str:
         ("prompt_seconds_total", "Total time spent processing prompts", m["prompt_seconds"]),
         ("tokens_predicted_total", "Number of generation tokens processed", m["generation_tokens"]),
         ("tokens_predicted_seconds_total", "Total time spent generating tokens", m["predict_seconds"]),
-        ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and "
-                           "multimodal decoding", m["n_decode"]),
+        (
+            "n_decode_total",
+            "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+            m["n_decode"],
+        ),
         ("n_tokens_max", "Largest observed sequence length (prompt + generation)", m["n_tokens_max"]),
         ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", m["draft_tokens"]),
-        ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
-         m["accepted_tokens"]),
+        (
+            "spec_decode_num_accepted_tokens_total",
+            "Speculative: Total draft tokens accepted by the target model",
+            m["accepted_tokens"],
+        ),
         ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps", m["drafts"]),
     ]
     gauges = [
@@ -263,13 +310,20 @@ def llamacpp_text(m: dict) -> str:
     out = []
     for kind, items in (("counter", counters), ("gauge", gauges)):
         for name, help_, value in items:
-            out += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} {kind}",
-                    f"llamacpp:{name} {cpp_number(value)}"]
+            out += [
+                f"# HELP llamacpp:{name} {help_}",
+                f"# TYPE llamacpp:{name} {kind}",
+                f"llamacpp:{name} {cpp_number(value)}",
+            ]
     if m["accepted_per_pos"]:
-        out += ["# HELP llamacpp:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position",
-                "# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter"]
-        out += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {int(v)}'
-                for i, v in enumerate(m["accepted_per_pos"])]  # std::vector<uint64_t>: printed exactly
+        out += [
+            "# HELP llamacpp:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position",
+            "# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter",
+        ]
+        out += [
+            f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {int(v)}'
+            for i, v in enumerate(m["accepted_per_pos"])
+        ]  # std::vector<uint64_t>: printed exactly
     return "\n".join(out) + "\n"
 
 
@@ -280,10 +334,23 @@ class LlamacppServer:
         self.n_max, self.p = n_max, p
         self.rng = random.Random(seed)
         # `base` stands for a long-running server: counts before the traffic below (all of them at once).
-        self.m = {"prompt_tokens": 0, "prompt_seconds": 0.0, "generation_tokens": 0, "predict_seconds": 0.0,
-                  "n_decode": 0, "n_tokens_max": 0, "draft_tokens": 0, "accepted_tokens": 0, "drafts": 0,
-                  "accepted_per_pos": [], "prompt_tps": 0.0, "predict_tps": 0.0, "processing": 0,
-                  "deferred": 0, "busy_per_decode": 0.0}
+        self.m = {
+            "prompt_tokens": 0,
+            "prompt_seconds": 0.0,
+            "generation_tokens": 0,
+            "predict_seconds": 0.0,
+            "n_decode": 0,
+            "n_tokens_max": 0,
+            "draft_tokens": 0,
+            "accepted_tokens": 0,
+            "drafts": 0,
+            "accepted_per_pos": [],
+            "prompt_tps": 0.0,
+            "predict_tps": 0.0,
+            "processing": 0,
+            "deferred": 0,
+            "busy_per_decode": 0.0,
+        }
         if base:
             self.finish_requests(base, processing=0)
 
@@ -324,8 +391,10 @@ class LlamacppServer:
 # ------------------------------------------------------------------------------------------ writing
 def header(lines: list[str]) -> str:
     stamp = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    return "".join(f"# {line}\n" for line in [*lines, f"date: {stamp}",
-                                               "ground truth fed in: the .truth.json file beside this one"])
+    return "".join(
+        f"# {line}\n"
+        for line in [*lines, f"date: {stamp}", "ground truth fed in: the .truth.json file beside this one"]
+    )
 
 
 def write(out: Path, name: str, head: str, text: str, truth: dict) -> None:
@@ -340,12 +409,14 @@ def capture_trtllm(out: Path, seed: int) -> None:
     for name, ks, p in (("serve_k3", [3], 0.75), ("serve_dynamic_k", [1, 2, 4], 0.8)):
         collector = TrtllmCollector({"model_name": "llama-3.1-8b-instruct", "engine_type": "trtllm"})
         traffic = TrtllmTraffic(collector, ks, p, seed)
-        head_lines = [f"engine: TensorRT-LLM (trtllm-serve /prometheus/metrics), transcribed from {trt_source}",
-                      "how made: scripts/capture/transcribed.py (families declared as MetricsCollector declares "
-                      "them, fed as log_iteration_stats / log_request_metrics_dict feed them; synthetic traffic)",
-                      f"args: draft lengths per request={ks} accept_p={p} seed={seed}; "
-                      f"prometheus_client {importlib.metadata.version('prometheus-client')}, single-process "
-                      "(whether trtllm-serve renders in multiprocess mode, without _created, was not confirmed)"]
+        head_lines = [
+            f"engine: TensorRT-LLM (trtllm-serve /prometheus/metrics), transcribed from {trt_source}",
+            "how made: scripts/capture/transcribed.py (families declared as MetricsCollector declares "
+            "them, fed as log_iteration_stats / log_request_metrics_dict feed them; synthetic traffic)",
+            f"args: draft lengths per request={ks} accept_p={p} seed={seed}; "
+            f"prometheus_client {importlib.metadata.version('prometheus-client')}, single-process "
+            "(whether trtllm-serve renders in multiprocess mode, without _created, was not confirmed)",
+        ]
         for scrape, requests in ((1, 24), (2, 18)):
             traffic.run(requests, concurrent=6)
             iterations = traffic.take_iterations()
@@ -355,34 +426,58 @@ def capture_trtllm(out: Path, seed: int) -> None:
             if name == "serve_k3":
                 (out / f"trtllm/iteration_stats{suffix}.json").write_text(json.dumps(iterations, indent=1) + "\n")
                 (out / f"trtllm/iteration_stats{suffix}.truth.json").write_text(
-                    json.dumps(truth, indent=1, sort_keys=True) + "\n")
-                dynamo_lines = [f"engine: TensorRT-LLM under NVIDIA Dynamo (worker /metrics pass-through), "
-                                f"the text above transformed as components/src/dynamo/common/utils/prometheus.py "
-                                f"@ ai-dynamo/dynamo {DYNAMO_COMMIT[:12]} does (add_prefix=trtllm_)", *head_lines]
-                write(out, f"dynamo/trtllm_passthrough{suffix}", header(dynamo_lines),
-                      dynamo_passthrough(collector.render()), truth)
-                stripped_lines = ["engine: TensorRT-LLM, prefix-stripped with backend=\"trtllm\": the spelling the "
-                                  "issue attributes to Dynamo's OpenTelemetry bridge; NOT found in Dynamo's source, "
-                                  "so this shape is unconfirmed", *head_lines]
-                write(out, f"dynamo/trtllm_stripped{suffix}", header(stripped_lines),
-                      dynamo_stripped(collector.render()), truth)
+                    json.dumps(truth, indent=1, sort_keys=True) + "\n"
+                )
+                dynamo_lines = [
+                    f"engine: TensorRT-LLM under NVIDIA Dynamo (worker /metrics pass-through), "
+                    f"the text above transformed as components/src/dynamo/common/utils/prometheus.py "
+                    f"@ ai-dynamo/dynamo {DYNAMO_COMMIT[:12]} does (add_prefix=trtllm_)",
+                    *head_lines,
+                ]
+                write(
+                    out,
+                    f"dynamo/trtllm_passthrough{suffix}",
+                    header(dynamo_lines),
+                    dynamo_passthrough(collector.render()),
+                    truth,
+                )
+                stripped_lines = [
+                    'engine: TensorRT-LLM, prefix-stripped with backend="trtllm": the spelling the '
+                    "issue attributes to Dynamo's OpenTelemetry bridge; NOT found in Dynamo's source, "
+                    "so this shape is unconfirmed",
+                    *head_lines,
+                ]
+                write(
+                    out,
+                    f"dynamo/trtllm_stripped{suffix}",
+                    header(stripped_lines),
+                    dynamo_stripped(collector.render()),
+                    truth,
+                )
 
 
 def capture_llamacpp(out: Path, seed: int) -> None:
-    head_lines = ["engine: llama.cpp llama-server --metrics, transcribed from tools/server/server-task.cpp "
-                  "server_task_result_metrics::to_metrics() of llama.cpp 0c1e57098bba (vendored in "
-                  "llama-cpp-python 0.3.36)",
-                  "how made: scripts/capture/transcribed.py (the C++ stream format, default 6 significant digits; "
-                  "slot counts added at request finish; synthetic traffic)",
-                  f"args: n_max=3 accept_p=0.7 seed={seed}"]
+    head_lines = [
+        "engine: llama.cpp llama-server --metrics, transcribed from tools/server/server-task.cpp "
+        "server_task_result_metrics::to_metrics() of llama.cpp 0c1e57098bba (vendored in "
+        "llama-cpp-python 0.3.36)",
+        "how made: scripts/capture/transcribed.py (the C++ stream format, default 6 significant digits; "
+        "slot counts added at request finish; synthetic traffic)",
+        f"args: n_max=3 accept_p=0.7 seed={seed}",
+    ]
     server = LlamacppServer(n_max=3, p=0.7, seed=seed)
     server.finish_requests(14, processing=2)
     write(out, "llamacpp/server_k3", header(head_lines), llamacpp_text(server.m), server.truth())
     server.finish_requests(9, processing=1)
     write(out, "llamacpp/server_k3_scrape2", header(head_lines), llamacpp_text(server.m), server.truth())
     idle = LlamacppServer(n_max=3, p=0.7, seed=seed)
-    write(out, "llamacpp/server_nodraft", header([*head_lines, "no request finished yet: per-position absent"]),
-          llamacpp_text(idle.m), idle.truth())
+    write(
+        out,
+        "llamacpp/server_nodraft",
+        header([*head_lines, "no request finished yet: per-position absent"]),
+        llamacpp_text(idle.m),
+        idle.truth(),
+    )
 
 
 def main() -> None:

@@ -17,16 +17,29 @@ from capture.traffic import Truth, draft_accepted
 
 def _duck_config(model_name: str, k: int | None) -> SimpleNamespace:
     """The few attributes PrometheusStatLogger reads; anything optional is None (feature off)."""
-    cache_info = {"block_size": "16", "cache_dtype": "auto", "enable_prefix_caching": "True",
-                  "gpu_memory_utilization": "0.9", "num_gpu_blocks": "27000", "num_cpu_blocks": "None"}
+    cache_info = {
+        "block_size": "16",
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "gpu_memory_utilization": "0.9",
+        "num_gpu_blocks": "27000",
+        "num_cpu_blocks": "None",
+    }
     return SimpleNamespace(
         model_config=SimpleNamespace(served_model_name=model_name, max_model_len=8192, is_diffusion=False),
         observability_config=SimpleNamespace(
-            show_hidden_metrics=False, kv_cache_metrics=False, custom_histogram_buckets=None,
-            cudagraph_metrics=False, enable_mfu_metrics=False),
+            show_hidden_metrics=False,
+            kv_cache_metrics=False,
+            custom_histogram_buckets=None,
+            cudagraph_metrics=False,
+            enable_mfu_metrics=False,
+        ),
         speculative_config=None if k is None else SimpleNamespace(num_speculative_tokens=k),
         cache_config=SimpleNamespace(num_gpu_blocks=27000, metrics_info=lambda: dict(cache_info)),
-        kv_transfer_config=None, ec_transfer_config=None, lora_config=None, watermark_config=None,
+        kv_transfer_config=None,
+        ec_transfer_config=None,
+        lora_config=None,
+        watermark_config=None,
         device_config=SimpleNamespace(device_type="cuda"),
         parallel_config=SimpleNamespace(data_parallel_size=1),
     )
@@ -48,8 +61,7 @@ class VllmCapture:
 
     def step(self, engine: int, running: int, waiting: int, finished: int) -> None:
         from vllm.v1.engine import FinishReason
-        from vllm.v1.metrics.stats import (FinishedRequestStats, IterationStats, PrefixCacheStats,
-                                           SchedulerStats)
+        from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, PrefixCacheStats, SchedulerStats
         from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
         rng, truth = self.rng, self.truth[str(engine)]
@@ -66,9 +78,13 @@ class VllmCapture:
         truth.generation_tokens += generated
 
         prefix = PrefixCacheStats(requests=finished, queries=512 * finished, hits=128 * finished)
-        sched = SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting,
-                               kv_cache_usage=round(min(0.95, 0.02 * running + 0.05), 4),
-                               prefix_cache_stats=prefix, spec_decoding_stats=spec)
+        sched = SchedulerStats(
+            num_running_reqs=running,
+            num_waiting_reqs=waiting,
+            kv_cache_usage=round(min(0.95, 0.02 * running + 0.05), 4),
+            prefix_cache_stats=prefix,
+            spec_decoding_stats=spec,
+        )
         it = IterationStats()
         it.num_generation_tokens = generated
         it.prompt_token_stats.computed = it.prompt_token_stats.total = 384 * finished
@@ -80,12 +96,21 @@ class VllmCapture:
         it.n_params_iter = [1] * finished
         for _ in range(finished):
             out_tokens = rng.randint(64, 512)
-            it.finished_requests.append(FinishedRequestStats(
-                finish_reason=FinishReason.STOP if rng.random() < 0.9 else FinishReason.LENGTH,
-                e2e_latency=rng.uniform(1.0, 8.0), num_prompt_tokens=512, num_generation_tokens=out_tokens,
-                max_tokens_param=512, queued_time=rng.uniform(0.0, 0.2), prefill_time=rng.uniform(0.03, 0.3),
-                inference_time=rng.uniform(1.0, 7.0), decode_time=rng.uniform(0.9, 6.5),
-                mean_time_per_output_token=rng.uniform(0.006, 0.02), num_cached_tokens=128))
+            it.finished_requests.append(
+                FinishedRequestStats(
+                    finish_reason=FinishReason.STOP if rng.random() < 0.9 else FinishReason.LENGTH,
+                    e2e_latency=rng.uniform(1.0, 8.0),
+                    num_prompt_tokens=512,
+                    num_generation_tokens=out_tokens,
+                    max_tokens_param=512,
+                    queued_time=rng.uniform(0.0, 0.2),
+                    prefill_time=rng.uniform(0.03, 0.3),
+                    inference_time=rng.uniform(1.0, 7.0),
+                    decode_time=rng.uniform(0.9, 6.5),
+                    mean_time_per_output_token=rng.uniform(0.006, 0.02),
+                    num_cached_tokens=128,
+                )
+            )
         self.logger.record(scheduler_stats=sched, iteration_stats=it, engine_idx=engine)
 
     def render(self) -> str:

@@ -44,17 +44,23 @@ def _step(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. "
-                        "http://127.0.0.1:9090")
+    parser.add_argument(
+        "--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090"
+    )
     parser.add_argument("--route", required=True, help="route name (the `route` label; also the replay route)")
     parser.add_argument("--start", required=True, type=_time, help="unix time, RFC 3339 or now-7d")
     parser.add_argument("--end", required=True, type=_time, help="unix time, RFC 3339 or now")
     parser.add_argument("--step", type=_step, default=15.0, help="query resolution (default 15s)")
-    parser.add_argument("--source", choices=("specwatch", "vllm"), default="specwatch",
-                        help="which counters to pull (default specwatch's own)")
+    parser.add_argument(
+        "--source",
+        choices=("specwatch", "vllm"),
+        default="specwatch",
+        help="which counters to pull (default specwatch's own)",
+    )
     parser.add_argument("--selector", default="", help='label matchers for --source vllm, e.g. model_name="llama"')
-    parser.add_argument("--config.file", dest="config_file", default=None,
-                        help="config whose detection settings for the route apply")
+    parser.add_argument(
+        "--config.file", dest="config_file", default=None, help="config whose detection settings for the route apply"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -67,8 +73,17 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch backtest: {exc}", file=sys.stderr)
         return 2
     try:
-        trace = list(samples(PrometheusClient(args.prometheus), args.route, args.start, args.end, args.step,
-                              args.source, args.selector))
+        trace = list(
+            samples(
+                PrometheusClient(args.prometheus),
+                args.route,
+                args.start,
+                args.end,
+                args.step,
+                args.source,
+                args.selector,
+            )
+        )
     except BacktestError as exc:
         print(f"specwatch backtest: {exc}", file=sys.stderr)
         return 1

@@ -22,15 +22,22 @@ from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, Baselin
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config.file", dest="config_file", default=None,
-                        help=f"config file whose state_dir to use (default {DEFAULT_CONFIG_PATH} when it exists)")
-    parser.add_argument("--state-dir", default=None, help=f"state directory (default: the config's state_dir, "
-                        f"else {DEFAULT_STATE_DIR})")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        default=None,
+        help=f"config file whose state_dir to use (default {DEFAULT_CONFIG_PATH} when it exists)",
+    )
+    parser.add_argument(
+        "--state-dir", default=None, help=f"state directory (default: the config's state_dir, else {DEFAULT_STATE_DIR})"
+    )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     sub.add_parser("list", help="list every route's baselines")
-    for name, help_ in (("show", "show one route's baselines and detector state"),
-                        ("reset", "forget a route's baselines; it relearns from scratch"),
-                        ("accept", "adopt the current model's acceptance as the route's baseline")):
+    for name, help_ in (
+        ("show", "show one route's baselines and detector state"),
+        ("reset", "forget a route's baselines; it relearns from scratch"),
+        ("accept", "adopt the current model's acceptance as the route's baseline"),
+    ):
         sub.add_parser(name, help=help_).add_argument("route", metavar="ROUTE")
 
 
@@ -73,6 +80,7 @@ def _resolve(args: argparse.Namespace):
             return DetectionConfig()
         r = config.route(route)
         return r.detection if r else config.detection
+
     return state_dir, detection
 
 
@@ -88,10 +96,19 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def _baseline_row(b: Baseline) -> list[str]:
-    return [b.route, b.key.model_name or "-", b.key.engine_version or "-", str(b.key.k or "?"),
-            f"{b.acceptance_ratio:.4f}", f"{b.mean_acceptance_length:.3f}" if b.mean_acceptance_length else "-",
-            f"{b.overdispersion:.1f}", f"{b.drafted_tokens:.0f}", b.source, "pinned" if b.pinned else "refining",
-            _when(b.updated)]
+    return [
+        b.route,
+        b.key.model_name or "-",
+        b.key.engine_version or "-",
+        str(b.key.k or "?"),
+        f"{b.acceptance_ratio:.4f}",
+        f"{b.mean_acceptance_length:.3f}" if b.mean_acceptance_length else "-",
+        f"{b.overdispersion:.1f}",
+        f"{b.drafted_tokens:.0f}",
+        b.source,
+        "pinned" if b.pinned else "refining",
+        _when(b.updated),
+    ]
 
 
 _HEADER = ["ROUTE", "MODEL", "VERSION", "K", "RATIO", "TAU", "PHI", "TOKENS", "SOURCE", "STATE", "UPDATED"]
@@ -123,8 +140,10 @@ def _show(store: BaselineStore, route: str) -> int:
         print(_table([_HEADER] + [_baseline_row(b) for b in baselines]))
         for b in baselines:
             if b.position_acceptance:
-                print(f"  {b.key.label()}: per-position acceptance "
-                      + ", ".join(f"p{j + 1}={p:.3f}" for j, p in enumerate(b.position_acceptance)))
+                print(
+                    f"  {b.key.label()}: per-position acceptance "
+                    + ", ".join(f"p{j + 1}={p:.3f}" for j, p in enumerate(b.position_acceptance))
+                )
     if state:
         key = state.get("key")
         ref = state.get("reference_key")
@@ -153,16 +172,18 @@ def _key_label(raw) -> str:
 def _reset(store: BaselineStore, route: str) -> int:
     if not store.delete_route(route) or not store.append_command(route, "reset"):
         return 1
-    print(f"route {route}: baselines and detector state deleted; it relearns from scratch "
-          f"(a running daemon within ~10 s)")
+    print(
+        f"route {route}: baselines and detector state deleted; it relearns from scratch (a running daemon within ~10 s)"
+    )
     return 0
 
 
 def _accept(store: BaselineStore, route: str, detection: DetectionConfig) -> int:
     state = store.route_state(route)
     if state is None or not state.get("key"):
-        print(f"specwatch baseline: route {route!r} has no detector state yet (has the daemon seen it?)",
-              file=sys.stderr)
+        print(
+            f"specwatch baseline: route {route!r} has no detector state yet (has the daemon seen it?)", file=sys.stderr
+        )
         return 1
     key = BaselineKey(str(state["key"][0]), str(state["key"][1]), int(state["key"][2]))
     ref = state.get("reference_key")
@@ -176,12 +197,16 @@ def _accept(store: BaselineStore, route: str, detection: DetectionConfig) -> int
     if changed and learner.has(now, detection.warmup_drafted_tokens, 0.0):
         baseline = learner.baseline(route, key, now, "accepted", pinned=False)
         ok = store.put(baseline)
-        message = (f"route {route}: accepted {baseline.acceptance_ratio:.4f} for {key.label()} from "
-                   f"{baseline.drafted_tokens:.0f} drafted tokens since the change")
+        message = (
+            f"route {route}: accepted {baseline.acceptance_ratio:.4f} for {key.label()} from "
+            f"{baseline.drafted_tokens:.0f} drafted tokens since the change"
+        )
     else:
         ok = store.delete(route, key)
-        message = (f"route {route}: {key.label()} will relearn its baseline from now on "
-                   f"({detection.warmup_drafted_tokens} drafted tokens and {detection.warmup_seconds:g}s of warm-up)")
+        message = (
+            f"route {route}: {key.label()} will relearn its baseline from now on "
+            f"({detection.warmup_drafted_tokens} drafted tokens and {detection.warmup_seconds:g}s of warm-up)"
+        )
     if not ok or not store.append_command(route, "accept"):
         return 1
     print(message + " (a running daemon applies it within ~10 s)")

@@ -14,10 +14,20 @@ from specwatch.export.http import load_web_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config.file", dest="config_file", default=DEFAULT_CONFIG_PATH, metavar="FILE",
-                        help=f"configuration file (default {DEFAULT_CONFIG_PATH})")
-    parser.add_argument("--web.config.file", dest="web_config_file", default="", metavar="FILE",
-                        help="also check this TLS / basic auth file")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        default=DEFAULT_CONFIG_PATH,
+        metavar="FILE",
+        help=f"configuration file (default {DEFAULT_CONFIG_PATH})",
+    )
+    parser.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        default="",
+        metavar="FILE",
+        help="also check this TLS / basic auth file",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -8,8 +8,13 @@ import sys
 from dataclasses import replace
 
 from specwatch.crossover.calibrate import fit_efficiency, reference_points, sweep_points
-from specwatch.crossover.estimate import (EstimateInputs, assumptions, build_step_model, params_in_billions,
-                                          validation_warnings)
+from specwatch.crossover.estimate import (
+    EstimateInputs,
+    assumptions,
+    build_step_model,
+    params_in_billions,
+    validation_warnings,
+)
 from specwatch.crossover.model import LLAMA3_8B, positions_from_alpha
 from specwatch.crossover.reference import load_reference
 
@@ -23,29 +28,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     est.add_argument("--gamma", type=int, default=4, help="draft tokens per step, k (default 4)")
     rates = est.add_mutually_exclusive_group()
     rates.add_argument("--alpha", type=float, default=0.7, help="iid per-token acceptance (default 0.7)")
-    rates.add_argument("--positions", type=_ratios, metavar="P1,P2,...",
-                       help="measured per-position acceptance p_j (share of drafts accepted at position j); "
-                            "sets gamma to their count")
+    rates.add_argument(
+        "--positions",
+        type=_ratios,
+        metavar="P1,P2,...",
+        help="measured per-position acceptance p_j (share of drafts accepted at position j); sets gamma to their count",
+    )
     est.add_argument("--context", type=float, default=1024.0, help="mean tokens in the KV cache per sequence")
-    est.add_argument("--batches", type=_batches, default=DEFAULT_BATCHES, metavar="B1,B2,...",
-                     help="batches to print the speedup for")
-    est.add_argument("--calibrate-from", metavar="CROSSOVER_JSON",
-                     help="fit the GPU's efficiencies to a sweep's step times first")
+    est.add_argument(
+        "--batches",
+        type=_batches,
+        default=DEFAULT_BATCHES,
+        metavar="B1,B2,...",
+        help="batches to print the speedup for",
+    )
+    est.add_argument(
+        "--calibrate-from", metavar="CROSSOVER_JSON", help="fit the GPU's efficiencies to a sweep's step times first"
+    )
     est.add_argument("--json", action="store_true", help='print {"crossover_batch_size": ..., "speedup": {...}}')
 
     cal = sub.add_parser("calibrate", help="fit achieved efficiencies to measured step times")
     add_model_arguments(cal)
     src = cal.add_mutually_exclusive_group(required=True)
-    src.add_argument("--reference", nargs="?", const="", metavar="PATH",
-                     help="the H200 reference table (default: the packaged copy)")
+    src.add_argument(
+        "--reference", nargs="?", const="", metavar="PATH", help="the H200 reference table (default: the packaged copy)"
+    )
     src.add_argument("--sweep", metavar="CROSSOVER_JSON", help="a file written by `specwatch sweep`")
     cal.add_argument("--context", type=int, default=1024, help="reference run to fit (default 1024)")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="", help="GPU name (H200, H100-SXM, ...); default: detected through NVML")
-    p.add_argument("--params", type=float,
-                   help="target parameters in billions (70 for a 70B model); a raw count such as 70e9 is converted")
+    p.add_argument(
+        "--params",
+        type=float,
+        help="target parameters in billions (70 for a 70B model); a raw count such as 70e9 is converted",
+    )
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"))
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden-size", type=int)
@@ -81,10 +99,17 @@ def estimate_inputs(args: argparse.Namespace) -> EstimateInputs:
         params, note = params_in_billions(args.params)
         if note:
             print(f"specwatch crossover: {note}", file=sys.stderr)
-    return EstimateInputs(gpu=args.gpu, params=params, dtype=args.dtype, layers=args.layers,
-                          hidden_size=args.hidden_size, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                          hf_config=args.hf_config, draft=args.draft)
-
+    return EstimateInputs(
+        gpu=args.gpu,
+        params=params,
+        dtype=args.dtype,
+        layers=args.layers,
+        hidden_size=args.hidden_size,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        hf_config=args.hf_config,
+        draft=args.draft,
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -107,17 +132,28 @@ def _estimate(args: argparse.Namespace) -> int:
     gamma = len(positions)
     if args.calibrate_from:
         from specwatch.crossover.sweepfile import load_sweep
+
         sweep = load_sweep(args.calibrate_from)
-        points = sweep_points(sweep["levels"], int(sweep.get("num_speculative_tokens") or gamma),
-                              float(sweep.get("context_tokens") or args.context))
+        points = sweep_points(
+            sweep["levels"],
+            int(sweep.get("num_speculative_tokens") or gamma),
+            float(sweep.get("context_tokens") or args.context),
+        )
         eff, rms = fit_efficiency(model, points, source="")
         model = model.with_efficiency(replace(eff, source=f"fitted to {args.calibrate_from}, RMS {rms:.0%}"))
     bstar = model.crossover(positions, args.context)
     speedups = {str(b): round(model.speedup(b, positions, args.context), 3) for b in args.batches}
     if args.json:
-        print(json.dumps({"crossover_batch_size": None if bstar is None else round(bstar, 1), "speedup": speedups,
-                          "assumptions": assumptions(model, inputs, positions, args.context),
-                          "warnings": validation_warnings(model, inputs, args.context)}))
+        print(
+            json.dumps(
+                {
+                    "crossover_batch_size": None if bstar is None else round(bstar, 1),
+                    "speedup": speedups,
+                    "assumptions": assumptions(model, inputs, positions, args.context),
+                    "warnings": validation_warnings(model, inputs, args.context),
+                }
+            )
+        )
         return 0
     print("Assumptions:")
     for line in assumptions(model, inputs, positions, args.context):
@@ -141,6 +177,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     model = build_step_model(inputs, default_shape=LLAMA3_8B)
     if args.sweep:
         from specwatch.crossover.sweepfile import load_sweep
+
         sweep = load_sweep(args.sweep)
         gamma = int(sweep.get("num_speculative_tokens") or 0)
         points = sweep_points(sweep["levels"], gamma, float(sweep.get("context_tokens") or 1024))
@@ -151,6 +188,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         source = f"fitted: reference table, context {args.context}, plain + gamma 4 + draft"
     eff, rms = fit_efficiency(model, points, source)
     print(f"{len(points)} step times, RMS relative error {rms:.1%}")
-    print(f"memory {eff.memory:.3f}  compute {eff.compute:.3f}  verify_attention {eff.verify_attention:.3f}  "
-          f"step_overhead {eff.step_overhead_s * 1e3:.3f} ms")
+    print(
+        f"memory {eff.memory:.3f}  compute {eff.compute:.3f}  verify_attention {eff.verify_attention:.3f}  "
+        f"step_overhead {eff.step_overhead_s * 1e3:.3f} ms"
+    )
     return 0

@@ -35,20 +35,30 @@ NON_TTY_PRINT_EVERY_SECONDS = 15.0  # scripted runs: a table every so often, not
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=0.0,
-                        help="stop after this many seconds (default: run until Ctrl-C)")
-    parser.add_argument("--time-scale", type=float,
-                        help="simulated engines run S x real time (default: the plan's, 10)")
-    parser.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:0",
-                        help="where the daemon serves /metrics and /api/v1/routes (default: a free loopback port)")
+    parser.add_argument(
+        "--duration", type=float, default=0.0, help="stop after this many seconds (default: run until Ctrl-C)"
+    )
+    parser.add_argument(
+        "--time-scale", type=float, help="simulated engines run S x real time (default: the plan's, 10)"
+    )
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        default="127.0.0.1:0",
+        help="where the daemon serves /metrics and /api/v1/routes (default: a free loopback port)",
+    )
     parser.add_argument("--refresh", type=float, default=1.0, help="status table refresh interval, seconds")
     parser.add_argument("--state-dir", help="baseline state directory (default: a temporary one, removed at exit)")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the simulated engines (default 1)")
-    parser.add_argument("--real", action="store_true",
-                        help="a REAL vLLM (CPU build, installed into .venv-vllm on first use) instead of the "
-                             "simulators: its drafter is swapped for a worse one and the route turns degraded")
-    parser.add_argument("--bump-after", type=float, default=90.0,
-                        help="with --real: seconds before the drafter is swapped (default 90)")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="a REAL vLLM (CPU build, installed into .venv-vllm on first use) instead of the "
+        "simulators: its drafter is swapped for a worse one and the route turns degraded",
+    )
+    parser.add_argument(
+        "--bump-after", type=float, default=90.0, help="with --real: seconds before the drafter is swapped (default 90)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -82,8 +92,9 @@ def _run(args: argparse.Namespace, stop: threading.Event) -> int:
         specs = {r.name: simulation_spec(r, time_scale, seed=args.seed + 100 * i) for i, r in enumerate(plan.routes)}
         for route in plan.routes:
             sims[route.name] = start_inprocess(specs[route.name])
-        raw = daemon_config(plan, {n: s.url + "/metrics" for n, s in sims.items()}, specs,
-                            args.state_dir or (tmp.name if tmp else ""))
+        raw = daemon_config(
+            plan, {n: s.url + "/metrics" for n, s in sims.items()}, specs, args.state_dir or (tmp.name if tmp else "")
+        )
         config = parse_config(raw, "demo config")
         daemon = Daemon(config)
         server = serve(args.listen_address, lambda: daemon.snapshot)
@@ -112,17 +123,19 @@ def _run(args: argparse.Namespace, stop: threading.Event) -> int:
     return 0
 
 
-def _banner(console: Console, description: str, sims: dict[str, RunningSimulator], daemon_url: str,
-            time_scale: float) -> None:
+def _banner(
+    console: Console, description: str, sims: dict[str, RunningSimulator], daemon_url: str, time_scale: float
+) -> None:
     console.print(Text("specwatch demo: SIMULATED engines (specwatch simulator), no GPU involved", style="bold"))
     if description:
         console.print(description)
     for name, sim in sims.items():
         s = sim.simulation
-        console.print(f"  route {name}: SIMULATED {s.kind} {s.version}, {len(s.engines)} engine(s), "
-                      f"{sim.url}/metrics")
-    console.print(f"  daemon: {daemon_url}/metrics  {daemon_url}/api/v1/routes  "
-                  f"(engines run {time_scale:g}x real time; Ctrl-C to stop)")
+        console.print(f"  route {name}: SIMULATED {s.kind} {s.version}, {len(s.engines)} engine(s), {sim.url}/metrics")
+    console.print(
+        f"  daemon: {daemon_url}/metrics  {daemon_url}/api/v1/routes  "
+        f"(engines run {time_scale:g}x real time; Ctrl-C to stop)"
+    )
 
 
 def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
@@ -133,9 +146,15 @@ def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
     console = _console()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
-        return run_real_demo(console, args.listen_address, args.duration, args.bump_after, stop,
-                             lambda daemon, frame: _watch(console, daemon, frame, args.duration, args.refresh, stop),
-                             state_dir=args.state_dir)
+        return run_real_demo(
+            console,
+            args.listen_address,
+            args.duration,
+            args.bump_after,
+            stop,
+            lambda daemon, frame: _watch(console, daemon, frame, args.duration, args.refresh, stop),
+            state_dir=args.state_dir,
+        )
     except (EngineEnvError, VllmServerError, RuntimeError, OSError) as exc:
         print(f"specwatch demo --real: {exc}", file=sys.stderr)
         return 1
@@ -146,8 +165,14 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=160)  # logs and CI: room for every column
 
 
-def _watch(console: Console, daemon: Daemon, frame: Callable[[dict[str, Any]], Group], duration: float,
-           refresh: float, stop: threading.Event) -> None:
+def _watch(
+    console: Console,
+    daemon: Daemon,
+    frame: Callable[[dict[str, Any]], Group],
+    duration: float,
+    refresh: float,
+    stop: threading.Event,
+) -> None:
     """Refresh the table until `stop` is set (Ctrl-C) or `duration` seconds have passed."""
     deadline = time.monotonic() + duration if duration > 0 else None
 
@@ -182,7 +207,10 @@ def _nap(refresh: float, deadline: float | None) -> float:
 
 
 def _frame(doc: dict[str, Any], sims: dict[str, RunningSimulator], final: bool = False) -> Group:
-    clocks = ", ".join(f"{name} t={sim.simulation.clock.now() / 60:.1f} min offered "
-                       f"{sim.simulation.status()['offered_concurrency']:.0f}" for name, sim in sims.items())
+    clocks = ", ".join(
+        f"{name} t={sim.simulation.clock.now() / 60:.1f} min offered "
+        f"{sim.simulation.status()['offered_concurrency']:.0f}"
+        for name, sim in sims.items()
+    )
     head = Text(("final state" if final else "live") + f" (simulated engines: {clocks})", style="dim")
     return Group(render_status_table(doc), head)

@@ -12,10 +12,17 @@ from specwatch.mixin.settings import DEFAULT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", default=".", type=Path,
-                        help="repository root to write alerts/ and dashboards/ under (default: current directory)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if any generated file is missing or differs (for CI)")
+    parser.add_argument(
+        "--out-dir",
+        default=".",
+        type=Path,
+        help="repository root to write alerts/ and dashboards/ under (default: current directory)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if any generated file is missing or differs (for CI)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

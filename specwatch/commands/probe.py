@@ -31,10 +31,17 @@ _DASH = "–"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("route", help="route name from the config")
-    parser.add_argument("--config.file", dest="config_file", default=DEFAULT_CONFIG_PATH,
-                        help=f"configuration file (default {DEFAULT_CONFIG_PATH})")
-    parser.add_argument("--adopt", action="store_true",
-                        help="store this round as the fingerprint of the route's current model, version and k")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        default=DEFAULT_CONFIG_PATH,
+        help=f"configuration file (default {DEFAULT_CONFIG_PATH})",
+    )
+    parser.add_argument(
+        "--adopt",
+        action="store_true",
+        help="store this round as the fingerprint of the route's current model, version and k",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -63,15 +70,21 @@ def main(args: argparse.Namespace) -> int:
     finally:
         source.close()
     key = BaselineKey(sample.model_name, sample.engine_version, int(sample.num_speculative_tokens or 0))
-    runner = ProbeRunner(route, probe, prompt_set, engine_kind=lambda: sample.engine_kind.split("-")[0],
-                         scrape=bracket_scraper(route, config))
+    runner = ProbeRunner(
+        route,
+        probe,
+        prompt_set,
+        engine_kind=lambda: sample.engine_kind.split("-")[0],
+        scrape=bracket_scraper(route, config),
+    )
     console = Console()
-    console.print(f"route [bold]{route.name}[/bold] ({key.label()}): {len(prompt_set.prompts)} prompts of "
-                  f"{prompt_set.name} ({prompt_set.hash}), max_tokens {probe.max_tokens}, greedy")
+    console.print(
+        f"route [bold]{route.name}[/bold] ({key.label()}): {len(prompt_set.prompts)} prompts of "
+        f"{prompt_set.name} ({prompt_set.hash}), max_tokens {probe.max_tokens}, greedy"
+    )
     rnd = runner.run_now()
     if rnd.outcome != "ok":
-        print(f"specwatch probe: round {rnd.outcome} after {rnd.duration_seconds:.1f}s: {rnd.message}",
-              file=sys.stderr)
+        print(f"specwatch probe: round {rnd.outcome} after {rnd.duration_seconds:.1f}s: {rnd.message}", file=sys.stderr)
         return 1
 
     store = BaselineStore.in_state_dir(config.state_dir)
@@ -87,14 +100,18 @@ def main(args: argparse.Namespace) -> int:
         reference = {pid: Acceptance(d, a, s) for pid, (d, a, s) in fingerprint.items()}
         console.print(_table(rnd, reference))
         totals = rnd.totals()
-        line = (f"method {rnd.method}, {rnd.message}, {rnd.duration_seconds:.1f}s; acceptance "
-                f"{_ratio(totals.ratio)}, accepted length {_number(totals.mean_length)}")
+        line = (
+            f"method {rnd.method}, {rnd.message}, {rnd.duration_seconds:.1f}s; acceptance "
+            f"{_ratio(totals.ratio)}, accepted length {_number(totals.mean_length)}"
+        )
         comparison = compare(rnd.read(), reference, route.detection.drop) if reference else None
         if comparison is not None:
             verdict = "LOW" if comparison.low else ("clean" if comparison.clean else "between")
-            line += (f"; against the fingerprint of {reference_key.label()}: {_ratio(comparison.reference_ratio)}, "
-                     f"drop {comparison.drop:+.1%} over {comparison.paired} prompts, paired z {comparison.z:.1f} "
-                     f"-> {verdict} (drop {route.detection.drop:g})")
+            line += (
+                f"; against the fingerprint of {reference_key.label()}: {_ratio(comparison.reference_ratio)}, "
+                f"drop {comparison.drop:+.1%} over {comparison.paired} prompts, paired z {comparison.z:.1f} "
+                f"-> {verdict} (drop {route.detection.drop:g})"
+            )
         elif not reference:
             line += "; no fingerprint yet for this route and prompt set"
         console.print(line)
@@ -103,11 +120,19 @@ def main(args: argparse.Namespace) -> int:
             if not usable or not store.put_fingerprint(route.name, key, prompt_set.hash, usable):
                 print("specwatch probe: could not store the fingerprint", file=sys.stderr)
                 return 1
-            store.put_probe_state(route.name, {**(store.probe_state(route.name) or {}), "version": 1,
-                                               "prompt_set": prompt_set.hash,
-                                               "reference_key": [key.model_name, key.engine_version, key.k],
-                                               "low_rounds": 0, "clean_rounds": 0, "degraded": False,
-                                               "not_low_on_new_key": 0})
+            store.put_probe_state(
+                route.name,
+                {
+                    **(store.probe_state(route.name) or {}),
+                    "version": 1,
+                    "prompt_set": prompt_set.hash,
+                    "reference_key": [key.model_name, key.engine_version, key.k],
+                    "low_rounds": 0,
+                    "clean_rounds": 0,
+                    "degraded": False,
+                    "not_low_on_new_key": 0,
+                },
+            )
             console.print(f"adopted as the fingerprint of {key.label()} ({len(usable)} prompts)")
     finally:
         store.close()
@@ -117,8 +142,13 @@ def main(args: argparse.Namespace) -> int:
 def _table(rnd, reference: dict[str, Acceptance]) -> Table:
     table = Table(title="canary round", title_justify="left")
     table.add_column("prompt", no_wrap=True)  # ids are what an operator greps for: never cut them
-    for name, justify in (("kind", "left"), ("acceptance", "right"), ("accepted length", "right"),
-                          ("fingerprint", "right"), ("change", "right")):
+    for name, justify in (
+        ("kind", "left"),
+        ("acceptance", "right"),
+        ("accepted length", "right"),
+        ("fingerprint", "right"),
+        ("change", "right"),
+    ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for p in rnd.prompts:
         a = p.acceptance
@@ -129,8 +159,9 @@ def _table(rnd, reference: dict[str, Acceptance]) -> Table:
         change = _DASH
         if ref is not None and ref.ratio and a.ratio is not None:
             change = f"{a.ratio / ref.ratio - 1:+.1%}"
-        table.add_row(p.prompt_id, p.kind, _ratio(a.ratio), _number(a.mean_length),
-                      _ratio(ref.ratio if ref else None), change)
+        table.add_row(
+            p.prompt_id, p.kind, _ratio(a.ratio), _number(a.mean_length), _ratio(ref.ratio if ref else None), change
+        )
     return table
 
 

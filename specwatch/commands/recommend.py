@@ -20,11 +20,16 @@ from specwatch.crossover.sweepfile import load_sweep
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("route", help="route name (with --sweep and no daemon: a label for the output)")
-    parser.add_argument("--url", default=None,
-                        help=f"a running daemon to read the route's acceptance from (default {DEFAULT_URL} unless "
-                             "--sweep is given)")
-    parser.add_argument("--sweep", metavar="CROSSOVER_JSON", help="step times (and, without --url, acceptance) "
-                                                                  "from a `specwatch sweep` file")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help=f"a running daemon to read the route's acceptance from (default {DEFAULT_URL} unless --sweep is given)",
+    )
+    parser.add_argument(
+        "--sweep",
+        metavar="CROSSOVER_JSON",
+        help="step times (and, without --url, acceptance) from a `specwatch sweep` file",
+    )
     add_model_arguments(parser)
     parser.add_argument("--context", type=float, default=1024.0, help="mean KV tokens per sequence for the model")
     parser.add_argument("--batch", type=float, help="batch to recommend k for (default: the route's live batch)")
@@ -38,12 +43,24 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, Unreachable) as exc:
         print(f"specwatch recommend: {exc}", file=sys.stderr)
         return 2
-    vllm = {"num_speculative_tokens": len(positions),
-            "num_speculative_tokens_per_batch_size": [list(r) for r in rec.ranges]}
+    vllm = {
+        "num_speculative_tokens": len(positions),
+        "num_speculative_tokens_per_batch_size": [list(r) for r in rec.ranges],
+    }
     if args.json:
-        print(json.dumps({"route": args.route, "k": rec.k_now, "batch": rec.batch_now,
-                          "predicted_speedup_ratio": round(rec.speedup_now, 3), "vllm": vllm,
-                          "sglang_adaptive_config": rec.sglang}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "route": args.route,
+                    "k": rec.k_now,
+                    "batch": rec.batch_now,
+                    "predicted_speedup_ratio": round(rec.speedup_now, 3),
+                    "vllm": vllm,
+                    "sglang_adaptive_config": rec.sglang,
+                },
+                indent=2,
+            )
+        )
         return 0
     p = " ".join(f"{x:.2f}" for x in positions)
     print(f"route {args.route}: k = {len(positions)} now, per-position acceptance {p}")
@@ -70,16 +87,20 @@ def _recommend(args: argparse.Namespace) -> tuple[Recommendation, tuple[float, .
     else:
         positions = tuple(float(p) for p in sweep.get("position_acceptance") or ())
     if not positions:
-        raise ValueError(f"route {args.route}: no per-position acceptance yet (the engine must expose per-position "
-                         "counters and have drafted in the last 5 minutes)")
+        raise ValueError(
+            f"route {args.route}: no per-position acceptance yet (the engine must expose per-position "
+            "counters and have drafted in the last 5 minutes)"
+        )
     times: SweepStepTimes | ModelStepTimes
     if sweep:
         times = SweepStepTimes(sweep)
     elif args.gpu or args.params or args.hf_config or args.layers:
         times = ModelStepTimes(build_step_model(estimate_inputs(args)), args.context)
     else:
-        raise ValueError("step times needed: give --sweep FILE, or the model (--gpu, --params or --hf-config, "
-                         "--draft) for the calibrated roofline")
+        raise ValueError(
+            "step times needed: give --sweep FILE, or the model (--gpu, --params or --hf-config, "
+            "--draft) for the calibrated roofline"
+        )
     return recommend(positions, times, float(batch or 1.0), args.max_batch), positions
 
 

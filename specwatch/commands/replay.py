@@ -14,11 +14,16 @@ from specwatch.offline.replay import TraceError, read_trace, replay
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", metavar="TRACE.jsonl", help="trace of cumulative counters, one scrape per line "
-                        "('-' for stdin)")
-    parser.add_argument("--config.file", dest="config_file", default=None,
-                        help="config whose routes' detection settings and pinned baselines apply "
-                        "(default: built-in defaults for every route)")
+    parser.add_argument(
+        "trace", metavar="TRACE.jsonl", help="trace of cumulative counters, one scrape per line ('-' for stdin)"
+    )
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        default=None,
+        help="config whose routes' detection settings and pinned baselines apply "
+        "(default: built-in defaults for every route)",
+    )
 
 
 def load_optional_config(path: str | None) -> Config:

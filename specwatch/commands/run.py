@@ -26,13 +26,27 @@ log = logging.getLogger("specwatch")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config.file", dest="config_file", default=DEFAULT_CONFIG_PATH, metavar="FILE",
-                        help=f"configuration file (default {DEFAULT_CONFIG_PATH})")
-    parser.add_argument("--web.listen-address", dest="listen_address", default=DEFAULT_LISTEN_ADDRESS,
-                        metavar="HOST:PORT",
-                        help=f"address for /metrics and the API (default {DEFAULT_LISTEN_ADDRESS})")
-    parser.add_argument("--web.config.file", dest="web_config_file", default="", metavar="FILE",
-                        help="TLS and basic auth settings, in the Prometheus exporter-toolkit format")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        default=DEFAULT_CONFIG_PATH,
+        metavar="FILE",
+        help=f"configuration file (default {DEFAULT_CONFIG_PATH})",
+    )
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        default=DEFAULT_LISTEN_ADDRESS,
+        metavar="HOST:PORT",
+        help=f"address for /metrics and the API (default {DEFAULT_LISTEN_ADDRESS})",
+    )
+    parser.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        default="",
+        metavar="FILE",
+        help="TLS and basic auth settings, in the Prometheus exporter-toolkit format",
+    )
 
 
 def log_config_error(exc: ConfigError, what: str) -> None:
@@ -81,8 +95,13 @@ class Service:
             log.error("cannot listen on %s: %s", self.listen_address, exc)
             daemon.close()
             return 1
-        log.info("specwatch %s listening on %s, %d route(s), every %gs", __version__, server.url,
-                 len(self.config.routes), self.config.interval_seconds)
+        log.info(
+            "specwatch %s listening on %s, %d route(s), every %gs",
+            __version__,
+            server.url,
+            len(self.config.routes),
+            self.config.interval_seconds,
+        )
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         signal.signal(signal.SIGHUP, self.request_reload)
@@ -92,8 +111,13 @@ class Service:
         systemd_notify.watchdog()
         watchdog_every = systemd_notify.watchdog_interval_seconds()
         if watchdog_every is not None and watchdog_every < self.config.interval_seconds:
-            log.warning("WatchdogSec/2 (%gs) is shorter than the interval (%gs): systemd will kill a healthy "
-                        "daemon; raise WatchdogSec", watchdog_every, self.config.interval_seconds)
+            log.warning(
+                "WatchdogSec/2 (%gs) is shorter than the interval (%gs): systemd will kill a healthy "
+                "daemon; raise WatchdogSec",
+                watchdog_every,
+                self.config.interval_seconds,
+            )
+
         def pet(_snapshot: object) -> None:
             systemd_notify.watchdog()
 

@@ -28,7 +28,8 @@ def _drop(text: str) -> Drop:
         return Drop(start=_duration(parts[0]), ratio=ratio, end=_duration(parts[2]) if len(parts) == 3 else None)
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(
-            f"--drop wants AT:RATIO[:UNTIL] like 6h:0.2 or 6h:0.2:8h, got {text!r}") from None
+            f"--drop wants AT:RATIO[:UNTIL] like 6h:0.2 or 6h:0.2:8h, got {text!r}"
+        ) from None
 
 
 def _change(text: str) -> ModelChange:
@@ -49,23 +50,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=_duration, default=d.duration, help="trace length (default 1d)")
     parser.add_argument("--interval", type=_duration, default=d.interval, help="scrape interval (default 15s)")
     parser.add_argument("--start", type=float, default=d.start, help="unix time of the trace start")
-    parser.add_argument("--kappa", type=float, default=d.kappa, help="request heterogeneity: Beta concentration "
-                        "(lower = more varied requests; 10-30 is realistic)")
+    parser.add_argument(
+        "--kappa",
+        type=float,
+        default=d.kappa,
+        help="request heterogeneity: Beta concentration (lower = more varied requests; 10-30 is realistic)",
+    )
     parser.add_argument("--mean-tokens", type=float, default=d.mean_tokens, help="mean output tokens per request")
     parser.add_argument("--diurnal", type=float, default=d.diurnal, help="relative daily traffic swing")
-    parser.add_argument("--drop", type=_drop, action="append", default=[], metavar="AT:RATIO[:UNTIL]",
-                        help="inject an acceptance drop, e.g. 6h:0.2:8h (repeatable)")
-    parser.add_argument("--model-change", type=_change, action="append", default=[], metavar="AT:MODEL",
-                        help="rename the model and restart the counters at AT (repeatable)")
+    parser.add_argument(
+        "--drop",
+        type=_drop,
+        action="append",
+        default=[],
+        metavar="AT:RATIO[:UNTIL]",
+        help="inject an acceptance drop, e.g. 6h:0.2:8h (repeatable)",
+    )
+    parser.add_argument(
+        "--model-change",
+        type=_change,
+        action="append",
+        default=[],
+        metavar="AT:MODEL",
+        help="rename the model and restart the counters at AT (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        spec = TraceSpec(route=args.route, model_name=args.model_name, profile=args.profile, k=args.k,
-                         rate=args.rate, start=args.start, duration=args.duration, interval=args.interval,
-                         kappa=args.kappa, mean_tokens=args.mean_tokens, diurnal=args.diurnal,
-                         drops=tuple(args.drop), changes=tuple(args.model_change), seed=args.seed)
+        spec = TraceSpec(
+            route=args.route,
+            model_name=args.model_name,
+            profile=args.profile,
+            k=args.k,
+            rate=args.rate,
+            start=args.start,
+            duration=args.duration,
+            interval=args.interval,
+            kappa=args.kappa,
+            mean_tokens=args.mean_tokens,
+            diurnal=args.diurnal,
+            drops=tuple(args.drop),
+            changes=tuple(args.model_change),
+            seed=args.seed,
+        )
         out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
     except (ValueError, OSError) as exc:
         print(f"specwatch simulate-trace: {exc}", file=sys.stderr)

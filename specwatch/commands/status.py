@@ -22,8 +22,11 @@ _DASH = "–"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL,
-                        help=f"the daemon's base URL; user:password@ in it for basic auth (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"the daemon's base URL; user:password@ in it for basic auth (default {DEFAULT_URL})",
+    )
     parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
     parser.add_argument("--interval", type=float, default=2.0, help="refresh interval with --watch, seconds")
     parser.add_argument("--timeout", type=float, default=3.0, help="HTTP timeout, seconds")
@@ -38,8 +41,10 @@ def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | Non
     try:
         response = (session or requests).get(api, timeout=timeout, headers={"Accept": "application/json"})
     except requests.RequestException as exc:
-        raise Unreachable(f"cannot reach specwatch at {url}: {exc.__class__.__name__}. Is `specwatch run` "
-                          f"running and listening there (--web.listen-address)?") from exc
+        raise Unreachable(
+            f"cannot reach specwatch at {url}: {exc.__class__.__name__}. Is `specwatch run` "
+            f"running and listening there (--web.listen-address)?"
+        ) from exc
     if response.status_code == 401:
         raise Unreachable(f"{api}: 401 unauthorized; put user:password@ in --url")
     if response.status_code != 200:
@@ -84,8 +89,11 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
     doc = routes_json if isinstance(routes_json, Mapping) else {"routes": list(routes_json)}
     routes: list[Mapping[str, Any]] = [r for r in doc.get("routes", []) if isinstance(r, Mapping)]
     ts = doc.get("timestamp")
-    caption = (f"as of {time.strftime('%H:%M:%S', time.localtime(ts))}" if isinstance(ts, (int, float)) and ts > 0
-               else "no evaluation yet")
+    caption = (
+        f"as of {time.strftime('%H:%M:%S', time.localtime(ts))}"
+        if isinstance(ts, (int, float)) and ts > 0
+        else "no evaluation yet"
+    )
     detection = _any(routes, "baseline_ratio", "drop_ratio", "degraded")
     crossover = _any(routes, "crossover_batch_size", "batch_size", "above_crossover")
     ledger = _any(routes, "speculation_gpu_seconds_lost_total", "speculation_gpu_seconds_saved_total")
@@ -111,21 +119,31 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
     for r in routes:
         ratios = r.get("acceptance_ratio") or {}
         lengths = r.get("mean_acceptance_length") or {}
-        up = Text("up", style="green") if r.get("up") else Text(f"DOWN {r.get('error_reason') or ''}".strip(),
-                                                                   style="bold red")
+        up = (
+            Text("up", style="green")
+            if r.get("up")
+            else Text(f"DOWN {r.get('error_reason') or ''}".strip(), style="bold red")
+        )
         engine = " ".join(x for x in (r.get("engine_kind"), r.get("engine_version")) if x) or _DASH
         mark = "*" if r.get("acceptance_source") in ("gauge", "lifetime_gauge") else ""  # * = from gauges
         accept = " ".join(_ratio(ratios[w]) + mark if w in ratios else _DASH for w in ("1m", "5m", "1h"))
         row: list[Any] = [
-            str(r.get("name", "?")), up, _cell(engine), _cell(r.get("model_name") or _DASH), accept,
-            _number(lengths.get("5m", lengths.get("1m")), 2), _number(r.get("draft_length"), 1),
+            str(r.get("name", "?")),
+            up,
+            _cell(engine),
+            _cell(r.get("model_name") or _DASH),
+            accept,
+            _number(lengths.get("5m", lengths.get("1m")), 2),
+            _number(r.get("draft_length"), 1),
             f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
         ]
         verdict = Text()
         if detection:
             drop = r.get("drop_ratio")
-            row.append(f"{_ratio(r.get('baseline_ratio'))} "
-                       + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH))
+            row.append(
+                f"{_ratio(r.get('baseline_ratio'))} "
+                + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH)
+            )
             if r.get("degraded"):
                 verdict.append("DEGRADED ", style="bold red")
         if crossover:

@@ -6,8 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from specwatch.offline.sweep import (BUILTIN_PROMPTS, DEFAULT_CONCURRENCY, SweepSettings, load_prompts,
-                                       run_sweep)
+from specwatch.offline.sweep import BUILTIN_PROMPTS, DEFAULT_CONCURRENCY, SweepSettings, load_prompts, run_sweep
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -23,19 +22,29 @@ def _levels(text: str) -> tuple[int, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plain", required=True, metavar="URL", help="server without speculation")
     parser.add_argument("--spec", required=True, metavar="URL", help="the same server with speculation")
-    parser.add_argument("--concurrency", type=_levels, default=DEFAULT_CONCURRENCY, metavar="C1,C2,...",
-                        help="levels (default %s)" % ",".join(map(str, DEFAULT_CONCURRENCY)))
-    parser.add_argument("--prompts", metavar="JSONL", help='prompt file, one {"prompt": ...} or {"messages": [...]} '
-                                                           "a line (default: a built-in chat/code/math mix)")
+    parser.add_argument(
+        "--concurrency",
+        type=_levels,
+        default=DEFAULT_CONCURRENCY,
+        metavar="C1,C2,...",
+        help="levels (default %s)" % ",".join(map(str, DEFAULT_CONCURRENCY)),
+    )
+    parser.add_argument(
+        "--prompts",
+        metavar="JSONL",
+        help='prompt file, one {"prompt": ...} or {"messages": [...]} a line (default: a built-in chat/code/math mix)',
+    )
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
-    parser.add_argument("--requests-per-client", type=int, default=3,
-                        help="requests each concurrent client sends per level (default 3)")
+    parser.add_argument(
+        "--requests-per-client", type=int, default=3, help="requests each concurrent client sends per level (default 3)"
+    )
     parser.add_argument("--model", default="", help="model name to request (default: each server's first model)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
     parser.add_argument("--output", default="crossover.json", help="result file (default crossover.json)")
     parser.add_argument("--plot", default="", help="PNG plot (default: the output name with .png)")
-    parser.add_argument("--note", default="",
-                        help="free text kept in the result file and the plot (e.g. the GPU and engine flags)")
+    parser.add_argument(
+        "--note", default="", help="free text kept in the result file and the plot (e.g. the GPU and engine flags)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -51,10 +60,18 @@ def main(args: argparse.Namespace) -> int:
     if args.max_tokens < 2 or args.requests_per_client < 1:
         print("specwatch sweep: --max-tokens must be >= 2 and --requests-per-client >= 1", file=sys.stderr)
         return 2
-    settings = SweepSettings(plain_url=args.plain, spec_url=args.spec, concurrency=args.concurrency,
-                             prompts=prompts, prompts_source=args.prompts or "builtin", max_tokens=args.max_tokens,
-                             requests_per_client=args.requests_per_client, model=args.model, timeout_s=args.timeout,
-                             note=args.note)
+    settings = SweepSettings(
+        plain_url=args.plain,
+        spec_url=args.spec,
+        concurrency=args.concurrency,
+        prompts=prompts,
+        prompts_source=args.prompts or "builtin",
+        max_tokens=args.max_tokens,
+        requests_per_client=args.requests_per_client,
+        model=args.model,
+        timeout_s=args.timeout,
+        note=args.note,
+    )
     plot_path = args.plot or (args.output[:-5] if args.output.endswith(".json") else args.output) + ".png"
     if args.quiet:
         outcome = run_sweep(settings, args.output)
@@ -67,8 +84,9 @@ def main(args: argparse.Namespace) -> int:
     _print_summary(doc)
     print(f"wrote {args.output}" + (f" and {plot_path}" if doc["levels"] else ""))
     if outcome.failure:
-        print(f"specwatch sweep: stopped: {outcome.failure}; kept {len(doc['levels'])} measured level(s)",
-              file=sys.stderr)
+        print(
+            f"specwatch sweep: stopped: {outcome.failure}; kept {len(doc['levels'])} measured level(s)", file=sys.stderr
+        )
         return 130 if outcome.interrupted else 1
     return 0
 
@@ -101,9 +119,13 @@ def _print_summary(doc: dict) -> None:
     print(f"{'conc':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'accept':>7}")
     for lv in doc["levels"]:
         acc = lv["spec"].get("acceptance_ratio")
-        print(f"{lv['concurrency']:>5} {lv['plain']['output_tokens_per_s']:>12.1f} "
-              f"{lv['spec']['output_tokens_per_s']:>11.1f} {lv['speedup'] or 0:>8.3f} "
-              f"{'' if acc is None else f'{acc:.3f}':>7}")
+        print(
+            f"{lv['concurrency']:>5} {lv['plain']['output_tokens_per_s']:>12.1f} "
+            f"{lv['spec']['output_tokens_per_s']:>11.1f} {lv['speedup'] or 0:>8.3f} "
+            f"{'' if acc is None else f'{acc:.3f}':>7}"
+        )
     bstar = doc.get("crossover_concurrency")
-    print("crossover: " + (f"~{bstar:.1f} concurrent requests" if bstar is not None
-                           else "none within the measured levels"))
+    print(
+        "crossover: "
+        + (f"~{bstar:.1f} concurrent requests" if bstar is not None else "none within the measured levels")
+    )

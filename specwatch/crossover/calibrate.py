@@ -15,12 +15,27 @@ from typing import Any, Iterable, Sequence
 from specwatch.crossover.model import Efficiency, StepModel
 
 # (lower, upper) bounds per parameter; overheads in seconds.
-_BOUNDS = {"memory": (0.2, 1.0), "compute": (0.05, 1.0), "verify_attention": (0.02, 1.0),
-           "step_overhead_s": (0.0, 0.02), "decode_attention": (0.1, 1.0), "layer_overhead_s": (0.0, 0.0005),
-           "verify_key_s": (0.0, 1e-9), "decode_attention_flop_s": (0.0, 2e-13)}
+_BOUNDS = {
+    "memory": (0.2, 1.0),
+    "compute": (0.05, 1.0),
+    "verify_attention": (0.02, 1.0),
+    "step_overhead_s": (0.0, 0.02),
+    "decode_attention": (0.1, 1.0),
+    "layer_overhead_s": (0.0, 0.0005),
+    "verify_key_s": (0.0, 1e-9),
+    "decode_attention_flop_s": (0.0, 2e-13),
+}
 # Everything the per-kernel model has: what a table with plain, verify and draft times of several shapes fits.
-ALL_PARAMETERS = ("memory", "compute", "verify_attention", "decode_attention", "layer_overhead_s",
-                  "step_overhead_s", "verify_key_s", "decode_attention_flop_s")
+ALL_PARAMETERS = (
+    "memory",
+    "compute",
+    "verify_attention",
+    "decode_attention",
+    "layer_overhead_s",
+    "step_overhead_s",
+    "verify_key_s",
+    "decode_attention_flop_s",
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +73,9 @@ def _sum_sq_log(model: StepModel, points: Sequence[StepPoint]) -> float:
     return total
 
 
-def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str,
-                   names: Sequence[str] | None = None) -> tuple[Efficiency, float]:
+def fit_efficiency(
+    model: StepModel, points: Sequence[StepPoint], source: str, names: Sequence[str] | None = None
+) -> tuple[Efficiency, float]:
     """Best efficiencies for `points` and the RMS relative (log) error of the fit.
 
     By default fits memory, compute and the per-forward overhead, plus verify_attention when there are
@@ -69,9 +85,14 @@ def fit_efficiency(model: StepModel, points: Sequence[StepPoint], source: str,
     return fit_models([(model, points)], source, names)
 
 
-def fit_models(groups: Sequence[tuple[StepModel, Sequence[StepPoint]]], source: str,
-               names: Sequence[str] | None = None, tolerance: float = 1e-4,
-               tie_decode_attention: bool = True, tie_verify_attention: bool = False) -> tuple[Efficiency, float]:
+def fit_models(
+    groups: Sequence[tuple[StepModel, Sequence[StepPoint]]],
+    source: str,
+    names: Sequence[str] | None = None,
+    tolerance: float = 1e-4,
+    tie_decode_attention: bool = True,
+    tie_verify_attention: bool = False,
+) -> tuple[Efficiency, float]:
     """One efficiency for several (model, points) groups, e.g. several shapes on one GPU.
 
     With `tie_decode_attention` (a fit from scratch) decode attention follows memory unless fitted; without

@@ -36,8 +36,15 @@ def resolve_shape(inp: EstimateInputs, default: ModelShape | None = None) -> Mod
             intermediate = max(hidden, int((per_layer - attention) / (3 * hidden)))
         else:
             intermediate = int(hidden * 3.5)
-        return ModelShape(layers=layers, hidden_size=hidden, kv_heads=kv_heads, head_dim=head_dim,
-                          intermediate_size=intermediate, vocab_size=DEFAULT_VOCAB, attention_heads=heads)
+        return ModelShape(
+            layers=layers,
+            hidden_size=hidden,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate,
+            vocab_size=DEFAULT_VOCAB,
+            attention_heads=heads,
+        )
     if inp.params:
         return ModelShape.from_params(inp.params)
     if default is not None:
@@ -54,8 +61,9 @@ def build_step_model(inp: EstimateInputs, default_shape: ModelShape | None = Non
         raise ValueError("no GPU found through NVML; name one with --gpu (e.g. H200)")
     hardware, efficiency = gpus.lookup(gpu_name)
     shape = resolve_shape(inp, default_shape)
-    return StepModel(shape=shape, hardware=hardware, efficiency=efficiency, dtype=inp.dtype,
-                     draft=Draft.parse(inp.draft, shape))
+    return StepModel(
+        shape=shape, hardware=hardware, efficiency=efficiency, dtype=inp.dtype, draft=Draft.parse(inp.draft, shape)
+    )
 
 
 # --params is in billions. Nothing served has more than a few thousand billion parameters, and a raw count
@@ -72,10 +80,14 @@ def params_in_billions(value: float) -> tuple[float, str | None]:
         return value, None
     if value >= MIN_RAW_COUNT:
         billions = value / 1e9
-        return billions, (f"--params {value:g} read as a raw parameter count: {billions:g} billion "
-                          f"(the flag takes billions: --params {billions:g})")
-    raise ValueError(f"--params {value:g} is neither billions (at most {MAX_BILLIONS:g}) nor a raw parameter count "
-                     f"(at least {MIN_RAW_COUNT:g}); for a 70B model say --params 70 or --params 70e9")
+        return billions, (
+            f"--params {value:g} read as a raw parameter count: {billions:g} billion "
+            f"(the flag takes billions: --params {billions:g})"
+        )
+    raise ValueError(
+        f"--params {value:g} is neither billions (at most {MAX_BILLIONS:g}) nor a raw parameter count "
+        f"(at least {MIN_RAW_COUNT:g}); for a 70B model say --params 70 or --params 70e9"
+    )
 
 
 def assumptions(model: StepModel, inp: EstimateInputs, positions: tuple[float, ...], context: float) -> list[str]:
@@ -127,8 +139,10 @@ def validation_warnings(model: StepModel, inp: EstimateInputs, context: float) -
         warnings.append(f"GQA ratio {model.shape.gqa_ratio:g} is outside the validated {lo:g}-{hi:g}")
     lo, hi = rng["context"]
     if not lo * 0.5 <= context <= hi * 2:
-        warnings.append(f"context {context:g} is outside the validated {lo:g}-{hi:g} tokens (long-context verify "
-                        "attention is not validated)")
+        warnings.append(
+            f"context {context:g} is outside the validated {lo:g}-{hi:g} tokens (long-context verify "
+            "attention is not validated)"
+        )
     if model.dtype != "bf16":
         warnings.append(f"{model.dtype} weights: only bf16 was measured")
     if model.shape.experts:

@@ -14,36 +14,53 @@ from specwatch.crossover.model import Efficiency, Hardware
 GB = 1e9
 T = 1e12
 
-HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    Hardware("A100-40GB", 1555 * GB, 312 * T, None, 40 * GB, sms=108),
-    Hardware("A100-80GB", 2039 * GB, 312 * T, None, 80 * GB, sms=108),
-    Hardware("H100-SXM", 3350 * GB, 989 * T, 1979 * T, 80 * GB),
-    Hardware("H100-PCIE", 2000 * GB, 756 * T, 1513 * T, 80 * GB, sms=114),
-    Hardware("H200", 4800 * GB, 989 * T, 1979 * T, 141 * GB),
-    Hardware("B200", 8000 * GB, 2250 * T, 4500 * T, 180 * GB, sms=148),
-    Hardware("L40S", 864 * GB, 362 * T, 733 * T, 48 * GB, sms=142),
-    Hardware("L4", 300 * GB, 121 * T, 242 * T, 24 * GB, sms=58),
-    Hardware("MI300X", 5300 * GB, 1307 * T, 2615 * T, 192 * GB, sms=304),
-)}
+HARDWARE: dict[str, Hardware] = {
+    h.name: h
+    for h in (
+        Hardware("A100-40GB", 1555 * GB, 312 * T, None, 40 * GB, sms=108),
+        Hardware("A100-80GB", 2039 * GB, 312 * T, None, 80 * GB, sms=108),
+        Hardware("H100-SXM", 3350 * GB, 989 * T, 1979 * T, 80 * GB),
+        Hardware("H100-PCIE", 2000 * GB, 756 * T, 1513 * T, 80 * GB, sms=114),
+        Hardware("H200", 4800 * GB, 989 * T, 1979 * T, 141 * GB),
+        Hardware("B200", 8000 * GB, 2250 * T, 4500 * T, 180 * GB, sms=148),
+        Hardware("L40S", 864 * GB, 362 * T, 733 * T, 48 * GB, sms=142),
+        Hardware("L4", 300 * GB, 121 * T, 242 * T, 24 * GB, sms=58),
+        Hardware("MI300X", 5300 * GB, 1307 * T, 2615 * T, 192 * GB, sms=304),
+    )
+}
 
 # Fitted by `specwatch.crossover.shapes.fit()` on the seven H200 step-time tables in specwatch/data
 # (Llama-3.2-1B ... CodeLlama-34B and Qwen3-30B-A3B, context 1024: plain, verify q = 3/5/8 and draft steps).
 # `scripts/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
 CALIBRATED: dict[str, Efficiency] = {
-    "H200": Efficiency(memory=0.763, compute=0.767, verify_attention=0.882, step_overhead_s=0.0,
-                       decode_attention=0.882, layer_overhead_s=70e-6, verify_key_s=8.59e-11,
-                       decode_attention_flop_s=1.02e-14, verify_reads_per_query_head=True,
-                       source="fitted: seven H200 step-time tables (1.5-34B, GQA 1-8, one MoE), "
-                              "torch 2.11 CUDA graphs, ctx 1024"),
+    "H200": Efficiency(
+        memory=0.763,
+        compute=0.767,
+        verify_attention=0.882,
+        step_overhead_s=0.0,
+        decode_attention=0.882,
+        layer_overhead_s=70e-6,
+        verify_key_s=8.59e-11,
+        decode_attention_flop_s=1.02e-14,
+        verify_reads_per_query_head=True,
+        source="fitted: seven H200 step-time tables (1.5-34B, GQA 1-8, one MoE), torch 2.11 CUDA graphs, ctx 1024",
+    ),
 }
 
 DEFAULT_EFFICIENCY = Efficiency()
 
 # NVML name fragments -> table row, most specific first.
 _ALIASES: tuple[tuple[str, str], ...] = (
-    (r"h100.*pcie", "H100-PCIE"), (r"h100", "H100-SXM"), (r"h200", "H200"), (r"gh200", "H200"),
-    (r"a100.*80", "A100-80GB"), (r"a100", "A100-40GB"), (r"b200", "B200"), (r"l40s", "L40S"),
-    (r"\bl4\b", "L4"), (r"mi300x", "MI300X"),
+    (r"h100.*pcie", "H100-PCIE"),
+    (r"h100", "H100-SXM"),
+    (r"h200", "H200"),
+    (r"gh200", "H200"),
+    (r"a100.*80", "A100-80GB"),
+    (r"a100", "A100-40GB"),
+    (r"b200", "B200"),
+    (r"l40s", "L40S"),
+    (r"\bl4\b", "L4"),
+    (r"mi300x", "MI300X"),
 )
 
 

@@ -24,9 +24,15 @@ def shape_from_hf_config(raw: Mapping[str, Any]) -> ModelShape:
     heads = need("num_attention_heads", "n_head")
     kv_heads = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or hidden // heads
-    return ModelShape(layers=need("num_hidden_layers", "n_layer"), hidden_size=hidden, kv_heads=int(kv_heads),
-                      head_dim=int(head_dim), intermediate_size=need("intermediate_size", "ffn_dim", "n_inner"),
-                      vocab_size=need("vocab_size"), attention_heads=heads)
+    return ModelShape(
+        layers=need("num_hidden_layers", "n_layer"),
+        hidden_size=hidden,
+        kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        intermediate_size=need("intermediate_size", "ffn_dim", "n_inner"),
+        vocab_size=need("vocab_size"),
+        attention_heads=heads,
+    )
 
 
 def load_hf_config(path: str | Path) -> ModelShape:

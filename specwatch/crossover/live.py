@@ -37,8 +37,7 @@ class CrossoverAnswer:
 class CrossoverSource(Protocol):
     name: str
 
-    def answer(self, live: LiveInputs) -> CrossoverAnswer:
-        ...
+    def answer(self, live: LiveInputs) -> CrossoverAnswer: ...
 
 
 class FixedCrossover:
@@ -67,8 +66,9 @@ class EstimatedCrossover:
             return DEFAULT_CONTEXT
         hw, shape = self.model.hardware, self.model.shape
         weights = shape.gemm_params * 2.0  # bf16-equivalent upper bound; quantized weights leave more for KV
-        capacity_tokens = (live.gpus_per_engine * GPU_MEMORY_UTILIZATION * hw.memory_bytes - weights) \
-            / shape.kv_bytes_per_token
+        capacity_tokens = (
+            live.gpus_per_engine * GPU_MEMORY_UTILIZATION * hw.memory_bytes - weights
+        ) / shape.kv_bytes_per_token
         if capacity_tokens <= 0:
             return DEFAULT_CONTEXT
         return max(1.0, live.kv_usage * capacity_tokens / live.batch)
@@ -129,9 +129,9 @@ def positions_from_rate(rate: float, k: int) -> tuple[float, ...]:
     lo, hi = 0.0, 1.0
     for _ in range(50):
         mid = (lo + hi) / 2
-        if sum(mid ** j for j in range(1, k + 1)) / k < rate:
+        if sum(mid**j for j in range(1, k + 1)) / k < rate:
             lo = mid
         else:
             hi = mid
     alpha = (lo + hi) / 2
-    return tuple(alpha ** j for j in range(1, k + 1))
+    return tuple(alpha**j for j in range(1, k + 1))

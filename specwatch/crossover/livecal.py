@@ -72,8 +72,10 @@ class LiveCalibration:
         self._cache = None
 
     def points(self, k: int, context: float) -> list[StepPoint]:
-        return [StepPoint(bsum / w, k + 1, context, ssum / w, kind="spec")
-                for w, bsum, ssum in (self._bins[i] for i in sorted(self._bins))]
+        return [
+            StepPoint(bsum / w, k + 1, context, ssum / w, kind="spec")
+            for w, bsum, ssum in (self._bins[i] for i in sorted(self._bins))
+        ]
 
     def answer(self, positions: Sequence[float], context: float, now: float) -> LiveAnswer:
         """B* and its band; refitted when a batch bin appears, the acceptance or context moves, or
@@ -90,7 +92,7 @@ class LiveCalibration:
         estimates = [b_star]
         if len(points) >= MIN_BINS:
             for i in range(len(points)):
-                refit, _ = self._fit(points[:i] + points[i + 1:])
+                refit, _ = self._fit(points[:i] + points[i + 1 :])
                 estimates.append(refit.crossover(positions, context))
         else:  # too few batches to separate the efficiencies: the calibrated GPU is as likely
             estimates.append(self.model.crossover(positions, context))
@@ -108,7 +110,8 @@ class LiveCalibration:
         return self._cache[3].speedup(batch, positions, context)
 
     def _fit(self, points: list[StepPoint]) -> tuple[StepModel, float]:
-        eff, rms = fit_models([(self.model, points)], "live", FIT_PARAMETERS, tolerance=FIT_TOLERANCE,
-                              tie_decode_attention=False)
+        eff, rms = fit_models(
+            [(self.model, points)], "live", FIT_PARAMETERS, tolerance=FIT_TOLERANCE, tie_decode_attention=False
+        )
         eff = replace(eff, source=f"live: fitted to {len(points)} batch bins of the engine's step times")
         return self.model.with_efficiency(eff), rms

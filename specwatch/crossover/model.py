@@ -93,12 +93,26 @@ class ModelShape:
         hidden = max(128, int(round(4096 * scale / 128)) * 128)
         layers = max(1, int(round(32 * scale)))
         heads = hidden // 128
-        return cls(layers=layers, hidden_size=hidden, kv_heads=max(1, heads // 4), head_dim=128,
-                   intermediate_size=int(hidden * 3.5), vocab_size=128_256, attention_heads=heads)
+        return cls(
+            layers=layers,
+            hidden_size=hidden,
+            kv_heads=max(1, heads // 4),
+            head_dim=128,
+            intermediate_size=int(hidden * 3.5),
+            vocab_size=128_256,
+            attention_heads=heads,
+        )
 
 
-LLAMA3_8B = ModelShape(layers=32, hidden_size=4096, kv_heads=8, head_dim=128, intermediate_size=14336,
-                       vocab_size=128_256, attention_heads=32)
+LLAMA3_8B = ModelShape(
+    layers=32,
+    hidden_size=4096,
+    kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    vocab_size=128_256,
+    attention_heads=32,
+)
 
 
 @dataclass(frozen=True)
@@ -166,9 +180,15 @@ class Draft:
             return cls("ngram", 0.0, 0.0)
         if spec in ("eagle", "mtp", "eagle3"):
             vocab = EAGLE3_DRAFT_VOCAB if spec == "eagle3" else target.vocab_size
-            head = ModelShape(layers=1, hidden_size=target.hidden_size, kv_heads=target.kv_heads,
-                              head_dim=target.head_dim, intermediate_size=target.mlp_width_per_token,
-                              vocab_size=vocab, attention_heads=target.attention_heads)
+            head = ModelShape(
+                layers=1,
+                hidden_size=target.hidden_size,
+                kv_heads=target.kv_heads,
+                head_dim=target.head_dim,
+                intermediate_size=target.mlp_width_per_token,
+                vocab_size=vocab,
+                attention_heads=target.attention_heads,
+            )
             return cls(spec, head.active_params, head.kv_bytes_per_token, head)
         if spec.startswith("model:"):
             try:
@@ -192,7 +212,7 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 
 def positions_from_alpha(alpha: float, gamma: int) -> tuple[float, ...]:
     """iid acceptance: p_j = alpha^j for j = 1..gamma."""
-    return tuple(alpha ** j for j in range(1, gamma + 1))
+    return tuple(alpha**j for j in range(1, gamma + 1))
 
 
 def tau(positions: Sequence[float]) -> float:
@@ -212,14 +232,32 @@ class StepModel:
     draft: Draft | None = None
 
     def target_step_s(self, batch: float, q: int, context: float) -> float:
-        return forward_s(self.shape, batch, q, context, self.hardware, self.efficiency, self.dtype,
-                         BYTES_PER_WEIGHT[self.dtype], self.hardware.sms)
+        return forward_s(
+            self.shape,
+            batch,
+            q,
+            context,
+            self.hardware,
+            self.efficiency,
+            self.dtype,
+            BYTES_PER_WEIGHT[self.dtype],
+            self.hardware.sms,
+        )
 
     def draft_step_s(self, batch: float, context: float) -> float:
         if self.draft is None or self.draft.shape is None:
             return 0.0
-        return forward_s(self.draft.shape, batch, 1, context, self.hardware, self.efficiency, self.dtype,
-                         BYTES_PER_WEIGHT[self.dtype], self.hardware.sms)
+        return forward_s(
+            self.draft.shape,
+            batch,
+            1,
+            context,
+            self.hardware,
+            self.efficiency,
+            self.dtype,
+            BYTES_PER_WEIGHT[self.dtype],
+            self.hardware.sms,
+        )
 
     def spec_step_s(self, batch: float, gamma: int, context: float) -> float:
         return self.target_step_s(batch, gamma + 1, context) + gamma * self.draft_step_s(batch, context)
@@ -260,8 +298,15 @@ def crossover_batch(speedup_at, max_batch: float = MAX_BATCH, tolerance: float =
     return None
 
 
-def closed_form_crossover(shape: ModelShape, hardware: Hardware, efficiency: Efficiency, positions: Sequence[float],
-                          draft_cost: float, context: float, dtype: str = "bf16") -> float | None:
+def closed_form_crossover(
+    shape: ModelShape,
+    hardware: Hardware,
+    efficiency: Efficiency,
+    positions: Sequence[float],
+    draft_cost: float,
+    context: float,
+    dtype: str = "bf16",
+) -> float | None:
     """The §3 closed form B* = (tau - gamma c) N_r / [(gamma+1) - (tau-1) rho(L)], for comparison and docs."""
     gamma = len(positions)
     t = tau(positions)

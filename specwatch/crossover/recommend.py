@@ -64,8 +64,10 @@ class SweepStepTimes:
                 self.plain.append((float(lv["concurrency"]), float(plain["tpot_p50_s"])))
                 self.spec.append((float(lv["concurrency"]), float(spec["tpot_p50_s"]) * float(tau)))
         if self.k < 1 or len(self.plain) < 2:
-            raise ValueError("the sweep needs the spec server's acceptance (num_speculative_tokens) and TPOT at "
-                             "two or more levels to give step times")
+            raise ValueError(
+                "the sweep needs the spec server's acceptance (num_speculative_tokens) and TPOT at "
+                "two or more levels to give step times"
+            )
 
     def step_s(self, batch: float, k: int) -> float:
         plain = _interpolate(self.plain, batch)
@@ -132,11 +134,21 @@ def recommend(positions: Sequence[float], times: StepTimes, batch_now: float, ma
     b_now = max(1.0, batch_now)
     speedup_now = goodput(positions, times, b_now, k_now) / goodput(positions, times, b_now, 0)
     off = next((start for start, _, k in ranges if k == 0), None)
-    vllm_reason = (f"k falls from {ranges[0][2]} as verify cost grows with batch"
-                   + (f" and drafting stops from batch {off}, where a plain step yields more tokens per second"
-                      if off is not None else "; drafting pays up to batch " + str(max_batch)))
-    sglang_reason = ("each slot offers the draft lengths within 5% of the best at its batch, so SGLang's "
-                     "acceptance EMA picks among them" + ("; [0] slots never draft" if off is not None else ""))
-    return Recommendation(k_now=k_now, batch_now=batch_now, speedup_now=speedup_now,
-                          ranges=tuple((start, end, k) for start, end, k in ranges), sglang=sglang,
-                          vllm_reason=vllm_reason, sglang_reason=sglang_reason)
+    vllm_reason = f"k falls from {ranges[0][2]} as verify cost grows with batch" + (
+        f" and drafting stops from batch {off}, where a plain step yields more tokens per second"
+        if off is not None
+        else "; drafting pays up to batch " + str(max_batch)
+    )
+    sglang_reason = (
+        "each slot offers the draft lengths within 5% of the best at its batch, so SGLang's "
+        "acceptance EMA picks among them" + ("; [0] slots never draft" if off is not None else "")
+    )
+    return Recommendation(
+        k_now=k_now,
+        batch_now=batch_now,
+        speedup_now=speedup_now,
+        ranges=tuple((start, end, k) for start, end, k in ranges),
+        sglang=sglang,
+        vllm_reason=vllm_reason,
+        sglang_reason=sglang_reason,
+    )

@@ -34,8 +34,10 @@ class ReferenceRun:
     def speedup(self, gamma: int, alpha: float) -> dict[int, float]:
         """E x T(B,1) / (T(B, gamma+1) + gamma x T_draft(B)), recomputed from the step times."""
         e = expected_tokens(alpha, gamma)
-        return {b: e * self.target_s[(b, 1)] / (self.target_s[(b, gamma + 1)] + gamma * self.draft_s[b])
-                for b in self.batches}
+        return {
+            b: e * self.target_s[(b, 1)] / (self.target_s[(b, gamma + 1)] + gamma * self.draft_s[b])
+            for b in self.batches
+        }
 
     def measured_crossover(self, gamma: int, alpha: float) -> float | None:
         """B* interpolated linearly between the grid points that bracket speedup = 1."""
@@ -78,11 +80,17 @@ def _parse(raw: Mapping[str, Any]) -> ReferenceTable:
         derived = {}
         for key, entry in r["derived"].items():
             parts = dict(kv.split("=") for kv in key.split(","))
-            derived[(int(parts["gamma"]), float(parts["alpha"]))] = {int(b): float(s)
-                                                                     for b, s in entry["speedup"].items()}
-        runs.append(ReferenceRun(
-            shape=str(r["shape"]), context=int(r["context"]), target_s=target,
-            draft_s={int(b): float(ms) / 1000.0 for b, ms in r["draft"].items()},
-            gpm_plain={int(b): {k: float(v) for k, v in g.items()} for b, g in r.get("gpm_plain", {}).items()},
-            derived=derived))
+            derived[(int(parts["gamma"]), float(parts["alpha"]))] = {
+                int(b): float(s) for b, s in entry["speedup"].items()
+            }
+        runs.append(
+            ReferenceRun(
+                shape=str(r["shape"]),
+                context=int(r["context"]),
+                target_s=target,
+                draft_s={int(b): float(ms) / 1000.0 for b, ms in r["draft"].items()},
+                gpm_plain={int(b): {k: float(v) for k, v in g.items()} for b, g in r.get("gpm_plain", {}).items()},
+                derived=derived,
+            )
+        )
     return ReferenceTable(gpu=str(raw["gpu"]), runs=tuple(runs))

@@ -14,8 +14,14 @@ from typing import Iterable, Mapping, Sequence
 
 from specwatch.crossover import gpus
 from specwatch.crossover.calibrate import ALL_PARAMETERS, StepPoint, fit_models, reference_points
-from specwatch.crossover.model import (Draft, Efficiency, ModelShape, StepModel, interpolate_crossover,
-                                      positions_from_alpha)
+from specwatch.crossover.model import (
+    Draft,
+    Efficiency,
+    ModelShape,
+    StepModel,
+    interpolate_crossover,
+    positions_from_alpha,
+)
 from specwatch.crossover.reference import ReferenceRun, load_reference
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -37,11 +43,17 @@ class ShapeTable:
 def shape_from_table(cfg: Mapping) -> ModelShape:
     """The `shape_config` of a step-time table as a ModelShape."""
     experts = int(cfg.get("experts") or 0)
-    return ModelShape(layers=int(cfg["layers"]), hidden_size=int(cfg["d_model"]), kv_heads=int(cfg["kv_heads"]),
-                      head_dim=int(cfg["head_dim"]),
-                      intermediate_size=int(cfg["expert_ffn"] if experts else cfg["ffn"]),
-                      vocab_size=int(cfg["vocab"]), attention_heads=int(cfg["heads"]), experts=experts,
-                      experts_per_token=int(cfg.get("experts_per_token") or 0))
+    return ModelShape(
+        layers=int(cfg["layers"]),
+        hidden_size=int(cfg["d_model"]),
+        kv_heads=int(cfg["kv_heads"]),
+        head_dim=int(cfg["head_dim"]),
+        intermediate_size=int(cfg["expert_ffn"] if experts else cfg["ffn"]),
+        vocab_size=int(cfg["vocab"]),
+        attention_heads=int(cfg["heads"]),
+        experts=experts,
+        experts_per_token=int(cfg.get("experts_per_token") or 0),
+    )
 
 
 def load_tables(paths: Iterable[Path] | None = None) -> list[ShapeTable]:
@@ -100,19 +112,29 @@ def score(table: ShapeTable, efficiency: Efficiency) -> list[CellScore]:
     cells = []
     for gamma in SCORED_GAMMAS:
         for alpha in SCORED_ALPHAS:
-            cells.append(CellScore(table.name, gamma, alpha, table.run.measured_crossover(gamma, alpha),
-                                   model.crossover(positions_from_alpha(alpha, gamma), table.run.context),
-                                   max(table.run.batches)))
+            cells.append(
+                CellScore(
+                    table.name,
+                    gamma,
+                    alpha,
+                    table.run.measured_crossover(gamma, alpha),
+                    model.crossover(positions_from_alpha(alpha, gamma), table.run.context),
+                    max(table.run.batches),
+                )
+            )
     return cells
 
 
-def near_one_range(run: ReferenceRun, gamma: int, alpha: float,
-                   band: float = 0.03) -> tuple[float | None, float | None]:
+def near_one_range(
+    run: ReferenceRun, gamma: int, alpha: float, band: float = 0.03
+) -> tuple[float | None, float | None]:
     """Batches where the measured speedup first falls below 1 + band and below 1 - band (interpolated like
     B*; None: not within the measured batches). A wide range means B* moves far on a small step-time error."""
     points = list(run.speedup(gamma, alpha).items())
-    return (interpolate_crossover([(b, s / (1 + band)) for b, s in points]),
-            interpolate_crossover([(b, s / (1 - band)) for b, s in points]))
+    return (
+        interpolate_crossover([(b, s / (1 + band)) for b, s in points]),
+        interpolate_crossover([(b, s / (1 - band)) for b, s in points]),
+    )
 
 
 def leave_one_shape_out(tables: Sequence[ShapeTable]) -> dict[str, tuple[Efficiency, float, list[CellScore]]]:
@@ -131,5 +153,8 @@ def validated_range(tables: Sequence[ShapeTable] | None = None) -> dict[str, tup
     params = [t.shape.params / 1e9 for t in tables]
     ratios = [t.shape.gqa_ratio for t in tables]
     contexts = [float(t.run.context) for t in tables]
-    return {"params_billions": (min(params), max(params)), "gqa_ratio": (min(ratios), max(ratios)),
-            "context": (min(contexts), max(contexts))}
+    return {
+        "params_billions": (min(params), max(params)),
+        "gqa_ratio": (min(ratios), max(ratios)),
+        "context": (min(contexts), max(contexts)),
+    }

@@ -43,8 +43,9 @@ def tile_m(m: float) -> int:
     return 64 if m <= 64 else 128
 
 
-def gemm_s(m: float, n: float, k: float, weight_bytes: float, hw: "Hardware", eff: "Efficiency",
-           dtype_flops: float, sms: int) -> float:
+def gemm_s(
+    m: float, n: float, k: float, weight_bytes: float, hw: "Hardware", eff: "Efficiency", dtype_flops: float, sms: int
+) -> float:
     """One GEMM of m x k activations by a k x n weight: max(memory roof, tile-quantized compute roof)."""
     if m <= 0:
         return 0.0
@@ -69,8 +70,17 @@ def experts_touched(m_tokens: float, experts: int, top_k: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** m_tokens)
 
 
-def grouped_gemm_s(m_tokens: float, touched: float, n: float, k: float, weight_bytes: float, hw: "Hardware",
-                   eff: "Efficiency", dtype_flops: float, sms: int) -> float:
+def grouped_gemm_s(
+    m_tokens: float,
+    touched: float,
+    n: float,
+    k: float,
+    weight_bytes: float,
+    hw: "Hardware",
+    eff: "Efficiency",
+    dtype_flops: float,
+    sms: int,
+) -> float:
     """Experts' GEMMs in one grouped launch: touched experts' weights, tiles counted per expert."""
     if m_tokens <= 0 or touched <= 0:
         return 0.0
@@ -100,8 +110,9 @@ DENSE_LAYER_KERNELS = 24
 MOE_LAYER_KERNELS = 30
 
 
-def attention_s(batch: float, q: int, context: float, shape: "ModelShape", hw: "Hardware", eff: "Efficiency",
-                sms: int) -> float:
+def attention_s(
+    batch: float, q: int, context: float, shape: "ModelShape", hw: "Hardware", eff: "Efficiency", sms: int
+) -> float:
     """One layer's attention over the KV cache (context + q positions per sequence)."""
     per_head = batch * (context + q) * shape.head_dim * 2 * KV_BYTES  # K and V of one head
     if q == 1:
@@ -113,8 +124,18 @@ def attention_s(batch: float, q: int, context: float, shape: "ModelShape", hw: "
     return (per_head * heads / (eff.verify_attention * hw.bandwidth) + keys * eff.verify_key_s) / fill
 
 
-def forward_s(shape: "ModelShape", batch: float, q: int, context: float, hw: "Hardware", eff: "Efficiency",
-              dtype: str, weight_bytes: float, sms: int, lm_head_vocab: int | None = None) -> float:
+def forward_s(
+    shape: "ModelShape",
+    batch: float,
+    q: int,
+    context: float,
+    hw: "Hardware",
+    eff: "Efficiency",
+    dtype: str,
+    weight_bytes: float,
+    sms: int,
+    lm_head_vocab: int | None = None,
+) -> float:
     """Seconds of one forward of `shape` (all its layers, then its LM head over every new token)."""
     m = batch * q
     flops = hw.flops(dtype)
@@ -132,8 +153,7 @@ def forward_s(shape: "ModelShape", batch: float, q: int, context: float, hw: "Ha
         layer += gemm_s(m, d, shape.intermediate_size, weight_bytes, hw, eff, flops, sms)
     layer += attention_s(batch, q, context, shape, hw, eff, sms)
     layer += m * activation_bytes_per_token(shape) / (eff.memory * hw.bandwidth)
-    layer += eff.layer_overhead_s * (MOE_LAYER_KERNELS if shape.experts else DENSE_LAYER_KERNELS) \
-        / DENSE_LAYER_KERNELS
+    layer += eff.layer_overhead_s * (MOE_LAYER_KERNELS if shape.experts else DENSE_LAYER_KERNELS) / DENSE_LAYER_KERNELS
     vocab = lm_head_vocab or shape.vocab_size
     head = gemm_s(m, vocab, d, weight_bytes, hw, eff, flops, sms)
     return eff.step_overhead_s + shape.layers * layer + head

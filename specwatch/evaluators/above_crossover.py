@@ -17,8 +17,14 @@ from typing import Any, Mapping, Sequence
 
 from specwatch.config import CrossoverConfig, RouteConfig
 from specwatch.crossover.estimate import build_step_model
-from specwatch.crossover.live import (CrossoverSource, EstimatedCrossover, FixedCrossover, LiveInputs,
-                                      SweptCrossover, positions_from_rate)
+from specwatch.crossover.live import (
+    CrossoverSource,
+    EstimatedCrossover,
+    FixedCrossover,
+    LiveInputs,
+    SweptCrossover,
+    positions_from_rate,
+)
 from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
 from specwatch.crossover.sweepfile import load_sweep
 from specwatch.evaluators.base import EvaluatorContext
@@ -210,8 +216,10 @@ class GpuTimeLedger:
         self._last_ts = None
 
     def fields(self) -> dict[str, float]:
-        return {"speculation_gpu_seconds_lost_total": self.lost_seconds,
-                "speculation_gpu_seconds_saved_total": self.saved_seconds}
+        return {
+            "speculation_gpu_seconds_lost_total": self.lost_seconds,
+            "speculation_gpu_seconds_saved_total": self.saved_seconds,
+        }
 
 
 class AboveCrossoverEvaluator:
@@ -251,27 +259,44 @@ class AboveCrossoverEvaluator:
         batch = self._batch(obs)
         update["batch_size"] = batch
         if self.source is None:
-            return {**update, "crossover_source": "", "crossover_batch_size": None, "above_crossover": None,
-                    "predicted_speedup_ratio": None}
+            return {
+                **update,
+                "crossover_source": "",
+                "crossover_batch_size": None,
+                "above_crossover": None,
+                "predicted_speedup_ratio": None,
+            }
         positions = self.acceptance.positions(obs.k)
         if not positions and obs.k and obs.window_acceptance.get("5m") is not None:
             positions = positions_from_rate(obs.window_acceptance["5m"], obs.k)
         engines = max(1, len(obs.running_per_engine))
-        live = LiveInputs(positions=positions, batch=batch, kv_usage=obs.kv_usage,
-                          gpus_per_engine=max(1, len(obs.gpus) // engines))
+        live = LiveInputs(
+            positions=positions, batch=batch, kv_usage=obs.kv_usage, gpus_per_engine=max(1, len(obs.gpus) // engines)
+        )
         try:
             answer = self.source.answer(live)
             live_answer = self._live(obs, live) if self.live is not None else None
         except (ValueError, ArithmeticError) as exc:  # bad input never takes the daemon down
             log.warning("route %s: crossover %s failed: %s", obs.route, self.source.name, exc)
-            return {**update, "crossover_source": self.source.name, "crossover_batch_size": None,
-                    "above_crossover": None, "predicted_speedup_ratio": None}
-        update.update(crossover_source=self.source.name, crossover_batch_size=answer.batch_size,
-                      predicted_speedup_ratio=answer.speedup)
+            return {
+                **update,
+                "crossover_source": self.source.name,
+                "crossover_batch_size": None,
+                "above_crossover": None,
+                "predicted_speedup_ratio": None,
+            }
+        update.update(
+            crossover_source=self.source.name,
+            crossover_batch_size=answer.batch_size,
+            predicted_speedup_ratio=answer.speedup,
+        )
         threshold = answer.batch_size
         if live_answer is not None:
-            update.update(live_crossover_batch_size=live_answer.batch_size, live_crossover_lower=live_answer.lower,
-                          live_crossover_upper=live_answer.upper)
+            update.update(
+                live_crossover_batch_size=live_answer.batch_size,
+                live_crossover_lower=live_answer.lower,
+                live_crossover_upper=live_answer.upper,
+            )
             if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
                 threshold = live_answer.batch_size
                 if batch and self.live is not None:
@@ -304,8 +329,7 @@ class AboveCrossoverEvaluator:
         for engine, running in running_per_engine.items():
             if running is not None and running == running:  # skip NaN
                 self.batches.setdefault(engine, TimeWeightedMean(self.batch_window)).add(obs.ts, float(running))
-        means = [m for e in running_per_engine if e in self.batches
-                 if (m := self.batches[e].mean(obs.ts)) is not None]
+        means = [m for e in running_per_engine if e in self.batches if (m := self.batches[e].mean(obs.ts)) is not None]
         return sum(means) / len(means) if means else None
 
     def close(self) -> None:

@@ -127,7 +127,6 @@ class CollapseCheck:
         self.readings.clear()
 
 
-
 class AcceptanceDropEvaluator:
     """RouteEvaluator for one route (see module docstring). Not thread-safe: the daemon loop owns it."""
 
@@ -175,8 +174,15 @@ class AcceptanceDropEvaluator:
             if obs.acceptance_source in GAUGE_SOURCES:
                 self._observe_gauge(obs)
             else:
-                self._observe(now, obs.d_accepted, obs.d_draft_tokens, obs.d_drafts, obs.d_accepted_per_pos,
-                              _idle(obs), self._last_scrape)
+                self._observe(
+                    now,
+                    obs.d_accepted,
+                    obs.d_draft_tokens,
+                    obs.d_drafts,
+                    obs.d_accepted_per_pos,
+                    _idle(obs),
+                    self._last_scrape,
+                )
             self._last_scrape = now
         return self.fields()
 
@@ -185,15 +191,20 @@ class AcceptanceDropEvaluator:
 
     def fields(self) -> dict[str, Any]:
         ref = self.reference
-        out: dict[str, Any] = {"model_changes_total": float(self.model_changes_total),
-                               "last_model_change_timestamp": self.last_model_change}
+        out: dict[str, Any] = {
+            "model_changes_total": float(self.model_changes_total),
+            "last_model_change_timestamp": self.last_model_change,
+        }
         if self.gauge.reference is not None:
             out.update(self.gauge.fields())
         elif ref is not None and self._test is not None:
             current = self.window.ratio()
-            out.update(baseline_ratio=ref.acceptance_ratio, degraded=self.degraded,
-                       cusum_statistic=self.cusum.statistic,
-                       drop_ratio=None if current is None else 1.0 - current / ref.acceptance_ratio)
+            out.update(
+                baseline_ratio=ref.acceptance_ratio,
+                degraded=self.degraded,
+                cusum_statistic=self.cusum.statistic,
+                drop_ratio=None if current is None else 1.0 - current / ref.acceptance_ratio,
+            )
         if self.collapse.collapsed:
             out["degraded"] = True  # a broken drafter pages with or without a baseline
         return out
@@ -214,21 +225,34 @@ class AcceptanceDropEvaluator:
         was = self.collapse.collapsed
         if self.collapse.add_gauge(obs.ts, reading, weight if reading is not None else 0.0):
             if not was:
-                log.warning("route %s: draft acceptance collapsed (gauge %.3f): broken drafter?", self.route,
-                            reading or 0.0)
+                log.warning(
+                    "route %s: draft acceptance collapsed (gauge %.3f): broken drafter?", self.route, reading or 0.0
+                )
             return  # a collapsed drafter teaches nothing about its baseline
         self.gauge.observe(obs.ts, reading, weight, lifetime)
 
-    def _observe(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Sequence[float],
-                 idle: bool = False, start: float | None = None) -> None:
+    def _observe(
+        self,
+        now: float,
+        accepted: float,
+        drafted: float,
+        drafts: float,
+        per_pos: Sequence[float],
+        idle: bool = False,
+        start: float | None = None,
+    ) -> None:
         """One interval's deltas, (start, now]; `start` is the previous scrape (None: not known)."""
         self.window.add(now, accepted, drafted)
         self.traffic.add(now, drafted)
         was = self.collapse.collapsed
         if self.collapse.add_counts(now, accepted, drafted):
             if not was:
-                log.warning("route %s: draft acceptance collapsed to %.3f over %.0f drafted tokens: broken drafter?",
-                            self.route, self.collapse.window.ratio() or 0.0, self.collapse.window.drafted)
+                log.warning(
+                    "route %s: draft acceptance collapsed to %.3f over %.0f drafted tokens: broken drafter?",
+                    self.route,
+                    self.collapse.window.ratio() or 0.0,
+                    self.collapse.window.drafted,
+                )
             return  # a collapsed drafter teaches nothing about its baseline, and it already pages
         if drafted <= 0:
             if idle:  # the requests of the open block have all finished: weigh it now
@@ -282,22 +306,36 @@ class AcceptanceDropEvaluator:
         lower, upper = wilson_bounds(n_eff * window.accepted / window.drafted if window.drafted > 0 else 0.0, n_eff)
         if not self.degraded:
             c, cfg = self.cusum, self.cfg
-            by_cusum = (c.statistic >= threshold and c.excursion_seconds(now) >= cfg.min_duration_seconds
-                        and c.excursion_tokens >= cfg.min_drafted_tokens)
-            by_sprt = (self.sprt is not None and self.sprt.verdict == "regressed"
-                       and self.sprt.tokens >= cfg.min_drafted_tokens)
+            by_cusum = (
+                c.statistic >= threshold
+                and c.excursion_seconds(now) >= cfg.min_duration_seconds
+                and c.excursion_tokens >= cfg.min_drafted_tokens
+            )
+            by_sprt = (
+                self.sprt is not None
+                and self.sprt.verdict == "regressed"
+                and self.sprt.tokens >= cfg.min_drafted_tokens
+            )
             if (by_cusum or by_sprt) and upper < test.r_ok:
                 self.degraded = True
-                log.warning("route %s: acceptance dropped: %.3f over the short window vs baseline %.3f (%s)",
-                            self.route, self.window.ratio() or 0.0, reference.acceptance_ratio,
-                            "CUSUM" if by_cusum else "SPRT after a model change")
+                log.warning(
+                    "route %s: acceptance dropped: %.3f over the short window vs baseline %.3f (%s)",
+                    self.route,
+                    self.window.ratio() or 0.0,
+                    reference.acceptance_ratio,
+                    "CUSUM" if by_cusum else "SPRT after a model change",
+                )
         elif lower > test.r_resolve:
             self.degraded = False
             self.cusum.reset()
             if self.sprt is not None:
                 self.sprt = Sprt()  # judge the recovered model afresh before adopting it
-            log.info("route %s: acceptance back to baseline (%.3f vs %.3f)", self.route,
-                     self.window.ratio() or 0.0, reference.acceptance_ratio)
+            log.info(
+                "route %s: acceptance back to baseline (%.3f vs %.3f)",
+                self.route,
+                self.window.ratio() or 0.0,
+                reference.acceptance_ratio,
+            )
 
     # ------------------------------------------------------------------ baselines
     def _maybe_set_first_reference(self, now: float) -> None:
@@ -310,16 +348,32 @@ class AcceptanceDropEvaluator:
                     return
                 phi = self.learner.dispersion.conservative_estimate() or 1.0
                 model = self.learner.dispersion.model()
-            self._set_reference(Baseline(
-                route=self.route, key=key, acceptance_ratio=self.pinned.acceptance_ratio,
-                position_acceptance=self.pinned.position_acceptance, overdispersion=phi,
-                dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
-                dispersion_block_seconds=cfg.block_seconds, source="config", created=now, updated=now), persist=False)
+            self._set_reference(
+                Baseline(
+                    route=self.route,
+                    key=key,
+                    acceptance_ratio=self.pinned.acceptance_ratio,
+                    position_acceptance=self.pinned.position_acceptance,
+                    overdispersion=phi,
+                    dispersion_intercept=model.intercept if model else None,
+                    dispersion_slope=model.slope if model else 0.0,
+                    dispersion_block_seconds=cfg.block_seconds,
+                    source="config",
+                    created=now,
+                    updated=now,
+                ),
+                persist=False,
+            )
         elif self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
             learned = self._learned(now, "learned", created=None)
             self._set_reference(learned, persist=True)
-            log.info("route %s: learned baseline %.3f (φ %.1f) for %s", self.route,
-                     learned.acceptance_ratio, learned.overdispersion, key.label())
+            log.info(
+                "route %s: learned baseline %.3f (φ %.1f) for %s",
+                self.route,
+                learned.acceptance_ratio,
+                learned.overdispersion,
+                key.label(),
+            )
 
     def _learned(self, now: float, source: str, created: float | None) -> Baseline:
         assert self.key is not None
@@ -328,24 +382,38 @@ class AcceptanceDropEvaluator:
     def _pin_due(self, now: float) -> bool:
         learner = self.learner
         return learner.seconds(now) >= self.cfg.pin_seconds or (
-            learner.drafted >= self.cfg.pin_drafted_tokens and learner.dispersion.blocks >= PIN_MIN_BLOCKS)
+            learner.drafted >= self.cfg.pin_drafted_tokens and learner.dispersion.blocks >= PIN_MIN_BLOCKS
+        )
 
     def _maybe_relearn_dispersion(self, now: float) -> None:
         """A stored baseline whose φ was learned on blocks of another length keeps its r0, and takes the φ of the
         route's own blocks once the warm-up has learned it (a design effect depends on what a block holds)."""
         ref, cfg = self.reference, self.cfg
-        if (not self._relearn_dispersion or ref is None
-                or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)):
+        if (
+            not self._relearn_dispersion
+            or ref is None
+            or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)
+        ):
             return
         dispersion = self.learner.dispersion
         model = dispersion.model()
         relearned = dataclasses.replace(
-            ref, overdispersion=dispersion.conservative_estimate() or ref.overdispersion,
-            dispersion_intercept=model.intercept if model else None, dispersion_slope=model.slope if model else 0.0,
-            dispersion_block_seconds=cfg.block_seconds, updated=now)
+            ref,
+            overdispersion=dispersion.conservative_estimate() or ref.overdispersion,
+            dispersion_intercept=model.intercept if model else None,
+            dispersion_slope=model.slope if model else 0.0,
+            dispersion_block_seconds=cfg.block_seconds,
+            updated=now,
+        )
         self._set_reference(relearned, persist=True, keep_evidence=True)
-        log.info("route %s: φ %.1f re-learned on %.0f s blocks (was %.1f on %.0f s)", self.route,
-                 relearned.overdispersion, cfg.block_seconds, ref.overdispersion, ref.dispersion_block_seconds)
+        log.info(
+            "route %s: φ %.1f re-learned on %.0f s blocks (was %.1f on %.0f s)",
+            self.route,
+            relearned.overdispersion,
+            cfg.block_seconds,
+            ref.overdispersion,
+            ref.dispersion_block_seconds,
+        )
 
     def _maybe_refine(self, now: float) -> None:
         ref = self.reference
@@ -356,35 +424,54 @@ class AcceptanceDropEvaluator:
         refined = self._learned(now, ref.source, created=ref.created)
         self._set_reference(refined, persist=True, keep_evidence=True)
         if refined.pinned:
-            log.info("route %s: baseline %.3f pinned for %s after %.0f drafted tokens", self.route,
-                     refined.acceptance_ratio, refined.key.label(), refined.drafted_tokens)
+            log.info(
+                "route %s: baseline %.3f pinned for %s after %.0f drafted tokens",
+                self.route,
+                refined.acceptance_ratio,
+                refined.key.label(),
+                refined.drafted_tokens,
+            )
 
     def _maybe_adopt(self, now: float) -> None:
         cfg = self.cfg
-        if (self.sprt is None or self.sprt.verdict != "no_regression" or self.degraded or self.change_ts is None
-                or now - self.change_ts < cfg.adopt_after_seconds
-                or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)):
+        if (
+            self.sprt is None
+            or self.sprt.verdict != "no_regression"
+            or self.degraded
+            or self.change_ts is None
+            or now - self.change_ts < cfg.adopt_after_seconds
+            or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)
+        ):
             return
         old = self.reference
         adopted = self._learned(now, "adopted", created=None)
         self._set_reference(adopted, persist=True)
         self.sprt = None
-        log.info("route %s: adopted the baseline %.3f of %s after a clean period (was %.3f for %s)", self.route,
-                 adopted.acceptance_ratio, adopted.key.label(), old.acceptance_ratio if old else 0.0,
-                 old.key.label() if old else "-")
+        log.info(
+            "route %s: adopted the baseline %.3f of %s after a clean period (was %.3f for %s)",
+            self.route,
+            adopted.acceptance_ratio,
+            adopted.key.label(),
+            old.acceptance_ratio if old else 0.0,
+            old.key.label() if old else "-",
+        )
 
     def _set_reference(self, baseline: Baseline, persist: bool, keep_evidence: bool = False) -> None:
         self.reference = baseline
-        self._relearn_dispersion = (baseline.source != "config"
-                                    and baseline.dispersion_block_seconds != self.cfg.block_seconds)
+        self._relearn_dispersion = (
+            baseline.source != "config" and baseline.dispersion_block_seconds != self.cfg.block_seconds
+        )
         if persist:
             self.store.put(baseline)
         r0 = baseline.acceptance_ratio * max(0.5, 1.0 - BASELINE_STDERR_DISCOUNT * baseline.relative_stderr())
         drop = self.cfg.drop
         r_ok, r_bad, r_resolve = r0 * (1.0 - drop / 3.0), r0 * (1.0 - drop), r0 * (1.0 - 2.0 * drop / 3.0)
         if not 0.0 < r_bad < r_ok < 1.0:
-            log.warning("route %s: baseline %.4f leaves no room to test a drop; detection is off", self.route,
-                        baseline.acceptance_ratio)
+            log.warning(
+                "route %s: baseline %.4f leaves no room to test a drop; detection is off",
+                self.route,
+                baseline.acceptance_ratio,
+            )
             self._test = None
             return
         phi = max(1.0, baseline.overdispersion)
@@ -404,8 +491,12 @@ class AcceptanceDropEvaluator:
         own schedule (SGLang's adaptive tiers, a k that follows the batch) rather than a new deployment,
         since changing the configured k takes a restart. The baseline learned at the old key stays."""
         current = self.key
-        return (current is not None and not obs.reset and key.model_name == current.model_name
-                and key.engine_version == current.engine_version)
+        return (
+            current is not None
+            and not obs.reset
+            and key.model_name == current.model_name
+            and key.engine_version == current.engine_version
+        )
 
     def _count_change(self, now: float) -> None:
         self.model_changes_total += 1
@@ -430,8 +521,7 @@ class AcceptanceDropEvaluator:
         self.collapse.clear()
         self.gauge.model_changed(now)
         stored = self.store.get(self.route, key) if self.pinned is None else None
-        log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-",
-                 key.label())
+        log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-", key.label())
         if stored is not None:  # a known key (e.g. a rollback): its own baseline applies at once
             self.sprt = None
             self.degraded = False
@@ -481,8 +571,9 @@ class AcceptanceDropEvaluator:
             ref_key = _key_from(state["reference_key"])
             learner = BaselineLearner.from_json(state["learner"], self.cfg.block_seconds)
             statistic, start, tokens = state["cusum"]
-            sprt = Sprt(float(state["sprt"][0]), float(state["sprt"][1]), str(state["sprt"][2])) \
-                if state["sprt"] else None
+            sprt = (
+                Sprt(float(state["sprt"][0]), float(state["sprt"][1]), str(state["sprt"][2])) if state["sprt"] else None
+            )
             changes, last_change = int(state["model_changes_total"]), state["last_model_change"]
             degraded, change_ts = bool(state["degraded"]), state["change_ts"]
             traffic = TrafficRate()

@@ -66,8 +66,14 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "CanaryEvaluat
         ctx.shared[STORE_KEY] = store
     evaluator = CanaryEvaluator(route, store, prompt_set)
     evaluator.runner = _RUNNERS[route.name] = ProbeRunner(
-        route, route.probe, prompt_set, engine_kind=lambda: evaluator.engine_kind,
-        scrape=bracket_scraper(route, ctx.config), clock=ctx.clock, previous=_RUNNERS.get(route.name))
+        route,
+        route.probe,
+        prompt_set,
+        engine_kind=lambda: evaluator.engine_kind,
+        scrape=bracket_scraper(route, ctx.config),
+        clock=ctx.clock,
+        previous=_RUNNERS.get(route.name),
+    )
     return evaluator
 
 
@@ -93,8 +99,9 @@ class CanaryEvaluator:
 
     name = "canary"
 
-    def __init__(self, route: RouteConfig, store: BaselineStore, prompt_set: PromptSet,
-                 runner: ProbeRunner | None = None) -> None:
+    def __init__(
+        self, route: RouteConfig, store: BaselineStore, prompt_set: PromptSet, runner: ProbeRunner | None = None
+    ) -> None:
         assert route.probe is not None
         self.route = route.name
         self.cfg = route.probe
@@ -137,8 +144,7 @@ class CanaryEvaluator:
                     self.next_due = now if self.last_round_ts is None else self.last_round_ts + self.cfg.every_seconds
             elif key != self.key or obs.reset:
                 if key != self.key:
-                    log.info("route %s: canary: model changed from %s to %s", self.route, self.key.label(),
-                             key.label())
+                    log.info("route %s: canary: model changed from %s to %s", self.route, self.key.label(), key.label())
                 self.key = key
                 self.runner.forget_method()
                 if self.cfg.on_change:
@@ -175,7 +181,7 @@ class CanaryEvaluator:
             self.next_due = now + self.cfg.every_seconds
 
     def _backoff(self) -> float:
-        return min(BACKOFF_FIRST_SECONDS * 2 ** self.failures, BACKOFF_MAX_FACTOR * self.cfg.every_seconds)
+        return min(BACKOFF_FIRST_SECONDS * 2**self.failures, BACKOFF_MAX_FACTOR * self.cfg.every_seconds)
 
     # ------------------------------------------------------------------ judging
     def _judge(self, rnd: Round, now: float) -> None:
@@ -226,8 +232,14 @@ class CanaryEvaluator:
             self.clean_rounds = self.clean_rounds + 1 if c.clean else 0
         if not self.degraded and self.low_rounds >= LOW_ROUNDS_TO_PAGE:
             self.degraded = True
-            log.warning("route %s: canary acceptance %.3f is %.0f%% below the fingerprint's %.3f over %d prompts",
-                        self.route, c.round_ratio, 100 * c.drop, c.reference_ratio, c.paired)
+            log.warning(
+                "route %s: canary acceptance %.3f is %.0f%% below the fingerprint's %.3f over %d prompts",
+                self.route,
+                c.round_ratio,
+                100 * c.drop,
+                c.reference_ratio,
+                c.paired,
+            )
         elif self.degraded and c.clean:
             self.degraded = False
             log.info("route %s: canary acceptance back to its fingerprint", self.route)
@@ -247,8 +259,10 @@ class CanaryEvaluator:
         self.degraded = False
 
     def _fingerprint(self, key: BaselineKey) -> dict[str, Acceptance]:
-        return {pid: Acceptance(d, a, s) for pid, (d, a, s) in
-                self.store.fingerprint(self.route, key, self.prompt_hash).items()}
+        return {
+            pid: Acceptance(d, a, s)
+            for pid, (d, a, s) in self.store.fingerprint(self.route, key, self.prompt_hash).items()
+        }
 
     # ------------------------------------------------------------------ output
     def fields(self) -> dict[str, Any]:
@@ -268,11 +282,19 @@ class CanaryEvaluator:
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:
         ref = self.reference_key
-        self.store.put_probe_state(self.route, {
-            "version": STATE_VERSION, "prompt_set": self.prompt_hash,
-            "reference_key": [ref.model_name, ref.engine_version, ref.k] if ref is not None else None,
-            "low_rounds": self.low_rounds, "clean_rounds": self.clean_rounds, "degraded": self.degraded,
-            "not_low_on_new_key": self.not_low_on_new_key, "last_round": self.last_round_ts})
+        self.store.put_probe_state(
+            self.route,
+            {
+                "version": STATE_VERSION,
+                "prompt_set": self.prompt_hash,
+                "reference_key": [ref.model_name, ref.engine_version, ref.k] if ref is not None else None,
+                "low_rounds": self.low_rounds,
+                "clean_rounds": self.clean_rounds,
+                "degraded": self.degraded,
+                "not_low_on_new_key": self.not_low_on_new_key,
+                "last_round": self.last_round_ts,
+            },
+        )
 
     def _restore(self) -> None:
         state = self.store.probe_state(self.route)
@@ -297,4 +319,3 @@ class CanaryEvaluator:
 def _pooled(prompts: Mapping[str, Acceptance]) -> float | None:
     drafted = sum(a.drafted for a in prompts.values())
     return sum(a.accepted for a in prompts.values()) / drafted if drafted > 0 else None
-

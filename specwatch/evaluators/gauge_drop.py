@@ -67,8 +67,12 @@ class GaugeDrop:
             self.learner.add(now, block_mean)
         current = self.window_mean()
         if not self.degraded:
-            if (self.cusum.statistic >= threshold and self.cusum.excursion_seconds(now) >= self.cfg.min_duration_seconds
-                    and current is not None and current < r_ok):
+            if (
+                self.cusum.statistic >= threshold
+                and self.cusum.excursion_seconds(now) >= self.cfg.min_duration_seconds
+                and current is not None
+                and current < r_ok
+            ):
                 self.degraded = True
                 log.warning("route %s: acceptance gauge dropped: %.3f vs baseline %.3f", self.route, current, ref.r0)
         elif current is not None and current > r_resolve:
@@ -96,9 +100,12 @@ class GaugeDrop:
             log.info("route %s: adopted the changed model's gauge baseline %.3f", self.route, self.reference.r0)
 
     def _adoptable(self, now: float) -> bool:
-        return (not self.degraded and self.change_ts is not None
-                and now - self.change_ts >= self.cfg.adopt_after_seconds
-                and self.learner.has(now, self.cfg.warmup_seconds))
+        return (
+            not self.degraded
+            and self.change_ts is not None
+            and now - self.change_ts >= self.cfg.adopt_after_seconds
+            and self.learner.has(now, self.cfg.warmup_seconds)
+        )
 
     def model_changed(self, now: float) -> None:
         """A new model, engine version or k: the old baseline stays the reference; the new key learns its own."""
@@ -136,15 +143,23 @@ class GaugeDrop:
         if ref is None:
             return {}
         current = self.window_mean()
-        return {"baseline_ratio": ref.r0, "degraded": self.degraded, "cusum_statistic": self.cusum.statistic,
-                "drop_ratio": None if current is None else 1.0 - current / ref.r0}
+        return {
+            "baseline_ratio": ref.r0,
+            "degraded": self.degraded,
+            "cusum_statistic": self.cusum.statistic,
+            "drop_ratio": None if current is None else 1.0 - current / ref.r0,
+        }
 
     # ------------------------------------------------------------------ persistence
     def to_json(self) -> dict[str, Any]:
         c = self.cusum
-        return {"reference": self.reference.to_json() if self.reference else None,
-                "learner": self.learner.to_json(), "cusum": [c.statistic, c.excursion_start],
-                "degraded": self.degraded, "change_ts": self.change_ts}
+        return {
+            "reference": self.reference.to_json() if self.reference else None,
+            "learner": self.learner.to_json(),
+            "cusum": [c.statistic, c.excursion_start],
+            "degraded": self.degraded,
+            "change_ts": self.change_ts,
+        }
 
     def restore(self, raw: dict[str, Any]) -> None:
         self.reference = GaugeReference.from_json(raw["reference"]) if raw["reference"] else None

@@ -13,8 +13,11 @@ EvaluatorFactory = Callable[[EvaluatorContext, RouteConfig], "RouteEvaluator | N
 
 # A factory returns None for a route it does not apply to (above_crossover without a `crossover:` section,
 # canary without a `probe:` section).
-EVALUATOR_FACTORIES: tuple[EvaluatorFactory, ...] = (acceptance_drop.build_evaluator, above_crossover.build_evaluator,
-                                                     canary.build_evaluator)
+EVALUATOR_FACTORIES: tuple[EvaluatorFactory, ...] = (
+    acceptance_drop.build_evaluator,
+    above_crossover.build_evaluator,
+    canary.build_evaluator,
+)
 
 
 def build_route_evaluators(ctx: EvaluatorContext, route: RouteConfig) -> list[RouteEvaluator]:

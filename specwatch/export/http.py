@@ -71,8 +71,9 @@ def parse_listen_address(address: str) -> tuple[str, int]:
 
 def routes_document(snapshot: Snapshot) -> dict[str, Any]:
     """The /api/v1/routes JSON: every RouteState, plus when it was evaluated. Non-finite floats become null."""
-    return _finite({"timestamp": snapshot.timestamp, "version": __version__,
-                    "routes": [asdict(r) for r in snapshot.routes]})
+    return _finite(
+        {"timestamp": snapshot.timestamp, "version": __version__, "routes": [asdict(r) for r in snapshot.routes]}
+    )
 
 
 def _finite(value: Any) -> Any:
@@ -175,8 +176,9 @@ class RenderCache:
         return cached[0], content_type, cached[1]
 
 
-def _make_handler(get_snapshot: Callable[[], Snapshot], renders: RenderCache,
-                  web_config: WebConfig | None) -> type[BaseHTTPRequestHandler]:
+def _make_handler(
+    get_snapshot: Callable[[], Snapshot], renders: RenderCache, web_config: WebConfig | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = f"specwatch/{__version__}"
         protocol_version = "HTTP/1.1"  # keep-alive for Prometheus' connection reuse
@@ -189,8 +191,9 @@ def _make_handler(get_snapshot: Callable[[], Snapshot], renders: RenderCache,
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             if web_config is not None and not web_config.authorize(self.headers):
-                self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
-                           {"WWW-Authenticate": 'Basic realm="specwatch"'})
+                self._send(
+                    401, b"Unauthorized\n", "text/plain; charset=utf-8", {"WWW-Authenticate": 'Basic realm="specwatch"'}
+                )
                 return
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
@@ -204,16 +207,18 @@ def _make_handler(get_snapshot: Callable[[], Snapshot], renders: RenderCache,
                 if get_snapshot().timestamp > 0:
                     self._send(200, b"specwatch is ready.\n", "text/plain; charset=utf-8")
                 else:
-                    self._send(503, b"specwatch is not ready: no evaluation completed yet.\n",
-                               "text/plain; charset=utf-8")
+                    self._send(
+                        503, b"specwatch is not ready: no evaluation completed yet.\n", "text/plain; charset=utf-8"
+                    )
             elif path == "/":
                 self._send(200, _INDEX.format(version=html.escape(__version__)).encode(), "text/html; charset=utf-8")
             else:
                 self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
 
         def _metrics(self) -> None:
-            body, content_type, gzipped = renders.body(self.headers.get("Accept", ""),
-                                                       self.headers.get("Accept-Encoding", ""))
+            body, content_type, gzipped = renders.body(
+                self.headers.get("Accept", ""), self.headers.get("Accept-Encoding", "")
+            )
             self._send(200, body, content_type, {"Content-Encoding": "gzip"} if gzipped else None)
 
         def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
@@ -258,8 +263,12 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def serve(address: str, get_snapshot: Callable[[], Snapshot], web_config: WebConfig | None = None,
-          errors: ExportErrors | None = None) -> MetricsServer:
+def serve(
+    address: str,
+    get_snapshot: Callable[[], Snapshot],
+    web_config: WebConfig | None = None,
+    errors: ExportErrors | None = None,
+) -> MetricsServer:
     """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind).
     `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors)."""
     host, port = parse_listen_address(address)

@@ -30,8 +30,15 @@ from specwatch.snapshot import Snapshot
 log = logging.getLogger(__name__)
 
 GRPC_EXPORTER_MODULE = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
-_UNIT_SUFFIXES = (("_seconds", "s"), ("_bytes", "By"), ("_watts", "W"), ("_joules", "J"), ("_hertz", "Hz"),
-                  ("_celsius", "Cel"), ("_ratio", "1"))
+_UNIT_SUFFIXES = (
+    ("_seconds", "s"),
+    ("_bytes", "By"),
+    ("_watts", "W"),
+    ("_joules", "J"),
+    ("_hertz", "Hz"),
+    ("_celsius", "Cel"),
+    ("_ratio", "1"),
+)
 
 Sample = tuple[float, Mapping[str, str]]  # value, attributes
 
@@ -45,8 +52,10 @@ def unit_for(name: str) -> str:
 def otlp_config_problems(cfg: OtlpConfig) -> list[str]:
     """What would stop `start_otlp` for this config; for config validation before a (re)load is accepted."""
     if cfg.protocol == "grpc" and not _module_available(GRPC_EXPORTER_MODULE):
-        return ["otlp.protocol: grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
-                "installed; install it or use protocol: http/protobuf"]
+        return [
+            "otlp.protocol: grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
+            "installed; install it or use protocol: http/protobuf"
+        ]
     return []
 
 
@@ -80,8 +89,13 @@ def render(snap: Snapshot, errors: ExportErrors | None = None) -> dict[str, list
 class OtlpExport:
     """A running OTLP export. `force_flush()` exports now; `shutdown()` exports once more and stops."""
 
-    def __init__(self, cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], exporter: Any = None,
-                 errors: ExportErrors | None = None) -> None:
+    def __init__(
+        self,
+        cfg: OtlpConfig,
+        get_snapshot: Callable[[], Snapshot],
+        exporter: Any = None,
+        errors: ExportErrors | None = None,
+    ) -> None:
         """`exporter` replaces the OTLP exporter the config describes (tests); `errors` counts failed
         exports and sections that fail to render."""
         from opentelemetry.metrics import Observation
@@ -99,7 +113,8 @@ class OtlpExport:
         self._reader = PeriodicExportingMetricReader(
             _counting(exporter if exporter is not None else _build_exporter(cfg), self.errors),
             export_interval_millis=cfg.interval_seconds * 1000,
-            export_timeout_millis=min(cfg.interval_seconds, 30.0) * 1000)
+            export_timeout_millis=min(cfg.interval_seconds, 30.0) * 1000,
+        )
         # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES, the usual place for host and cluster attributes.
         resource = Resource.create({"service.name": "specwatch", "service.version": __version__})
         # Not registered globally: a reload builds a new provider and shuts this one down.
@@ -107,8 +122,9 @@ class OtlpExport:
         meter = self._provider.get_meter("specwatch", __version__)
         for spec in catalog.METRICS:
             create = meter.create_observable_counter if spec.type == "counter" else meter.create_observable_gauge
-            create(spec.name, callbacks=[self._callback_for(spec.name)], unit=unit_for(spec.name),
-                   description=spec.help)
+            create(
+                spec.name, callbacks=[self._callback_for(spec.name)], unit=unit_for(spec.name), description=spec.help
+            )
 
     def _samples(self, name: str) -> list[Sample]:
         with self._lock:
@@ -124,6 +140,7 @@ class OtlpExport:
     def _callback_for(self, name: str) -> Callable[[Any], Iterable[Any]]:
         def callback(_options: Any) -> Iterable[Any]:
             return [self._Observation(value, dict(attrs)) for value, attrs in self._samples(name)]
+
         return callback
 
     def force_flush(self, timeout_seconds: float = 10.0) -> bool:
@@ -144,8 +161,9 @@ def _counting_exporter_class() -> type:
         """Another exporter, with each failed or raising export counted in specwatch_otlp_export_errors_total."""
 
         def __init__(self, inner: Any, errors: ExportErrors) -> None:
-            super().__init__(preferred_temporality=inner._preferred_temporality,
-                             preferred_aggregation=inner._preferred_aggregation)
+            super().__init__(
+                preferred_temporality=inner._preferred_temporality, preferred_aggregation=inner._preferred_aggregation
+            )
             self._inner, self._errors = inner, errors
 
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
@@ -180,18 +198,24 @@ def _build_exporter(cfg: OtlpConfig) -> Any:
     headers = dict(cfg.headers)
     if cfg.protocol == "grpc":
         grpc = importlib.import_module(GRPC_EXPORTER_MODULE)
-        return grpc.OTLPMetricExporter(endpoint=endpoint, headers=headers, timeout=timeout,
-                                       insecure=urlparse(endpoint).scheme == "http")
+        return grpc.OTLPMetricExporter(
+            endpoint=endpoint, headers=headers, timeout=timeout, insecure=urlparse(endpoint).scheme == "http"
+        )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     return OTLPMetricExporter(endpoint=endpoint, headers=headers, timeout=timeout)
 
 
-def start_otlp(otlp_cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot],
-               errors: ExportErrors | None = None) -> OtlpExport:
+def start_otlp(
+    otlp_cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], errors: ExportErrors | None = None
+) -> OtlpExport:
     """Start exporting `get_snapshot()` every `otlp_cfg.interval_seconds`. Raises ConfigError for an unusable
     protocol; network failures are the SDK's to retry and log, never the daemon's to crash on."""
     export = OtlpExport(otlp_cfg, get_snapshot, errors=errors)
-    log.info("otlp: exporting to %s (%s) every %gs", metrics_endpoint(otlp_cfg.endpoint, otlp_cfg.protocol),
-             otlp_cfg.protocol, otlp_cfg.interval_seconds)
+    log.info(
+        "otlp: exporting to %s (%s) every %gs",
+        metrics_endpoint(otlp_cfg.endpoint, otlp_cfg.protocol),
+        otlp_cfg.protocol,
+        otlp_cfg.interval_seconds,
+    )
     return export

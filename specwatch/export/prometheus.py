@@ -243,7 +243,13 @@ def _per_route(f: Families, name: str, routes: Sequence[RouteState], attribute: 
 
 
 _SECTIONS: tuple[Callable[[Snapshot, Families], None], ...] = (
-    _self_metrics, _route_metrics, _detection_metrics, _crossover_metrics, _probe_metrics, _gpu_metrics)
+    _self_metrics,
+    _route_metrics,
+    _detection_metrics,
+    _crossover_metrics,
+    _probe_metrics,
+    _gpu_metrics,
+)
 
 
 def section_name(section: Callable[[Snapshot, Families], None]) -> str:

@@ -38,7 +38,7 @@ class TextFamily:
         family_name = spec.name.removesuffix("_total") if openmetrics else name
         doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
         if openmetrics:  # OpenMetrics escapes double quotes in HELP too
-            doc = doc.replace('"', r'\"')
+            doc = doc.replace('"', r"\"")
         self.lines = [f"# HELP {family_name} {doc}\n# TYPE {family_name} {kind}\n"]
         # generate_latest writes labels sorted by name; `_sorted` puts the catalog-ordered values in that order
         # (None: already sorted). Names are legacy (no '%', '{', '"'), so they are safe in the %-template.
@@ -68,7 +68,7 @@ def go_float(value: float) -> str:
     text = repr(value)
     dot = text.find(".")
     if value > 0 and dot > 6:
-        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
         return f"{mantissa}e+{dot - 1:02d}"
     return text
 

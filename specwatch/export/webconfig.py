@@ -46,8 +46,15 @@ CLIENT_AUTH_TYPES = {
 _UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 # Accepted so exporter-toolkit files load unchanged; Python's defaults (modern AEAD suites, X25519/P-256) apply.
 _IGNORED_TLS_KEYS = ("cipher_suites", "curve_preferences", "prefer_server_cipher_suites")
-_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
-             *_IGNORED_TLS_KEYS}
+_TLS_KEYS = {
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "min_version",
+    "max_version",
+    *_IGNORED_TLS_KEYS,
+}
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
 _HTTP_SERVER_KEYS = {"http2"}  # accepted and ignored: the server speaks HTTP/1.1 only
 
@@ -144,8 +151,9 @@ class _BasicAuth:
         hashed = self._users.get(user, self._dummy_hash)
         # length-prefixed parts, so no (user, password) pair can collide with another's encoding
         parts = (user.encode(), hashed, password.encode())
-        digest = hmac.new(self._cache_key, b"".join(len(p).to_bytes(4, "big") + p for p in parts),
-                          hashlib.sha256).digest()
+        digest = hmac.new(
+            self._cache_key, b"".join(len(p).to_bytes(4, "big") + p for p in parts), hashlib.sha256
+        ).digest()
         with self._lock:
             now = self._clock()
             if known and self._cache.get(digest, 0.0) > now:
@@ -237,15 +245,19 @@ def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | N
     auth = text("client_auth_type", "NoClientCert") or "NoClientCert"
     ca = text("client_ca_file")
     if auth in _UNVERIFIED_CLIENT_AUTH:
-        problems.append(f"{p}.client_auth_type: {auth} (accept unverified client certificates) is not supported; "
-                        "use VerifyClientCertIfGiven or RequireAndVerifyClientCert with client_ca_file")
+        problems.append(
+            f"{p}.client_auth_type: {auth} (accept unverified client certificates) is not supported; "
+            "use VerifyClientCertIfGiven or RequireAndVerifyClientCert with client_ca_file"
+        )
     elif auth not in CLIENT_AUTH_TYPES:
         problems.append(f"{p}.client_auth_type: must be one of {', '.join(CLIENT_AUTH_TYPES)}, got {auth!r}")
     elif auth != "NoClientCert" and not ca:
         problems.append(f"{p}.client_ca_file: required with client_auth_type {auth}")
     elif auth == "NoClientCert" and ca:
-        problems.append(f"{p}.client_ca_file: set, but client_auth_type is NoClientCert (set "
-                        "RequireAndVerifyClientCert or VerifyClientCertIfGiven)")
+        problems.append(
+            f"{p}.client_ca_file: set, but client_auth_type is NoClientCert (set "
+            "RequireAndVerifyClientCert or VerifyClientCertIfGiven)"
+        )
     versions = {}
     for k, default in (("min_version", "TLS12"), ("max_version", "")):
         v = text(k, default)
@@ -261,9 +273,12 @@ def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | N
     if not (cert and key):
         return None
     return TlsServerConfig(
-        cert_file=_resolve(base, cert), key_file=_resolve(base, key),
+        cert_file=_resolve(base, cert),
+        key_file=_resolve(base, key),
         client_auth_type=auth if auth in CLIENT_AUTH_TYPES else "NoClientCert",
-        client_ca_file=_resolve(base, ca) if ca else "", **versions)
+        client_ca_file=_resolve(base, ca) if ca else "",
+        **versions,
+    )
 
 
 def _parse_users(raw: Any, problems: list[str]) -> dict[str, str]:
@@ -276,8 +291,10 @@ def _parse_users(raw: Any, problems: list[str]) -> dict[str, str]:
             problems.append(f"basic_auth_users.{user}: user names must be non-empty strings without ':'")
         elif not isinstance(hashed, str) or not _BCRYPT_RE.match(hashed):
             # never echo the value: it may be a plaintext password pasted by mistake
-            problems.append(f"basic_auth_users.{user}: not a bcrypt hash ($2b$<cost>$...); "
-                            "make one with: htpasswd -nBC 12 '' | tr -d ':\\n'")
+            problems.append(
+                f"basic_auth_users.{user}: not a bcrypt hash ($2b$<cost>$...); "
+                "make one with: htpasswd -nBC 12 '' | tr -d ':\\n'"
+            )
         else:
             users[user] = hashed
     return users
@@ -299,8 +316,9 @@ def parse_web_config(raw: Any, path: str = "") -> WebConfig:
         if not isinstance(http_cfg, dict):
             problems.append("http_server_config: must be a mapping")
         else:
-            problems += [f"http_server_config.{k}: unknown key (allowed: http2)" for k in http_cfg
-                         if k not in _HTTP_SERVER_KEYS]
+            problems += [
+                f"http_server_config.{k}: unknown key (allowed: http2)" for k in http_cfg if k not in _HTTP_SERVER_KEYS
+            ]
     tls = _parse_tls(raw["tls_server_config"], base, problems) if raw.get("tls_server_config") is not None else None
     users = _parse_users(raw["basic_auth_users"], problems) if raw.get("basic_auth_users") is not None else {}
 
@@ -314,8 +332,9 @@ def parse_web_config(raw: Any, path: str = "") -> WebConfig:
         raise ConfigError(problems, path)
     if users and tls is None:
         log.warning("web config %s: basic auth without TLS sends passwords in the clear", path)
-    return WebConfig(path=path, tls=tls, basic_auth_users=users,
-                     _auth=_BasicAuth(users) if users else None, _tls_context=tls_context)
+    return WebConfig(
+        path=path, tls=tls, basic_auth_users=users, _auth=_BasicAuth(users) if users else None, _tls_context=tls_context
+    )
 
 
 def load_web_config(path: str | Path) -> WebConfig:

@@ -25,13 +25,20 @@ def _lookup(s: Settings, query: str, render: str, fallback: str) -> str:
     matchers = ",".join(f"{label}=%q" for label in labels)
     go_string = query.replace('"', '\\"').replace("SEL", matchers)
     args = " ".join(f"$labels.{label}" for label in labels)
-    return (f'{{{{ with printf "{go_string}" {args} | query }}}}'
-            f"{{{{ . | first | {render} }}}}{{{{ else }}}}{fallback}{{{{ end }}}}")
+    return (
+        f'{{{{ with printf "{go_string}" {args} | query }}}}'
+        f"{{{{ . | first | {render} }}}}{{{{ else }}}}{fallback}{{{{ end }}}}"
+    )
 
 
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
-    return {"alert": name, "expr": expr, "for": for_, "labels": {"severity": severity},
-            "annotations": {"summary": summary, "description": description}}
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "description": description},
+    }
 
 
 def runbook_anchor(alert_name: str) -> str:
@@ -47,8 +54,9 @@ def _with_runbook(s: Settings, alert: dict[str, Any]) -> dict[str, Any]:
 def route_alerts(s: Settings) -> list[dict[str, Any]]:
     """Alerts about one route on one node; Alertmanager inhibits these while specwatch on that node is blind."""
     sel = s.sel()
-    recent_change = (f"(time() - specwatch_route_last_model_change_timestamp_seconds{sel}"
-                     f" < {s.model_change_window_seconds:g})")
+    recent_change = (
+        f"(time() - specwatch_route_last_model_change_timestamp_seconds{sel} < {s.model_change_window_seconds:g})"
+    )
     change_window = prom_duration(s.model_change_window_seconds)
     drop = _lookup(s, "specwatch_route_acceptance_drop_ratio{SEL}", "value | humanizePercentage", "an unknown share")
     baseline = _lookup(s, "specwatch_route_acceptance_baseline_ratio{SEL}", 'value | printf "%.2f"', "unknown")
@@ -56,9 +64,9 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
     return [
         _alert(
             "SpecwatchAcceptanceDegraded",
-            f"specwatch_route_acceptance_degraded{sel} == 1\n"
-            f"unless on({s.on_route})\n  {recent_change}\n",
-            s.acceptance_degraded_for, PAGE,
+            f"specwatch_route_acceptance_degraded{sel} == 1\nunless on({s.on_route})\n  {recent_change}\n",
+            s.acceptance_degraded_for,
+            PAGE,
             "Speculative-decoding draft acceptance dropped below the route's baseline.",
             f"Draft acceptance on route {{{{ $labels.route }}}} ({{{{ $labels.instance }}}}) is {drop} below its "
             f"pinned baseline (now {current} vs {baseline}) with no model change in the last {change_window}. "
@@ -69,12 +77,17 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             f"(\n  specwatch_route_acceptance_degraded{sel} == 1\n"
             f"  and on({s.on_route})\n  {recent_change}\n)\n"
             f"* on({s.on_route}) group_left(model_name, engine_version)\n  specwatch_route_info{sel}\n",
-            s.acceptance_degraded_for, PAGE,
+            s.acceptance_degraded_for,
+            PAGE,
             "Draft acceptance dropped after a model, engine or draft-length change.",
             "Route {{ $labels.route }} ({{ $labels.instance }}) now serves model {{ $labels.model_name }} on "
             "engine {{ $labels.engine_version }}, changed "
-            + _lookup(s, "time() - specwatch_route_last_model_change_timestamp_seconds{SEL}",
-                      "value | humanizeDuration", "recently")
+            + _lookup(
+                s,
+                "time() - specwatch_route_last_model_change_timestamp_seconds{SEL}",
+                "value | humanizeDuration",
+                "recently",
+            )
             + f" ago, and its draft acceptance is {drop} below the previous baseline (now {current} vs "
             f"{baseline}). Roll back, or if the new acceptance is expected, accept it as the new baseline.",
         ),
@@ -82,7 +95,8 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             "SpecwatchCanaryAcceptanceDropped",
             f"(specwatch_route_probe_degraded{sel} == 1)\n"
             f"* on({s.on_route}) group_left(model_name, engine_version)\n  specwatch_route_info{sel}\n",
-            s.canary_dropped_for, PAGE,
+            s.canary_dropped_for,
+            PAGE,
             "Canary probes accept fewer draft tokens than the route's fingerprint.",
             "Two canary rounds in a row on route {{ $labels.route }} ({{ $labels.instance }}, model "
             "{{ $labels.model_name }}, engine {{ $labels.engine_version }}) accepted "
@@ -96,7 +110,8 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             "SpecwatchRouteAboveCrossover",
             f"specwatch_route_above_crossover{sel} == 1",
-            s.above_crossover_for, TICKET,
+            s.above_crossover_for,
+            TICKET,
             "The route's batch runs above its speculative-decoding crossover.",
             "Route {{ $labels.route }} ({{ $labels.instance }}) runs at batch "
             + _lookup(s, "specwatch_route_batch_size{SEL}", 'value | printf "%.0f"', "unknown")
@@ -109,7 +124,8 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             "SpecwatchSpeculationInactive",
             f"specwatch_route_speculation_active{sel} == 0",
-            s.speculation_inactive_for, TICKET,
+            s.speculation_inactive_for,
+            TICKET,
             "A route generates tokens without speculative decoding although it is configured.",
             "Route {{ $labels.route }} ({{ $labels.instance }}) has generated tokens for "
             f"{s.speculation_inactive_for} without proposing a single draft token, while its engine has "
@@ -119,7 +135,8 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             "SpecwatchSourceDown",
             f"specwatch_route_up{sel} == 0",
-            s.source_down_for, TICKET,
+            s.source_down_for,
+            TICKET,
             "specwatch cannot scrape a route's engine endpoint.",
             "specwatch on {{ $labels.instance }} has failed to scrape route {{ $labels.route }} for "
             f"{s.source_down_for} (last error reason: "
@@ -141,7 +158,8 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             "SpecwatchTargetDown",
             f"up{sel} == 0",
-            s.target_down_for, TICKET,
+            s.target_down_for,
+            TICKET,
             "Prometheus cannot scrape specwatch.",
             "Prometheus has failed to scrape specwatch on {{ $labels.instance }} for "
             f"{s.target_down_for}: acceptance regressions on this node cannot page.",
@@ -152,7 +170,8 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
             # true only while the process serves /metrics but its loop has stopped.
             f"timestamp(specwatch_last_evaluation_timestamp_seconds{sel})\n"
             f"  - specwatch_last_evaluation_timestamp_seconds{sel}\n> {stale_after:g}\n",
-            s.stale_for, TICKET,
+            s.stale_for,
+            TICKET,
             "specwatch serves metrics but has stopped evaluating.",
             "specwatch on {{ $labels.instance }} last completed an evaluation {{ $value | humanizeDuration }} "
             f"before its latest scrape (more than {s.stale_intervals} intervals of "
@@ -161,7 +180,8 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             "SpecwatchGpuLost",
             f"specwatch_gpu_up{sel} == 0",
-            s.gpu_lost_for, TICKET,
+            s.gpu_lost_for,
+            TICKET,
             "A GPU stopped answering NVML.",
             "GPU {{ $labels.gpu }} on {{ $labels.instance }} has not answered NVML for "
             f"{s.gpu_lost_for}; engines on it are likely dead or hung (check `dmesg` for Xid errors).",
@@ -169,16 +189,18 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             "SpecwatchGpuThrottling",
             f"{mask}\nand (\n  {throttle_bits}\n)\n",
-            s.gpu_throttling_for, TICKET,
+            s.gpu_throttling_for,
+            TICKET,
             "A GPU is slowed down by heat or a hardware slowdown.",
             "GPU {{ $labels.gpu }} on {{ $labels.instance }} has been throttled for "
-            f"{s.gpu_throttling_for} (clock event reasons mask {{{{ $value | printf \"%.0f\" }}}}; any of "
+            f'{s.gpu_throttling_for} (clock event reasons mask {{{{ $value | printf "%.0f" }}}}; any of '
             f"{throttle_names}): step times, and with them the crossover, are off.",
         ),
         _alert(
             "SpecwatchStateStoreErrors",
             f"increase(specwatch_state_errors_total{sel}[{s.state_errors_window}]) > 0",
-            s.state_errors_for, TICKET,
+            s.state_errors_for,
+            TICKET,
             "specwatch's baseline store failed.",
             "specwatch on {{ $labels.instance }} failed to read or write its baseline state store in the last "
             f"{s.state_errors_window}: a corrupt store is moved aside and rebuilt, so learned baselines may be "
@@ -186,21 +208,26 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
         ),
         _alert(
             "SpecwatchInternalErrors",
-            "\nor ".join(f"sum by ({', '.join(s.node_labels)}) "
-                         f"(increase(specwatch_{name}_errors_total{sel}[{s.internal_errors_window}])) > 0"
-                         for name in ("evaluator", "render", "otlp_export")) + "\n",
-            s.internal_errors_for, TICKET,
+            "\nor ".join(
+                f"sum by ({', '.join(s.node_labels)}) "
+                f"(increase(specwatch_{name}_errors_total{sel}[{s.internal_errors_window}])) > 0"
+                for name in ("evaluator", "render", "otlp_export")
+            )
+            + "\n",
+            s.internal_errors_for,
+            TICKET,
             "specwatch keeps failing internally: an evaluator, a /metrics section or the OTLP export.",
             "specwatch on {{ $labels.instance }} has kept failing for "
             f"{s.internal_errors_for}: an evaluator, a /metrics section or the OTLP export failed "
-            f"{{{{ $value | printf \"%.0f\" }}}} times in the last {s.internal_errors_window}, and what it "
+            f'{{{{ $value | printf "%.0f" }}}} times in the last {s.internal_errors_window}, and what it '
             "produces is missing. specwatch_evaluator_errors_total, specwatch_render_errors_total and "
             "specwatch_otlp_export_errors_total say which part; the journal has the error.",
         ),
         _alert(
             "SpecwatchConfigReloadFailed",
             f"specwatch_config_last_reload_successful{sel} == 0",
-            s.config_reload_failed_for, TICKET,
+            s.config_reload_failed_for,
+            TICKET,
             "specwatch rejected its new configuration.",
             "specwatch on {{ $labels.instance }} rejected its configuration on reload and keeps running the "
             "previous one; `specwatch check-config` lists every problem.",

@@ -24,31 +24,58 @@ FULL_WIDTH = 24
 
 
 def _target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> g.Target:
-    return g.Target(expr=expr, legendFormat=legend, refId=ref, instant=instant,
-                    format="table" if instant else "time_series")
+    return g.Target(
+        expr=expr, legendFormat=legend, refId=ref, instant=instant, format="table" if instant else "time_series"
+    )
 
 
 def _targets(*queries: tuple[str, str]) -> list[g.Target]:
     return [_target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(queries)]
 
 
-def _timeseries(title: str, description: str, queries: list[tuple[str, str]], unit: str = "",
-                overrides: list[dict[str, Any]] | None = None, thresholds: list[dict[str, Any]] | None = None,
-                minimum: float | None = None) -> g.TimeSeries:
+def _timeseries(
+    title: str,
+    description: str,
+    queries: list[tuple[str, str]],
+    unit: str = "",
+    overrides: list[dict[str, Any]] | None = None,
+    thresholds: list[dict[str, Any]] | None = None,
+    minimum: float | None = None,
+) -> g.TimeSeries:
     extra: dict[str, Any] = {}
     if thresholds:
         extra = {"fieldConfig": {"defaults": {"thresholds": {"mode": "absolute", "steps": thresholds}}}}
-    return g.TimeSeries(title=title, description=description, dataSource=DATASOURCE, targets=_targets(*queries),
-                        unit=unit, overrides=overrides or [], valueMin=minimum, legendDisplayMode="table",
-                        legendCalcs=["lastNotNull"], tooltipMode="multi", spanNulls=False,
-                        thresholdsStyleMode="line" if thresholds else "off", extraJson=extra or None)
+    return g.TimeSeries(
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=_targets(*queries),
+        unit=unit,
+        overrides=overrides or [],
+        valueMin=minimum,
+        legendDisplayMode="table",
+        legendCalcs=["lastNotNull"],
+        tooltipMode="multi",
+        spanNulls=False,
+        thresholdsStyleMode="line" if thresholds else "off",
+        extraJson=extra or None,
+    )
 
 
-def _stat(title: str, description: str, expr: str, unit: str = "none",
-          thresholds: list[dict[str, Any]] | None = None) -> g.Stat:
-    return g.Stat(title=title, description=description, dataSource=DATASOURCE, targets=_targets((expr, "")),
-                  format=unit, reduceCalc="lastNotNull", graphMode="none", colorMode="background",
-                  thresholds=thresholds or [{"color": "green", "value": None}])
+def _stat(
+    title: str, description: str, expr: str, unit: str = "none", thresholds: list[dict[str, Any]] | None = None
+) -> g.Stat:
+    return g.Stat(
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=_targets((expr, "")),
+        format=unit,
+        reduceCalc="lastNotNull",
+        graphMode="none",
+        colorMode="background",
+        thresholds=thresholds or [{"color": "green", "value": None}],
+    )
 
 
 def _table(title: str, description: str, columns: list[tuple[str, str]], rename: dict[str, str]) -> g.Table:
@@ -56,10 +83,16 @@ def _table(title: str, description: str, columns: list[tuple[str, str]], rename:
     targets = [_target(expr, "", chr(ord("A") + i), instant=True) for i, (expr, _) in enumerate(columns)]
     renames = {f"Value #{chr(ord('A') + i)}": name for i, (_, name) in enumerate(columns)}
     renames.update(rename)
-    return g.Table(title=title, description=description, dataSource=DATASOURCE, targets=targets,
-                   transformations=[{"id": "merge", "options": {}},
-                                    {"id": "organize", "options": {"excludeByName": {"Time": True},
-                                                                   "renameByName": renames}}])
+    return g.Table(
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=targets,
+        transformations=[
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": renames}},
+        ],
+    )
 
 
 def _dashed(name_regex: str, color: str = "") -> dict[str, Any]:
@@ -85,23 +118,51 @@ def _layout(rows: list[list[tuple[Any, int, int]]]) -> list[Any]:
 
 def _templating() -> g.Templating:
     def var(name: str, label: str, query: str) -> g.Template:
-        return g.Template(name=name, label=label, dataSource=DATASOURCE, query=query, includeAll=True,
-                          multi=True, allValue=".+", refresh=2, sort=1, default="$__all")
+        return g.Template(
+            name=name,
+            label=label,
+            dataSource=DATASOURCE,
+            query=query,
+            includeAll=True,
+            multi=True,
+            allValue=".+",
+            refresh=2,
+            sort=1,
+            default="$__all",
+        )
 
-    return g.Templating(list=[
-        g.Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="default"),
-        var("job", "Job", "label_values(specwatch_build_info, job)"),
-        var("instance", "Instance", 'label_values(specwatch_build_info{job=~"$job"}, instance)'),
-        var("route", "Route", f'label_values(specwatch_route_info{{{NODE}}}, route)'),
-    ])
+    return g.Templating(
+        list=[
+            g.Template(
+                name="datasource", label="Data source", query="prometheus", type="datasource", default="default"
+            ),
+            var("job", "Job", "label_values(specwatch_build_info, job)"),
+            var("instance", "Instance", 'label_values(specwatch_build_info{job=~"$job"}, instance)'),
+            var("route", "Route", f"label_values(specwatch_route_info{{{NODE}}}, route)"),
+        ]
+    )
 
 
-def _dashboard(s: Settings, slug: str, title: str, description: str, panels: list[Any],
-               annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _dashboard(
+    s: Settings,
+    slug: str,
+    title: str,
+    description: str,
+    panels: list[Any],
+    annotations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     dashboard = g.Dashboard(
-        title=title, description=description, uid=f"{s.dashboard_uid_prefix}-{slug}", tags=list(s.dashboard_tags),
-        timezone="utc", refresh=s.dashboard_refresh, time=g.Time("now-6h", "now"), graphTooltip=1,
-        editable=False, templating=_templating(), panels=panels,
+        title=title,
+        description=description,
+        uid=f"{s.dashboard_uid_prefix}-{slug}",
+        tags=list(s.dashboard_tags),
+        timezone="utc",
+        refresh=s.dashboard_refresh,
+        time=g.Time("now-6h", "now"),
+        graphTooltip=1,
+        editable=False,
+        templating=_templating(),
+        panels=panels,
         annotations=g.Annotations(list=annotations or []),
     ).auto_panel_ids()
     # Through JSON once so the result is plain data: comparable, serialisable, free of grafanalib objects.
@@ -126,48 +187,134 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
     red_at: list[dict[str, Any]] = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
     rows = [
         [
-            (_stat("Routes", "Routes served by at least one node.",
-                   f"count(count by (route) (specwatch_route_info{{{ROUTE}}})) or vector(0)"), 6, 4),
-            (_stat("Routes degraded", "Routes where at least one node's detector says acceptance dropped.",
-                   f"count(max by (route) (specwatch_route_acceptance_degraded{{{ROUTE}}}) == 1) or vector(0)",
-                   thresholds=red_at), 6, 4),
-            (_stat("Routes above crossover", "Routes where at least one node batches above its crossover.",
-                   f"count(max by (route) (specwatch_route_above_crossover{{{ROUTE}}}) == 1) or vector(0)",
-                   thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 6, 4),
-            (_stat("Engine endpoints down", "Route endpoints specwatch cannot scrape, over all nodes.",
-                   f"count(specwatch_route_up{{{ROUTE}}} == 0) or vector(0)", thresholds=red_at), 6, 4),
+            (
+                _stat(
+                    "Routes",
+                    "Routes served by at least one node.",
+                    f"count(count by (route) (specwatch_route_info{{{ROUTE}}})) or vector(0)",
+                ),
+                6,
+                4,
+            ),
+            (
+                _stat(
+                    "Routes degraded",
+                    "Routes where at least one node's detector says acceptance dropped.",
+                    f"count(max by (route) (specwatch_route_acceptance_degraded{{{ROUTE}}}) == 1) or vector(0)",
+                    thresholds=red_at,
+                ),
+                6,
+                4,
+            ),
+            (
+                _stat(
+                    "Routes above crossover",
+                    "Routes where at least one node batches above its crossover.",
+                    f"count(max by (route) (specwatch_route_above_crossover{{{ROUTE}}}) == 1) or vector(0)",
+                    thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
+                ),
+                6,
+                4,
+            ),
+            (
+                _stat(
+                    "Engine endpoints down",
+                    "Route endpoints specwatch cannot scrape, over all nodes.",
+                    f"count(specwatch_route_up{{{ROUTE}}} == 0) or vector(0)",
+                    thresholds=red_at,
+                ),
+                6,
+                4,
+            ),
         ],
-        [(_table("Routes", f"Fleet view of every route: acceptance over {long_} summed over nodes, its pinned "
-                 "baseline and drop, and how many nodes are up, degraded or above the crossover.",
-                 [(acceptance_long, f"Acceptance {long_}"), (baseline, "Baseline"), (drop_long, f"Drop {long_}"),
-                  (rules.NODES_UP + FLEET_ROUTE, "Nodes up"), (rules.NODES_DEGRADED + FLEET_ROUTE, "Nodes degraded"),
-                  (rules.NODES_ABOVE_CROSSOVER + FLEET_ROUTE, "Nodes above crossover"),
-                  (rules.BATCH_MAX + FLEET_ROUTE, "Max batch"), (rules.CROSSOVER_MIN + FLEET_ROUTE, "Crossover")],
-                 {"route": "Route"}), FULL_WIDTH, 8)],
         [
-            (_timeseries("Acceptance vs baseline", f"Draft-token acceptance over {short}, summed over the route's "
-                         "nodes (solid), and its pinned baseline (dashed).",
-                         [(acceptance, "{{route}}"), (baseline, "{{route}} baseline")], "percentunit",
-                         overrides=[_dashed(".* baseline")], minimum=0), 12, 9),
-            (_timeseries("Acceptance drop", f"1 - acceptance / baseline over {long_} and {short}; the detector "
-                         f"pages near the red line (default drop {s.default_drop:.0%}).",
-                         [(drop_long, "{{route}} " + long_),
-                          (rules.ACCEPTANCE_DROP.format(w=short) + FLEET_ROUTE, "{{route}} " + short)],
-                         "percentunit", thresholds=[{"color": "green", "value": None},
-                                                    {"color": "red", "value": s.default_drop}]), 12, 9),
+            (
+                _table(
+                    "Routes",
+                    f"Fleet view of every route: acceptance over {long_} summed over nodes, its pinned "
+                    "baseline and drop, and how many nodes are up, degraded or above the crossover.",
+                    [
+                        (acceptance_long, f"Acceptance {long_}"),
+                        (baseline, "Baseline"),
+                        (drop_long, f"Drop {long_}"),
+                        (rules.NODES_UP + FLEET_ROUTE, "Nodes up"),
+                        (rules.NODES_DEGRADED + FLEET_ROUTE, "Nodes degraded"),
+                        (rules.NODES_ABOVE_CROSSOVER + FLEET_ROUTE, "Nodes above crossover"),
+                        (rules.BATCH_MAX + FLEET_ROUTE, "Max batch"),
+                        (rules.CROSSOVER_MIN + FLEET_ROUTE, "Crossover"),
+                    ],
+                    {"route": "Route"},
+                ),
+                FULL_WIDTH,
+                8,
+            )
         ],
         [
-            (_timeseries("Batch vs crossover", "Largest per-engine batch of the route over its nodes, and the "
-                         "lowest crossover: above it speculation costs throughput.",
-                         [(rules.BATCH_MAX + FLEET_ROUTE, "{{route}} batch"),
-                          (rules.CROSSOVER_MIN + FLEET_ROUTE, "{{route}} crossover")], "none", minimum=0), 12, 9),
-            (_timeseries("Nodes above crossover", "Nodes of each route whose batch runs above the crossover "
-                         "(with hysteresis).", [(rules.NODES_ABOVE_CROSSOVER + FLEET_ROUTE, "{{route}}")],
-                         "none", minimum=0), 12, 9),
+            (
+                _timeseries(
+                    "Acceptance vs baseline",
+                    f"Draft-token acceptance over {short}, summed over the route's "
+                    "nodes (solid), and its pinned baseline (dashed).",
+                    [(acceptance, "{{route}}"), (baseline, "{{route}} baseline")],
+                    "percentunit",
+                    overrides=[_dashed(".* baseline")],
+                    minimum=0,
+                ),
+                12,
+                9,
+            ),
+            (
+                _timeseries(
+                    "Acceptance drop",
+                    f"1 - acceptance / baseline over {long_} and {short}; the detector "
+                    f"pages near the red line (default drop {s.default_drop:.0%}).",
+                    [
+                        (drop_long, "{{route}} " + long_),
+                        (rules.ACCEPTANCE_DROP.format(w=short) + FLEET_ROUTE, "{{route}} " + short),
+                    ],
+                    "percentunit",
+                    thresholds=[{"color": "green", "value": None}, {"color": "red", "value": s.default_drop}],
+                ),
+                12,
+                9,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "Batch vs crossover",
+                    "Largest per-engine batch of the route over its nodes, and the "
+                    "lowest crossover: above it speculation costs throughput.",
+                    [
+                        (rules.BATCH_MAX + FLEET_ROUTE, "{{route}} batch"),
+                        (rules.CROSSOVER_MIN + FLEET_ROUTE, "{{route}} crossover"),
+                    ],
+                    "none",
+                    minimum=0,
+                ),
+                12,
+                9,
+            ),
+            (
+                _timeseries(
+                    "Nodes above crossover",
+                    "Nodes of each route whose batch runs above the crossover (with hysteresis).",
+                    [(rules.NODES_ABOVE_CROSSOVER + FLEET_ROUTE, "{{route}}")],
+                    "none",
+                    minimum=0,
+                ),
+                12,
+                9,
+            ),
         ],
     ]
-    return _dashboard(s, "fleet", "specwatch / Fleet overview",
-                      "Speculative decoding on every route, judged across all nodes that serve it.", _layout(rows))
+    return _dashboard(
+        s,
+        "fleet",
+        "specwatch / Fleet overview",
+        "Speculative decoding on every route, judged across all nodes that serve it.",
+        _layout(rows),
+    )
 
 
 # --------------------------------------------------------------------------- Route detail
@@ -176,101 +323,271 @@ def _route_gpu(metric: str) -> str:
 
     The route mapping is the "many" side: several routes may share one GPU.
     """
-    return (f"specwatch_route_gpu_info{{{ROUTE}}}\n* on(job, instance, gpu) group_left()\n"
-            f"{metric}{{{NODE}}}")
+    return f"specwatch_route_gpu_info{{{ROUTE}}}\n* on(job, instance, gpu) group_left()\n{metric}{{{NODE}}}"
 
 
 def route_detail(s: Settings) -> dict[str, Any]:
     rows = [
-        [(_timeseries("Acceptance per window and baseline band",
-                      "Draft-token acceptance per window (solid) inside the baseline band (dashed): the pinned "
-                      f"baseline and the page threshold below it, baseline x {1 - s.default_drop:g} for the "
-                      "default drop.",
-                      [(f"specwatch_route_acceptance_ratio{{{ROUTE}}}", "{{instance}} {{route}} {{window}}"),
-                       (f"specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}", "{{instance}} {{route}} baseline"),
-                       (f"{1 - s.default_drop:g} * specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}",
-                        "{{instance}} {{route}} page threshold")],
-                      "percentunit", minimum=0,
-                      overrides=[_dashed(".* baseline"), _dashed(".* page threshold", color="red")]),
-           16, 9),
-         (_timeseries("Drop and detector evidence", "Relative drop 1 - current / baseline, and the CUSUM evidence "
-                      "statistic (alarms at its threshold, 20 by default).",
-                      [(f"specwatch_route_acceptance_drop_ratio{{{ROUTE}}}", "{{instance}} {{route}} drop"),
-                       (f"specwatch_route_acceptance_cusum{{{ROUTE}}}", "{{instance}} {{route}} CUSUM")],
-                      "percentunit",
-                      overrides=[{"matcher": {"id": "byRegexp", "options": ".* CUSUM"},
-                                  "properties": [{"id": "custom.axisPlacement", "value": "right"},
-                                                 {"id": "unit", "value": "none"}]}]), 8, 9)],
-        [(_timeseries("Per-position acceptance (5m)", "Share of drafts whose token at each position was "
-                      "accepted. Position 0 does not depend on k: compare it when k changed.",
-                      [(f"specwatch_route_position_acceptance_ratio{{{ROUTE}}}",
-                        "{{instance}} {{route}} position {{position}}")], "percentunit", minimum=0), 12, 8),
-         (_timeseries("Mean acceptance length", "Tokens per verify step including the bonus token.",
-                      [(f"specwatch_route_mean_acceptance_length{{{ROUTE}}}", "{{instance}} {{route}} {{window}}")],
-                      "none", minimum=1), 6, 8),
-         (_timeseries("Draft length k", "Effective draft tokens per draft step over 5m, whatever the engine "
-                      "(a batch-size schedule or adaptive speculation moves it); speculating is 0 when the route "
-                      "generates without drafting.",
-                      [(f"specwatch_route_draft_length{{{ROUTE}}}", "{{instance}} {{route}}"),
-                       (f"specwatch_route_speculation_active{{{ROUTE}}}", "{{instance}} {{route}} speculating")],
-                      "none", minimum=0), 6, 8)],
-        [(_timeseries("Batch vs crossover", "Time-weighted running requests per engine, against the batch size "
-                      "above which speculation lowers throughput.",
-                      [(f"specwatch_route_batch_size{{{ROUTE}}}", "{{instance}} {{route}} batch"),
-                       (f"specwatch_route_crossover_batch_size{{{ROUTE}}}",
-                        "{{instance}} {{route}} crossover ({{source}})"),
-                       (f"specwatch_route_running_requests{{{ROUTE}}}", "{{instance}} {{route}} running (all engines)"),
-                       (f"specwatch_route_waiting_requests{{{ROUTE}}}", "{{instance}} {{route}} waiting")],
-                      "none", minimum=0), 12, 8),
-         (_timeseries("Predicted speedup", "Predicted speculative / plain throughput at the current batch; "
-                      "below 1 speculation costs throughput.",
-                      [(f"specwatch_route_predicted_speedup_ratio{{{ROUTE}}}", "{{instance}} {{route}}")], "none",
-                      thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}]), 12, 8)],
-        [(_stat("GPU-hours lost this week", "GPU time speculative decoding cost the route over the last 7 days: "
-                "GPUs x time x (1 - predicted speedup) while above the crossover (docs/crossover.md).",
-                f"sum(increase(specwatch_route_speculation_gpu_seconds_lost_total{{{ROUTE}}}[7d])) / 3600"), 6, 5),
-         (_stat("GPU-hours saved this week", "GPU time speculative decoding saved the route over the last 7 days: "
-                "GPUs x time x (predicted speedup - 1) while below the crossover.",
-                f"sum(increase(specwatch_route_speculation_gpu_seconds_saved_total{{{ROUTE}}}[7d])) / 3600"), 6, 5),
-         (_timeseries("GPU-hours lost and saved by speculation", "Hourly GPU-hours speculation cost (above the "
-                      "crossover) or saved (below it), from the predicted speedup and the route's GPUs.",
-                      [(f"increase(specwatch_route_speculation_gpu_seconds_lost_total{{{ROUTE}}}[1h]) / 3600",
-                        "{{instance}} {{route}} lost"),
-                       (f"increase(specwatch_route_speculation_gpu_seconds_saved_total{{{ROUTE}}}[1h]) / 3600",
-                        "{{instance}} {{route}} saved")], "none", minimum=0), 12, 5)],
-        [(_timeseries("Canary probes", "Acceptance of each canary probe round against the fingerprint it is "
-                      "judged by (dashed), the verdict (1: two rounds in a row dropped prompt by prompt), and "
-                      "rounds that failed or found the engine busy. Only routes with `probe:` configured.",
-                      [(f"specwatch_route_probe_acceptance_ratio{{{ROUTE}}}", "{{instance}} {{route}} probe"),
-                       (f"specwatch_route_probe_baseline_ratio{{{ROUTE}}}", "{{instance}} {{route}} fingerprint"),
-                       (f"specwatch_route_probe_degraded{{{ROUTE}}}", "{{instance}} {{route}} degraded"),
-                       (f"sum by (instance, route, result) (increase(specwatch_route_probe_rounds_total"
-                        f"{{{ROUTE},result!=\"ok\"}}[$__rate_interval]))",
-                        "{{instance}} {{route}} {{result}} rounds")],
-                      "percentunit", minimum=0,
-                      overrides=[_dashed(".* fingerprint"),
-                                 {"matcher": {"id": "byRegexp", "options": ".* (degraded|rounds)"},
-                                  "properties": [{"id": "custom.axisPlacement", "value": "right"},
-                                                 {"id": "unit", "value": "none"}]}]), 16, 8),
-         (_timeseries("Canary round duration", "Wall-clock seconds of the last canary probe round, and how "
-                      "acceptance is read (method).",
-                      [(f"specwatch_route_probe_duration_seconds{{{ROUTE}}}", "{{instance}} {{route}}"),
-                       (f"specwatch_route_probe_method_info{{{ROUTE}}}", "{{instance}} {{route}} {{method}}")],
-                      "s", minimum=0), 8, 8)],
-        [(_timeseries("GPU tensor and DRAM activity", "GPM activity of the route's GPUs: decode is memory-bound "
-                      "while DRAM bandwidth leads and tensor activity stays low.",
-                      [(_route_gpu("specwatch_gpu_tensor_active_ratio"), "{{instance}} {{route}} gpu {{gpu}} tensor"),
-                       (_route_gpu("specwatch_gpu_dram_bandwidth_utilization_ratio"),
-                        "{{instance}} {{route}} gpu {{gpu}} DRAM")], "percentunit", minimum=0), 24, 8)],
+        [
+            (
+                _timeseries(
+                    "Acceptance per window and baseline band",
+                    "Draft-token acceptance per window (solid) inside the baseline band (dashed): the pinned "
+                    f"baseline and the page threshold below it, baseline x {1 - s.default_drop:g} for the "
+                    "default drop.",
+                    [
+                        (f"specwatch_route_acceptance_ratio{{{ROUTE}}}", "{{instance}} {{route}} {{window}}"),
+                        (f"specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}", "{{instance}} {{route}} baseline"),
+                        (
+                            f"{1 - s.default_drop:g} * specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}",
+                            "{{instance}} {{route}} page threshold",
+                        ),
+                    ],
+                    "percentunit",
+                    minimum=0,
+                    overrides=[_dashed(".* baseline"), _dashed(".* page threshold", color="red")],
+                ),
+                16,
+                9,
+            ),
+            (
+                _timeseries(
+                    "Drop and detector evidence",
+                    "Relative drop 1 - current / baseline, and the CUSUM evidence "
+                    "statistic (alarms at its threshold, 20 by default).",
+                    [
+                        (f"specwatch_route_acceptance_drop_ratio{{{ROUTE}}}", "{{instance}} {{route}} drop"),
+                        (f"specwatch_route_acceptance_cusum{{{ROUTE}}}", "{{instance}} {{route}} CUSUM"),
+                    ],
+                    "percentunit",
+                    overrides=[
+                        {
+                            "matcher": {"id": "byRegexp", "options": ".* CUSUM"},
+                            "properties": [
+                                {"id": "custom.axisPlacement", "value": "right"},
+                                {"id": "unit", "value": "none"},
+                            ],
+                        }
+                    ],
+                ),
+                8,
+                9,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "Per-position acceptance (5m)",
+                    "Share of drafts whose token at each position was "
+                    "accepted. Position 0 does not depend on k: compare it when k changed.",
+                    [
+                        (
+                            f"specwatch_route_position_acceptance_ratio{{{ROUTE}}}",
+                            "{{instance}} {{route}} position {{position}}",
+                        )
+                    ],
+                    "percentunit",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+            (
+                _timeseries(
+                    "Mean acceptance length",
+                    "Tokens per verify step including the bonus token.",
+                    [(f"specwatch_route_mean_acceptance_length{{{ROUTE}}}", "{{instance}} {{route}} {{window}}")],
+                    "none",
+                    minimum=1,
+                ),
+                6,
+                8,
+            ),
+            (
+                _timeseries(
+                    "Draft length k",
+                    "Effective draft tokens per draft step over 5m, whatever the engine "
+                    "(a batch-size schedule or adaptive speculation moves it); speculating is 0 when the route "
+                    "generates without drafting.",
+                    [
+                        (f"specwatch_route_draft_length{{{ROUTE}}}", "{{instance}} {{route}}"),
+                        (f"specwatch_route_speculation_active{{{ROUTE}}}", "{{instance}} {{route}} speculating"),
+                    ],
+                    "none",
+                    minimum=0,
+                ),
+                6,
+                8,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "Batch vs crossover",
+                    "Time-weighted running requests per engine, against the batch size "
+                    "above which speculation lowers throughput.",
+                    [
+                        (f"specwatch_route_batch_size{{{ROUTE}}}", "{{instance}} {{route}} batch"),
+                        (
+                            f"specwatch_route_crossover_batch_size{{{ROUTE}}}",
+                            "{{instance}} {{route}} crossover ({{source}})",
+                        ),
+                        (
+                            f"specwatch_route_running_requests{{{ROUTE}}}",
+                            "{{instance}} {{route}} running (all engines)",
+                        ),
+                        (f"specwatch_route_waiting_requests{{{ROUTE}}}", "{{instance}} {{route}} waiting"),
+                    ],
+                    "none",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+            (
+                _timeseries(
+                    "Predicted speedup",
+                    "Predicted speculative / plain throughput at the current batch; "
+                    "below 1 speculation costs throughput.",
+                    [(f"specwatch_route_predicted_speedup_ratio{{{ROUTE}}}", "{{instance}} {{route}}")],
+                    "none",
+                    thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                ),
+                12,
+                8,
+            ),
+        ],
+        [
+            (
+                _stat(
+                    "GPU-hours lost this week",
+                    "GPU time speculative decoding cost the route over the last 7 days: "
+                    "GPUs x time x (1 - predicted speedup) while above the crossover (docs/crossover.md).",
+                    f"sum(increase(specwatch_route_speculation_gpu_seconds_lost_total{{{ROUTE}}}[7d])) / 3600",
+                ),
+                6,
+                5,
+            ),
+            (
+                _stat(
+                    "GPU-hours saved this week",
+                    "GPU time speculative decoding saved the route over the last 7 days: "
+                    "GPUs x time x (predicted speedup - 1) while below the crossover.",
+                    f"sum(increase(specwatch_route_speculation_gpu_seconds_saved_total{{{ROUTE}}}[7d])) / 3600",
+                ),
+                6,
+                5,
+            ),
+            (
+                _timeseries(
+                    "GPU-hours lost and saved by speculation",
+                    "Hourly GPU-hours speculation cost (above the "
+                    "crossover) or saved (below it), from the predicted speedup and the route's GPUs.",
+                    [
+                        (
+                            f"increase(specwatch_route_speculation_gpu_seconds_lost_total{{{ROUTE}}}[1h]) / 3600",
+                            "{{instance}} {{route}} lost",
+                        ),
+                        (
+                            f"increase(specwatch_route_speculation_gpu_seconds_saved_total{{{ROUTE}}}[1h]) / 3600",
+                            "{{instance}} {{route}} saved",
+                        ),
+                    ],
+                    "none",
+                    minimum=0,
+                ),
+                12,
+                5,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "Canary probes",
+                    "Acceptance of each canary probe round against the fingerprint it is "
+                    "judged by (dashed), the verdict (1: two rounds in a row dropped prompt by prompt), and "
+                    "rounds that failed or found the engine busy. Only routes with `probe:` configured.",
+                    [
+                        (f"specwatch_route_probe_acceptance_ratio{{{ROUTE}}}", "{{instance}} {{route}} probe"),
+                        (f"specwatch_route_probe_baseline_ratio{{{ROUTE}}}", "{{instance}} {{route}} fingerprint"),
+                        (f"specwatch_route_probe_degraded{{{ROUTE}}}", "{{instance}} {{route}} degraded"),
+                        (
+                            f"sum by (instance, route, result) (increase(specwatch_route_probe_rounds_total"
+                            f'{{{ROUTE},result!="ok"}}[$__rate_interval]))',
+                            "{{instance}} {{route}} {{result}} rounds",
+                        ),
+                    ],
+                    "percentunit",
+                    minimum=0,
+                    overrides=[
+                        _dashed(".* fingerprint"),
+                        {
+                            "matcher": {"id": "byRegexp", "options": ".* (degraded|rounds)"},
+                            "properties": [
+                                {"id": "custom.axisPlacement", "value": "right"},
+                                {"id": "unit", "value": "none"},
+                            ],
+                        },
+                    ],
+                ),
+                16,
+                8,
+            ),
+            (
+                _timeseries(
+                    "Canary round duration",
+                    "Wall-clock seconds of the last canary probe round, and how acceptance is read (method).",
+                    [
+                        (f"specwatch_route_probe_duration_seconds{{{ROUTE}}}", "{{instance}} {{route}}"),
+                        (f"specwatch_route_probe_method_info{{{ROUTE}}}", "{{instance}} {{route}} {{method}}"),
+                    ],
+                    "s",
+                    minimum=0,
+                ),
+                8,
+                8,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "GPU tensor and DRAM activity",
+                    "GPM activity of the route's GPUs: decode is memory-bound "
+                    "while DRAM bandwidth leads and tensor activity stays low.",
+                    [
+                        (_route_gpu("specwatch_gpu_tensor_active_ratio"), "{{instance}} {{route}} gpu {{gpu}} tensor"),
+                        (
+                            _route_gpu("specwatch_gpu_dram_bandwidth_utilization_ratio"),
+                            "{{instance}} {{route}} gpu {{gpu}} DRAM",
+                        ),
+                    ],
+                    "percentunit",
+                    minimum=0,
+                ),
+                24,
+                8,
+            )
+        ],
     ]
-    changes = {"name": "Model changes", "datasource": DATASOURCE, "enable": True, "iconColor": "orange",
-               "expr": f"changes(specwatch_route_model_changes_total{{{ROUTE}}}[$__interval]) > 0",
-               "step": "1m", "titleFormat": "Model change on {{route}}",
-               "textFormat": "{{instance}}: model, engine version or draft length changed"}
-    return _dashboard(s, "route", "specwatch / Route detail",
-                      "One route on its nodes: acceptance, per-position acceptance, draft length, batch vs "
-                      "crossover, canary probes and the GPUs it runs on. Model changes are annotations.",
-                      _layout(rows), annotations=[changes])
+    changes = {
+        "name": "Model changes",
+        "datasource": DATASOURCE,
+        "enable": True,
+        "iconColor": "orange",
+        "expr": f"changes(specwatch_route_model_changes_total{{{ROUTE}}}[$__interval]) > 0",
+        "step": "1m",
+        "titleFormat": "Model change on {{route}}",
+        "textFormat": "{{instance}}: model, engine version or draft length changed",
+    }
+    return _dashboard(
+        s,
+        "route",
+        "specwatch / Route detail",
+        "One route on its nodes: acceptance, per-position acceptance, draft length, batch vs "
+        "crossover, canary probes and the GPUs it runs on. Model changes are annotations.",
+        _layout(rows),
+        annotations=[changes],
+    )
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -279,50 +596,186 @@ def gpus(s: Settings) -> dict[str, Any]:
         return [(f"{metric}{{{NODE}}}", "{{instance}} gpu {{gpu}}")]
 
     rows = [
-        [(_stat("GPUs answering NVML", "GPUs whose last NVML query succeeded.",
-                f"sum(specwatch_gpu_up{{{NODE}}}) or vector(0)"), 8, 4),
-         (_stat("GPUs lost", "GPUs that stopped answering NVML.",
-                f"count(specwatch_gpu_up{{{NODE}}} == 0) or vector(0)",
-                thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}]), 8, 4),
-         (_stat("Nodes without NVML", "specwatch instances where NVML did not load or answer.",
-                f"count(specwatch_nvml_up{{{NODE}}} == 0) or vector(0)"), 8, 4)],
-        [(_timeseries("Tensor activity", "GPM: share of cycles any tensor pipe was active.",
-                      per_gpu("specwatch_gpu_tensor_active_ratio"), "percentunit", minimum=0), 12, 8),
-         (_timeseries("DRAM bandwidth utilization", "GPM: share of peak DRAM bandwidth used.",
-                      per_gpu("specwatch_gpu_dram_bandwidth_utilization_ratio"), "percentunit", minimum=0), 12, 8)],
-        [(_timeseries("SM activity", "GPM: share of cycles with at least one warp on an SM.",
-                      per_gpu("specwatch_gpu_sm_active_ratio"), "percentunit", minimum=0), 12, 8),
-         (_timeseries("SM occupancy", "GPM: resident warps over the maximum.",
-                      per_gpu("specwatch_gpu_sm_occupancy_ratio"), "percentunit", minimum=0), 12, 8)],
-        [(_timeseries("Memory used", "GPU memory in use against installed memory.",
-                      [(f"specwatch_gpu_memory_used_bytes{{{NODE}}}", "{{instance}} gpu {{gpu}} used"),
-                       (f"specwatch_gpu_memory_total_bytes{{{NODE}}}", "{{instance}} gpu {{gpu}} total")],
-                      "bytes", minimum=0), 8, 8),
-         (_timeseries("Power", "Power draw against the enforced limit.",
-                      [(f"specwatch_gpu_power_watts{{{NODE}}}", "{{instance}} gpu {{gpu}} draw"),
-                       (f"specwatch_gpu_power_limit_watts{{{NODE}}}", "{{instance}} gpu {{gpu}} limit")],
-                      "watt", minimum=0), 8, 8),
-         (_timeseries("Temperature and SM clock", "Die temperature and SM clock: a falling clock at steady load "
-                      "means throttling.",
-                      [(f"specwatch_gpu_temperature_celsius{{{NODE}}}", "{{instance}} gpu {{gpu}} temperature"),
-                       (f"specwatch_gpu_sm_clock_hertz{{{NODE}}}", "{{instance}} gpu {{gpu}} SM clock")], "celsius",
-                      overrides=[{"matcher": {"id": "byRegexp", "options": ".* SM clock"},
-                                  "properties": [{"id": "unit", "value": "hertz"},
-                                                 {"id": "custom.axisPlacement", "value": "right"}]}]), 8, 8)],
-        [(_timeseries("Clock throttle reasons", "NVML clock event reasons bitmask (0 = none); the runbook "
-                      "decodes the bits. 0x1 (idle) and 0x4 (power cap) are normal.",
-                      per_gpu("specwatch_gpu_clock_throttle_reasons"), "none", minimum=0), 12, 8),
-         (_timeseries("ECC errors", "Corrected and uncorrected ECC errors per second.",
-                      [(f"rate(specwatch_gpu_ecc_corrected_errors_total{{{NODE}}}[$__rate_interval])",
-                        "{{instance}} gpu {{gpu}} corrected"),
-                       (f"rate(specwatch_gpu_ecc_uncorrected_errors_total{{{NODE}}}[$__rate_interval])",
-                        "{{instance}} gpu {{gpu}} uncorrected")], "none", minimum=0), 12, 8)],
-        [(_table("GPUs and routes", "Every GPU and the routes that run on it.",
-                 [(f"specwatch_gpu_info{{{NODE}}}", "info"),
-                  (f"specwatch_route_gpu_info{{{ROUTE}}}", "route")], {}), FULL_WIDTH, 8)],
+        [
+            (
+                _stat(
+                    "GPUs answering NVML",
+                    "GPUs whose last NVML query succeeded.",
+                    f"sum(specwatch_gpu_up{{{NODE}}}) or vector(0)",
+                ),
+                8,
+                4,
+            ),
+            (
+                _stat(
+                    "GPUs lost",
+                    "GPUs that stopped answering NVML.",
+                    f"count(specwatch_gpu_up{{{NODE}}} == 0) or vector(0)",
+                    thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
+                ),
+                8,
+                4,
+            ),
+            (
+                _stat(
+                    "Nodes without NVML",
+                    "specwatch instances where NVML did not load or answer.",
+                    f"count(specwatch_nvml_up{{{NODE}}} == 0) or vector(0)",
+                ),
+                8,
+                4,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "Tensor activity",
+                    "GPM: share of cycles any tensor pipe was active.",
+                    per_gpu("specwatch_gpu_tensor_active_ratio"),
+                    "percentunit",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+            (
+                _timeseries(
+                    "DRAM bandwidth utilization",
+                    "GPM: share of peak DRAM bandwidth used.",
+                    per_gpu("specwatch_gpu_dram_bandwidth_utilization_ratio"),
+                    "percentunit",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "SM activity",
+                    "GPM: share of cycles with at least one warp on an SM.",
+                    per_gpu("specwatch_gpu_sm_active_ratio"),
+                    "percentunit",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+            (
+                _timeseries(
+                    "SM occupancy",
+                    "GPM: resident warps over the maximum.",
+                    per_gpu("specwatch_gpu_sm_occupancy_ratio"),
+                    "percentunit",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "Memory used",
+                    "GPU memory in use against installed memory.",
+                    [
+                        (f"specwatch_gpu_memory_used_bytes{{{NODE}}}", "{{instance}} gpu {{gpu}} used"),
+                        (f"specwatch_gpu_memory_total_bytes{{{NODE}}}", "{{instance}} gpu {{gpu}} total"),
+                    ],
+                    "bytes",
+                    minimum=0,
+                ),
+                8,
+                8,
+            ),
+            (
+                _timeseries(
+                    "Power",
+                    "Power draw against the enforced limit.",
+                    [
+                        (f"specwatch_gpu_power_watts{{{NODE}}}", "{{instance}} gpu {{gpu}} draw"),
+                        (f"specwatch_gpu_power_limit_watts{{{NODE}}}", "{{instance}} gpu {{gpu}} limit"),
+                    ],
+                    "watt",
+                    minimum=0,
+                ),
+                8,
+                8,
+            ),
+            (
+                _timeseries(
+                    "Temperature and SM clock",
+                    "Die temperature and SM clock: a falling clock at steady load means throttling.",
+                    [
+                        (f"specwatch_gpu_temperature_celsius{{{NODE}}}", "{{instance}} gpu {{gpu}} temperature"),
+                        (f"specwatch_gpu_sm_clock_hertz{{{NODE}}}", "{{instance}} gpu {{gpu}} SM clock"),
+                    ],
+                    "celsius",
+                    overrides=[
+                        {
+                            "matcher": {"id": "byRegexp", "options": ".* SM clock"},
+                            "properties": [
+                                {"id": "unit", "value": "hertz"},
+                                {"id": "custom.axisPlacement", "value": "right"},
+                            ],
+                        }
+                    ],
+                ),
+                8,
+                8,
+            ),
+        ],
+        [
+            (
+                _timeseries(
+                    "Clock throttle reasons",
+                    "NVML clock event reasons bitmask (0 = none); the runbook "
+                    "decodes the bits. 0x1 (idle) and 0x4 (power cap) are normal.",
+                    per_gpu("specwatch_gpu_clock_throttle_reasons"),
+                    "none",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+            (
+                _timeseries(
+                    "ECC errors",
+                    "Corrected and uncorrected ECC errors per second.",
+                    [
+                        (
+                            f"rate(specwatch_gpu_ecc_corrected_errors_total{{{NODE}}}[$__rate_interval])",
+                            "{{instance}} gpu {{gpu}} corrected",
+                        ),
+                        (
+                            f"rate(specwatch_gpu_ecc_uncorrected_errors_total{{{NODE}}}[$__rate_interval])",
+                            "{{instance}} gpu {{gpu}} uncorrected",
+                        ),
+                    ],
+                    "none",
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+        ],
+        [
+            (
+                _table(
+                    "GPUs and routes",
+                    "Every GPU and the routes that run on it.",
+                    [(f"specwatch_gpu_info{{{NODE}}}", "info"), (f"specwatch_route_gpu_info{{{ROUTE}}}", "route")],
+                    {},
+                ),
+                FULL_WIDTH,
+                8,
+            )
+        ],
     ]
-    return _dashboard(s, "gpus", "specwatch / GPUs",
-                      "NVML and Hopper GPM readings of every GPU specwatch watches.", _layout(rows))
+    return _dashboard(
+        s, "gpus", "specwatch / GPUs", "NVML and Hopper GPM readings of every GPU specwatch watches.", _layout(rows)
+    )
 
 
 def all_dashboards(s: Settings) -> dict[str, dict[str, Any]]:

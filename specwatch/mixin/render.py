@@ -37,8 +37,9 @@ _Dumper.add_representer(str, _str)
 
 
 def to_yaml(document: Any) -> str:
-    return _HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120,
-                               allow_unicode=True)
+    return _HEADER + yaml.dump(
+        document, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True
+    )
 
 
 def rules_document(s: Settings = DEFAULT) -> dict[str, Any]:
@@ -60,20 +61,27 @@ def alertmanager_document(s: Settings = DEFAULT) -> dict[str, Any]:
             "routes": [
                 {"receiver": s.page_receiver, "matchers": [f'severity="{alerts.PAGE}"'], "repeat_interval": "1h"},
                 # Alerts about specwatch itself or a GPU carry no route: one ticket per alert and node instead.
-                {"receiver": s.ticket_receiver, "matchers": [f'severity="{alerts.TICKET}"', 'route=""'],
-                 "group_by": ["alertname", *s.node_labels]},
+                {
+                    "receiver": s.ticket_receiver,
+                    "matchers": [f'severity="{alerts.TICKET}"', 'route=""'],
+                    "group_by": ["alertname", *s.node_labels],
+                },
                 {"receiver": s.ticket_receiver, "matchers": [f'severity="{alerts.TICKET}"']},
             ],
         },
         "inhibit_rules": [
             # specwatch down or frozen on a node: its route verdicts are stale, page only about specwatch.
-            {"source_matchers": ['alertname=~"SpecwatchTargetDown|SpecwatchStale"'],
-             "target_matchers": [f'alertname=~"{"|".join(route_alert_names)}"'],
-             "equal": list(s.node_labels)},
+            {
+                "source_matchers": ['alertname=~"SpecwatchTargetDown|SpecwatchStale"'],
+                "target_matchers": [f'alertname=~"{"|".join(route_alert_names)}"'],
+                "equal": list(s.node_labels),
+            },
             # The engine endpoint is unreachable: nothing about that route is being evaluated.
-            {"source_matchers": ['alertname="SpecwatchSourceDown"'],
-             "target_matchers": [f'alertname=~"{verdicts}"'],
-             "equal": [*s.node_labels, "route"]},
+            {
+                "source_matchers": ['alertname="SpecwatchSourceDown"'],
+                "target_matchers": [f'alertname=~"{verdicts}"'],
+                "equal": [*s.node_labels, "route"],
+            },
         ],
         "receivers": [
             {"name": s.page_receiver, "webhook_configs": [{"url": s.page_webhook_url, "send_resolved": True}]},

@@ -40,16 +40,22 @@ def fleet_group(s: Settings) -> dict[str, Any]:
     ]
     for w in s.fleet_windows:
         rules += [
-            _rule(DRAFT_TOKENS_RATE.format(w=w),
-                  f"sum by (route) (rate(specwatch_route_draft_tokens_total{sel}[{w}]))"),
-            _rule(ACCEPTED_TOKENS_RATE.format(w=w),
-                  f"sum by (route) (rate(specwatch_route_accepted_tokens_total{sel}[{w}]))"),
+            _rule(
+                DRAFT_TOKENS_RATE.format(w=w), f"sum by (route) (rate(specwatch_route_draft_tokens_total{sel}[{w}]))"
+            ),
+            _rule(
+                ACCEPTED_TOKENS_RATE.format(w=w),
+                f"sum by (route) (rate(specwatch_route_accepted_tokens_total{sel}[{w}]))",
+            ),
             _rule(DRAFTS_RATE.format(w=w), f"sum by (route) (rate(specwatch_route_drafts_total{sel}[{w}]))"),
             # Division by a zero rate gives NaN (no drafts); drop it so graphs and alerts see "no data".
-            _rule(ACCEPTANCE.format(w=w),
-                  f"{ACCEPTED_TOKENS_RATE.format(w=w)} / ({DRAFT_TOKENS_RATE.format(w=w)} > 0)"),
-            _rule(MEAN_ACCEPTANCE_LENGTH.format(w=w),
-                  f"1 + {ACCEPTED_TOKENS_RATE.format(w=w)} / ({DRAFTS_RATE.format(w=w)} > 0)"),
+            _rule(
+                ACCEPTANCE.format(w=w), f"{ACCEPTED_TOKENS_RATE.format(w=w)} / ({DRAFT_TOKENS_RATE.format(w=w)} > 0)"
+            ),
+            _rule(
+                MEAN_ACCEPTANCE_LENGTH.format(w=w),
+                f"1 + {ACCEPTED_TOKENS_RATE.format(w=w)} / ({DRAFTS_RATE.format(w=w)} > 0)",
+            ),
             _rule(ACCEPTANCE_DROP.format(w=w), f"1 - {ACCEPTANCE.format(w=w)} / {BASELINE}"),
         ]
     rules += [

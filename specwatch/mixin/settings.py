@@ -31,8 +31,12 @@ class Settings:
     internal_errors_window: str = "10m"
     # Bits of specwatch_gpu_clock_throttle_reasons (NVML clock event reasons) that mean the GPU is slowed by
     # hardware or heat, not by idling, sync boost or an administrator's power cap.
-    gpu_throttle_bits: tuple[tuple[str, int], ...] = (("hw_slowdown", 0x8), ("sw_thermal_slowdown", 0x20),
-                                                      ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80))
+    gpu_throttle_bits: tuple[tuple[str, int], ...] = (
+        ("hw_slowdown", 0x8),
+        ("sw_thermal_slowdown", 0x20),
+        ("hw_thermal_slowdown", 0x40),
+        ("hw_power_brake_slowdown", 0x80),
+    )
 
     # `for:` of each alert. Long on purpose: the detectors already require evidence and duration.
     acceptance_degraded_for: str = "5m"

@@ -30,7 +30,7 @@ SPECWATCH_QUERIES = {
     "info": 'specwatch_route_info{{route="{route}"}}',
     # idle scrapes (nothing running or waiting) end the detector's blocks, as in the daemon
     "running": 'specwatch_route_running_requests{{route="{route}"}} + '
-               'specwatch_route_waiting_requests{{route="{route}"}}',
+    'specwatch_route_waiting_requests{{route="{route}"}}',
 }
 VLLM_QUERIES = {
     "drafts": "vllm:spec_decode_num_drafts_total{{{selector}}}",
@@ -73,8 +73,7 @@ class PrometheusClient:
         url = f"{self.base_url}/api/v1/query_range"
         try:
             params: dict[str, str | float] = {"query": query, "start": start, "end": end, "step": step}
-            resp = self.session.get(url, params=params,
-                                    timeout=TIMEOUT_SECONDS, headers={"Accept": "application/json"})
+            resp = self.session.get(url, params=params, timeout=TIMEOUT_SECONDS, headers={"Accept": "application/json"})
             body = resp.json()
         except requests.RequestException as exc:
             raise BacktestError(f"{url}: {exc}") from None
@@ -105,8 +104,15 @@ def corrected_sum(series: list[Series], timestamps: list[float]) -> dict[float, 
     return totals
 
 
-def samples(client: PrometheusClient, route: str, start: float, end: float, step: float, source: str = "specwatch",
-            selector: str = "") -> Iterator[TraceSample]:
+def samples(
+    client: PrometheusClient,
+    route: str,
+    start: float,
+    end: float,
+    step: float,
+    source: str = "specwatch",
+    selector: str = "",
+) -> Iterator[TraceSample]:
     """The route's counters at each scrape between start and end, as `specwatch replay` reads them."""
     queries = SPECWATCH_QUERIES if source == "specwatch" else VLLM_QUERIES
     fmt = {"route": route, "selector": selector}
@@ -114,18 +120,26 @@ def samples(client: PrometheusClient, route: str, start: float, end: float, step
     if not fetched["drafts"]:
         raise BacktestError(f"no series for {queries['drafts'].format(**fmt)} between the start and end")
     timestamps = sorted({ts for s in fetched["drafts"] for ts in s.points})
-    counters = {name: corrected_sum(fetched[name], timestamps) for name in ("drafts", "draft_tokens",
-                                                                               "accepted_tokens")}
-    positions = sorted({s.labels.get("position", "") for s in fetched.get("per_pos", [])},
-                       key=lambda p: (len(p), p))
-    per_pos = [corrected_sum([s for s in fetched["per_pos"] if s.labels.get("position", "") == p], timestamps)
-               for p in positions]
+    counters = {
+        name: corrected_sum(fetched[name], timestamps) for name in ("drafts", "draft_tokens", "accepted_tokens")
+    }
+    positions = sorted({s.labels.get("position", "") for s in fetched.get("per_pos", [])}, key=lambda p: (len(p), p))
+    per_pos = [
+        corrected_sum([s for s in fetched["per_pos"] if s.labels.get("position", "") == p], timestamps)
+        for p in positions
+    ]
     model_series = fetched["info"] if "info" in fetched else fetched["drafts"]
     running_series = fetched.get("running", [])
     for ts in timestamps:
         model = next((s.labels.get("model_name", "") for s in model_series if ts in s.points), "")
         running = next((s.points[ts] for s in running_series if ts in s.points), None)
-        yield TraceSample(ts=ts, route=route, model_name=model, drafts=counters["drafts"][ts],
-                          draft_tokens=counters["draft_tokens"][ts],
-                          accepted_tokens=counters["accepted_tokens"][ts],
-                          accepted_per_pos=tuple(p[ts] for p in per_pos), running=running)
+        yield TraceSample(
+            ts=ts,
+            route=route,
+            model_name=model,
+            drafts=counters["drafts"][ts],
+            draft_tokens=counters["draft_tokens"][ts],
+            accepted_tokens=counters["accepted_tokens"][ts],
+            accepted_per_pos=tuple(p[ts] for p in per_pos),
+            running=running,
+        )

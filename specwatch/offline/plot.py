@@ -19,13 +19,18 @@ def plot_sweep(doc: dict[str, Any], path: str | Path) -> None:
     fig, (thr, lat) = plt.subplots(1, 2, figsize=(13, 5), dpi=110)
 
     thr.plot(conc, [lv["plain"]["output_tokens_per_s"] for lv in levels], "o-", color=PLAIN_COLOR, label="plain")
-    thr.plot(conc, [lv["spec"]["output_tokens_per_s"] for lv in levels], "s-", color=SPEC_COLOR,
-             label="speculative")
+    thr.plot(conc, [lv["spec"]["output_tokens_per_s"] for lv in levels], "s-", color=SPEC_COLOR, label="speculative")
     crossover = doc.get("crossover_concurrency")
     if crossover is not None:
         thr.axvline(crossover, color="gray", linestyle="--")
-        thr.annotate(f"crossover ~ {crossover:.0f}", xy=(crossover, 0.02), xycoords=("data", "axes fraction"),
-                     xytext=(6, 6), textcoords="offset points", color="dimgray")
+        thr.annotate(
+            f"crossover ~ {crossover:.0f}",
+            xy=(crossover, 0.02),
+            xycoords=("data", "axes fraction"),
+            xytext=(6, 6),
+            textcoords="offset points",
+            color="dimgray",
+        )
     thr.set(title="Output throughput", xlabel="concurrent requests", ylabel="output tokens / s")
 
     for role, color, marker in (("plain", PLAIN_COLOR, "o"), ("spec", SPEC_COLOR, "s")):
@@ -44,9 +49,13 @@ def plot_sweep(doc: dict[str, Any], path: str | Path) -> None:
         ax.legend(loc="best", fontsize=8)
     status = "" if doc.get("complete") else f"  (incomplete: {doc.get('failure') or 'stopped'})"
     tau = doc.get("mean_acceptance_length")
-    fig.suptitle(f"{doc.get('model') or 'model'}: speculative vs plain, max_tokens {doc.get('max_tokens')}"
-                 + (f", mean acceptance length {tau:.2f}" if tau else "") + status
-                 + (f"\n{doc['note']}" if doc.get("note") else ""), fontsize=11)
+    fig.suptitle(
+        f"{doc.get('model') or 'model'}: speculative vs plain, max_tokens {doc.get('max_tokens')}"
+        + (f", mean acceptance length {tau:.2f}" if tau else "")
+        + status
+        + (f"\n{doc['note']}" if doc.get("note") else ""),
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

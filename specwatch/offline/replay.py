@@ -45,10 +45,19 @@ class TraceSample:
     engine_version: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({"ts": self.ts, "route": self.route, "model_name": self.model_name,
-                           "drafts": self.drafts, "draft_tokens": self.draft_tokens,
-                           "accepted_tokens": self.accepted_tokens, "accepted_per_pos": list(self.accepted_per_pos),
-                           "running": self.running}, separators=(",", ":"))
+        return json.dumps(
+            {
+                "ts": self.ts,
+                "route": self.route,
+                "model_name": self.model_name,
+                "drafts": self.drafts,
+                "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens,
+                "accepted_per_pos": list(self.accepted_per_pos),
+                "running": self.running,
+            },
+            separators=(",", ":"),
+        )
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,16 @@ class Transition:
     alert: str = ALERT
 
     def to_json(self) -> str:
-        return json.dumps({"ts": self.ts, "route": self.route, "alert": self.alert, "state": self.state,
-                           "baseline": round(self.baseline, 6), "current": round(self.current, 6)})
+        return json.dumps(
+            {
+                "ts": self.ts,
+                "route": self.route,
+                "alert": self.alert,
+                "state": self.state,
+                "baseline": round(self.baseline, 6),
+                "current": round(self.current, 6),
+            }
+        )
 
 
 def parse_line(line: str, lineno: int = 0) -> TraceSample | None:
@@ -78,11 +95,16 @@ def parse_line(line: str, lineno: int = 0) -> TraceSample | None:
         if not isinstance(per_pos, list):
             raise TypeError("accepted_per_pos must be a list")
         sample = TraceSample(
-            ts=_number(raw["ts"]), route=str(raw["route"]), model_name=str(raw.get("model_name", "")),
-            drafts=_number(raw["drafts"]), draft_tokens=_number(raw["draft_tokens"]),
-            accepted_tokens=_number(raw["accepted_tokens"]), accepted_per_pos=tuple(_number(x) for x in per_pos),
+            ts=_number(raw["ts"]),
+            route=str(raw["route"]),
+            model_name=str(raw.get("model_name", "")),
+            drafts=_number(raw["drafts"]),
+            draft_tokens=_number(raw["draft_tokens"]),
+            accepted_tokens=_number(raw["accepted_tokens"]),
+            accepted_per_pos=tuple(_number(x) for x in per_pos),
             running=None if raw.get("running") is None else _number(raw["running"]),
-            engine_version=str(raw.get("engine_version", "")))
+            engine_version=str(raw.get("engine_version", "")),
+        )
     except (ValueError, TypeError, KeyError) as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
         raise TraceError(f"line {lineno}: {what}") from None
@@ -116,10 +138,21 @@ class ObservationBuilder:
         d_pos = tuple(p.update(v) for p, v in zip(self.positions, s.accepted_per_pos))
         reset = sum(x.resets for x in c.values()) + sum(p.resets for p in self.positions) != resets
         return RouteObservation(
-            route=self.route, ts=s.ts, up=True, model_name=s.model_name, engine_version=s.engine_version,
-            engine_kind="replay", acceptance_source="counter", k=len(s.accepted_per_pos) or None, reset=reset,
-            d_drafts=d_drafts, d_draft_tokens=d_tokens, d_accepted=d_accepted, d_accepted_per_pos=d_pos,
-            running_per_engine={} if s.running is None else {"0": s.running})
+            route=self.route,
+            ts=s.ts,
+            up=True,
+            model_name=s.model_name,
+            engine_version=s.engine_version,
+            engine_kind="replay",
+            acceptance_source="counter",
+            k=len(s.accepted_per_pos) or None,
+            reset=reset,
+            d_drafts=d_drafts,
+            d_draft_tokens=d_tokens,
+            d_accepted=d_accepted,
+            d_accepted_per_pos=d_pos,
+            running_per_engine={} if s.running is None else {"0": s.running},
+        )
 
 
 class Replayer:
@@ -135,8 +168,9 @@ class Replayer:
         self._degraded: dict[str, bool] = {}
 
     def route_config(self, name: str) -> RouteConfig:
-        return self.config.route(name) or RouteConfig(name=name, url="http://replay.invalid/",
-                                                      detection=self.config.detection)
+        return self.config.route(name) or RouteConfig(
+            name=name, url="http://replay.invalid/", detection=self.config.detection
+        )
 
     def evaluator(self, route: str) -> AcceptanceDropEvaluator:
         ev = self._evaluators.get(route)
@@ -156,8 +190,13 @@ class Replayer:
         baseline = fields.get("baseline_ratio") or 0.0
         drop = fields.get("drop_ratio")
         current = baseline * (1.0 - drop) if drop is not None else 0.0
-        return Transition(ts=sample.ts, route=sample.route, state="firing" if degraded else "resolved",
-                          baseline=baseline, current=current)
+        return Transition(
+            ts=sample.ts,
+            route=sample.route,
+            state="firing" if degraded else "resolved",
+            baseline=baseline,
+            current=current,
+        )
 
     def close(self) -> None:
         for ev in self._evaluators.values():

@@ -31,16 +31,39 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 FAILED_SHARE_LIMIT = 0.1  # a level with more failed requests than this stops the sweep
 
 BUILTIN_PROMPTS: tuple[dict[str, Any], ...] = (
-    {"kind": "chat", "messages": [{"role": "user", "content": "Explain to a new on-call engineer what a KV cache "
-                                                              "is and why it fills up under load."}]},
-    {"kind": "chat", "messages": [{"role": "user", "content": "Write a short, friendly reply declining a meeting "
-                                                              "invitation because of a production freeze."}]},
-    {"kind": "code", "prompt": "# Python\n# Return the n-th Fibonacci number iteratively, with type hints and a "
-                               "docstring.\ndef fibonacci(n: int) -> int:\n"},
-    {"kind": "code", "prompt": "// Go: an HTTP handler that returns the server's uptime as JSON.\n"
-                               "package main\n\nimport (\n"},
-    {"kind": "math", "prompt": "Question: A train travels 180 km in 2.5 hours, then 120 km in 1.5 hours. What is "
-                               "its average speed over the whole trip? Answer step by step.\nAnswer:"},
+    {
+        "kind": "chat",
+        "messages": [
+            {
+                "role": "user",
+                "content": "Explain to a new on-call engineer what a KV cache is and why it fills up under load.",
+            }
+        ],
+    },
+    {
+        "kind": "chat",
+        "messages": [
+            {
+                "role": "user",
+                "content": "Write a short, friendly reply declining a meeting "
+                "invitation because of a production freeze.",
+            }
+        ],
+    },
+    {
+        "kind": "code",
+        "prompt": "# Python\n# Return the n-th Fibonacci number iteratively, with type hints and a "
+        "docstring.\ndef fibonacci(n: int) -> int:\n",
+    },
+    {
+        "kind": "code",
+        "prompt": "// Go: an HTTP handler that returns the server's uptime as JSON.\npackage main\n\nimport (\n",
+    },
+    {
+        "kind": "math",
+        "prompt": "Question: A train travels 180 km in 2.5 hours, then 120 km in 1.5 hours. What is "
+        "its average speed over the whole trip? Answer step by step.\nAnswer:",
+    },
     {"kind": "math", "prompt": "Solve for x: 3x + 7 = 2x - 5. Show each step.\nSolution:"},
 )
 
@@ -91,9 +114,10 @@ def load_prompts(path: str | Path) -> list[dict[str, Any]]:
             obj = json.loads(line)
         except ValueError as exc:
             raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
-        if not isinstance(obj, dict) or not (isinstance(obj.get("prompt"), str)
-                                             or isinstance(obj.get("messages"), list)):
-            raise ValueError(f"{path}:{n}: expected an object with a \"prompt\" string or a \"messages\" list")
+        if not isinstance(obj, dict) or not (
+            isinstance(obj.get("prompt"), str) or isinstance(obj.get("messages"), list)
+        ):
+            raise ValueError(f'{path}:{n}: expected an object with a "prompt" string or a "messages" list')
         prompts.append(obj)
     if not prompts:
         raise ValueError(f"{path}: no prompts")
@@ -114,11 +138,24 @@ def discover_model(session: requests.Session, url: str, timeout: float) -> str:
     return str(data[0]["id"])
 
 
-def stream_one(session: requests.Session, url: str, model: str, prompt: dict[str, Any], max_tokens: int,
-               timeout: float, clock: Callable[[], float] = time.perf_counter) -> RequestResult:
+def stream_one(
+    session: requests.Session,
+    url: str,
+    model: str,
+    prompt: dict[str, Any],
+    max_tokens: int,
+    timeout: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RequestResult:
     """One streaming request; token count from the final usage chunk when the server sends one."""
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
-                            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     if "messages" in prompt:
         endpoint, body["messages"] = "/v1/chat/completions", prompt["messages"]
     else:
@@ -202,12 +239,16 @@ def acceptance_between(before: EngineSample | None, after: EngineSample | None) 
     drafts, draft_tokens, accepted = delta("drafts"), delta("draft_tokens"), delta("accepted_tokens")
     if drafts > 0 and draft_tokens > 0:
         per_pos_before, per_pos_after = _per_position(before), _per_position(after)
-        positions = [(per_pos_after[p] - (per_pos_before[p] if p < len(per_pos_before) else 0.0)) / drafts
-                     for p in range(len(per_pos_after))]
-        return {"acceptance_ratio": accepted / draft_tokens,
-                "mean_acceptance_length": 1.0 + accepted / drafts,
-                "draft_length": draft_tokens / drafts,
-                "position_acceptance": [round(p, 4) for p in positions]}
+        positions = [
+            (per_pos_after[p] - (per_pos_before[p] if p < len(per_pos_before) else 0.0)) / drafts
+            for p in range(len(per_pos_after))
+        ]
+        return {
+            "acceptance_ratio": accepted / draft_tokens,
+            "mean_acceptance_length": 1.0 + accepted / drafts,
+            "draft_length": draft_tokens / drafts,
+            "position_acceptance": [round(p, 4) for p in positions],
+        }
     verify, generated = delta("spec_verify_calls"), delta("generation_tokens")
     if verify > 0 and generated > 0:
         out: dict[str, Any] = {"mean_acceptance_length": generated / verify}
@@ -236,8 +277,14 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
-def run_level(url: str, model: str, settings: SweepSettings, concurrency: int,
-              on_request: Callable[[], None] = lambda: None, stop: threading.Event | None = None) -> dict[str, Any]:
+def run_level(
+    url: str,
+    model: str,
+    settings: SweepSettings,
+    concurrency: int,
+    on_request: Callable[[], None] = lambda: None,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
     """Closed loop: `concurrency` clients, each sending `requests_per_client` requests back to back."""
     stop = stop or threading.Event()
     results: list[RequestResult] = []
@@ -283,32 +330,52 @@ def summarize(results: Sequence[RequestResult], elapsed: float, concurrency: int
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
     errors = [r.error for r in results if not r.ok]
-    out: dict[str, Any] = {"requests": len(results), "failed": len(errors), "output_tokens": tokens,
-           "duration_s": round(elapsed, 4),
-           "output_tokens_per_s": concurrency * tokens_per_request / mean_latency if mean_latency else 0.0,
-           "requests_per_s": concurrency / mean_latency if mean_latency else 0.0,
-           "wall_output_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-           "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-           "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99)}
+    out: dict[str, Any] = {
+        "requests": len(results),
+        "failed": len(errors),
+        "output_tokens": tokens,
+        "duration_s": round(elapsed, 4),
+        "output_tokens_per_s": concurrency * tokens_per_request / mean_latency if mean_latency else 0.0,
+        "requests_per_s": concurrency / mean_latency if mean_latency else 0.0,
+        "wall_output_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "tpot_p50_s": percentile(tpot, 50),
+        "tpot_p99_s": percentile(tpot, 99),
+    }
     if errors:
         out["first_error"] = errors[0]
     return out
 
 
 # --------------------------------------------------------------------------- the sweep
-def run_sweep(settings: SweepSettings, out_path: str | Path,
-              on_progress: Callable[[str, int, int], None] = lambda label, done, total: None) -> SweepOutcome:
+def run_sweep(
+    settings: SweepSettings,
+    out_path: str | Path,
+    on_progress: Callable[[str, int, int], None] = lambda label, done, total: None,
+) -> SweepOutcome:
     """Measure every level (plain, then spec). Stops at the first failing server or Ctrl-C and still writes
     the file with the levels measured so far; `outcome.failure` says what failed."""
     session = requests.Session()
-    doc: dict[str, Any] = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "plain_url": settings.plain_url, "spec_url": settings.spec_url, "model": settings.model,
-                           "max_tokens": settings.max_tokens, "prompts": settings.prompts_source,
-                           "requests_per_client": settings.requests_per_client,
-                           "context_tokens": _context_estimate(settings),
-                           "num_speculative_tokens": None, "levels": [], "complete": False, "failure": None,
-                           "crossover_concurrency": None, "mean_acceptance_length": None,
-                           "position_acceptance": [], "note": settings.note}
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "plain_url": settings.plain_url,
+        "spec_url": settings.spec_url,
+        "model": settings.model,
+        "max_tokens": settings.max_tokens,
+        "prompts": settings.prompts_source,
+        "requests_per_client": settings.requests_per_client,
+        "context_tokens": _context_estimate(settings),
+        "num_speculative_tokens": None,
+        "levels": [],
+        "complete": False,
+        "failure": None,
+        "crossover_concurrency": None,
+        "mean_acceptance_length": None,
+        "position_acceptance": [],
+        "note": settings.note,
+    }
     outcome = SweepOutcome(document=doc)
     stop = threading.Event()
     try:
@@ -337,8 +404,10 @@ def run_sweep(settings: SweepSettings, out_path: str | Path,
                     result.update(acceptance_between(before, read_spec_counters(session, url, settings.timeout_s)))
                 level[role] = result
                 if result["requests"] == 0 or result["failed"] > FAILED_SHARE_LIMIT * result["requests"]:
-                    outcome.failure = (f"{role} server {url} at concurrency {concurrency}: {result['failed']}/"
-                                       f"{result['requests']} requests failed ({result.get('first_error', '')})")
+                    outcome.failure = (
+                        f"{role} server {url} at concurrency {concurrency}: {result['failed']}/"
+                        f"{result['requests']} requests failed ({result.get('first_error', '')})"
+                    )
                     return _finish(outcome, out_path)
             plain_tps = level["plain"]["output_tokens_per_s"]
             level["speedup"] = level["spec"]["output_tokens_per_s"] / plain_tps if plain_tps else None
@@ -356,8 +425,9 @@ def run_sweep(settings: SweepSettings, out_path: str | Path,
 
 def _context_estimate(settings: SweepSettings) -> float:
     """Mean tokens in the KV cache per running request: prompt (~4 characters a token) + half the output."""
-    chars = [len(p.get("prompt") or "".join(m.get("content", "") for m in p.get("messages", [])))
-             for p in settings.prompts]
+    chars = [
+        len(p.get("prompt") or "".join(m.get("content", "") for m in p.get("messages", []))) for p in settings.prompts
+    ]
     return round(sum(chars) / len(chars) / 4 + settings.max_tokens / 2, 1)
 
 
@@ -385,6 +455,7 @@ def _overall_acceptance(doc: dict[str, Any]) -> None:
     if with_pos:
         width = min(len(s["position_acceptance"]) for _, s in with_pos)
         total = sum(w for w, _ in with_pos)
-        doc["position_acceptance"] = [round(sum(w * s["position_acceptance"][j] for w, s in with_pos) / total, 4)
-                                      for j in range(width)]
+        doc["position_acceptance"] = [
+            round(sum(w * s["position_acceptance"][j] for w, s in with_pos) / total, 4) for j in range(width)
+        ]
         doc["num_speculative_tokens"] = width

@@ -150,8 +150,10 @@ def _acceptance(profile: str, k: int, kappa: float, scale: float) -> _Acceptance
     mean_s = sum(w * s for w, s in zip(weights, draws)) / total
     var_s = sum(w * (s - mean_s) ** 2 for w, s in zip(weights, draws)) / total
     mean_p = tuple(sum(w * r[j] for w, r in zip(weights, rows)) / total for j in range(k))
-    slope = tuple(sum(w * (s - mean_s) * (r[j] - mean_p[j]) for w, s, r in zip(weights, draws, rows)) / total
-                  / var_s for j in range(k))
+    slope = tuple(
+        sum(w * (s - mean_s) * (r[j] - mean_p[j]) for w, s, r in zip(weights, draws, rows)) / total / var_s
+        for j in range(k)
+    )
     return _Acceptance(alphas, mean_p, slope, math.sqrt(var_s), total / len(draws))
 
 
@@ -240,7 +242,7 @@ def generate(spec: TraceSpec) -> Iterator[TraceSample]:
         n = rng.poisson(rate * spec.interval)
         second = rng.binomial(n, spec.mix_at(t)) if spec.mix_share > 0 else 0
         steps_total, reach, in_flight = 0, [0] * k, 0
-        for steps, p in (pending.popleft() if pending else ()):
+        for steps, p in pending.popleft() if pending else ():
             _chain(rng, steps, p, reach)
             steps_total += steps
         for count, class_scale in ((n - second, 1.0), (second, spec.mix_scale)):
@@ -265,17 +267,25 @@ def generate(spec: TraceSpec) -> Iterator[TraceSample]:
                 _chain(rng, steps, p, reach)
                 steps_total += steps
                 # these requests are not followed one by one: those in flight at the scrape, by Little's law
-                in_flight += rng.poisson(count / spec.interval * spec.mean_tokens * acc.steps_per_token
-                                         * spec.step_seconds)
+                in_flight += rng.poisson(
+                    count / spec.interval * spec.mean_tokens * acc.steps_per_token * spec.step_seconds
+                )
         counters.drafts += steps_total
         counters.draft_tokens += steps_total * k
         counters.accepted += sum(reach)
         for j in range(k):
             counters.per_pos[j] += reach[j]
         running = in_flight + (len(pending[0]) if pending else 0)  # requests with steps after this scrape
-        yield TraceSample(ts=spec.start + t, route=spec.route, model_name=model, drafts=counters.drafts,
-                          draft_tokens=counters.draft_tokens, accepted_tokens=counters.accepted,
-                          accepted_per_pos=tuple(counters.per_pos), running=running)
+        yield TraceSample(
+            ts=spec.start + t,
+            route=spec.route,
+            model_name=model,
+            drafts=counters.drafts,
+            draft_tokens=counters.draft_tokens,
+            accepted_tokens=counters.accepted,
+            accepted_per_pos=tuple(counters.per_pos),
+            running=running,
+        )
 
 
 @dataclass(frozen=True)
@@ -322,8 +332,9 @@ def _draw_request(rng: _Sampler, acc: _Acceptance, kappa: float, mu: float, sigm
     return p, max(1, round(tokens / (1.0 + sum(p))))
 
 
-def _spread(rng: _Sampler, steps: int, p: list[float], spec: TraceSpec,
-            pending: deque[list[tuple[int, list[float]]]]) -> int:
+def _spread(
+    rng: _Sampler, steps: int, p: list[float], spec: TraceSpec, pending: deque[list[tuple[int, list[float]]]]
+) -> int:
     """Split a request that arrived at a uniform time in this interval over the scrapes its run overlaps.
 
     Queues the steps that fall into later intervals in `pending` and returns those of this one. Two scrapes of

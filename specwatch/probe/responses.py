@@ -25,12 +25,20 @@ from typing import Any, Mapping
 # vLLM: response path and field names (0.32.0).
 VLLM_METRICS_FIELD = "metrics"
 VLLM_SPEC_FIELD = "speculative_decoding"
-VLLM_FIELDS = {"drafted": "num_draft_tokens", "accepted": "num_accepted_draft_tokens", "steps": "num_spec_steps",
-               "histogram": "acceptance_histogram"}
+VLLM_FIELDS = {
+    "drafted": "num_draft_tokens",
+    "accepted": "num_accepted_draft_tokens",
+    "steps": "num_spec_steps",
+    "histogram": "acceptance_histogram",
+}
 VLLM_SERVER_FLAG = "--per-request-spec-decode-metrics summary"
 # SGLang: meta_info / SpecTokensDetails field names (0.5.23).
-SGLANG_FIELDS = {"drafted": "spec_num_proposed_drafts", "accepted": "spec_num_correct_drafts",
-                 "steps": "spec_verify_ct", "histogram": "spec_correct_drafts_histogram"}
+SGLANG_FIELDS = {
+    "drafted": "spec_num_proposed_drafts",
+    "accepted": "spec_num_correct_drafts",
+    "steps": "spec_verify_ct",
+    "histogram": "spec_correct_drafts_histogram",
+}
 SGLANG_EXT_FIELD = "sglext"
 SGLANG_SPEC_DETAILS = "spec_tokens_details"
 SGLANG_REQUEST_FLAG = "return_spec_tokens_details"
@@ -56,7 +64,7 @@ class Acceptance:
     def per_position(self) -> tuple[float, ...]:
         """Steps whose draft token at position j was accepted, from the histogram (accepted j+1 or more)."""
         h = self.histogram
-        return tuple(float(sum(h[j + 1:])) for j in range(len(h) - 1))
+        return tuple(float(sum(h[j + 1 :])) for j in range(len(h) - 1))
 
     @property
     def mean_length(self) -> float | None:
@@ -72,13 +80,18 @@ def _read(fields: Mapping[str, Any], names: Mapping[str, str], where: str) -> Ac
             raise ResponseError(f"{where}.{names[key]}: not a count: {raw!r}")
         values[key] = float(raw)
     if values["accepted"] > values["drafted"]:
-        raise ResponseError(f"{where}: {names['accepted']} {values['accepted']:g} > {names['drafted']} "
-                            f"{values['drafted']:g}")
+        raise ResponseError(
+            f"{where}: {names['accepted']} {values['accepted']:g} > {names['drafted']} {values['drafted']:g}"
+        )
     hist = fields.get(names["histogram"]) or []
-    histogram = tuple(int(x) for x in hist if isinstance(x, (int, float)) and not isinstance(x, bool)) \
-        if isinstance(hist, list) else ()
-    return Acceptance(drafted=values["drafted"], accepted=values["accepted"], steps=values["steps"],
-                      histogram=histogram)
+    histogram = (
+        tuple(int(x) for x in hist if isinstance(x, (int, float)) and not isinstance(x, bool))
+        if isinstance(hist, list)
+        else ()
+    )
+    return Acceptance(
+        drafted=values["drafted"], accepted=values["accepted"], steps=values["steps"], histogram=histogram
+    )
 
 
 def vllm_completion(body: Mapping[str, Any]) -> Acceptance | None:

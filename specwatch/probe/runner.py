@@ -80,8 +80,11 @@ class Round:
 
     def totals(self) -> Acceptance:
         read = [p.acceptance for p in self.prompts if p.acceptance is not None]
-        return Acceptance(drafted=sum(a.drafted for a in read), accepted=sum(a.accepted for a in read),
-                          steps=sum(a.steps for a in read))
+        return Acceptance(
+            drafted=sum(a.drafted for a in read),
+            accepted=sum(a.accepted for a in read),
+            steps=sum(a.steps for a in read),
+        )
 
 
 class _NoAcceptance(Exception):
@@ -92,11 +95,20 @@ class ProbeRunner:
     """Rounds of one route, one at a time. `previous`: the runner this one replaces (a config reload), whose
     round still in flight keeps this one from starting, so rounds never overlap across reloads either."""
 
-    def __init__(self, route: RouteConfig, probe: ProbeConfig, prompt_set: PromptSet,
-                 engine_kind: Callable[[], str], scrape: Scrape | None = None, *,
-                 session_factory: Callable[[], requests.Session] = requests.Session,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 previous: "ProbeRunner | None" = None, bracketing_only: bool = False) -> None:
+    def __init__(
+        self,
+        route: RouteConfig,
+        probe: ProbeConfig,
+        prompt_set: PromptSet,
+        engine_kind: Callable[[], str],
+        scrape: Scrape | None = None,
+        *,
+        session_factory: Callable[[], requests.Session] = requests.Session,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        previous: "ProbeRunner | None" = None,
+        bracketing_only: bool = False,
+    ) -> None:
         self.route = route
         self.probe = probe
         self.prompt_set = prompt_set
@@ -133,8 +145,9 @@ class ProbeRunner:
                 return False
             self._seq += 1
             seq = self._seq
-            self._thread = threading.Thread(target=self._run, args=(seq, reason), daemon=True,
-                                            name=f"probe-{self.route.name}")
+            self._thread = threading.Thread(
+                target=self._run, args=(seq, reason), daemon=True, name=f"probe-{self.route.name}"
+            )
             self._thread.start()
             return True
 
@@ -173,8 +186,9 @@ class ProbeRunner:
             result = self._round(seq, started, reason)
         except Exception as exc:  # noqa: BLE001 - a probe bug costs its round, never the daemon
             log.exception("route %s: canary round failed unexpectedly", self.route.name)
-            result = Round(seq, started, 0.0, "error", self._method, f"internal: {type(exc).__name__}: {exc}",
-                           reason=reason)
+            result = Round(
+                seq, started, 0.0, "error", self._method, f"internal: {type(exc).__name__}: {exc}", reason=reason
+            )
         self.latest = dataclasses.replace(result, duration_seconds=time.monotonic() - begin)
 
     def _round(self, seq: int, started: float, reason: str) -> Round:
@@ -190,9 +204,17 @@ class ProbeRunner:
                 except _NoAcceptance:
                     results = None
                     if self.scrape is None:
-                        return Round(seq, started, 0.0, "error", "", "the engine reports no per-request "
-                                     "acceptance and there is no /metrics source to bracket with", model,
-                                     reason=reason)
+                        return Round(
+                            seq,
+                            started,
+                            0.0,
+                            "error",
+                            "",
+                            "the engine reports no per-request "
+                            "acceptance and there is no /metrics source to bracket with",
+                            model,
+                            reason=reason,
+                        )
                     self._method = "bracketing"
                 if results is not None:
                     return self._finish(seq, started, model, results, reason)
@@ -213,17 +235,21 @@ class ProbeRunner:
         return Round(seq, started, 0.0, outcome, self._method, message, model, tuple(results), reason)
 
     # ------------------------------------------------------------------ per-request acceptance
-    def _direct(self, session: requests.Session, api: str, kind: str, model: str,
-                prompts: tuple[Prompt, ...]) -> list[PromptResult]:
+    def _direct(
+        self, session: requests.Session, api: str, kind: str, model: str, prompts: tuple[Prompt, ...]
+    ) -> list[PromptResult]:
         """Every prompt, `concurrency` at a time; raises _NoAcceptance when the first answer has none."""
         first = self._send(session, api, kind, model, prompts[0])
         if first.error == _NO_ACCEPTANCE:
             raise _NoAcceptance()
         if first.error:  # a dead or hung engine costs one timeout, not one per prompt
-            return [first, *(PromptResult(p.id, p.kind, error="not sent: the first prompt failed")
-                             for p in prompts[1:])]
-        with ThreadPoolExecutor(max_workers=self.probe.concurrency,
-                                thread_name_prefix=f"probe-{self.route.name}") as pool:
+            return [
+                first,
+                *(PromptResult(p.id, p.kind, error="not sent: the first prompt failed") for p in prompts[1:]),
+            ]
+        with ThreadPoolExecutor(
+            max_workers=self.probe.concurrency, thread_name_prefix=f"probe-{self.route.name}"
+        ) as pool:
             rest = list(pool.map(lambda p: self._send(session, api, kind, model, p), prompts[1:]))
         return [first, *rest]
 
@@ -249,18 +275,26 @@ class ProbeRunner:
             self._note(acceptance)
         return PromptResult(prompt.id, prompt.kind, acceptance, tokens)
 
-    def _request(self, session: requests.Session, api: str, kind: str, model: str,
-                 prompt: Prompt) -> tuple[dict[str, Any], str]:
+    def _request(
+        self, session: requests.Session, api: str, kind: str, model: str, prompt: Prompt
+    ) -> tuple[dict[str, Any], str]:
         base = _base_url(self.route.url)
         if api == "sglang":
             # GenerateReqInput takes token ids as `input_ids` (sglang/srt/managers/io_struct.py)
-            payload: dict[str, Any] = {"input_ids": list(prompt.token_ids)} if prompt.token_ids else \
-                {"text": prompt.text}
+            payload: dict[str, Any] = (
+                {"input_ids": list(prompt.token_ids)} if prompt.token_ids else {"text": prompt.text}
+            )
             payload["sampling_params"] = {"temperature": 0, "max_new_tokens": self.probe.max_tokens}
             url, method = base + "/generate", "sglang_generate"
         else:
-            payload = {"model": model, "prompt": prompt.payload, "max_tokens": self.probe.max_tokens,
-                       "temperature": 0, "stream": False, "n": 1}
+            payload = {
+                "model": model,
+                "prompt": prompt.payload,
+                "max_tokens": self.probe.max_tokens,
+                "temperature": 0,
+                "stream": False,
+                "n": 1,
+            }
             if kind == "sglang":
                 payload[responses.SGLANG_REQUEST_FLAG] = True
             url, method = base + "/v1/completions", "vllm_response"
@@ -286,12 +320,12 @@ class ProbeRunner:
         return ""  # the OpenAI servers of both engines default to their one model when none is named
 
     # ------------------------------------------------------------------ counter bracketing
-    def _bracketed(self, session: requests.Session, api: str, kind: str, model: str,
-                   prompts: tuple[Prompt, ...]) -> list[PromptResult]:
+    def _bracketed(
+        self, session: requests.Session, api: str, kind: str, model: str, prompts: tuple[Prompt, ...]
+    ) -> list[PromptResult]:
         return [self._bracket_one(session, api, kind, model, p) for p in prompts]
 
-    def _bracket_one(self, session: requests.Session, api: str, kind: str, model: str,
-                     prompt: Prompt) -> PromptResult:
+    def _bracket_one(self, session: requests.Session, api: str, kind: str, model: str, prompt: Prompt) -> PromptResult:
         assert self.scrape is not None
         try:
             before = self._idle_reading(BRACKET_IDLE_WAIT_SECONDS)
@@ -308,10 +342,16 @@ class ProbeRunner:
             return PromptResult(prompt.id, prompt.kind, error=f"scrape failed: {exc}")
         finished_delta = after[1] - before[1]
         if finished_delta != 1 or _busy(after[0]):
-            return PromptResult(prompt.id, prompt.kind, completion_tokens=sent.completion_tokens,
-                                error=f"busy: {finished_delta:g} requests finished during the bracket")
-        drafted, accepted, steps = (_counter(after[0], name) - _counter(before[0], name)
-                                    for name in ("draft_tokens", "accepted_tokens", "drafts"))
+            return PromptResult(
+                prompt.id,
+                prompt.kind,
+                completion_tokens=sent.completion_tokens,
+                error=f"busy: {finished_delta:g} requests finished during the bracket",
+            )
+        drafted, accepted, steps = (
+            _counter(after[0], name) - _counter(before[0], name)
+            for name in ("draft_tokens", "accepted_tokens", "drafts")
+        )
         if min(drafted, accepted, steps) < 0:
             return PromptResult(prompt.id, prompt.kind, error="busy: the engine restarted during the bracket")
         acceptance = Acceptance(drafted, accepted, steps)

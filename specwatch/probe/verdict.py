@@ -40,11 +40,15 @@ class Comparison:
     per_prompt: Mapping[str, tuple[float, float]]  # prompt id -> (round ratio, fingerprint ratio)
 
 
-def compare(round_read: Mapping[str, Acceptance], reference: Mapping[str, Acceptance],
-            drop: float) -> Comparison | None:
+def compare(
+    round_read: Mapping[str, Acceptance], reference: Mapping[str, Acceptance], drop: float
+) -> Comparison | None:
     """None when fewer than MIN_PAIRED_PROMPTS prompts can be paired (no verdict from this round)."""
-    pairs = {pid: (a, reference[pid]) for pid, a in round_read.items()
-             if pid in reference and a.drafted > 0 and reference[pid].drafted > 0}
+    pairs = {
+        pid: (a, reference[pid])
+        for pid, a in round_read.items()
+        if pid in reference and a.drafted > 0 and reference[pid].drafted > 0
+    }
     if len(pairs) < MIN_PAIRED_PROMPTS:
         return None
     round_ratio = sum(a.accepted for a, _ in pairs.values()) / sum(a.drafted for a, _ in pairs.values())
@@ -61,5 +65,13 @@ def compare(round_read: Mapping[str, Acceptance], reference: Mapping[str, Accept
         z = -math.inf if mean < 0 else (math.inf if mean > 0 else 0.0)
     low = relative_drop >= LOW_SHARE_OF_DROP * drop and z <= -MIN_Z
     per_prompt = {pid: (a.accepted / a.drafted, r.accepted / r.drafted) for pid, (a, r) in pairs.items()}
-    return Comparison(len(pairs), round_ratio, reference_ratio, relative_drop, z, low,
-                      relative_drop < CLEAN_SHARE_OF_DROP * drop, per_prompt)
+    return Comparison(
+        len(pairs),
+        round_ratio,
+        reference_ratio,
+        relative_drop,
+        z,
+        low,
+        relative_drop < CLEAN_SHARE_OF_DROP * drop,
+        per_prompt,
+    )

@@ -93,13 +93,21 @@ def load_demo_plan(text: str | None = None) -> DemoPlan:
     return DemoPlan(float(scale), float(interval), tuple(routes), str(raw.get("description", "")))
 
 
-def simulation_spec(route: DemoRoute, time_scale: float, step_time: StepTimeModel | None = None,
-                    seed: int | None = None) -> SimulationSpec:
+def simulation_spec(
+    route: DemoRoute, time_scale: float, step_time: StepTimeModel | None = None, seed: int | None = None
+) -> SimulationSpec:
     sc = route.scenario
-    return SimulationSpec(engine_kind=route.engine, model_name=sc.model_name or DEFAULT_MODEL, dp=route.dp,
-                          k=sc.k if sc.k is not None else 4,
-                          acceptance=sc.acceptance if sc.acceptance is not None else 0.7,
-                          step_time=step_time or load_table(), time_scale=time_scale, scenario=sc, seed=seed)
+    return SimulationSpec(
+        engine_kind=route.engine,
+        model_name=sc.model_name or DEFAULT_MODEL,
+        dp=route.dp,
+        k=sc.k if sc.k is not None else 4,
+        acceptance=sc.acceptance if sc.acceptance is not None else 0.7,
+        step_time=step_time or load_table(),
+        time_scale=time_scale,
+        scenario=sc,
+        seed=seed,
+    )
 
 
 def route_crossover(spec: SimulationSpec) -> float | None:
@@ -115,15 +123,28 @@ def engine_sweep(spec: SimulationSpec) -> dict[str, Any]:
     the engine's own step times and acceptance (what a sweep of them measures, without prefill and HTTP)."""
     step_time = spec.step_time or load_table()
     tau = parse_profile(spec.acceptance, spec.k).mean_tokens_per_step()
-    levels = [{"concurrency": b, "plain": {"output_tokens_per_s": b / step_seconds(step_time, b, 0)},
-               "spec": {"output_tokens_per_s": b * tau / step_seconds(step_time, b, spec.k)}} for b in SWEEP_LEVELS]
-    return {"format": SWEEP_FORMAT, "model": spec.model_name, "num_speculative_tokens": spec.k,
-            "mean_acceptance_length": tau, "complete": True, "levels": levels,
-            "note": "derived from the SIMULATED engine's step-time table, not measured"}
+    levels = [
+        {
+            "concurrency": b,
+            "plain": {"output_tokens_per_s": b / step_seconds(step_time, b, 0)},
+            "spec": {"output_tokens_per_s": b * tau / step_seconds(step_time, b, spec.k)},
+        }
+        for b in SWEEP_LEVELS
+    ]
+    return {
+        "format": SWEEP_FORMAT,
+        "model": spec.model_name,
+        "num_speculative_tokens": spec.k,
+        "mean_acceptance_length": tau,
+        "complete": True,
+        "levels": levels,
+        "note": "derived from the SIMULATED engine's step-time table, not measured",
+    }
 
 
-def daemon_config(plan: DemoPlan, metrics_urls: dict[str, str], specs: dict[str, SimulationSpec],
-                  state_dir: str) -> dict[str, Any]:
+def daemon_config(
+    plan: DemoPlan, metrics_urls: dict[str, str], specs: dict[str, SimulationSpec], state_dir: str
+) -> dict[str, Any]:
     """The daemon's config document (validated by the caller with `specwatch.config.parse_config`); writes each
     speculating route's sweep file into `state_dir`."""
     routes = []
@@ -132,15 +153,22 @@ def daemon_config(plan: DemoPlan, metrics_urls: dict[str, str], specs: dict[str,
         entry: dict[str, Any] = {"name": route.name, "engine": route.engine, "url": metrics_urls[route.name]}
         if spec.k:
             profile = parse_profile(spec.acceptance, spec.k)
-            entry["baseline"] = {"acceptance_ratio": round(profile.acceptance_rate(), 4),
-                                 "position_acceptance": [round(p, 4) for p in profile.survival()],
-                                 "overdispersion": DEMO_OVERDISPERSION}
+            entry["baseline"] = {
+                "acceptance_ratio": round(profile.acceptance_rate(), 4),
+                "position_acceptance": [round(p, 4) for p in profile.survival()],
+                "overdispersion": DEMO_OVERDISPERSION,
+            }
         if route_crossover(spec) is not None:
             sweep_file = Path(state_dir) / f"{route.name}-crossover.json"
             sweep_file.parent.mkdir(parents=True, exist_ok=True)
             sweep_file.write_text(json.dumps(engine_sweep(spec)), encoding="utf-8")
             entry["crossover"] = {"sweep": str(sweep_file), "hold": DEMO_CROSSOVER_HOLD}
         routes.append(entry)
-    return {"interval": f"{plan.interval_seconds:g}s", "state_dir": state_dir, "gpu": {"enabled": "false"},
-            "scrape": {"timeout": f"{min(1.0, plan.interval_seconds / 2):g}s"},
-            "detection": dict(DEMO_DETECTION), "routes": routes}
+    return {
+        "interval": f"{plan.interval_seconds:g}s",
+        "state_dir": state_dir,
+        "gpu": {"enabled": "false"},
+        "scrape": {"timeout": f"{min(1.0, plan.interval_seconds / 2):g}s"},
+        "detection": dict(DEMO_DETECTION),
+        "routes": routes,
+    }

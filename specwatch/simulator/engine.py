@@ -53,12 +53,38 @@ class EngineSettings:
 class SimRequest:
     """One request. External requests (HTTP) are streamed: the engine bumps `generated` and sets `ready`."""
 
-    __slots__ = ("id", "prompt_tokens", "max_tokens", "internal", "streaming", "custom_labels", "generated",
-                 "verify_steps", "arrival", "scheduled_at", "first_token_at", "finished_at", "finish_reason", "ready",
-                 "greedy_seed", "sampler", "spec_draft_tokens", "spec_accepted_tokens", "spec_histogram")
+    __slots__ = (
+        "id",
+        "prompt_tokens",
+        "max_tokens",
+        "internal",
+        "streaming",
+        "custom_labels",
+        "generated",
+        "verify_steps",
+        "arrival",
+        "scheduled_at",
+        "first_token_at",
+        "finished_at",
+        "finish_reason",
+        "ready",
+        "greedy_seed",
+        "sampler",
+        "spec_draft_tokens",
+        "spec_accepted_tokens",
+        "spec_histogram",
+    )
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, *, internal: bool = False, streaming: bool = False,
-                 custom_labels: Mapping[str, str] | None = None, greedy_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        internal: bool = False,
+        streaming: bool = False,
+        custom_labels: Mapping[str, str] | None = None,
+        greedy_seed: int | None = None,
+    ) -> None:
         self.id = next(_request_ids)
         self.prompt_tokens = max(1, int(prompt_tokens))
         self.max_tokens = max(1, int(max_tokens))
@@ -134,8 +160,9 @@ def _greedy_sampler(profile: AcceptanceProfile | None, seed: int) -> AcceptanceS
 
 
 class SimEngine:
-    def __init__(self, index: int, settings: EngineSettings, clock: SimClock, recorder: Recorder,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, index: int, settings: EngineSettings, clock: SimClock, recorder: Recorder, seed: int | None = None
+    ) -> None:
         self.index = index
         self.clock = clock
         self.recorder = recorder
@@ -238,8 +265,18 @@ class SimEngine:
 
     def status(self) -> EngineStatus:
         with self._cond:
-            return EngineStatus(self.index, self._t, len(self._running), len(self._waiting), self._kv_usage(),
-                                self._generated, self._steps, self._busy, self._batch_integral, self._offered)
+            return EngineStatus(
+                self.index,
+                self._t,
+                len(self._running),
+                len(self._waiting),
+                self._kv_usage(),
+                self._generated,
+                self._steps,
+                self._busy,
+                self._batch_integral,
+                self._offered,
+            )
 
     @property
     def load(self) -> int:
@@ -317,8 +354,12 @@ class SimEngine:
         lo_o, hi_o = self._settings.internal_output_tokens
         while self._internal_in_flight < round(self._offered):
             labels = self._settings.internal_custom_labels
-            req = SimRequest(self._rng.randint(lo_p, hi_p), self._rng.randint(lo_o, hi_o), internal=True,
-                             custom_labels=labels[next(self._label_cycle) % len(labels)] if labels else None)
+            req = SimRequest(
+                self._rng.randint(lo_p, hi_p),
+                self._rng.randint(lo_o, hi_o),
+                internal=True,
+                custom_labels=labels[next(self._label_cycle) % len(labels)] if labels else None,
+            )
             req.arrival = self._t
             self._waiting.append(req)
             self._internal_in_flight += 1
@@ -326,9 +367,15 @@ class SimEngine:
     def _step(self, end: float, duration: float, admitted: list[SimRequest]) -> None:
         settings, k, sampler = self._settings, self._settings.k, self._sampler
         fresh = {id(r) for r in admitted}
-        rec = StepRecord(now=end, duration=duration, running=len(self._running), waiting=len(self._waiting),
-                         kv_usage=0.0, prompt_tokens=sum(r.prompt_tokens for r in admitted),
-                         accepted_per_pos=[0] * k)
+        rec = StepRecord(
+            now=end,
+            duration=duration,
+            running=len(self._running),
+            waiting=len(self._waiting),
+            kv_usage=0.0,
+            prompt_tokens=sum(r.prompt_tokens for r in admitted),
+            accepted_per_pos=[0] * k,
+        )
         finished = []
         for req in self._running:
             if id(req) in fresh or k == 0 or sampler is None:

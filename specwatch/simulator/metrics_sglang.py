@@ -34,20 +34,119 @@ DECODE_LOG_INTERVAL = 40
 CUDA_GRAPH_MAX_BATCH = 160  # above this SGLang runs decode eagerly
 NEW_TOKEN_RATIO = 0.7  # SGLang's initial new-token ratio; the simulator never retracts, so it never moves
 
-_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
-        600.0, 1200.0, 1800.0, 2400.0)
+_E2E = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    200.0,
+    400.0,
+    600.0,
+    1200.0,
+    1800.0,
+    2400.0,
+)
 _TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
-_TPOT = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200,
-         0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
-_TOKENS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500, 15000,
-           17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000, 400000,
-           600000, 800000, 1000000, 1100000)
+_TPOT = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1.000,
+    2.000,
+    4.000,
+    6.000,
+    8.000,
+)
+_TOKENS = (
+    100,
+    300,
+    500,
+    700,
+    1000,
+    1500,
+    2000,
+    3000,
+    4000,
+    5000,
+    6000,
+    7000,
+    8000,
+    9000,
+    10000,
+    12500,
+    15000,
+    17500,
+    20000,
+    22500,
+    25000,
+    27500,
+    30000,
+    35000,
+    40000,
+    60000,
+    80000,
+    100000,
+    200000,
+    300000,
+    400000,
+    600000,
+    800000,
+    1000000,
+    1100000,
+)
 _IMBALANCE = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0)
 _SYNC_WAIT = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-_ROUTING_BUCKETS = (("0", "1"), ("1", "2"), ("2", "3"), ("3", "5"), ("5", "7"), ("7", "10"), ("10", "20"),
-                    ("20", "50"), ("50", "100"), ("100", "200"), ("200", "+Inf"))
-_STAGES = ("recv_requests", "process_input_requests", "get_next_batch_to_run", "run_batch", "process_batch_result",
-           "process_queue", "sanity_check_cache", "idle", "other")
+_ROUTING_BUCKETS = (
+    ("0", "1"),
+    ("1", "2"),
+    ("2", "3"),
+    ("3", "5"),
+    ("5", "7"),
+    ("7", "10"),
+    ("10", "20"),
+    ("20", "50"),
+    ("50", "100"),
+    ("100", "200"),
+    ("200", "+Inf"),
+)
+_STAGES = (
+    "recv_requests",
+    "process_input_requests",
+    "get_next_batch_to_run",
+    "run_batch",
+    "process_batch_result",
+    "process_queue",
+    "sanity_check_cache",
+    "idle",
+    "other",
+)
 
 
 @dataclass(frozen=True)
@@ -68,42 +167,87 @@ def _g(name: str, help_: str, **kw) -> Family:
 
 FAMILIES: tuple[Family, ...] = (
     # ---- scheduler side: histograms and counters, observed at each log tick
-    Family("sglang:dp_attention_token_imbalance_ratio", "histogram",
-           "Per MLP-sync step, max tokens over mean tokens across the DP ranks (1.0 = balanced, num_dp_ranks = one "
-           "busy rank). Reported once per engine, by the scheduler of DP rank 0.", "scheduler", buckets=_IMBALANCE),
-    Family("sglang:dp_attention_sync_wait_seconds", "histogram",
-           "Wall time of this DP rank's scheduler MLP-sync all-gather per step. On the gloo path (the default with "
-           "overlap scheduling) this is waiting for the slowest rank; on the device-group paths it also includes "
-           "the gather's stream sync.", "scheduler", buckets=_SYNC_WAIT),
-    Family("sglang:prefill_effective_tokens_total", "counter",
-           "Effective prefill tokens with retracted-request re-counts excluded, updated on each log interval. mode: "
-           "device_hit, host_hit, storage_hit, input. Windowed prefix cache hit rate = rate(sum of *_hit) / "
-           "rate(sum of all modes); per-tier rate uses a single *_hit mode in the numerator.", "scheduler",
-           ("mode",), (("device_hit",), ("host_hit",), ("storage_hit",), ("input",))),
-    Family("sglang:scheduler_idle_seconds_total", "counter",
-           "Total wall time while the scheduler has no runnable or queued work.", "scheduler"),
-    Family("sglang:scheduler_process_cpu_seconds_total", "counter",
-           "Total CPU time consumed by the scheduler process across all threads.", "scheduler"),
-    Family("sglang:scheduler_stage_seconds_total", "counter",
-           "Total scheduler-loop wall time exclusively attributed to each stage. forward_overlap (full, partial, "
-           "none): full=both endpoints active, partial=one, none=no observed overlap (including unavailable "
-           "timing). Not exact overlapped/exposed seconds.", "scheduler", ("category", "forward_overlap"),
-           tuple((stage, "none") for stage in _STAGES)),
-    Family("sglang:dp_attention_tokens_total", "counter",
-           "Tokens of MLP-sync steps on this DP rank. kind=scheduled: tokens this rank ran; kind=imbalance: tokens "
-           "the busiest rank ran beyond this rank, i.e. capacity lost to DP imbalance on this rank. On "
-           "speculative-decode steps the unit is batch rows (requests).", "scheduler", ("kind",),
-           (("scheduled",), ("imbalance",))),
-    Family("sglang:dp_attention_steps_total", "counter",
-           "MLP-sync steps on this DP rank. rank_state=idle: this rank had no tokens and only ran to keep the DP "
-           "collectives in lockstep.", "scheduler", ("rank_state",), (("active",), ("idle",))),
-    Family("sglang:dp_attention_pairs_total", "counter",
-           "Causal (query, key) pairs attended by MLP-sync steps on this DP rank, pricing every layer as full "
-           "attention: a decode row reads its sequence, a prefill chunk its prefix plus the pairs within the chunk. "
-           "kind=scheduled: this rank; kind=imbalance: the busiest rank's excess over this rank. The context-length "
-           "counterpart of sglang:dp_attention_tokens_total; like it, speculative-decode steps count one query per "
-           "row. Sliding-window layers execute fewer pairs than counted, so on hybrid-SWA models long rows are "
-           "overstated.", "scheduler", ("kind",), (("scheduled",), ("imbalance",))),
+    Family(
+        "sglang:dp_attention_token_imbalance_ratio",
+        "histogram",
+        "Per MLP-sync step, max tokens over mean tokens across the DP ranks (1.0 = balanced, num_dp_ranks = one "
+        "busy rank). Reported once per engine, by the scheduler of DP rank 0.",
+        "scheduler",
+        buckets=_IMBALANCE,
+    ),
+    Family(
+        "sglang:dp_attention_sync_wait_seconds",
+        "histogram",
+        "Wall time of this DP rank's scheduler MLP-sync all-gather per step. On the gloo path (the default with "
+        "overlap scheduling) this is waiting for the slowest rank; on the device-group paths it also includes "
+        "the gather's stream sync.",
+        "scheduler",
+        buckets=_SYNC_WAIT,
+    ),
+    Family(
+        "sglang:prefill_effective_tokens_total",
+        "counter",
+        "Effective prefill tokens with retracted-request re-counts excluded, updated on each log interval. mode: "
+        "device_hit, host_hit, storage_hit, input. Windowed prefix cache hit rate = rate(sum of *_hit) / "
+        "rate(sum of all modes); per-tier rate uses a single *_hit mode in the numerator.",
+        "scheduler",
+        ("mode",),
+        (("device_hit",), ("host_hit",), ("storage_hit",), ("input",)),
+    ),
+    Family(
+        "sglang:scheduler_idle_seconds_total",
+        "counter",
+        "Total wall time while the scheduler has no runnable or queued work.",
+        "scheduler",
+    ),
+    Family(
+        "sglang:scheduler_process_cpu_seconds_total",
+        "counter",
+        "Total CPU time consumed by the scheduler process across all threads.",
+        "scheduler",
+    ),
+    Family(
+        "sglang:scheduler_stage_seconds_total",
+        "counter",
+        "Total scheduler-loop wall time exclusively attributed to each stage. forward_overlap (full, partial, "
+        "none): full=both endpoints active, partial=one, none=no observed overlap (including unavailable "
+        "timing). Not exact overlapped/exposed seconds.",
+        "scheduler",
+        ("category", "forward_overlap"),
+        tuple((stage, "none") for stage in _STAGES),
+    ),
+    Family(
+        "sglang:dp_attention_tokens_total",
+        "counter",
+        "Tokens of MLP-sync steps on this DP rank. kind=scheduled: tokens this rank ran; kind=imbalance: tokens "
+        "the busiest rank ran beyond this rank, i.e. capacity lost to DP imbalance on this rank. On "
+        "speculative-decode steps the unit is batch rows (requests).",
+        "scheduler",
+        ("kind",),
+        (("scheduled",), ("imbalance",)),
+    ),
+    Family(
+        "sglang:dp_attention_steps_total",
+        "counter",
+        "MLP-sync steps on this DP rank. rank_state=idle: this rank had no tokens and only ran to keep the DP "
+        "collectives in lockstep.",
+        "scheduler",
+        ("rank_state",),
+        (("active",), ("idle",)),
+    ),
+    Family(
+        "sglang:dp_attention_pairs_total",
+        "counter",
+        "Causal (query, key) pairs attended by MLP-sync steps on this DP rank, pricing every layer as full "
+        "attention: a decode row reads its sequence, a prefill chunk its prefix plus the pairs within the chunk. "
+        "kind=scheduled: this rank; kind=imbalance: the busiest rank's excess over this rank. The context-length "
+        "counterpart of sglang:dp_attention_tokens_total; like it, speculative-decode steps count one query per "
+        "row. Sliding-window layers execute fewer pairs than counted, so on hybrid-SWA models long rows are "
+        "overstated.",
+        "scheduler",
+        ("kind",),
+        (("scheduled",), ("imbalance",)),
+    ),
     # ---- scheduler side: gauges, set at each log tick
     _g("sglang:num_running_reqs", "The number of running requests."),
     _g("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
@@ -125,65 +269,134 @@ FAMILIES: tuple[Family, ...] = (
     _g("sglang:mamba_available_tokens", "Number of free state slots in the mamba SSM pool (hybrid-SSM only)."),
     _g("sglang:mamba_evictable_tokens", "Number of evictable (radix-cached) state slots in the mamba SSM pool."),
     _g("sglang:mamba_used_tokens", "Number of actively used state slots in the mamba SSM pool."),
-    _g("sglang:spec_accept_length",
-       "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward)."),
+    _g(
+        "sglang:spec_accept_length",
+        "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
+    ),
     _g("sglang:spec_accept_rate", "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch)."),
-    _g("sglang:spec_cap_length", "Mean DSpark confidence-scheduled verify window per verify step, incl the bonus "
-       "slot (0 when no cap is scheduled)."),
-    _g("sglang:spec_block_accept_length", "Mean uncapped full-block accept length per verify step (accept + "
-       "cap-trimmed drafts; exact only in DSpark cap-accept mode)."),
+    _g(
+        "sglang:spec_cap_length",
+        "Mean DSpark confidence-scheduled verify window per verify step, incl the bonus "
+        "slot (0 when no cap is scheduled).",
+    ),
+    _g(
+        "sglang:spec_block_accept_length",
+        "Mean uncapped full-block accept length per verify step (accept + "
+        "cap-trimmed drafts; exact only in DSpark cap-accept mode).",
+    ),
     _g("sglang:spec_num_steps", "Currently active speculative_num_steps."),
-    _g("sglang:spec_num_draft_tokens",
-       "Currently active speculative_num_draft_tokens (decouples from steps under topk>1)."),
+    _g(
+        "sglang:spec_num_draft_tokens",
+        "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
+    ),
     _g("sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue."),
     _g("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue."),
     _g("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue."),
     _g("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."),
-    _g("sglang:num_decode_host_receive_queue_reqs",
-       "Requests in the decode transfer queue receiving into host memory or waiting for device admission."),
-    _g("sglang:num_decode_deferred_kv_release_reqs", "The number of failed decode requests whose KV allocations "
-       "are held pending transfer drain acknowledgement or timeout."),
-    _g("sglang:pending_prealloc_token_usage", "The token usage for pending preallocated tokens (not preallocated "
-       "yet)."),
-    _g("sglang:prealloc_full_token_usage", "Share of the full-attention KV pool held by decode requests whose KV "
-       "transfer is pending (preallocated, not yet running); same capacity basis as sglang:full_token_usage."),
-    _g("sglang:prealloc_swa_token_usage", "Share of the SWA KV pool held by decode requests whose KV transfer is "
-       "pending; same capacity basis as sglang:swa_token_usage."),
+    _g(
+        "sglang:num_decode_host_receive_queue_reqs",
+        "Requests in the decode transfer queue receiving into host memory or waiting for device admission.",
+    ),
+    _g(
+        "sglang:num_decode_deferred_kv_release_reqs",
+        "The number of failed decode requests whose KV allocations "
+        "are held pending transfer drain acknowledgement or timeout.",
+    ),
+    _g(
+        "sglang:pending_prealloc_token_usage", "The token usage for pending preallocated tokens (not preallocated yet)."
+    ),
+    _g(
+        "sglang:prealloc_full_token_usage",
+        "Share of the full-attention KV pool held by decode requests whose KV "
+        "transfer is pending (preallocated, not yet running); same capacity basis as sglang:full_token_usage.",
+    ),
+    _g(
+        "sglang:prealloc_swa_token_usage",
+        "Share of the SWA KV pool held by decode requests whose KV transfer is "
+        "pending; same capacity basis as sglang:swa_token_usage.",
+    ),
     _g("sglang:utilization", "The utilization."),
     _g("sglang:fwd_occupancy", "Forward pass GPU occupancy percentage."),
     _g("sglang:new_token_ratio", "The new token ratio."),
     _g("sglang:is_cuda_graph", "Whether the batch is using CUDA graph."),
     _g("sglang:num_unique_running_routing_keys", "Number of unique routing keys in running batch."),
-    _g("sglang:routing_key_running_req_count",
-       "Distribution of routing keys by running request count (gt < count <= le).", extra_labels=("gt", "le"),
-       series=_ROUTING_BUCKETS),
-    _g("sglang:routing_key_all_req_count",
-       "Distribution of routing keys by running+waiting request count (gt < count <= le).",
-       extra_labels=("gt", "le"), series=_ROUTING_BUCKETS),
+    _g(
+        "sglang:routing_key_running_req_count",
+        "Distribution of routing keys by running request count (gt < count <= le).",
+        extra_labels=("gt", "le"),
+        series=_ROUTING_BUCKETS,
+    ),
+    _g(
+        "sglang:routing_key_all_req_count",
+        "Distribution of routing keys by running+waiting request count (gt < count <= le).",
+        extra_labels=("gt", "le"),
+        series=_ROUTING_BUCKETS,
+    ),
     _g("sglang:num_retracted_reqs", "The number of retracted requests.", pid_label=True),
     _g("sglang:num_paused_reqs", "The number of paused requests by async weight sync.", pid_label=True),
     # ---- tokenizer side: at request completion, labelled by the allowed custom labels
-    Family("sglang:e2e_request_latency_seconds", "histogram", "Histogram of End-to-end request latency in seconds",
-           "tokenizer", ("is_streaming",), buckets=_E2E),
-    Family("sglang:request_time_per_output_token_seconds", "histogram",
-           "Per-request TPOT in seconds: (finished_time - first_token_time) / (completion_tokens - 1).",
-           "tokenizer", ("is_streaming",), buckets=_TPOT),
-    Family("sglang:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.",
-           "tokenizer", ("is_streaming",), buckets=_TTFT),
-    Family("sglang:prompt_tokens_histogram", "histogram", "Histogram of prompt token length.", "tokenizer",
-           buckets=_TOKENS),
-    Family("sglang:uncached_prompt_tokens_histogram", "histogram",
-           "Histogram of uncached (compute) prompt token length.", "tokenizer", buckets=_TOKENS),
-    Family("sglang:generation_tokens_histogram", "histogram", "Histogram of generation token length.", "tokenizer",
-           buckets=_TOKENS),
-    Family("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "tokenizer",
-           ("is_streaming",)),
-    Family("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", "tokenizer",
-           ("is_streaming",)),
-    Family("sglang:spec_verify_calls_total", "counter", "Number of speculative decoding verification calls.",
-           "tokenizer"),
-    Family("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens by source (device/host/storage).",
-           "tokenizer", ("cache_source",), (("total",),)),
+    Family(
+        "sglang:e2e_request_latency_seconds",
+        "histogram",
+        "Histogram of End-to-end request latency in seconds",
+        "tokenizer",
+        ("is_streaming",),
+        buckets=_E2E,
+    ),
+    Family(
+        "sglang:request_time_per_output_token_seconds",
+        "histogram",
+        "Per-request TPOT in seconds: (finished_time - first_token_time) / (completion_tokens - 1).",
+        "tokenizer",
+        ("is_streaming",),
+        buckets=_TPOT,
+    ),
+    Family(
+        "sglang:time_to_first_token_seconds",
+        "histogram",
+        "Histogram of time to first token in seconds.",
+        "tokenizer",
+        ("is_streaming",),
+        buckets=_TTFT,
+    ),
+    Family(
+        "sglang:prompt_tokens_histogram", "histogram", "Histogram of prompt token length.", "tokenizer", buckets=_TOKENS
+    ),
+    Family(
+        "sglang:uncached_prompt_tokens_histogram",
+        "histogram",
+        "Histogram of uncached (compute) prompt token length.",
+        "tokenizer",
+        buckets=_TOKENS,
+    ),
+    Family(
+        "sglang:generation_tokens_histogram",
+        "histogram",
+        "Histogram of generation token length.",
+        "tokenizer",
+        buckets=_TOKENS,
+    ),
+    Family(
+        "sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "tokenizer", ("is_streaming",)
+    ),
+    Family(
+        "sglang:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        "tokenizer",
+        ("is_streaming",),
+    ),
+    Family(
+        "sglang:spec_verify_calls_total", "counter", "Number of speculative decoding verification calls.", "tokenizer"
+    ),
+    Family(
+        "sglang:cached_tokens_total",
+        "counter",
+        "Number of cached prompt tokens by source (device/host/storage).",
+        "tokenizer",
+        ("cache_source",),
+        (("total",),),
+    ),
     Family("sglang:num_requests_total", "counter", "Number of requests processed.", "tokenizer", ("is_streaming",)),
     Family("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.", "tokenizer"),
 )
@@ -244,10 +457,20 @@ class SglangMetrics:
     `x-custom-labels` header).
     """
 
-    def __init__(self, model_name: str, dp: int, k: int, *, tp: int = 1, all_tp_ranks: bool = False,
-                 priority_scheduling: bool = False, custom_labels: tuple[str, ...] = (),
-                 kv_capacity_tokens: int = 400_000, max_running_requests: int = 256,
-                 log_interval: int = DECODE_LOG_INTERVAL) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        dp: int,
+        k: int,
+        *,
+        tp: int = 1,
+        all_tp_ranks: bool = False,
+        priority_scheduling: bool = False,
+        custom_labels: tuple[str, ...] = (),
+        kv_capacity_tokens: int = 400_000,
+        max_running_requests: int = 256,
+        log_interval: int = DECODE_LOG_INTERVAL,
+    ) -> None:
         self.dp = dp
         self.tp_ranks = tuple(range(tp)) if all_tp_ranks else (0,)
         self.priority_scheduling = priority_scheduling
@@ -308,8 +531,11 @@ class SglangMetrics:
             self._observe("sglang:e2e_request_latency_seconds", custom + streaming, now - request.arrival)
             self._observe("sglang:time_to_first_token_seconds", custom + streaming, first - request.arrival)
             if request.generated > 1:
-                self._observe("sglang:request_time_per_output_token_seconds", custom + streaming,
-                              (now - first) / (request.generated - 1))
+                self._observe(
+                    "sglang:request_time_per_output_token_seconds",
+                    custom + streaming,
+                    (now - first) / (request.generated - 1),
+                )
             self._observe("sglang:prompt_tokens_histogram", custom, request.prompt_tokens)
             self._observe("sglang:uncached_prompt_tokens_histogram", custom, request.prompt_tokens)
             self._observe("sglang:generation_tokens_histogram", custom, request.generated)
@@ -317,8 +543,15 @@ class SglangMetrics:
     # ------------------------------------------------------------------ Collector
     def collect(self):
         with self._lock:
-            ranks = [(dict(r.gauges), r.waiting, dict(r.counters),
-                      {n: (h.cumulative(), h.total) for n, h in r.hists.items()}) for r in self._ranks]
+            ranks = [
+                (
+                    dict(r.gauges),
+                    r.waiting,
+                    dict(r.counters),
+                    {n: (h.cumulative(), h.total) for n, h in r.hists.items()},
+                )
+                for r in self._ranks
+            ]
             counters = dict(self._counters)
             hists = {key: (h.cumulative(), h.total) for key, h in self._hists.items()}
             model = self.model_name
@@ -327,8 +560,7 @@ class SglangMetrics:
             if fam.side == "scheduler":
                 metric = self._scheduler_family(fam, ranks, model, pid)
             else:
-                metric = _family(fam, ["model_name", "engine_type", "priority", *self.custom_labels,
-                                       *fam.extra_labels])
+                metric = _family(fam, ["model_name", "engine_type", "priority", *self.custom_labels, *fam.extra_labels])
                 base = [model, "unified", ""]
                 for (name, values), value in sorted(counters.items()):
                     if name == fam.name:
@@ -353,8 +585,9 @@ class SglangMetrics:
                     metric.add_metric(base, buckets, total)
                     continue
                 for values in fam.series:
-                    value = (counters.get((fam.name, values), 0.0) if fam.kind == "counter"
-                             else gauges.get(fam.name, 0.0))
+                    value = (
+                        counters.get((fam.name, values), 0.0) if fam.kind == "counter" else gauges.get(fam.name, 0.0)
+                    )
                     metric.add_metric(base + list(values) + tail, value)
                 if self.priority_scheduling and fam.name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
                     # The total sits under priority=""; every request has the default priority 0.
@@ -366,13 +599,15 @@ class SglangMetrics:
     # ------------------------------------------------------------------ helpers (lock held)
     def _fresh_rank(self) -> _Rank:
         rank = _Rank()
-        rank.gauges.update({
-            "sglang:kv_available_tokens": float(self._kv_capacity),
-            "sglang:spec_num_steps": float(self.k),
-            "sglang:spec_num_draft_tokens": float(self.k + 1 if self.k else 0),
-            "sglang:new_token_ratio": NEW_TOKEN_RATIO,
-            "sglang:is_cuda_graph": 1.0,
-        })
+        rank.gauges.update(
+            {
+                "sglang:kv_available_tokens": float(self._kv_capacity),
+                "sglang:spec_num_steps": float(self.k),
+                "sglang:spec_num_draft_tokens": float(self.k + 1 if self.k else 0),
+                "sglang:new_token_ratio": NEW_TOKEN_RATIO,
+                "sglang:is_cuda_graph": 1.0,
+            }
+        )
         rank.hists = {f.name: _Hist(f.buckets) for f in FAMILIES if f.side == "scheduler" and f.kind == "histogram"}
         return rank
 
@@ -394,14 +629,16 @@ class SglangMetrics:
             # Batch-weighted over the interval; >= 0.5.13 the rate excludes the bonus token.
             g["sglang:spec_accept_length"] = (iv.accepted + iv.drafts) / iv.drafts
             g["sglang:spec_accept_rate"] = iv.accepted / (iv.drafts * self.k)
-        for key, amount in ((("sglang:prefill_effective_tokens_total", ("input",)), iv.prompt),
-                            (("sglang:scheduler_idle_seconds_total", ()), idle),
-                            (("sglang:scheduler_process_cpu_seconds_total", ()), iv.busy),
-                            (("sglang:scheduler_stage_seconds_total", ("run_batch", "none")), iv.busy),
-                            (("sglang:scheduler_stage_seconds_total", ("idle", "none")), idle),
-                            (("sglang:dp_attention_tokens_total", ("scheduled",)), iv.rows),
-                            (("sglang:dp_attention_steps_total", ("active",)), iv.steps),
-                            (("sglang:dp_attention_pairs_total", ("scheduled",)), kv_tokens * iv.steps)):
+        for key, amount in (
+            (("sglang:prefill_effective_tokens_total", ("input",)), iv.prompt),
+            (("sglang:scheduler_idle_seconds_total", ()), idle),
+            (("sglang:scheduler_process_cpu_seconds_total", ()), iv.busy),
+            (("sglang:scheduler_stage_seconds_total", ("run_batch", "none")), iv.busy),
+            (("sglang:scheduler_stage_seconds_total", ("idle", "none")), idle),
+            (("sglang:dp_attention_tokens_total", ("scheduled",)), iv.rows),
+            (("sglang:dp_attention_steps_total", ("active",)), iv.steps),
+            (("sglang:dp_attention_pairs_total", ("scheduled",)), kv_tokens * iv.steps),
+        ):
             c[key] = c.get(key, 0.0) + amount
         rank.hists["sglang:dp_attention_token_imbalance_ratio"].observe(1.0)  # one engine's ranks stay balanced
         rank.hists["sglang:dp_attention_sync_wait_seconds"].observe(0.0)

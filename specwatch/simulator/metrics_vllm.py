@@ -25,10 +25,53 @@ from specwatch.simulator.engine import SimRequest, StepRecord
 
 ENGINE_VERSION = "0.33.0"
 LABELS = ("model_name", "engine")
-_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-            480.0, 960.0, 1920.0, 7680.0)
-_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-         80.0, 160.0, 640.0, 2560.0)
+_LATENCY = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+_TTFT = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 _ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _ITERATION = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _SIZES = "1-2-5"  # vLLM's build_1_2_5_buckets(max_model_len)
@@ -55,82 +98,157 @@ SPEC_FAMILIES: tuple[Family, ...] = (  # registered first, only with speculation
     Family("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts."),
     Family("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens."),
     Family("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens."),
-    Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.",
-           "position"),  # values "0".."k-1"
+    Family(
+        "vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.", "position"
+    ),  # values "0".."k-1"
 )
 
 FAMILIES: tuple[Family, ...] = (
     Family("vllm:estimated_flops_per_gpu", "counter", "Estimated number of floating point operations per GPU" + _MFU),
-    Family("vllm:estimated_read_bytes_per_gpu", "counter",
-           "Estimated number of bytes read from memory per GPU" + _MFU),
-    Family("vllm:estimated_write_bytes_per_gpu", "counter",
-           "Estimated number of bytes written to memory per GPU" + _MFU),
+    Family("vllm:estimated_read_bytes_per_gpu", "counter", "Estimated number of bytes read from memory per GPU" + _MFU),
+    Family(
+        "vllm:estimated_write_bytes_per_gpu", "counter", "Estimated number of bytes written to memory per GPU" + _MFU
+    ),
     Family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
-    Family("vllm:num_requests_waiting_by_reason", "gauge",
-           "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
-           "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
-           "Sum of all reasons equals vllm:num_requests_waiting.", "reason", ("capacity", "deferred")),
-    Family("vllm:engine_sleep_state", "gauge",
-           "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
-           "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
-           "sleep_state", ("awake", "weights_offloaded", "discard_all")),
+    Family(
+        "vllm:num_requests_waiting_by_reason",
+        "gauge",
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
+        "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
+        "Sum of all reasons equals vllm:num_requests_waiting.",
+        "reason",
+        ("capacity", "deferred"),
+    ),
+    Family(
+        "vllm:engine_sleep_state",
+        "gauge",
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+        "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+        "sleep_state",
+        ("awake", "weights_offloaded", "discard_all"),
+    ),
     Family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
     Family("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens."),
     Family("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
-    Family("vllm:external_prefix_cache_queries", "counter",
-           "External prefix cache queries from KV connector cross-instance cache sharing, "
-           "in terms of number of queried tokens."),
-    Family("vllm:external_prefix_cache_hits", "counter",
-           "External prefix cache hits from KV connector cross-instance cache sharing, "
-           "in terms of number of cached tokens."),
+    Family(
+        "vllm:external_prefix_cache_queries",
+        "counter",
+        "External prefix cache queries from KV connector cross-instance cache sharing, "
+        "in terms of number of queried tokens.",
+    ),
+    Family(
+        "vllm:external_prefix_cache_hits",
+        "counter",
+        "External prefix cache hits from KV connector cross-instance cache sharing, "
+        "in terms of number of cached tokens.",
+    ),
     Family("vllm:mm_cache_queries", "counter", "Multi-modal cache queries, in terms of number of queried items."),
     Family("vllm:mm_cache_hits", "counter", "Multi-modal cache hits, in terms of number of cached items."),
     Family("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
     Family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
-    Family("vllm:prompt_tokens_by_source", "counter", "Number of prompt tokens by source.", "source",
-           ("local_compute", "local_cache_hit", "external_kv_transfer")),
+    Family(
+        "vllm:prompt_tokens_by_source",
+        "counter",
+        "Number of prompt tokens by source.",
+        "source",
+        ("local_compute", "local_cache_hit", "external_kv_transfer"),
+    ),
     Family("vllm:prompt_tokens_cached", "counter", "Number of cached prompt tokens (local + external)."),
-    Family("vllm:prompt_tokens_cached_by_source", "counter",
-           "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to "
-           "DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
-           "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.", "source",
-           ("device", "host", "disk", "p2p", "external_unspecified")),
+    Family(
+        "vllm:prompt_tokens_cached_by_source",
+        "counter",
+        "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to "
+        "DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
+        "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+        "source",
+        ("device", "host", "disk", "p2p", "external_unspecified"),
+    ),
     Family("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
-    Family("vllm:request_success", "counter", "Count of successfully processed requests.", "finished_reason",
-           ("stop", "length", "abort", "error", "repetition")),
-    Family("vllm:admission_rejections", "counter",
-           "Number of admission attempts rejected by a queue limit, by reason.", "reason",
-           ("max_num_queued_reqs", "max_num_queued_tokens"), per_engine=False),
+    Family(
+        "vllm:request_success",
+        "counter",
+        "Count of successfully processed requests.",
+        "finished_reason",
+        ("stop", "length", "abort", "error", "repetition"),
+    ),
+    Family(
+        "vllm:admission_rejections",
+        "counter",
+        "Number of admission attempts rejected by a queue limit, by reason.",
+        "reason",
+        ("max_num_queued_reqs", "max_num_queued_tokens"),
+        per_engine=False,
+    ),
     Family("vllm:request_prompt_tokens", "histogram", "Number of prefill tokens processed.", buckets=_SIZES),
     Family("vllm:request_generation_tokens", "histogram", "Number of generation tokens processed.", buckets=_SIZES),
-    Family("vllm:iteration_tokens_total", "histogram", "Histogram of number of tokens per engine_step.",
-           buckets=_ITERATION),
-    Family("vllm:request_max_num_generation_tokens", "histogram",
-           "Histogram of maximum number of requested generation tokens.", buckets=_SIZES),
+    Family(
+        "vllm:iteration_tokens_total", "histogram", "Histogram of number of tokens per engine_step.", buckets=_ITERATION
+    ),
+    Family(
+        "vllm:request_max_num_generation_tokens",
+        "histogram",
+        "Histogram of maximum number of requested generation tokens.",
+        buckets=_SIZES,
+    ),
     Family("vllm:request_params_n", "histogram", "Histogram of the n request parameter.", buckets=(1, 2, 5, 10, 20)),
-    Family("vllm:request_params_max_tokens", "histogram", "Histogram of the max_tokens request parameter.",
-           buckets=_SIZES),
-    Family("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.",
-           buckets=_TTFT),
-    Family("vllm:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.",
-           buckets=_ITL),
-    Family("vllm:request_time_per_output_token_seconds", "histogram",
-           "Histogram of time_per_output_token_seconds per request.", buckets=_ITL),
-    Family("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds.",
-           buckets=_LATENCY),
-    Family("vllm:request_queue_time_seconds", "histogram", "Histogram of time spent in WAITING phase for request.",
-           buckets=_LATENCY),
-    Family("vllm:request_inference_time_seconds", "histogram",
-           "Histogram of time spent in RUNNING phase for request.", buckets=_LATENCY),
-    Family("vllm:request_prefill_time_seconds", "histogram", "Histogram of time spent in PREFILL phase for request.",
-           buckets=_LATENCY),
-    Family("vllm:request_decode_time_seconds", "histogram", "Histogram of time spent in DECODE phase for request.",
-           buckets=_LATENCY),
-    Family("vllm:request_num_preemptions", "histogram", "Histogram of the number of times a request was preempted.",
-           buckets=(1, 2, 3, 4, 5, 10, 20)),
-    Family("vllm:request_prefill_kv_computed_tokens", "histogram",
-           "Histogram of new KV tokens computed during prefill (excluding cached tokens).", buckets=_SIZES),
+    Family(
+        "vllm:request_params_max_tokens", "histogram", "Histogram of the max_tokens request parameter.", buckets=_SIZES
+    ),
+    Family(
+        "vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.", buckets=_TTFT
+    ),
+    Family(
+        "vllm:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.", buckets=_ITL
+    ),
+    Family(
+        "vllm:request_time_per_output_token_seconds",
+        "histogram",
+        "Histogram of time_per_output_token_seconds per request.",
+        buckets=_ITL,
+    ),
+    Family(
+        "vllm:e2e_request_latency_seconds",
+        "histogram",
+        "Histogram of e2e request latency in seconds.",
+        buckets=_LATENCY,
+    ),
+    Family(
+        "vllm:request_queue_time_seconds",
+        "histogram",
+        "Histogram of time spent in WAITING phase for request.",
+        buckets=_LATENCY,
+    ),
+    Family(
+        "vllm:request_inference_time_seconds",
+        "histogram",
+        "Histogram of time spent in RUNNING phase for request.",
+        buckets=_LATENCY,
+    ),
+    Family(
+        "vllm:request_prefill_time_seconds",
+        "histogram",
+        "Histogram of time spent in PREFILL phase for request.",
+        buckets=_LATENCY,
+    ),
+    Family(
+        "vllm:request_decode_time_seconds",
+        "histogram",
+        "Histogram of time spent in DECODE phase for request.",
+        buckets=_LATENCY,
+    ),
+    Family(
+        "vllm:request_num_preemptions",
+        "histogram",
+        "Histogram of the number of times a request was preempted.",
+        buckets=(1, 2, 3, 4, 5, 10, 20),
+    ),
+    Family(
+        "vllm:request_prefill_kv_computed_tokens",
+        "histogram",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        buckets=_SIZES,
+    ),
 )
 
 CACHE_CONFIG_INFO = Family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
@@ -143,7 +261,7 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
     exponent = 0
     while True:
         for m in (1, 2, 5):
-            value = m * 10 ** exponent
+            value = m * 10**exponent
             if value > max_value:
                 return out
             out.append(value)
@@ -153,15 +271,28 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 class VllmMetrics:
     """The `Recorder` of a simulated vLLM API server with `engines` DP engines. Thread-safe."""
 
-    def __init__(self, model_name: str, engines: int, k: int, *, max_model_len: int = 8192,
-                 block_size: int = 16, num_gpu_blocks: int = 27_000) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        engines: int,
+        k: int,
+        *,
+        max_model_len: int = 8192,
+        block_size: int = 16,
+        num_gpu_blocks: int = 27_000,
+    ) -> None:
         self.model_name = model_name
         self.engines = engines
         self.k = k
         self._max_model_len = max_model_len
-        self._cache_info = {"block_size": str(block_size), "cache_dtype": "auto", "enable_prefix_caching": "True",
-                            "gpu_memory_utilization": "0.9", "num_gpu_blocks": str(num_gpu_blocks),
-                            "num_cpu_blocks": "None"}
+        self._cache_info = {
+            "block_size": str(block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": "True",
+            "gpu_memory_utilization": "0.9",
+            "num_gpu_blocks": str(num_gpu_blocks),
+            "num_cpu_blocks": "None",
+        }
         self._lock = threading.Lock()
         self.registry = self._build()
 
@@ -257,8 +388,9 @@ class VllmMetrics:
                     per_engine[e][f"{fam.name}/{value}"] = child = metric.labels(*base, value)
                     if fam.name == "vllm:engine_sleep_state":
                         child.set(SLEEP_STATE_VALUES[value])
-        info = Gauge(CACHE_CONFIG_INFO.name, CACHE_CONFIG_INFO.help, labelnames=[*self._cache_info, "engine"],
-                     registry=registry)
+        info = Gauge(
+            CACHE_CONFIG_INFO.name, CACHE_CONFIG_INFO.help, labelnames=[*self._cache_info, "engine"], registry=registry
+        )
         for e in range(self.engines):
             info.labels(**self._cache_info, engine=str(e)).set(1)
         self._per_engine = per_engine

@@ -104,8 +104,14 @@ def parse_scenario(raw: Any, source: str = "") -> Scenario:
     if problems:
         raise ScenarioError(problems, source)
     events.sort(key=lambda e: e.at)  # stable: same-time events keep file order
-    return Scenario(model_name=model, k=k, acceptance=acceptance, load=load or 0.0, events=tuple(events),
-                    description=str(raw.get("description", "")))
+    return Scenario(
+        model_name=model,
+        k=k,
+        acceptance=acceptance,
+        load=load or 0.0,
+        events=tuple(events),
+        description=str(raw.get("description", "")),
+    )
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -166,8 +172,7 @@ def _event(raw: Any, path: str, problems: list[str]) -> Event | None:
             problems.append(f"{path}.model_name: required, a non-empty string")
         params["model_name"] = name
         if "acceptance_factor" in raw:
-            params["acceptance_factor"] = _number(raw["acceptance_factor"], f"{path}.acceptance_factor", problems,
-                                                  lo=0)
+            params["acceptance_factor"] = _number(raw["acceptance_factor"], f"{path}.acceptance_factor", problems, lo=0)
     elif kind == "load":
         if "concurrency" not in raw:
             problems.append(f"{path}.concurrency: required")
@@ -192,8 +197,9 @@ def _duration(value: Any, path: str, problems: list[str], required: bool = False
     return seconds
 
 
-def _number(value: Any, path: str, problems: list[str], lo: float | None = None, hi: float | None = None,
-            integer: bool = False) -> Any:
+def _number(
+    value: Any, path: str, problems: list[str], lo: float | None = None, hi: float | None = None, integer: bool = False
+) -> Any:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):

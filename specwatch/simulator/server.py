@@ -29,8 +29,28 @@ log = logging.getLogger(__name__)
 
 SIMULATOR_HEADER = "X-Specwatch-Simulator"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_WORDS = ("simulated", "tokens", "from", "the", "specwatch", "engine", "simulator", "flow", "through", "a",
-          "continuous", "batch", "while", "drafts", "are", "verified", "and", "accepted", "or", "rejected")
+_WORDS = (
+    "simulated",
+    "tokens",
+    "from",
+    "the",
+    "specwatch",
+    "engine",
+    "simulator",
+    "flow",
+    "through",
+    "a",
+    "continuous",
+    "batch",
+    "while",
+    "drafts",
+    "are",
+    "verified",
+    "and",
+    "accepted",
+    "or",
+    "rejected",
+)
 _MAX_BODY = 1 << 20
 
 
@@ -56,8 +76,12 @@ class RunningSimulator:
     def __init__(self, simulation: Simulation, host: str = "127.0.0.1", port: int = 0) -> None:
         self.simulation = simulation
         self.httpd = SimulatorHTTPServer((host, port), simulation)
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name=f"sim-http-{self.httpd.server_address[1]}", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"sim-http-{self.httpd.server_address[1]}",
+            daemon=True,
+        )
 
     @property
     def url(self) -> str:
@@ -67,9 +91,17 @@ class RunningSimulator:
         self.simulation.start()
         self._thread.start()
         sim = self.simulation
-        log.info("SIMULATED %s %s (%d engine(s), model %s, k=%d, time scale %g) serving on %s; "
-                 "this is the specwatch simulator, not a real engine", sim.kind, sim.version, len(sim.engines),
-                 sim.model_name, sim.k, sim.clock.time_scale, self.url)
+        log.info(
+            "SIMULATED %s %s (%d engine(s), model %s, k=%d, time scale %g) serving on %s; "
+            "this is the specwatch simulator, not a real engine",
+            sim.kind,
+            sim.version,
+            len(sim.engines),
+            sim.model_name,
+            sim.k,
+            sim.clock.time_scale,
+            self.url,
+        )
         return self
 
     def stop(self) -> None:
@@ -111,8 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
         if sim.kind == "sglang" and path in ("/get_server_info", "/server_info"):
             return self._json(200, _server_info(sim))
         if sim.kind == "sglang" and path == "/get_model_info":
-            return self._json(200, {"model_path": sim.model_name, "tokenizer_path": sim.model_name,
-                                    "is_generation": True})
+            return self._json(
+                200, {"model_path": sim.model_name, "tokenizer_path": sim.model_name, "is_generation": True}
+            )
         return self._error(404, f"no route {path} on the simulated {sim.kind} server", "NotFound")
 
     def do_POST(self) -> None:  # noqa: N802
@@ -135,9 +168,13 @@ class _Handler(BaseHTTPRequestHandler):
         model = body.get("model") or sim.model_name
         if model != sim.model_name:
             return self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
-        engine, request = sim.submit(prompt_tokens, max_tokens, streaming=stream,
-                                     custom_labels=_custom_labels(self.headers.get("x-custom-labels")),
-                                     greedy_seed=_greedy_seed(body, chat))
+        engine, request = sim.submit(
+            prompt_tokens,
+            max_tokens,
+            streaming=stream,
+            custom_labels=_custom_labels(self.headers.get("x-custom-labels")),
+            greedy_seed=_greedy_seed(body, chat),
+        )
         spec_details = sim.kind == "sglang" and body.get("return_spec_tokens_details") is True
         try:
             if stream:
@@ -162,20 +199,26 @@ class _Handler(BaseHTTPRequestHandler):
         elif isinstance(text, str):
             prompt_tokens, seed_text = _count_tokens(text), text
         else:
-            return self._error(400, "text (a string) or input_ids (a list of token ids) is required",
-                               "BadRequestError")
+            return self._error(400, "text (a string) or input_ids (a list of token ids) is required", "BadRequestError")
         if not isinstance(params, dict):
             return self._error(400, "sampling_params must be an object", "BadRequestError")
         max_tokens = params.get("max_new_tokens", 128)  # SGLang's SamplingParams default
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            return self._error(400, f"max_new_tokens: must be a positive integer, got {max_tokens!r}",
-                               "BadRequestError")
+            return self._error(
+                400, f"max_new_tokens: must be a positive integer, got {max_tokens!r}", "BadRequestError"
+            )
         greedy = params.get("temperature", 1.0) == 0
         engine, request = sim.submit(prompt_tokens, max_tokens, greedy_seed=_seed(seed_text) if greedy else None)
         try:
             _wait(request)
-            self._json(200, {"text": _text(0, request.generated), "output_ids": list(range(request.generated)),
-                             "meta_info": _sglang_meta_info(request, sim.k)})
+            self._json(
+                200,
+                {
+                    "text": _text(0, request.generated),
+                    "output_ids": list(range(request.generated)),
+                    "meta_info": _sglang_meta_info(request, sim.k),
+                },
+            )
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             engine.cancel(request)
 
@@ -207,8 +250,14 @@ class _Handler(BaseHTTPRequestHandler):
                 break
             time.sleep(self.server.flush_interval)
         usage = _usage(request)
-        final: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                 "created": created, "model": model, "choices": [], "usage": usage}
+        final: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }
         metrics = self._vllm_metrics(request)
         if metrics is not None:  # vLLM sends per-request metrics on the final usage chunk only
             final["metrics"] = {k: v for k, v in metrics.items() if v is not None}
@@ -221,13 +270,29 @@ class _Handler(BaseHTTPRequestHandler):
         rid, created = _ids(chat)
         text = _text(0, request.generated)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": request.finish_reason, "stop_reason": None}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": request.finish_reason,
+                "stop_reason": None,
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": request.finish_reason,
-                      "stop_reason": None}
-        answer: dict[str, Any] = {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                  "created": created, "model": model, "choices": [choice], "usage": _usage(request)}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": request.finish_reason,
+                "stop_reason": None,
+            }
+        answer: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(request),
+        }
         metrics = self._vllm_metrics(request)
         if metrics is not None:
             answer["metrics"] = metrics
@@ -240,9 +305,14 @@ class _Handler(BaseHTTPRequestHandler):
         sim = self.server.simulation
         if sim.kind != "vllm" or sim.spec.per_request_spec_decode_metrics == "none" or not sim.k:
             return None
-        return {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
-                "mean_itl_ms": None, "tokens_per_second": None,
-                "speculative_decoding": _vllm_spec_decoding(request, sim.k)}
+        return {
+            "time_to_first_token_ms": None,
+            "generation_time_ms": None,
+            "queue_time_ms": None,
+            "mean_itl_ms": None,
+            "tokens_per_second": None,
+            "speculative_decoding": _vllm_spec_decoding(request, sim.k),
+        }
 
     # ------------------------------------------------------------------ plumbing
     def _event(self, payload: dict[str, Any]) -> None:
@@ -331,26 +401,42 @@ def _vllm_spec_decoding(request, k: int) -> dict[str, Any]:
     histogram = request.spec_histogram or [0] * (k + 1)
     steps = sum(histogram)
     accepted = sum(j * n for j, n in enumerate(histogram))
-    return {"mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
-            "draft_acceptance_rate": accepted / request.spec_draft_tokens if request.spec_draft_tokens else 0.0,
-            "acceptance_histogram": list(histogram), "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
-            "num_draft_tokens": request.spec_draft_tokens, "num_spec_tokens": k,
-            "per_step_accepted": None, "per_step_drafted": None}
+    return {
+        "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
+        "draft_acceptance_rate": accepted / request.spec_draft_tokens if request.spec_draft_tokens else 0.0,
+        "acceptance_histogram": list(histogram),
+        "num_spec_steps": steps,
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": request.spec_draft_tokens,
+        "num_spec_tokens": k,
+        "per_step_accepted": None,
+        "per_step_drafted": None,
+    }
 
 
 def _sglang_spec_fields(request, k: int) -> dict[str, Any]:
     """SGLang 0.5.23's per-request spec fields (tokenizer_manager.py `_calculate_spec_decoding_metrics`)."""
     proposed = request.verify_steps * k  # verify_ct x (speculative_num_draft_tokens - 1)
-    return {"spec_accept_rate": request.spec_accepted_tokens / proposed if proposed else 0.0,
-            "spec_accept_length": request.generated / request.verify_steps,
-            "spec_num_correct_drafts": request.spec_accepted_tokens, "spec_num_proposed_drafts": proposed,
-            "spec_verify_ct": request.verify_steps, "spec_correct_drafts_histogram": list(request.spec_histogram)}
+    return {
+        "spec_accept_rate": request.spec_accepted_tokens / proposed if proposed else 0.0,
+        "spec_accept_length": request.generated / request.verify_steps,
+        "spec_num_correct_drafts": request.spec_accepted_tokens,
+        "spec_num_proposed_drafts": proposed,
+        "spec_verify_ct": request.verify_steps,
+        "spec_correct_drafts_histogram": list(request.spec_histogram),
+    }
 
 
 def _sglang_meta_info(request, k: int) -> dict[str, Any]:
-    meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": request.generated},
-                            "prompt_tokens": request.prompt_tokens, "weight_version": "default",
-                            "num_retractions": 0, "completion_tokens": request.generated, "cached_tokens": 0}
+    meta: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": {"type": "length", "length": request.generated},
+        "prompt_tokens": request.prompt_tokens,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "completion_tokens": request.generated,
+        "cached_tokens": 0,
+    }
     if request.verify_steps > 0 and k:  # SGLang leaves the fields out when the request never verified
         meta.update(_sglang_spec_fields(request, k))
     return meta
@@ -385,40 +471,75 @@ def _chunk(rid: str, created: int, model: str, chat: bool, content: Any, finish:
     if chat:
         delta = content if isinstance(content, dict) else {"content": content}
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [choice]}
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
     choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish, "stop_reason": None}
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
 def _usage(request) -> dict[str, int]:
-    return {"prompt_tokens": request.prompt_tokens, "total_tokens": request.prompt_tokens + request.generated,
-            "completion_tokens": request.generated}
+    return {
+        "prompt_tokens": request.prompt_tokens,
+        "total_tokens": request.prompt_tokens + request.generated,
+        "completion_tokens": request.generated,
+    }
 
 
 def _models(sim: Simulation) -> dict[str, Any]:
-    return {"object": "list", "data": [{
-        "id": sim.model_name, "object": "model", "created": int(time.time()), "owned_by": "specwatch-simulator",
-        "root": sim.model_name, "parent": None, "max_model_len": sim.spec.max_model_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": sim.model_name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "specwatch-simulator",
+                "root": sim.model_name,
+                "parent": None,
+                "max_model_len": sim.spec.max_model_len,
+            }
+        ],
+    }
 
 
 def _server_info(sim: Simulation) -> dict[str, Any]:
     version = f"{sim.version}-simulated"
-    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": sim.k, "speculative_eagle_topk": 1,
-            "speculative_num_draft_tokens": sim.k + 1} if sim.k else {"speculative_algorithm": None}
-    return {"version": version, "simulator": "specwatch", "model_path": sim.model_name,
-            "served_model_name": sim.model_name, "dp_size": len(sim.engines), "enable_metrics": True,
-            "decode_log_interval": 40, **spec}
+    spec = (
+        {
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": sim.k,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": sim.k + 1,
+        }
+        if sim.k
+        else {"speculative_algorithm": None}
+    )
+    return {
+        "version": version,
+        "simulator": "specwatch",
+        "model_path": sim.model_name,
+        "served_model_name": sim.model_name,
+        "dp_size": len(sim.engines),
+        "enable_metrics": True,
+        "decode_log_interval": 40,
+        **spec,
+    }
 
 
 def _index_page(sim: Simulation) -> str:
-    return (f"SIMULATED {sim.kind} {sim.version} engine: this is the specwatch simulator, not a real engine.\n"
-            f"model {sim.model_name}, {len(sim.engines)} DP engine(s), speculation "
-            f"{'k=' + str(sim.k) if sim.k else 'off'}, time scale {sim.clock.time_scale:g}\n\n"
-            "GET  /metrics              engine metrics, exact engine format\n"
-            "POST /v1/completions       OpenAI-compatible, stream=true for SSE\n"
-            "POST /v1/chat/completions  OpenAI-compatible, stream=true for SSE\n"
-            "GET  /v1/models\n"
-            "GET  /version" + ("\nGET  /get_server_info\nPOST /generate            SGLang native, meta_info "
-                               "with the request's spec fields" if sim.kind == "sglang" else "") + "\n"
-            "GET  /simulator/status     simulated clock, batch and token counts per engine (JSON)\n")
+    return (
+        f"SIMULATED {sim.kind} {sim.version} engine: this is the specwatch simulator, not a real engine.\n"
+        f"model {sim.model_name}, {len(sim.engines)} DP engine(s), speculation "
+        f"{'k=' + str(sim.k) if sim.k else 'off'}, time scale {sim.clock.time_scale:g}\n\n"
+        "GET  /metrics              engine metrics, exact engine format\n"
+        "POST /v1/completions       OpenAI-compatible, stream=true for SSE\n"
+        "POST /v1/chat/completions  OpenAI-compatible, stream=true for SSE\n"
+        "GET  /v1/models\n"
+        "GET  /version"
+        + (
+            "\nGET  /get_server_info\nPOST /generate            SGLang native, meta_info with the request's spec fields"
+            if sim.kind == "sglang"
+            else ""
+        )
+        + "\n"
+        "GET  /simulator/status     simulated clock, batch and token counts per engine (JSON)\n"
+    )

@@ -58,8 +58,9 @@ class SimulationSpec:
         if self.k < 0:
             raise ValueError(f"k must be >= 0, got {self.k}")
         if self.per_request_spec_decode_metrics not in ("none", "summary"):
-            raise ValueError("per_request_spec_decode_metrics must be none or summary, "
-                             f"got {self.per_request_spec_decode_metrics!r}")
+            raise ValueError(
+                f"per_request_spec_decode_metrics must be none or summary, got {self.per_request_spec_decode_metrics!r}"
+            )
 
 
 class Simulation:
@@ -74,16 +75,23 @@ class Simulation:
         self.base_profile = parse_profile(spec.acceptance, spec.k) if spec.k else None
         self.profile = self.base_profile
         if self.kind == "vllm":
-            self.metrics: Any = metrics_vllm.VllmMetrics(self.model_name, spec.dp, spec.k,
-                                                         max_model_len=spec.max_model_len)
+            self.metrics: Any = metrics_vllm.VllmMetrics(
+                self.model_name, spec.dp, spec.k, max_model_len=spec.max_model_len
+            )
         else:
-            self.metrics = metrics_sglang.SglangMetrics(self.model_name, spec.dp, spec.k,
-                                                        custom_labels=spec.custom_labels,
-                                                        kv_capacity_tokens=spec.kv_capacity_tokens,
-                                                        max_running_requests=spec.max_num_seqs)
+            self.metrics = metrics_sglang.SglangMetrics(
+                self.model_name,
+                spec.dp,
+                spec.k,
+                custom_labels=spec.custom_labels,
+                kv_capacity_tokens=spec.kv_capacity_tokens,
+                max_running_requests=spec.max_num_seqs,
+            )
         seed = spec.seed
-        self.engines = [SimEngine(i, self._settings(), self.clock, self.metrics,
-                                  seed=None if seed is None else seed + i) for i in range(spec.dp)]
+        self.engines = [
+            SimEngine(i, self._settings(), self.clock, self.metrics, seed=None if seed is None else seed + i)
+            for i in range(spec.dp)
+        ]
         self._lock = threading.Lock()
         self._next_event = 0
         self._offered: float | None = None
@@ -117,16 +125,27 @@ class Simulation:
     def down(self) -> bool:
         return self._down_until is not None
 
-    def submit(self, prompt_tokens: int, max_tokens: int, *, streaming: bool = False,
-               custom_labels: Mapping[str, str] | None = None,
-               greedy_seed: int | None = None) -> tuple[SimEngine, SimRequest]:
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        streaming: bool = False,
+        custom_labels: Mapping[str, str] | None = None,
+        greedy_seed: int | None = None,
+    ) -> tuple[SimEngine, SimRequest]:
         """Hand a request to the least-loaded engine (round-robin among equals). `greedy_seed`: a temperature-0
         request, whose acceptance repeats for the same seed (prompt) and profile when `repeatable_greedy` is on."""
-        request = SimRequest(prompt_tokens, max_tokens, streaming=streaming, custom_labels=custom_labels,
-                             greedy_seed=greedy_seed if self.spec.repeatable_greedy else None)
+        request = SimRequest(
+            prompt_tokens,
+            max_tokens,
+            streaming=streaming,
+            custom_labels=custom_labels,
+            greedy_seed=greedy_seed if self.spec.repeatable_greedy else None,
+        )
         with self._lock:
             self._rr += 1
-            order = self.engines[self._rr % len(self.engines):] + self.engines[:self._rr % len(self.engines)]
+            order = self.engines[self._rr % len(self.engines) :] + self.engines[: self._rr % len(self.engines)]
             engine = min(order, key=lambda e: e.load)
         engine.submit(request)
         return engine, request
@@ -164,7 +183,8 @@ class Simulation:
             self.model_name = p["model_name"]
             if self.base_profile is not None and "acceptance_factor" in p:
                 self.profile = self.base_profile.with_rate(
-                    min(1.0, self.base_profile.acceptance_rate() * p["acceptance_factor"]))
+                    min(1.0, self.base_profile.acceptance_rate() * p["acceptance_factor"])
+                )
             self._restart()
         elif event.type == "restart":
             self._restart()
@@ -209,6 +229,11 @@ class Simulation:
         self.metrics.reset(model_name=self.model_name)
 
     def _settings(self) -> EngineSettings:
-        return EngineSettings(model_name=self.model_name, step_time=self._step_time, k=self.k,
-                              profile=self.profile, max_num_seqs=self.spec.max_num_seqs,
-                              kv_capacity_tokens=self.spec.kv_capacity_tokens)
+        return EngineSettings(
+            model_name=self.model_name,
+            step_time=self._step_time,
+            k=self.k,
+            profile=self.profile,
+            max_num_seqs=self.spec.max_num_seqs,
+            kv_capacity_tokens=self.spec.kv_capacity_tokens,
+        )

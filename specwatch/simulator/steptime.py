@@ -67,8 +67,9 @@ class TableStepTime:
     Tokens per sequence are interpolated between the measured q values the same way.
     """
 
-    def __init__(self, target: dict[tuple[int, int], float], draft: dict[int, float], *, context: int,
-                 name: str = "table") -> None:
+    def __init__(
+        self, target: dict[tuple[int, int], float], draft: dict[int, float], *, context: int, name: str = "table"
+    ) -> None:
         self.context = context
         self.name = name
         self._batches = sorted({b for b, _ in target})
@@ -144,9 +145,13 @@ def crossover_batch(model: StepTimeModel, k: int, tokens_per_step: float, max_ba
     `tokens_per_step` is the expected tokens one verify step emits (1 + E[accepted]). None when speculation
     still wins at `max_batch`; 1.0 when it never wins.
     """
+
     def speedup(batch: float) -> float:
-        return tokens_per_step * model.target_seconds(batch, 1) / (
-            model.target_seconds(batch, k + 1) + k * model.draft_seconds(batch))
+        return (
+            tokens_per_step
+            * model.target_seconds(batch, 1)
+            / (model.target_seconds(batch, k + 1) + k * model.draft_seconds(batch))
+        )
 
     if k <= 0 or speedup(max_batch) >= 1.0:
         return None

@@ -11,8 +11,16 @@ from typing import Protocol
 from specwatch.snapshot import EngineSample
 
 # Reasons exported in specwatch_source_errors_total{reason}; a closed set keeps cardinality bounded.
-ERROR_REASONS = ("timeout", "connection", "http_status", "too_large", "parse", "no_spec_metrics", "no_match",
-                 "internal")
+ERROR_REASONS = (
+    "timeout",
+    "connection",
+    "http_status",
+    "too_large",
+    "parse",
+    "no_spec_metrics",
+    "no_match",
+    "internal",
+)
 
 
 class SourceError(Exception):
@@ -39,5 +47,4 @@ class EngineSource(Protocol):
         """Scrape once. Raises SourceError on any failure."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...

@@ -32,6 +32,7 @@ from specwatch.sources.sglang_request_log import SGLangRequestLogSource
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class EngineKind:
     wanted: frozenset[str]  # the families to parse out of /metrics
@@ -42,12 +43,17 @@ class EngineKind:
 
 
 ENGINES: Mapping[str, EngineKind] = {
-    "vllm": EngineKind(vllm.WANTED, vllm.extract, (("/version", "version"),), vllm.FINISHED_REQUESTS,
-                       vllm.finished_requests),
+    "vllm": EngineKind(
+        vllm.WANTED, vllm.extract, (("/version", "version"),), vllm.FINISHED_REQUESTS, vllm.finished_requests
+    ),
     # SGLang answers on one of these two paths depending on the release; both carry `version`.
-    "sglang": EngineKind(sglang.WANTED, sglang.extract,
-                         (("/get_server_info", "version"), ("/server_info", "version")),
-                         sglang.FINISHED_REQUESTS, sglang.finished_requests),
+    "sglang": EngineKind(
+        sglang.WANTED,
+        sglang.extract,
+        (("/get_server_info", "version"), ("/server_info", "version")),
+        sglang.FINISHED_REQUESTS,
+        sglang.finished_requests,
+    ),
     # trtllm-serve lists /version among its endpoints; the JSON key is assumed, not checked.
     "trtllm": EngineKind(trtllm.WANTED, trtllm.extract, (("/version", "version"),)),
     # llama-server's /props carries `build_info` ("b<build>-<commit>") in recent releases.
@@ -75,8 +81,9 @@ def detect_kind(body: str | bytes) -> str | None:
     return None
 
 
-def parse_engine_sample(kind: str, body: str | bytes, route: RouteConfig, now: float,
-                        version: str = "") -> EngineSample:
+def parse_engine_sample(
+    kind: str, body: str | bytes, route: RouteConfig, now: float, version: str = ""
+) -> EngineSample:
     """Parse one /metrics body for `route` (its `match` and `engines` filters). Raises SourceError only.
 
     `kind` is an engine kind or "auto" (detected from the body). TensorRT-LLM's JSON iteration stats need
@@ -95,8 +102,7 @@ def parse_families(kind: str, body: str | bytes) -> tuple[str, dict[str, Family]
         detected = detect_kind(body)
         if detected is None:
             _parse_or_raise(body, frozenset())  # garbage is a parse error, not "no metrics"
-            raise SourceError("no_spec_metrics",
-                              "no vllm:, sglang:, trtllm_ or llamacpp: families in the exposition")
+            raise SourceError("no_spec_metrics", "no vllm:, sglang:, trtllm_ or llamacpp: families in the exposition")
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")

@@ -39,8 +39,9 @@ _PLAIN_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # blanks, a value without `_` (float() takes `1_0`, the format does not) and the end of the line.
 _USUAL_TAIL_RE = re.compile(r"(?:\{([^}\n]*)\})?[ \t]+([^\s_]+)[ \t\r]*(?=\n|\Z)")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-_TYPES = frozenset(("counter", "gauge", "histogram", "summary", "untyped", "unknown", "gaugehistogram", "info",
-                    "stateset"))
+_TYPES = frozenset(
+    ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "gaugehistogram", "info", "stateset")
+)
 
 
 class ExpositionError(ValueError):
@@ -134,8 +135,9 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
                 assert label_set is not None  # read inline above, or from the strict reader's sample
                 series = (sample.name, label_set[1])
                 if series in seen:
-                    raise ExpositionError(_lineno(text, line_start),
-                                          f"duplicate series {sample.name}{dict(sample.labels)}")
+                    raise ExpositionError(
+                        _lineno(text, line_start), f"duplicate series {sample.name}{dict(sample.labels)}"
+                    )
                 seen.add(series)
             family = families.get(target[0])
             if family is None:
@@ -143,20 +145,26 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
             family.samples.append(sample)
         elif head[:1] != "#":
             end = text.find("\n", line_start)
-            line = text[line_start:end if end != -1 else len(text)]
+            line = text[line_start : end if end != -1 else len(text)]
             raise ExpositionError(_lineno(text, line_start), f"not a sample, comment or blank line: {line[:60]!r}")
         elif head[2] == "E":  # `# EOF`: nothing after it is part of the exposition
             break
         else:
             end = text.find("\n", match_end)
-            _parse_comment(text[match_end - len(head):end if end != -1 else len(text)].rstrip(), text, line_start,
-                           metadata, families)
+            _parse_comment(
+                text[match_end - len(head) : end if end != -1 else len(text)].rstrip(),
+                text,
+                line_start,
+                metadata,
+                families,
+            )
     return families
 
 
 @functools.lru_cache(maxsize=64)
-def _reader(wanted: frozenset[str], comments: bool = True) -> tuple[dict[str, tuple[str, str]], dict[str, str],
-                                                                     re.Pattern[str]]:
+def _reader(
+    wanted: frozenset[str], comments: bool = True
+) -> tuple[dict[str, tuple[str, str]], dict[str, str], re.Pattern[str]]:
     """Everything `parse` derives from `wanted`, built once per set of names: the aliases and the line
     scanner."""
     samples, metadata = _aliases(wanted)
@@ -217,7 +225,7 @@ def _aliases(wanted: frozenset[str]) -> tuple[dict[str, tuple[str, str]], dict[s
         for spelled in {family, family.replace(":", "_")}:
             metadata.setdefault(spelled, family)
             if spelled.endswith("_total"):
-                metadata.setdefault(spelled[:-len("_total")], family)
+                metadata.setdefault(spelled[: -len("_total")], family)
             samples.setdefault(spelled, (family, family))
             for suffix in _HISTOGRAM_SUFFIXES:
                 samples.setdefault(spelled + suffix, (family, family + suffix))
@@ -235,8 +243,7 @@ def _family(families: dict[str, Family], name: str) -> Family:
     return fam
 
 
-def _parse_comment(line: str, text: str, pos: int, metadata: Mapping[str, str],
-                   families: dict[str, Family]) -> None:
+def _parse_comment(line: str, text: str, pos: int, metadata: Mapping[str, str], families: dict[str, Family]) -> None:
     parts = line.split(None, 3)
     family = metadata.get(parts[2])
     if family is None:
@@ -261,7 +268,7 @@ def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mappin
     line = text[pos:end].rstrip()
     name_at = len(line) - len(line.lstrip(" \t"))
     try:
-        line_rest = line[name_at + len(name):]
+        line_rest = line[name_at + len(name) :]
         if line_rest[:1] == "{":
             labels, after = _parse_labels(line_rest, 1)
             rest = line_rest[after:]
@@ -276,8 +283,10 @@ def _parse_sample(name: str, text: str, pos: int, name_end: int, samples: Mappin
         value = _number(fields[0])
         timestamp = _timestamp(fields[1]) if len(fields) == 2 else None
     except (ValueError, IndexError) as exc:
-        raise ExpositionError(_lineno(text, pos), str(exc) if isinstance(exc, ValueError) and str(exc)
-                              else f"malformed sample: {line[:80]!r}") from None
+        raise ExpositionError(
+            _lineno(text, pos),
+            str(exc) if isinstance(exc, ValueError) and str(exc) else f"malformed sample: {line[:80]!r}",
+        ) from None
     return Sample(sample_name, labels, value, timestamp)
 
 

@@ -47,10 +47,16 @@ NVML_FIELDS: tuple[NvmlField, ...] = (
     NvmlField("gpu_temperature_celsius", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",)),
     NvmlField("gpu_clock_throttle_reasons", "nvmlDeviceGetCurrentClocksEventReasons"),
     # Volatile counts reset when the driver reloads, which a Prometheus counter tolerates; NotSupported with ECC off.
-    NvmlField("gpu_ecc_corrected_errors_total", "nvmlDeviceGetTotalEccErrors",
-              ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC")),
-    NvmlField("gpu_ecc_uncorrected_errors_total", "nvmlDeviceGetTotalEccErrors",
-              ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC")),
+    NvmlField(
+        "gpu_ecc_corrected_errors_total",
+        "nvmlDeviceGetTotalEccErrors",
+        ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
+    ),
+    NvmlField(
+        "gpu_ecc_uncorrected_errors_total",
+        "nvmlDeviceGetTotalEccErrors",
+        ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+    ),
 )
 
 GPM_FIELDS: tuple[GpmField, ...] = (

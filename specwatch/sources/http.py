@@ -71,9 +71,13 @@ class HttpFetcher:
     busy opens another for that request rather than wait behind a hung one; only one is kept afterwards.
     """
 
-    def __init__(self, timeout_seconds: float = Config.scrape_timeout_seconds,
-                 max_body_bytes: int = Config.max_body_bytes, clock: Callable[[], float] = time.monotonic,
-                 client: HttpClientConfig = DEFAULT_HTTP_CLIENT) -> None:
+    def __init__(
+        self,
+        timeout_seconds: float = Config.scrape_timeout_seconds,
+        max_body_bytes: int = Config.max_body_bytes,
+        clock: Callable[[], float] = time.monotonic,
+        client: HttpClientConfig = DEFAULT_HTTP_CLIENT,
+    ) -> None:
         self.timeout = timeout_seconds
         self.max_body = max_body_bytes
         self.clock = clock
@@ -125,8 +129,9 @@ class HttpFetcher:
             conn.close()
         self._urls.clear()
 
-    def _exchange(self, url: str, target: str, accept: str, deadline: float,
-                  credentials: bytes) -> tuple[bytes, str | None]:
+    def _exchange(
+        self, url: str, target: str, accept: str, deadline: float, credentials: bytes
+    ) -> tuple[bytes, str | None]:
         """One GET of `target` on its host's connection: (body, None), or (b"", location) for a redirect."""
         origin, head = self._request(url, target, accept)
         request = head + credentials + b"\r\n"
@@ -147,8 +152,9 @@ class HttpFetcher:
                 if response.status >= 400:
                     raise SourceError("http_status", f"GET {url}: HTTP {response.status} {response.reason}".strip())
                 if response.length is not None and response.length > self.max_body:
-                    raise SourceError("too_large", f"GET {url}: Content-Length {response.length} over the "
-                                                   f"{self.max_body}-byte cap")
+                    raise SourceError(
+                        "too_large", f"GET {url}: Content-Length {response.length} over the {self.max_body}-byte cap"
+                    )
                 result = self._read_body(conn, response, url, deadline, self.max_body), None
         except BaseException:
             conn.close()  # failed or half-read: its next request would read this one's leftovers
@@ -219,15 +225,18 @@ class HttpFetcher:
             self._feed(conn, response, url, deadline)
             if response.eof and not response.complete:
                 if response.length is not None or response.chunked:
-                    raise SourceError("connection", f"GET {url}: response cut short: the server closed the "
-                                                    f"connection before the end of its body")
+                    raise SourceError(
+                        "connection",
+                        f"GET {url}: response cut short: the server closed the connection before the end of its body",
+                    )
                 response.complete = True  # a body delimited by the server closing the connection
         if decoder:
             decoder.check_complete(url)
         return bytes(whole)
 
-    def _feed(self, conn: _Connection, response: _Response, url: str, deadline: float,
-              before_headers: bool = False) -> None:
+    def _feed(
+        self, conn: _Connection, response: _Response, url: str, deadline: float, before_headers: bool = False
+    ) -> None:
         """One read from the socket into the parser; EOF is noted on the response."""
         sock = conn.sock
         assert sock is not None  # read only after _send_once connected it
@@ -287,8 +296,10 @@ class HttpFetcher:
             host_header += f":{port}"
         if any(c <= " " or c == "\x7f" for c in path) or not path.isascii():
             raise SourceError("connection", f"GET {url}: invalid URL {target!r}: the path needs percent-encoding")
-        request = (f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nAccept-Encoding: identity\r\n"
-                   f"Accept: {accept}\r\nUser-Agent: specwatch\r\n{self._headers}").encode("latin-1")
+        request = (
+            f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nAccept-Encoding: identity\r\n"
+            f"Accept: {accept}\r\nUser-Agent: specwatch\r\n{self._headers}"
+        ).encode("latin-1")
         known = (scheme, host, port), request
         if len(self._urls) >= _URLS_KEPT:
             self._urls.clear()
@@ -346,8 +357,22 @@ class _Connection:
 class _Response:
     """httptools' callbacks for one response: status, headers and body chunks as they are parsed."""
 
-    __slots__ = ("parser", "status", "reason", "headers", "by_name", "chunks", "headers_complete", "complete",
-                 "eof", "keep_alive", "length", "chunked", "fed_bytes", "head_bytes")
+    __slots__ = (
+        "parser",
+        "status",
+        "reason",
+        "headers",
+        "by_name",
+        "chunks",
+        "headers_complete",
+        "complete",
+        "eof",
+        "keep_alive",
+        "length",
+        "chunked",
+        "fed_bytes",
+        "head_bytes",
+    )
 
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)

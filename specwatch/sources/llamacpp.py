@@ -39,14 +39,16 @@ SPEC_FAMILIES = frozenset(COUNTERS) - {"llamacpp:tokens_predicted_total"} | {PER
 WANTED = frozenset(COUNTERS) | {PER_POSITION} | frozenset(GAUGES)
 
 
-def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float,
-            version: str = "") -> EngineSample:
+def extract(
+    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in WANTED):
-        raise SourceError("no_spec_metrics", "no llama.cpp families in the exposition "
-                                             "(is llama-server started with --metrics?)")
+        raise SourceError(
+            "no_spec_metrics", "no llama.cpp families in the exposition (is llama-server started with --metrics?)"
+        )
     if engines and "0" not in engines:
-        raise NoData(f"llama.cpp has one engine per server (\"0\"), not engines={list(engines)}")
+        raise NoData(f'llama.cpp has one engine per server ("0"), not engines={list(engines)}')
     check_match_labels(families, match)
     selected = {name: fam.matching(match) for name, fam in families.items()}
 
@@ -70,7 +72,13 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     # configured only once they have counted something (or the per-position vector, sized by n_max, exists).
     enabled = bool(fields.get("drafts") or fields.get("draft_tokens") or per_pos)
     k = len(fields.get("accepted_per_pos", ())) or None
-    return EngineSample(ts=ts, engine_kind="llamacpp", acceptance_source="counter" if enabled else "none",
-                        model_name="", engine_version=version, speculation_enabled=enabled,
-                        num_speculative_tokens=k if enabled else None,
-                        engines=(EngineCounters(engine="0", **fields),))
+    return EngineSample(
+        ts=ts,
+        engine_kind="llamacpp",
+        acceptance_source="counter" if enabled else "none",
+        model_name="",
+        engine_version=version,
+        speculation_enabled=enabled,
+        num_speculative_tokens=k if enabled else None,
+        engines=(EngineCounters(engine="0", **fields),),
+    )

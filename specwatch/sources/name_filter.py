@@ -55,8 +55,9 @@ class NameFilter:
         self.recheck_seconds = recheck_seconds
         self.state = "check" if self.filtered_url else "off"
         # A line that starts a sample of a wanted name: what an empty or error answer lacks.
-        self._sample_line = re.compile(b"^(?:" + b"|".join(re.escape(n.encode()) for n in sorted(self.names)) +
-                                       rb")[{ \t]", re.M)
+        self._sample_line = re.compile(
+            b"^(?:" + b"|".join(re.escape(n.encode()) for n in sorted(self.names)) + rb")[{ \t]", re.M
+        )
         self._next_check = float("-inf")
         self._last_now = float("-inf")
         self._announced: bool | None = None  # what the log last said: filtering or not
@@ -100,13 +101,19 @@ class NameFilter:
         filtered = self._filtered(get, checking=True)
         expected = self._series(whole)
         if filtered is not None and expected and self._series(filtered) == expected and not self._unwanted(filtered):
-            self._switch("on", now, f"it serves the {len(expected)} wanted series alone "
-                                    f"({len(filtered)} of {len(whole)} bytes)")
+            self._switch(
+                "on", now, f"it serves the {len(expected)} wanted series alone ({len(filtered)} of {len(whole)} bytes)"
+            )
         else:
-            reason = ("the filtered request failed" if filtered is None else
-                      "the whole exposition holds none of the wanted series" if not expected else
-                      "it ignores ?name[]= (the filtered answer holds other series too)" if self._unwanted(filtered)
-                      else "its filtered answer differs from the whole exposition")
+            reason = (
+                "the filtered request failed"
+                if filtered is None
+                else "the whole exposition holds none of the wanted series"
+                if not expected
+                else "it ignores ?name[]= (the filtered answer holds other series too)"
+                if self._unwanted(filtered)
+                else "its filtered answer differs from the whole exposition"
+            )
             self._switch("off", now, reason)
 
     def _switch(self, state: str, now: float, why: str) -> None:
@@ -116,8 +123,9 @@ class NameFilter:
             if filtering:
                 log.info("%s: scraping with ?name[]=... from now on: %s", self.url, why)
             else:
-                log.info("%s: scraping the whole exposition: %s; checked again in %gs", self.url, why,
-                         self.recheck_seconds)
+                log.info(
+                    "%s: scraping the whole exposition: %s; checked again in %gs", self.url, why, self.recheck_seconds
+                )
             self._announced = filtering
         self.state = state
         if state == "check":
@@ -144,5 +152,6 @@ class NameFilter:
         except ExpositionError:
             return frozenset()
         names = self.names
-        return frozenset((s.name, frozenset(s.labels.items()))
-                         for fam in families.values() for s in fam.samples if s.name in names)
+        return frozenset(
+            (s.name, frozenset(s.labels.items())) for fam in families.values() for s in fam.samples if s.name in names
+        )

@@ -37,8 +37,11 @@ ROUTE_MAP_RETRY_SECONDS = 10.0  # while a route maps to no GPU yet (its engine m
 # NVML return codes by meaning; names resolved against the bindings (a fake NVML provides the same names).
 _ABSENT_ERRORS = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND")
 _LOST_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_GPU_NOT_FOUND", "NVML_ERROR_RESET_REQUIRED")
-_LIBRARY_DOWN_ERRORS = ("NVML_ERROR_UNINITIALIZED", "NVML_ERROR_DRIVER_NOT_LOADED",
-                        "NVML_ERROR_LIB_RM_VERSION_MISMATCH")
+_LIBRARY_DOWN_ERRORS = (
+    "NVML_ERROR_UNINITIALIZED",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+)
 
 
 class _GpuLost(Exception):
@@ -78,8 +81,9 @@ def _bind_fields(nvml: Any, rows: Iterable[NvmlField]) -> tuple[_BoundField, ...
             lacking = ([row.call] if fn is None else []) + missing
             log.debug("GPU field %s off: these bindings lack %s", row.metric, ", ".join(lacking))
             continue
-        bound.append(_BoundField(row.metric, fn, row.call, tuple(getattr(nvml, a) for a in row.args), row.attribute,
-                                 row.scale))
+        bound.append(
+            _BoundField(row.metric, fn, row.call, tuple(getattr(nvml, a) for a in row.args), row.attribute, row.scale)
+        )
     return tuple(bound)
 
 
@@ -193,8 +197,9 @@ class _Gpm:
 class _Gpu:
     """One GPU: its handle and static facts, read once, and its per-cycle sampling."""
 
-    def __init__(self, nvml: Any, index: int, driver: str, fields: tuple[_BoundField, ...],
-                 gpm_rows: tuple[GpmField, ...]) -> None:
+    def __init__(
+        self, nvml: Any, index: int, driver: str, fields: tuple[_BoundField, ...], gpm_rows: tuple[GpmField, ...]
+    ) -> None:
         self.index = index
         self._nvml = nvml
         self._driver = driver
@@ -246,8 +251,11 @@ class _Gpu:
             return None
         support = self._calls("GPM support", nvml.nvmlGpmQueryDeviceSupport, handle)
         if support is None or not support.isSupportedDevice:
-            log.info("GPU %d (%s) has no GPM (before Hopper): SM/tensor/DRAM activity metrics are left out",
-                     self.index, self.name)
+            log.info(
+                "GPU %d (%s) has no GPM (before Hopper): SM/tensor/DRAM activity metrics are left out",
+                self.index,
+                self.name,
+            )
             return None
         try:
             return _Gpm(nvml, handle, rows)
@@ -263,8 +271,7 @@ class _Gpu:
             fields = self._read_fields()
             if self.gpm is not None:
                 fields.update(self.gpm.sample(self._calls))
-            processes = self._calls("compute processes", self._nvml.nvmlDeviceGetComputeRunningProcesses,
-                                    self.handle)
+            processes = self._calls("compute processes", self._nvml.nvmlDeviceGetComputeRunningProcesses, self.handle)
         except _GpuLost as exc:
             self._went_down(exc)
             return GpuSample(index=self.index, up=False, uuid=self.uuid, name=self.name, driver=self._driver)
@@ -272,8 +279,9 @@ class _Gpu:
             self._lost = False
             log.info("GPU %d answers again", self.index)
         pids = tuple(sorted({p.pid for p in processes or () if getattr(p, "pid", None) is not None}))
-        return GpuSample(index=self.index, up=True, uuid=self.uuid, name=self.name, driver=self._driver,
-                         fields=fields, pids=pids)
+        return GpuSample(
+            index=self.index, up=True, uuid=self.uuid, name=self.name, driver=self._driver, fields=fields, pids=pids
+        )
 
     def _read_fields(self) -> dict[str, float]:
         results: dict[tuple[str, tuple[Any, ...]], Any] = {}
@@ -302,8 +310,15 @@ class _Gpu:
 class GpuSource:
     """All GPUs of this host through one NVML session. `sample()` and `route_gpus()` never raise."""
 
-    def __init__(self, nvml: Any | None, *, required: bool = False, import_error: str = "",
-                 clock: Callable[[], float] = time.monotonic, proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        nvml: Any | None,
+        *,
+        required: bool = False,
+        import_error: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        proc_root: str = "/proc",
+    ) -> None:
         self._nvml = nvml
         self._required = required  # gpu.enabled: true (not auto): a missing NVML is worth a warning
         self._import_error = import_error
@@ -369,8 +384,12 @@ class GpuSource:
         self._gpus = tuple(gpus)
         self._loaded = True
         self._reported_down = False
-        log.info("NVML loaded: driver %s, %d GPU(s): %s", driver, len(self._gpus),
-                 ", ".join(f"{g.index} {g.name} (GPM {'on' if g.gpm else 'off'})" for g in self._gpus) or "none")
+        log.info(
+            "NVML loaded: driver %s, %d GPU(s): %s",
+            driver,
+            len(self._gpus),
+            ", ".join(f"{g.index} {g.name} (GPM {'on' if g.gpm else 'off'})" for g in self._gpus) or "none",
+        )
         return True
 
     def _down(self, now: float, reason: str) -> None:
@@ -380,8 +399,12 @@ class GpuSource:
             return
         self._reported_down = True
         retry = f"; retrying every {INIT_RETRY_SECONDS:g}s" if self._nvml is not None else ""
-        log.log(logging.WARNING if self._required else logging.INFO,
-                "GPU metrics off: %s. Exporting specwatch_nvml_up 0%s; everything else runs on", reason, retry)
+        log.log(
+            logging.WARNING if self._required else logging.INFO,
+            "GPU metrics off: %s. Exporting specwatch_nvml_up 0%s; everything else runs on",
+            reason,
+            retry,
+        )
 
     def _unload(self) -> None:
         for gpu in self._gpus:
@@ -423,8 +446,12 @@ class GpuSource:
                 log.warning("route %s: GPU auto-mapping failed (%s); set gpus: on the route", route_cfg.name, exc)
             gpus = ()
         if gpus != (cached[0] if cached else ()):  # log changes only: a CPU host would log "none" forever
-            log.info("route %s: mapped to GPU(s) %s through the processes behind %s", route_cfg.name,
-                     ", ".join(map(str, gpus)) or "none", route_cfg.url)
+            log.info(
+                "route %s: mapped to GPU(s) %s through the processes behind %s",
+                route_cfg.name,
+                ", ".join(map(str, gpus)) or "none",
+                route_cfg.url,
+            )
         self._route_cache[key] = (gpus, now + (ROUTE_MAP_REFRESH_SECONDS if gpus else ROUTE_MAP_RETRY_SECONDS))
         return gpus
 

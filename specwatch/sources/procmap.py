@@ -24,7 +24,7 @@ def _parse_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Addre
     """/proc/net/tcp{,6} print addresses as 32-bit words in host byte order."""
     raw = bytes.fromhex(hex_addr)
     if sys.byteorder == "little":
-        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return ipaddress.ip_address(raw)
 
 
@@ -97,7 +97,7 @@ def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses; fields after the last ')' are fixed.
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     try:
         return int(fields[1])
     except (IndexError, ValueError):

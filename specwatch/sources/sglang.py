@@ -39,12 +39,15 @@ _PRIORITY, _TP_RANK, _PID = "priority", "tp_rank", "pid"
 WANTED = frozenset(SCHEDULER_GAUGES) | frozenset(TOKENIZER_COUNTERS)
 
 
-def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float,
-            version: str = "") -> EngineSample:
+def extract(
+    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in SCHEDULER_GAUGES):
-        raise SourceError("no_spec_metrics", "no SGLang scheduler families in the exposition "
-                                             "(is the server started with --enable-metrics?)")
+        raise SourceError(
+            "no_spec_metrics",
+            "no SGLang scheduler families in the exposition (is the server started with --enable-metrics?)",
+        )
     check_match_labels(families, match)
     selected = {name: fam.matching(match) for name, fam in families.items()}
     if not any(selected.values()):
@@ -75,17 +78,25 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     has_counters = "sglang:spec_verify_calls_total" in families or "sglang:spec_num_steps" in families
     draft_tokens = [c.spec_num_draft_tokens for c in counters if c.spec_num_draft_tokens]
     steps = [c.spec_num_steps for c in counters if c.spec_num_steps]
-    enabled = bool(draft_tokens or steps or server_wide.get("spec_verify_calls")
-                   or any(c.spec_accept_length for c in counters))
+    enabled = bool(
+        draft_tokens or steps or server_wide.get("spec_verify_calls") or any(c.spec_accept_length for c in counters)
+    )
     k = int(max(draft_tokens)) - 1 if draft_tokens else (int(max(steps)) if steps else None)
-    return EngineSample(ts=ts, engine_kind="sglang",
-                        acceptance_source=("counter" if has_counters else "gauge") if enabled else "none",
-                        model_name=model, engine_version=version, speculation_enabled=enabled,
-                        num_speculative_tokens=k if enabled else None, engines=counters)
+    return EngineSample(
+        ts=ts,
+        engine_kind="sglang",
+        acceptance_source=("counter" if has_counters else "gauge") if enabled else "none",
+        model_name=model,
+        engine_version=version,
+        speculation_enabled=enabled,
+        num_speculative_tokens=k if enabled else None,
+        engines=counters,
+    )
 
 
-def finished_requests(families: Mapping[str, Family], match: Mapping[str, str],
-                      engines: tuple[str, ...] = ()) -> float | None:
+def finished_requests(
+    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...] = ()
+) -> float | None:
     """Requests the server has finished (server-wide, like the other tokenizer counters); None when absent."""
     fam = families.get(FINISHED_REQUESTS)
     samples = [s for s in fam.matching(match) if s.labels.get(_PRIORITY, "") == ""] if fam is not None else []

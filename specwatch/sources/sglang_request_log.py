@@ -84,12 +84,21 @@ def parse_record(line: str) -> RequestRecord | None:
     params = raw.get("request_parameters")
     labels = custom_labels(params) if isinstance(params, str) else {}
     hist = raw.get("spec_correct_drafts_histogram") or []
-    values = (raw["spec_verify_ct"], raw.get("spec_num_correct_drafts", 0), raw.get("spec_num_proposed_drafts", 0),
-              *hist)
+    values = (
+        raw["spec_verify_ct"],
+        raw.get("spec_num_correct_drafts", 0),
+        raw.get("spec_num_proposed_drafts", 0),
+        *hist,
+    )
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         raise ValueError("spec counts must be non-negative integers")
-    return RequestRecord(labels, raw["spec_verify_ct"], raw.get("spec_num_correct_drafts", 0),
-                         raw.get("spec_num_proposed_drafts", 0), tuple(hist))
+    return RequestRecord(
+        labels,
+        raw["spec_verify_ct"],
+        raw.get("spec_num_correct_drafts", 0),
+        raw.get("spec_num_proposed_drafts", 0),
+        tuple(hist),
+    )
 
 
 class DirectoryTail:
@@ -194,11 +203,22 @@ class SGLangRequestLogSource:
         if self.tail.name is None and not self.seen_any:
             raise NoData(f"no sglang-request-metrics-*.log in {self.tail.directory} yet")
         return EngineSample(
-            ts=now, engine_kind=ENGINE_KIND, acceptance_source="counter", model_name=self.match.get("model_name", ""),
-            speculation_enabled=True, num_speculative_tokens=self.k,
-            engines=(EngineCounters(engine="0", drafts=float(self.steps), draft_tokens=float(self.proposed),
-                                    accepted_tokens=float(self.accepted),
-                                    accepted_per_pos=tuple(float(x) for x in self.per_pos)),))
+            ts=now,
+            engine_kind=ENGINE_KIND,
+            acceptance_source="counter",
+            model_name=self.match.get("model_name", ""),
+            speculation_enabled=True,
+            num_speculative_tokens=self.k,
+            engines=(
+                EngineCounters(
+                    engine="0",
+                    drafts=float(self.steps),
+                    draft_tokens=float(self.proposed),
+                    accepted_tokens=float(self.accepted),
+                    accepted_per_pos=tuple(float(x) for x in self.per_pos),
+                ),
+            ),
+        )
 
     def _add(self, r: RequestRecord) -> None:
         self.steps += r.verify_steps
@@ -210,7 +230,7 @@ class SGLangRequestLogSource:
         while len(self.per_pos) < positions:
             self.per_pos.append(0)
         for j in range(len(self.per_pos)):  # position j+1 accepted: steps that accepted more than j drafts
-            self.per_pos[j] += sum(r.histogram[j + 1:])
+            self.per_pos[j] += sum(r.histogram[j + 1 :])
 
     def close(self) -> None:
         pass

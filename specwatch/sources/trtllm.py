@@ -74,15 +74,18 @@ JSON_COUNTERS: Mapping[str, str] = {
 JSON_DRAFTS = JSON_COUNTERS["numRequestsWithDraftTokens"]
 
 
-def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float,
-            version: str = "") -> EngineSample:
+def extract(
+    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     resolved = _resolve(families)
     if not any(resolved.get(n) for n in (*COUNTERS, *PER_POSITION, *GAUGES, SPEC_CONFIG_INFO, JSON_DRAFTS)):
-        raise SourceError("no_spec_metrics", "no TensorRT-LLM families in the exposition (trtllm-serve's "
-                                             "Prometheus text is at /prometheus/metrics)")
+        raise SourceError(
+            "no_spec_metrics",
+            "no TensorRT-LLM families in the exposition (trtllm-serve's Prometheus text is at /prometheus/metrics)",
+        )
     if engines and "0" not in engines:
-        raise NoData(f"TensorRT-LLM has one engine per server (\"0\"), not engines={list(engines)}")
+        raise NoData(f'TensorRT-LLM has one engine per server ("0"), not engines={list(engines)}')
     check_match_labels(families, match)
     selected = {name: _matching(samples, match) for name, samples in resolved.items()}
     if not any(selected.values()):
@@ -117,10 +120,16 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
     configured = _configured(config)
     enabled = configured if configured is not None else any(selected.get(n) for n in (*_SPEC, JSON_DRAFTS))
     k = _configured_k(config) or (len(fields.get("accepted_per_pos", ())) or None)
-    return EngineSample(ts=ts, engine_kind="trtllm", acceptance_source="counter" if enabled else "none",
-                        model_name=model, engine_version=version, speculation_enabled=enabled,
-                        num_speculative_tokens=k if enabled else None,
-                        engines=(EngineCounters(engine="0", **fields),))
+    return EngineSample(
+        ts=ts,
+        engine_kind="trtllm",
+        acceptance_source="counter" if enabled else "none",
+        model_name=model,
+        engine_version=version,
+        speculation_enabled=enabled,
+        num_speculative_tokens=k if enabled else None,
+        engines=(EngineCounters(engine="0", **fields),),
+    )
 
 
 def _resolve(families: Mapping[str, Family]) -> dict[str, list[Sample]]:
@@ -227,8 +236,12 @@ class IterationStatsTotals:
         """The totals and the last gauges as families of the Prometheus spelling (JSON_DRAFTS aside)."""
         out: dict[str, Family] = {}
         if self.spec_seen:
-            out = {"trtllm_" + name if name != JSON_DRAFTS else name: Family(
-                name, "counter", samples=[Sample(name, {}, value)]) for name, value in self.totals.items()}
+            out = {
+                "trtllm_" + name if name != JSON_DRAFTS else name: Family(
+                    name, "counter", samples=[Sample(name, {}, value)]
+                )
+                for name, value in self.totals.items()
+            }
         for name, value in self.latest.items():
             out["trtllm_" + name] = Family(name, "gauge", samples=[Sample(name, {}, value)])
         return out

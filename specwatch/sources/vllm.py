@@ -64,8 +64,9 @@ _ROLES: tuple[tuple[str, str, str], ...] = (
 _PRESENCE = (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)  # any of them with samples: a vLLM that can be read
 
 
-def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float,
-            version: str = "") -> EngineSample:
+def extract(
+    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in _PRESENCE):
         raise SourceError("no_spec_metrics", "no vLLM speculative-decoding or scheduler families in the exposition")
@@ -97,9 +98,16 @@ def extract(families: Mapping[str, Family], match: Mapping[str, str], engines: t
         fields.update(engine=engine, accepted_per_pos=positions)
         counters.append(EngineCounters(**fields))
     return EngineSample(
-        ts=ts, engine_kind="vllm", acceptance_source="counter" if spec_on else "none", model_name=model,
-        engine_version=version, speculation_enabled=spec_on, num_speculative_tokens=(k or None) if spec_on else None,
-        engines=tuple(counters), step_time_totals=step_times)
+        ts=ts,
+        engine_kind="vllm",
+        acceptance_source="counter" if spec_on else "none",
+        model_name=model,
+        engine_version=version,
+        speculation_enabled=spec_on,
+        num_speculative_tokens=(k or None) if spec_on else None,
+        engines=tuple(counters),
+        step_time_totals=step_times,
+    )
 
 
 def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
@@ -152,17 +160,28 @@ def _v0_sample(selected: Mapping[str, list[Sample]], ts: float, model: str, vers
     if kv_family:
         fields["kv_usage"] = gauge_value(selected[kv_family][-1].value)
     # V0's spec counters are sums of cumulative totals (PR #15415 never merged): never read them.
-    return EngineSample(ts=ts, engine_kind="vllm-v0", acceptance_source="lifetime_gauge", model_name=model,
-                        engine_version=version, speculation_enabled=True, num_speculative_tokens=None,
-                        engines=(EngineCounters(engine="0", **fields),))
+    return EngineSample(
+        ts=ts,
+        engine_kind="vllm-v0",
+        acceptance_source="lifetime_gauge",
+        model_name=model,
+        engine_version=version,
+        speculation_enabled=True,
+        num_speculative_tokens=None,
+        engines=(EngineCounters(engine="0", **fields),),
+    )
 
 
-def finished_requests(families: Mapping[str, Family], match: Mapping[str, str],
-                      engines: tuple[str, ...] = ()) -> float | None:
+def finished_requests(
+    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...] = ()
+) -> float | None:
     """Requests the route's engines have finished, every reason summed; None when not exposed."""
     fam = families.get(FINISHED_REQUESTS)
-    samples = [s for s in fam.matching(match) if not engines or s.labels.get("engine", "0") in engines] \
-        if fam is not None else []
+    samples = (
+        [s for s in fam.matching(match) if not engines or s.labels.get("engine", "0") in engines]
+        if fam is not None
+        else []
+    )
     return sum_samples(samples)
 
 

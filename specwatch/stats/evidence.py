@@ -79,8 +79,9 @@ class OpenBlock:
         self.start: float | None = None
         self.accepted = self.drafted = 0.0
 
-    def add(self, now: float, accepted: float, drafted: float, idle: bool = False,
-            start: float | None = None) -> tuple[float, float, float] | None:
+    def add(
+        self, now: float, accepted: float, drafted: float, idle: bool = False, start: float | None = None
+    ) -> tuple[float, float, float] | None:
         """Add the interval (start, now], `start` being the previous scrape (None: unknown, taken as `now`); return
         (start, accepted, drafted) of the block it closed, if any. A block spans `seconds` from its first interval's
         start: 60 s of 15 s scrapes is four intervals."""

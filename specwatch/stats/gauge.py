@@ -90,7 +90,7 @@ class GaugeLearner:
     def baseline(self, lifetime: bool) -> tuple[float, float]:
         """(r0, σ): the mean of the blocks (interval gauges) or the latest reading (lifetime gauges), and the
         spread of one block mean, inflated by one standard error of a variance estimate and floored."""
-        r0 = (self.latest if lifetime and self.latest is not None else self.mean)
+        r0 = self.latest if lifetime and self.latest is not None else self.mean
         var = self.m2 / (self.blocks - 1) if self.blocks > 1 else 0.0
         var *= 1.0 + math.sqrt(2.0 / max(1, self.blocks - 1))
         var *= self.long_run_factor()
@@ -117,8 +117,14 @@ class GaugeLearner:
     @classmethod
     def from_json(cls, raw: list[Any]) -> GaugeLearner:
         start, blocks, mean, m2, latest, sum_lag = raw
-        return cls(None if start is None else float(start), int(blocks), float(mean), float(m2),
-                   None if latest is None else float(latest), float(sum_lag))
+        return cls(
+            None if start is None else float(start),
+            int(blocks),
+            float(mean),
+            float(m2),
+            None if latest is None else float(latest),
+            float(sum_lag),
+        )
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,11 @@ class DispersionEstimator:
                 self.open_start = now if start is None else start
             self.open_drafted += drafted
             self.open_accepted += accepted
-        if self.open_start is not None and self.open_drafted > 0 and (
-                idle or now - self.open_start >= self.block_seconds):
+        if (
+            self.open_start is not None
+            and self.open_drafted > 0
+            and (idle or now - self.open_start >= self.block_seconds)
+        ):
             a, d = self.open_accepted, self.open_drafted
             self.blocks += 1
             self.sum_drafted += d

@@ -42,8 +42,9 @@ def from_request_metrics(per_request: Iterable[Mapping[str, float]]) -> Measured
     return MeasuredBaseline(rate, max(1.0, chi2 / (len(pairs) - 1)), len(pairs), int(drafted))
 
 
-def measure(base_url: str, model: str, requests: int = 24, concurrency: int = 2,
-            max_tokens: int = 32) -> MeasuredBaseline:
+def measure(
+    base_url: str, model: str, requests: int = 24, concurrency: int = 2, max_tokens: int = 32
+) -> MeasuredBaseline:
     """Send greedy requests to a server started with per-request spec-decode metrics and measure its baseline."""
     results = run_requests(base_url, model, requests, concurrency=concurrency, max_tokens=max_tokens)
     failed = [r.error for r in results if not r.ok]
@@ -51,6 +52,8 @@ def measure(base_url: str, model: str, requests: int = 24, concurrency: int = 2,
         raise RuntimeError(f"{len(failed)} of {requests} requests failed: {failed[0]}")
     missing = [r for r in results if not r.spec_metrics]
     if missing:
-        raise RuntimeError("responses carry no metrics.speculative_decoding: start the server with "
-                           "--per-request-spec-decode-metrics summary")
+        raise RuntimeError(
+            "responses carry no metrics.speculative_decoding: start the server with "
+            "--per-request-spec-decode-metrics summary"
+        )
     return from_request_metrics(r.spec_metrics for r in results if r.spec_metrics is not None)

@@ -39,9 +39,15 @@ DETECTION = {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": 
 log = logging.getLogger(__name__)
 
 
-def run_real_demo(console: Console, listen_address: str, duration: float, bump_after: float,
-                  stop: threading.Event, watch: Callable[[Daemon, Callable[[dict], Group]], None],
-                  state_dir: str | None = None) -> int:
+def run_real_demo(
+    console: Console,
+    listen_address: str,
+    duration: float,
+    bump_after: float,
+    stop: threading.Event,
+    watch: Callable[[Daemon, Callable[[dict], Group]], None],
+    state_dir: str | None = None,
+) -> int:
     supported, reason = cpu_support()
     if not supported:
         console.print(f"specwatch demo --real: the real vLLM engine cannot run here: {reason}")
@@ -51,9 +57,16 @@ def run_real_demo(console: Console, listen_address: str, duration: float, bump_a
     console.print("building the tiny models (a seeded 2-layer Llama and its drafters)...")
     models = build_tiny_models(env)
     workdir = Path(tempfile.mkdtemp(prefix="specwatch-demo-real-"))
-    spec = VllmServerSpec(model=models.target, max_num_seqs=8, per_request_spec_metrics="summary",
-                          speculative={"method": "draft_model", "num_speculative_tokens": K,
-                                       "model": str(models.drafter(GOOD_DRAFTER_NOISE))})
+    spec = VllmServerSpec(
+        model=models.target,
+        max_num_seqs=8,
+        per_request_spec_metrics="summary",
+        speculative={
+            "method": "draft_model",
+            "num_speculative_tokens": K,
+            "model": str(models.drafter(GOOD_DRAFTER_NOISE)),
+        },
+    )
     server = VllmServer(env, spec, workdir)
     console.print(f"starting vLLM on {server.base_url} (about a minute; log: {server.log_path})...")
     server.start()
@@ -61,32 +74,45 @@ def run_real_demo(console: Console, listen_address: str, duration: float, bump_a
     story = _Story()
     try:
         baseline = measure_baseline(server.base_url, "tiny")
-        console.print(f"baseline measured from the engine's per-request metrics: acceptance "
-                      f"{baseline.acceptance_ratio:.3f}, design effect {baseline.overdispersion:.2f} "
-                      f"({baseline.requests} requests)")
-        config = parse_config({
-            "interval": "1s", "state_dir": state_dir or str(workdir / "state"), "gpu": {"enabled": "false"},
-            "scrape": {"timeout": "0.9s"}, "detection": DETECTION,
-            "routes": [{"name": "chat", "url": server.metrics_url, "engine": "vllm", "baseline": baseline.config()}],
-        }, "demo config")
+        console.print(
+            f"baseline measured from the engine's per-request metrics: acceptance "
+            f"{baseline.acceptance_ratio:.3f}, design effect {baseline.overdispersion:.2f} "
+            f"({baseline.requests} requests)"
+        )
+        config = parse_config(
+            {
+                "interval": "1s",
+                "state_dir": state_dir or str(workdir / "state"),
+                "gpu": {"enabled": "false"},
+                "scrape": {"timeout": "0.9s"},
+                "detection": DETECTION,
+                "routes": [
+                    {"name": "chat", "url": server.metrics_url, "engine": "vllm", "baseline": baseline.config()}
+                ],
+            },
+            "demo config",
+        )
         daemon = Daemon(config)
         http = serve(listen_address, lambda: daemon.snapshot)
         daemon.tick()
         scheduler = start_scheduler(daemon, config.interval_seconds)
-        load = BackgroundLoad(server.base_url, "tiny", concurrency=2, max_tokens=32,
-                              max_seconds=duration if duration > 0 else 3600.0)
+        load = BackgroundLoad(
+            server.base_url, "tiny", concurrency=2, max_tokens=32, max_seconds=duration if duration > 0 else 3600.0
+        )
         load.start()
         console.print(f"  daemon: {http.url}/metrics  {http.url}/api/v1/routes  (Ctrl-C to stop)")
         console.print(f"  the drafter is swapped for a worse one in {bump_after:.0f}s")
-        threading.Thread(target=_bump_later, args=(server, spec, models, bump_after, story, stop), daemon=True,
-                         name="demo-bump").start()
+        threading.Thread(
+            target=_bump_later, args=(server, spec, models, bump_after, story, stop), daemon=True, name="demo-bump"
+        ).start()
 
         def frame(doc: dict) -> Group:
             from specwatch.commands.status import render_status_table
 
             since = "" if story.bumped_at is None else f", {time.monotonic() - story.bumped_at:.0f}s since"
-            head = Text(f"REAL vLLM {VLLM_VERSION} (CPU): {story.phase}{since}; "
-                        f"{load.stats.ok} requests served", style="dim")
+            head = Text(
+                f"REAL vLLM {VLLM_VERSION} (CPU): {story.phase}{since}; {load.stats.ok} requests served", style="dim"
+            )
             return Group(render_status_table(doc), head)
 
         watch(daemon, frame)
@@ -111,8 +137,9 @@ class _Story:
     bumped_at: float | None = None
 
 
-def _bump_later(server: VllmServer, spec: VllmServerSpec, models: TinyModels, delay: float, story: _Story,
-                stop: threading.Event) -> None:
+def _bump_later(
+    server: VllmServer, spec: VllmServerSpec, models: TinyModels, delay: float, story: _Story, stop: threading.Event
+) -> None:
     if stop.wait(delay):
         return
     story.phase = "redeploying with a worse drafter (same model name)"

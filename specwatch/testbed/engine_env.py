@@ -81,8 +81,12 @@ def is_current(venv: Path = DEFAULT_VENV) -> bool:
     return (venv / "bin" / "python").exists() and stamp.exists() and stamp.read_text().strip() == requirements_digest()
 
 
-def ensure_engine_env(venv: Path = DEFAULT_VENV, *, show_progress: bool = False,
-                      announce: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> EngineEnv:
+def ensure_engine_env(
+    venv: Path = DEFAULT_VENV,
+    *,
+    show_progress: bool = False,
+    announce: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+) -> EngineEnv:
     """The engine venv, installing or rebuilding it first if needed. Raises EngineEnvError with pip's output."""
     supported, reason = cpu_support()
     if not supported:
@@ -98,8 +102,12 @@ def ensure_engine_env(venv: Path = DEFAULT_VENV, *, show_progress: bool = False,
     extra = shlex.split(os.environ.get(EXTRA_PIP_ARGS_ENV, ""))
     progress = [] if show_progress else ["-q"]
     _run([*pip, "install", *progress, "--no-deps", *extra, "-r", str(REQUIREMENTS)], "pip install", show_progress)
-    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import vllm, transformers; print(vllm.__version__)"],
-                           capture_output=True, text=True, timeout=600)
+    check = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import vllm, transformers; print(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check.returncode != 0 or check.stdout.strip() != VLLM_VERSION:
         raise EngineEnvError(f"the engine venv does not import vllm {VLLM_VERSION}:\n{check.stdout}{check.stderr}")
     (venv / STAMP_NAME).write_text(requirements_digest() + "\n")
@@ -115,12 +123,17 @@ def _base_python() -> str:
 def _run(argv: list[str], what: str, show_progress: bool) -> None:
     """Run a step of the install; with progress, its output goes to the terminal as it comes."""
     result = subprocess.run(argv, capture_output=not show_progress, text=True)
-    output = "\n".join(line for line in ((result.stdout or "") + (result.stderr or "")).splitlines()
-                       if not line.startswith("WARNING: Location"))
+    output = "\n".join(
+        line
+        for line in ((result.stdout or "") + (result.stderr or "")).splitlines()
+        if not line.startswith("WARNING: Location")
+    )
     if result.returncode != 0:
-        raise EngineEnvError(f"{what} failed with exit code {result.returncode}:\n{output[-4000:]}\n"
-                             f"(where pip cannot find torch==2.13.0+cpu, set {EXTRA_PIP_ARGS_ENV}="
-                             "'--extra-index-url https://download.pytorch.org/whl/cpu')")
+        raise EngineEnvError(
+            f"{what} failed with exit code {result.returncode}:\n{output[-4000:]}\n"
+            f"(where pip cannot find torch==2.13.0+cpu, set {EXTRA_PIP_ARGS_ENV}="
+            "'--extra-index-url https://download.pytorch.org/whl/cpu')"
+        )
 
 
 def main() -> int:
@@ -139,8 +152,10 @@ def main() -> int:
     except EngineEnvError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
-    print(f"testbed: vLLM {VLLM_VERSION} ready in {env.venv} ({reason}); models in {models.target.parent}",
-          file=sys.stderr)
+    print(
+        f"testbed: vLLM {VLLM_VERSION} ready in {env.venv} ({reason}); models in {models.target.parent}",
+        file=sys.stderr,
+    )
     return 0
 
 

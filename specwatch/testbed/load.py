@@ -41,8 +41,14 @@ class Completion:
     error: str = ""
 
 
-def complete(base_url: str, model: str, prompt: Prompt, max_tokens: int = 32, timeout: float = 120.0,
-             session: requests.Session | None = None) -> Completion:
+def complete(
+    base_url: str,
+    model: str,
+    prompt: Prompt,
+    max_tokens: int = 32,
+    timeout: float = 120.0,
+    session: requests.Session | None = None,
+) -> Completion:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     http = session or requests
     try:
@@ -52,12 +58,24 @@ def complete(base_url: str, model: str, prompt: Prompt, max_tokens: int = 32, ti
     except (requests.RequestException, ValueError) as exc:
         return Completion(ok=False, prompt=prompt, error=str(exc))
     metrics = (document.get(VLLM_METRICS_FIELD) or {}).get(VLLM_SPEC_FIELD)
-    return Completion(ok=True, prompt=prompt, completion_tokens=document.get("usage", {}).get("completion_tokens", 0),
-                      spec_metrics=metrics)
+    return Completion(
+        ok=True,
+        prompt=prompt,
+        completion_tokens=document.get("usage", {}).get("completion_tokens", 0),
+        spec_metrics=metrics,
+    )
 
 
-def run_requests(base_url: str, model: str, count: int, *, concurrency: int = 1, max_tokens: int = 32,
-                 prompts: Sequence[Prompt] = PROMPTS, timeout: float = 120.0) -> list[Completion]:
+def run_requests(
+    base_url: str,
+    model: str,
+    count: int,
+    *,
+    concurrency: int = 1,
+    max_tokens: int = 32,
+    prompts: Sequence[Prompt] = PROMPTS,
+    timeout: float = 120.0,
+) -> list[Completion]:
     """`count` requests over `concurrency` closed-loop clients; prompts taken in order, cycling."""
     chosen = list(itertools.islice(itertools.cycle(prompts), count))
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -79,9 +97,18 @@ class BackgroundLoad:
     across an engine restart, as real traffic does.
     """
 
-    def __init__(self, base_url: str, model: str, *, concurrency: int = 2, max_tokens: int = 32,
-                 pause_seconds: float = 0.0, max_seconds: float = 900.0, max_requests: int = 100_000,
-                 prompts: Sequence[Prompt] = PROMPTS) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        concurrency: int = 2,
+        max_tokens: int = 32,
+        pause_seconds: float = 0.0,
+        max_seconds: float = 900.0,
+        max_requests: int = 100_000,
+        prompts: Sequence[Prompt] = PROMPTS,
+    ) -> None:
         self.base_url = base_url
         self.model = model
         self.concurrency = concurrency
@@ -105,8 +132,9 @@ class BackgroundLoad:
     def start(self) -> None:
         deadline = time.monotonic() + self.max_seconds
         for index in range(self.concurrency):
-            thread = threading.Thread(target=self._client, args=(index, deadline), daemon=True,
-                                      name=f"testbed-load-{index}")
+            thread = threading.Thread(
+                target=self._client, args=(index, deadline), daemon=True, name=f"testbed-load-{index}"
+            )
             thread.start()
             self._threads.append(thread)
 

@@ -37,9 +37,12 @@ class TinyModels:
         return self.successor_drafters[wrong_fraction]
 
 
-def build_tiny_models(env: EngineEnv, noises: tuple[float, ...] = (0.0, GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE),
-                      successor_fractions: tuple[float, ...] = (SUCCESSOR_BASE, SUCCESSOR_DRIFT_5, SUCCESSOR_DROP_20),
-                      dest: Path = DEFAULT_CACHE) -> TinyModels:
+def build_tiny_models(
+    env: EngineEnv,
+    noises: tuple[float, ...] = (0.0, GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE),
+    successor_fractions: tuple[float, ...] = (SUCCESSOR_BASE, SUCCESSOR_DRIFT_5, SUCCESSOR_DROP_20),
+    dest: Path = DEFAULT_CACHE,
+) -> TinyModels:
     """Build (or reuse) the target, one drafter per noise level, an unrelated drafter, and the successor target
     and drafters. Deterministic."""
     args = ["-m", "specwatch.testbed.tiny_models", str(dest), "--unrelated"]
@@ -51,8 +54,10 @@ def build_tiny_models(env: EngineEnv, noises: tuple[float, ...] = (0.0, GOOD_DRA
     if result.returncode != 0:
         raise EngineEnvError(f"building the tiny models failed:\n{result.stderr[-4000:]}")
     built = json.loads(result.stdout.strip().splitlines()[-1])
-    return TinyModels(target=Path(built["target"]),
-                      drafters={float(k): Path(v) for k, v in built["drafters"].items()},
-                      unrelated=Path(built["unrelated"]),
-                      successor_target=Path(built["successor"]["target"]),
-                      successor_drafters={float(k): Path(v) for k, v in built["successor"]["drafters"].items()})
+    return TinyModels(
+        target=Path(built["target"]),
+        drafters={float(k): Path(v) for k, v in built["drafters"].items()},
+        unrelated=Path(built["unrelated"]),
+        successor_target=Path(built["successor"]["target"]),
+        successor_drafters={float(k): Path(v) for k, v in built["successor"]["drafters"].items()},
+    )

@@ -24,7 +24,7 @@ def wrong_tokens(vocab_size: int, fraction: float, seed: int = WRONG_SET_SEED) -
     """The tokens on which a drafter of this wrong fraction proposes t + 2 instead of t + 1."""
     order = list(range(vocab_size))
     random.Random(seed).shuffle(order)
-    return frozenset(order[:round(fraction * vocab_size)])
+    return frozenset(order[: round(fraction * vocab_size)])
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,9 @@ class Counts:
     accepted: int = 0
 
     def __add__(self, other: "Counts") -> "Counts":
-        return Counts(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
-                      self.accepted + other.accepted)
+        return Counts(
+            self.drafts + other.drafts, self.draft_tokens + other.draft_tokens, self.accepted + other.accepted
+        )
 
     @property
     def acceptance_ratio(self) -> float:
@@ -84,8 +85,9 @@ def prompts(vocab_size: int, count: int, length: int = 4) -> list[list[int]]:
     return [[(i * step + j) % vocab_size for j in range(length)] for i in range(count)]
 
 
-def balanced_order(prompt_list: list[list[int]], vocab_size: int, k: int, fraction: float,
-                   max_tokens: int) -> list[list[int]]:
+def balanced_order(
+    prompt_list: list[list[int]], vocab_size: int, k: int, fraction: float, max_tokens: int
+) -> list[list[int]]:
     """The prompts reordered so that every prefix of the order accepts about what the whole set does: greedily,
     the next prompt is the one that brings the running ratio closest to the whole set's. A load that sends the
     prompts in this order serves the designed acceptance from its first few requests on."""

@@ -60,8 +60,12 @@ def build_tokenizer(dest: Path) -> int:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS.splitlines() * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.save_pretrained(dest)
@@ -72,9 +76,19 @@ def build_target(dest: Path, vocab_size: int, seed: int = SEED) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, torch_dtype="float32")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     # The default init (std 0.02) gives near-flat logits, so greedy outputs collapse onto a few tokens.
@@ -144,10 +158,19 @@ def build_heavy_successor(target: Path, dest: Path, wrong_fraction: float, layer
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     vocab = len(json.loads((target / "tokenizer.json").read_text())["model"]["vocab"])
-    config = LlamaConfig(vocab_size=vocab, hidden_size=HEAVY_HIDDEN, intermediate_size=HEAVY_INTERMEDIATE,
-                         num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
-                         max_position_embeddings=2048, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
-                         torch_dtype="float32")
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=HEAVY_HIDDEN,
+        intermediate_size=HEAVY_INTERMEDIATE,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     torch.manual_seed(SEED + 11)  # the same embedding for the target and every drafter
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -163,14 +186,28 @@ def build_heavy_successor(target: Path, dest: Path, wrong_fraction: float, layer
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="build the testbed's tiny target and drafters")
     parser.add_argument("dest", type=Path)
-    parser.add_argument("--drafter-noise", type=float, action="append", default=[],
-                        help="add a drafter with this relative weight noise (repeatable)")
+    parser.add_argument(
+        "--drafter-noise",
+        type=float,
+        action="append",
+        default=[],
+        help="add a drafter with this relative weight noise (repeatable)",
+    )
     parser.add_argument("--unrelated", action="store_true", help="also build an unrelated random drafter")
-    parser.add_argument("--successor-drafter", type=float, action="append", default=[],
-                        help="also build the successor target and a successor drafter with this wrong fraction")
-    parser.add_argument("--heavy-successor-drafter", type=float, action="append", default=[],
-                        help="also build the heavy successor target and a one-layer heavy drafter with this "
-                             "wrong fraction")
+    parser.add_argument(
+        "--successor-drafter",
+        type=float,
+        action="append",
+        default=[],
+        help="also build the successor target and a successor drafter with this wrong fraction",
+    )
+    parser.add_argument(
+        "--heavy-successor-drafter",
+        type=float,
+        action="append",
+        default=[],
+        help="also build the heavy successor target and a one-layer heavy drafter with this wrong fraction",
+    )
     args = parser.parse_args(argv)
 
     target = args.dest / "target"
@@ -191,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             vocab = json.loads((target / "tokenizer.json").read_text())["model"]["vocab"]
             build_target(dest, len(vocab), seed=SEED + 7)
             from transformers import AutoTokenizer
+
             AutoTokenizer.from_pretrained(target).save_pretrained(dest)
         built["unrelated"] = str(dest)
     if args.successor_drafter:

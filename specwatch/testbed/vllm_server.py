@@ -46,10 +46,12 @@ def _die_with_parent() -> None:
 
 def launch(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
     """Popen in a new session, SIGTERMed by the kernel when this process dies."""
+
     def popen() -> subprocess.Popen:
         return subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent, **popen_kwargs)
 
     return _launcher.submit(popen).result()
+
 
 START_TIMEOUT_SECONDS = 900.0  # a loaded 2-core machine has been seen to take several minutes
 STOP_TIMEOUT_SECONDS = 30.0
@@ -77,10 +79,26 @@ class VllmServerSpec:
         return replace(self, speculative={**(self.speculative or {}), **changes})
 
     def argv(self, python: Path, port: int) -> list[str]:
-        args = [str(python), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(self.model), "--served-model-name", self.served_model_name,
-                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs)]
+        args = [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+        ]
         if self.speculative is not None:
             args += ["--speculative-config", json.dumps(self.speculative)]
         if self.per_request_spec_metrics:
@@ -152,8 +170,13 @@ class VllmServer:
         with self.log_path.open("a") as log:
             log.write(f"\n==== start {self.starts + 1}: {' '.join(self.spec.argv(self.env.python, self.port))}\n")
             log.flush()
-            self.process = launch(self.spec.argv(self.env.python, self.port), stdout=log,
-                                  stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+            self.process = launch(
+                self.spec.argv(self.env.python, self.port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
+            )
         self.starts += 1
         if wait:
             self.wait_healthy(timeout)

@@ -35,11 +35,16 @@ COMMAND_POLL_SECONDS = 10.0
 SOURCES = ("learned", "config", "accepted", "adopted")
 
 # Columns added after schema version 1 shipped; a version-1 file gets them on open (ALTER TABLE ... ADD COLUMN).
-_ADDED_COLUMNS = (("dispersion_intercept", "REAL"), ("dispersion_slope", "REAL NOT NULL DEFAULT 0"),
-                  ("dispersion_block_seconds", "REAL"))
-_BASELINE_COLUMNS = ("route, model_name, engine_version, k, acceptance_ratio, position_acceptance, "
-                     "mean_acceptance_length, overdispersion, drafted_tokens, source, pinned, created, updated, "
-                     "dispersion_intercept, dispersion_slope, dispersion_block_seconds")
+_ADDED_COLUMNS = (
+    ("dispersion_intercept", "REAL"),
+    ("dispersion_slope", "REAL NOT NULL DEFAULT 0"),
+    ("dispersion_block_seconds", "REAL"),
+)
+_BASELINE_COLUMNS = (
+    "route, model_name, engine_version, k, acceptance_ratio, position_acceptance, "
+    "mean_acceptance_length, overdispersion, drafted_tokens, source, pinned, created, updated, "
+    "dispersion_intercept, dispersion_slope, dispersion_block_seconds"
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -114,8 +119,16 @@ class BaselineLearner:
     per_pos: list[float] = field(default_factory=list)
     dispersion: DispersionEstimator = field(default_factory=DispersionEstimator)
 
-    def add(self, now: float, accepted: float, drafted: float, drafts: float, per_pos: Iterable[float],
-            idle: bool = False, start: float | None = None) -> None:
+    def add(
+        self,
+        now: float,
+        accepted: float,
+        drafted: float,
+        drafts: float,
+        per_pos: Iterable[float],
+        idle: bool = False,
+        start: float | None = None,
+    ) -> None:
         """One interval (start, now], `start` being the previous scrape (None: not known)."""
         if drafted <= 0:
             if idle:  # closes the block of the requests just finished
@@ -138,29 +151,53 @@ class BaselineLearner:
 
     def has(self, now: float, drafted_tokens: float, seconds: float) -> bool:
         """Enough traffic for a baseline: both thresholds met, a usable ratio and a φ estimate."""
-        return (self.drafted >= max(1.0, drafted_tokens) and self.seconds(now) >= seconds
-                and 0.0 < self.accepted < self.drafted and self.dispersion.estimate() is not None)
+        return (
+            self.drafted >= max(1.0, drafted_tokens)
+            and self.seconds(now) >= seconds
+            and 0.0 < self.accepted < self.drafted
+            and self.dispersion.estimate() is not None
+        )
 
-    def baseline(self, route: str, key: BaselineKey, now: float, source: str, pinned: bool,
-                 created: float | None = None) -> Baseline:
+    def baseline(
+        self, route: str, key: BaselineKey, now: float, source: str, pinned: bool, created: float | None = None
+    ) -> Baseline:
         model = self.dispersion.model()
         return Baseline(
-            route=route, key=key, acceptance_ratio=self.accepted / self.drafted,
+            route=route,
+            key=key,
+            acceptance_ratio=self.accepted / self.drafted,
             position_acceptance=tuple(p / self.drafts for p in self.per_pos) if self.drafts > 0 else (),
             mean_acceptance_length=1.0 + self.accepted / self.drafts if self.drafts > 0 else None,
             overdispersion=self.dispersion.conservative_estimate() or 1.0,
             dispersion_intercept=model.intercept if model is not None else None,
             dispersion_slope=model.slope if model is not None else 0.0,
-            dispersion_block_seconds=self.dispersion.block_seconds, drafted_tokens=self.drafted,
-            source=source, pinned=pinned, created=now if created is None else created, updated=now)
+            dispersion_block_seconds=self.dispersion.block_seconds,
+            drafted_tokens=self.drafted,
+            source=source,
+            pinned=pinned,
+            created=now if created is None else created,
+            updated=now,
+        )
 
     def to_json(self) -> dict[str, Any]:
         d = self.dispersion
-        return {"start": self.start, "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
-                "per_pos": self.per_pos, "dispersion": [d.blocks, d.sum_drafted, d.sum_accepted,
-                                                        d.sum_sq_over_drafted, d.sum_drafted_sq,
-                                                        d.sum_accepted_sq, d.sum_cross],
-                "block_seconds": d.block_seconds}
+        return {
+            "start": self.start,
+            "drafts": self.drafts,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "per_pos": self.per_pos,
+            "dispersion": [
+                d.blocks,
+                d.sum_drafted,
+                d.sum_accepted,
+                d.sum_sq_over_drafted,
+                d.sum_drafted_sq,
+                d.sum_accepted_sq,
+                d.sum_cross,
+            ],
+            "block_seconds": d.block_seconds,
+        }
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], block_seconds: float = BLOCK_SECONDS) -> "BaselineLearner":
@@ -168,12 +205,23 @@ class BaselineLearner:
         # state saved before the dispersion model has 4 sums: the model then falls back to a plain φ̂
         blocks, sum_d, sum_a, sum_sq, *line = raw["dispersion"]
         sum_dd, sum_aa, sum_ad = (float(x) for x in line) if len(line) == 3 else (0.0, 0.0, 0.0)
-        learner = cls(start=raw["start"], drafts=float(raw["drafts"]), drafted=float(raw["drafted"]),
-                      accepted=float(raw["accepted"]), per_pos=[float(x) for x in raw["per_pos"]],
-                      dispersion=DispersionEstimator(blocks=int(blocks), sum_drafted=float(sum_d),
-                                                     sum_accepted=float(sum_a), sum_sq_over_drafted=float(sum_sq),
-                                                     sum_drafted_sq=sum_dd, sum_accepted_sq=sum_aa, sum_cross=sum_ad,
-                                                     block_seconds=block_seconds))
+        learner = cls(
+            start=raw["start"],
+            drafts=float(raw["drafts"]),
+            drafted=float(raw["drafted"]),
+            accepted=float(raw["accepted"]),
+            per_pos=[float(x) for x in raw["per_pos"]],
+            dispersion=DispersionEstimator(
+                blocks=int(blocks),
+                sum_drafted=float(sum_d),
+                sum_accepted=float(sum_a),
+                sum_sq_over_drafted=float(sum_sq),
+                sum_drafted_sq=sum_dd,
+                sum_accepted_sq=sum_aa,
+                sum_cross=sum_ad,
+                block_seconds=block_seconds,
+            ),
+        )
         # state saved before the block length was recorded was learned on BLOCK_SECONDS blocks
         if float(raw.get("block_seconds", BLOCK_SECONDS)) != block_seconds:
             learner.dispersion = DispersionEstimator(block_seconds=block_seconds)
@@ -187,8 +235,13 @@ StateProvider = Callable[[], "dict[str, Any] | None"]
 class BaselineStore:
     """SQLite-backed baselines, per-route detector state and operator commands. Never raises sqlite3 errors."""
 
-    def __init__(self, path: str | None, errors: list[str] | None = None, clock: Callable[[], float] = time.time,
-                 persist_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        errors: list[str] | None = None,
+        clock: Callable[[], float] = time.time,
+        persist_seconds: float = 60.0,
+    ) -> None:
         """`path` None: in memory (replay, tests). `errors` receives one line per state error."""
         self.path = path
         self.errors = errors if errors is not None else []
@@ -255,12 +308,15 @@ class BaselineStore:
             for suffix in ("-wal", "-shm"):
                 if os.path.exists(self.path + suffix):
                     os.replace(self.path + suffix, aside + suffix)
-            self._error(f"state file {self.path} is corrupt ({exc}); moved aside to {aside}, baselines will be "
-                        f"relearned")
+            self._error(
+                f"state file {self.path} is corrupt ({exc}); moved aside to {aside}, baselines will be relearned"
+            )
             return self._connect(self.path)
         except (OSError, sqlite3.Error) as again:
-            self._error(f"state file {self.path} is corrupt ({exc}) and cannot be replaced ({again}); "
-                        f"keeping baselines in memory only")
+            self._error(
+                f"state file {self.path} is corrupt ({exc}) and cannot be replaced ({again}); "
+                f"keeping baselines in memory only"
+            )
             return self._connect(":memory:")
 
     def _error(self, message: str) -> None:
@@ -297,36 +353,66 @@ class BaselineStore:
             statements(conn)
             conn.execute("COMMIT")
             return True
+
         return bool(self._run(what, tx, False))
 
     # ------------------------------------------------------------------ baselines
     def get(self, route: str, key: BaselineKey) -> Baseline | None:
-        rows = self._run("reading a baseline", lambda c: c.execute(
-            f"SELECT {_BASELINE_COLUMNS} FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=?",
-            (route, key.model_name, key.engine_version, key.k)).fetchall(), [])
+        rows = self._run(
+            "reading a baseline",
+            lambda c: c.execute(
+                f"SELECT {_BASELINE_COLUMNS} FROM baselines"
+                " WHERE route=? AND model_name=? AND engine_version=? AND k=?",
+                (route, key.model_name, key.engine_version, key.k),
+            ).fetchall(),
+            [],
+        )
         return _row_to_baseline(rows[0]) if rows else None
 
     def baselines(self, route: str | None = None) -> list[Baseline]:
         sql, args = f"SELECT {_BASELINE_COLUMNS} FROM baselines", cast(tuple[str, ...], ())
         if route is not None:
             sql, args = sql + " WHERE route=?", (route,)
-        rows = self._run("listing baselines", lambda c: c.execute(sql + " ORDER BY route, updated", args)
-                         .fetchall(), [])
+        rows = self._run(
+            "listing baselines", lambda c: c.execute(sql + " ORDER BY route, updated", args).fetchall(), []
+        )
         return [_row_to_baseline(r) for r in rows]
 
     def put(self, baseline: Baseline) -> bool:
         b = baseline
-        return self._transaction("writing a baseline", lambda c: c.execute(
-            f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (b.route, b.key.model_name, b.key.engine_version, b.key.k, b.acceptance_ratio,
-             json.dumps(list(b.position_acceptance)), b.mean_acceptance_length, b.overdispersion,
-             b.drafted_tokens, b.source, int(b.pinned), b.created, b.updated, b.dispersion_intercept,
-             b.dispersion_slope, b.dispersion_block_seconds)))
+        return self._transaction(
+            "writing a baseline",
+            lambda c: c.execute(
+                f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    b.route,
+                    b.key.model_name,
+                    b.key.engine_version,
+                    b.key.k,
+                    b.acceptance_ratio,
+                    json.dumps(list(b.position_acceptance)),
+                    b.mean_acceptance_length,
+                    b.overdispersion,
+                    b.drafted_tokens,
+                    b.source,
+                    int(b.pinned),
+                    b.created,
+                    b.updated,
+                    b.dispersion_intercept,
+                    b.dispersion_slope,
+                    b.dispersion_block_seconds,
+                ),
+            ),
+        )
 
     def delete(self, route: str, key: BaselineKey) -> bool:
-        return self._transaction("deleting a baseline", lambda c: c.execute(
-            "DELETE FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=?",
-            (route, key.model_name, key.engine_version, key.k)))
+        return self._transaction(
+            "deleting a baseline",
+            lambda c: c.execute(
+                "DELETE FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=?",
+                (route, key.model_name, key.engine_version, key.k),
+            ),
+        )
 
     def delete_route(self, route: str) -> bool:
         def statements(c: sqlite3.Connection) -> None:
@@ -334,40 +420,64 @@ class BaselineStore:
             c.execute("DELETE FROM route_state WHERE route=?", (route,))
             c.execute("DELETE FROM probe_fingerprints WHERE route=?", (route,))
             c.execute("DELETE FROM probe_state WHERE route=?", (route,))
+
         return self._transaction("deleting a route's baselines", statements)
 
     # ------------------------------------------------------------------ canary probe fingerprints
     def fingerprint(self, route: str, key: BaselineKey, prompt_set: str) -> dict[str, tuple[float, float, float]]:
         """prompt id -> (drafted, accepted, verify steps) of the key's fingerprint; empty when there is none."""
-        rows = self._run("reading a probe fingerprint", lambda c: c.execute(
-            "SELECT prompt_id, drafted, accepted, steps FROM probe_fingerprints WHERE route=? AND model_name=? "
-            "AND engine_version=? AND k=? AND prompt_set=?",
-            (route, key.model_name, key.engine_version, key.k, prompt_set)).fetchall(), [])
+        rows = self._run(
+            "reading a probe fingerprint",
+            lambda c: c.execute(
+                "SELECT prompt_id, drafted, accepted, steps FROM probe_fingerprints WHERE route=? AND model_name=? "
+                "AND engine_version=? AND k=? AND prompt_set=?",
+                (route, key.model_name, key.engine_version, key.k, prompt_set),
+            ).fetchall(),
+            [],
+        )
         return {pid: (float(d), float(a), float(s)) for pid, d, a, s in rows}
 
-    def put_fingerprint(self, route: str, key: BaselineKey, prompt_set: str,
-                        prompts: Mapping[str, tuple[float, float, float]]) -> bool:
+    def put_fingerprint(
+        self, route: str, key: BaselineKey, prompt_set: str, prompts: Mapping[str, tuple[float, float, float]]
+    ) -> bool:
         """Replace the key's fingerprint with these per-prompt readings."""
         now = self.clock()
 
         def statements(c: sqlite3.Connection) -> None:
-            c.execute("DELETE FROM probe_fingerprints WHERE route=? AND model_name=? AND engine_version=? AND k=? "
-                      "AND prompt_set=?", (route, key.model_name, key.engine_version, key.k, prompt_set))
-            c.executemany("INSERT INTO probe_fingerprints VALUES (?,?,?,?,?,?,?,?,?,?)",
-                          [(route, key.model_name, key.engine_version, key.k, prompt_set, pid, d, a, s, now)
-                           for pid, (d, a, s) in sorted(prompts.items())])
+            c.execute(
+                "DELETE FROM probe_fingerprints WHERE route=? AND model_name=? AND engine_version=? AND k=? "
+                "AND prompt_set=?",
+                (route, key.model_name, key.engine_version, key.k, prompt_set),
+            )
+            c.executemany(
+                "INSERT INTO probe_fingerprints VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (route, key.model_name, key.engine_version, key.k, prompt_set, pid, d, a, s, now)
+                    for pid, (d, a, s) in sorted(prompts.items())
+                ],
+            )
+
         return self._transaction("writing a probe fingerprint", statements)
 
     def fingerprint_keys(self, route: str, prompt_set: str) -> list[BaselineKey]:
         """Keys with a fingerprint for this route and prompt set, most recently written first."""
-        rows = self._run("listing probe fingerprints", lambda c: c.execute(
-            "SELECT model_name, engine_version, k FROM probe_fingerprints WHERE route=? AND prompt_set=? "
-            "GROUP BY model_name, engine_version, k ORDER BY max(updated) DESC", (route, prompt_set)).fetchall(), [])
+        rows = self._run(
+            "listing probe fingerprints",
+            lambda c: c.execute(
+                "SELECT model_name, engine_version, k FROM probe_fingerprints WHERE route=? AND prompt_set=? "
+                "GROUP BY model_name, engine_version, k ORDER BY max(updated) DESC",
+                (route, prompt_set),
+            ).fetchall(),
+            [],
+        )
         return [BaselineKey(m, v, int(k)) for m, v, k in rows]
 
     def probe_state(self, route: str) -> dict[str, Any] | None:
-        rows = self._run("reading probe state", lambda c: c.execute(
-            "SELECT state FROM probe_state WHERE route=?", (route,)).fetchall(), [])
+        rows = self._run(
+            "reading probe state",
+            lambda c: c.execute("SELECT state FROM probe_state WHERE route=?", (route,)).fetchall(),
+            [],
+        )
         try:
             state = json.loads(rows[0][0]) if rows else None
         except ValueError:
@@ -375,14 +485,21 @@ class BaselineStore:
         return state if isinstance(state, dict) else None
 
     def put_probe_state(self, route: str, state: Mapping[str, Any]) -> bool:
-        return self._transaction("saving probe state", lambda c: c.execute(
-            "INSERT OR REPLACE INTO probe_state VALUES (?,?,?)",
-            (route, json.dumps(state, separators=(",", ":")), self.clock())))
+        return self._transaction(
+            "saving probe state",
+            lambda c: c.execute(
+                "INSERT OR REPLACE INTO probe_state VALUES (?,?,?)",
+                (route, json.dumps(state, separators=(",", ":")), self.clock()),
+            ),
+        )
 
     # ------------------------------------------------------------------ detector state
     def route_state(self, route: str) -> dict[str, Any] | None:
-        rows = self._run("reading route state", lambda c: c.execute(
-            "SELECT state FROM route_state WHERE route=?", (route,)).fetchall(), [])
+        rows = self._run(
+            "reading route state",
+            lambda c: c.execute("SELECT state FROM route_state WHERE route=?", (route,)).fetchall(),
+            [],
+        )
         if not rows:
             return None
         try:
@@ -393,8 +510,13 @@ class BaselineStore:
         return state if isinstance(state, dict) else None
 
     def routes(self) -> list[str]:
-        rows = self._run("listing routes", lambda c: c.execute(
-            "SELECT route FROM baselines UNION SELECT route FROM route_state ORDER BY 1").fetchall(), [])
+        rows = self._run(
+            "listing routes",
+            lambda c: c.execute(
+                "SELECT route FROM baselines UNION SELECT route FROM route_state ORDER BY 1"
+            ).fetchall(),
+            [],
+        )
         return [r[0] for r in rows]
 
     def register(self, route: str, provider: StateProvider) -> None:
@@ -437,17 +559,25 @@ class BaselineStore:
 
     def _save_states(self, states: Mapping[str, dict[str, Any] | None]) -> bool:
         now = self.clock()
-        rows = [(route, json.dumps(state, separators=(",", ":")), now) for route, state in states.items()
-                if state is not None]
+        rows = [
+            (route, json.dumps(state, separators=(",", ":")), now)
+            for route, state in states.items()
+            if state is not None
+        ]
         if not rows:
             return True
-        return self._transaction("saving detector state",
-                                 lambda c: c.executemany("INSERT OR REPLACE INTO route_state VALUES (?,?,?)", rows))
+        return self._transaction(
+            "saving detector state", lambda c: c.executemany("INSERT OR REPLACE INTO route_state VALUES (?,?,?)", rows)
+        )
 
     # ------------------------------------------------------------------ operator commands
     def append_command(self, route: str, action: str) -> bool:
-        return self._transaction("queueing an operator command", lambda c: c.execute(
-            "INSERT INTO commands (route, action, created) VALUES (?,?,?)", (route, action, self.clock())))
+        return self._transaction(
+            "queueing an operator command",
+            lambda c: c.execute(
+                "INSERT INTO commands (route, action, created) VALUES (?,?,?)", (route, action, self.clock())
+            ),
+        )
 
     def take_commands(self, route: str) -> list[str]:
         """Operator actions ("reset", "accept") for `route` seen since the last call."""
@@ -458,9 +588,13 @@ class BaselineStore:
         return int(rows[0][0] or 0) if rows else 0
 
     def _poll_commands(self) -> None:
-        rows = self._run("reading commands", lambda c: c.execute(
-            "SELECT id, route, action FROM commands WHERE id > ? ORDER BY id", (self._last_command_id,)).fetchall(),
-            [])
+        rows = self._run(
+            "reading commands",
+            lambda c: c.execute(
+                "SELECT id, route, action FROM commands WHERE id > ? ORDER BY id", (self._last_command_id,)
+            ).fetchall(),
+            [],
+        )
         for command_id, route, action in rows:
             self._last_command_id = max(self._last_command_id, command_id)
             self._pending.setdefault(route, []).append(action)
@@ -479,16 +613,41 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
 
 
 def _row_to_baseline(row: tuple) -> Baseline:
-    (route, model, version, k, ratio, positions, length, phi, drafted, source, pinned, created, updated,
-     intercept, slope, block) = row
+    (
+        route,
+        model,
+        version,
+        k,
+        ratio,
+        positions,
+        length,
+        phi,
+        drafted,
+        source,
+        pinned,
+        created,
+        updated,
+        intercept,
+        slope,
+        block,
+    ) = row
     try:
         pos = tuple(float(x) for x in json.loads(positions))
     except (ValueError, TypeError):
         pos = ()
-    return Baseline(route=route, key=BaselineKey(model, version, int(k)), acceptance_ratio=float(ratio),
-                    position_acceptance=pos, mean_acceptance_length=length, overdispersion=float(phi),
-                    dispersion_intercept=None if intercept is None else float(intercept),
-                    dispersion_slope=float(slope or 0.0),
-                    dispersion_block_seconds=BLOCK_SECONDS if block is None else float(block),
-                    drafted_tokens=float(drafted), source=source, pinned=bool(pinned), created=float(created),
-                    updated=float(updated))
+    return Baseline(
+        route=route,
+        key=BaselineKey(model, version, int(k)),
+        acceptance_ratio=float(ratio),
+        position_acceptance=pos,
+        mean_acceptance_length=length,
+        overdispersion=float(phi),
+        dispersion_intercept=None if intercept is None else float(intercept),
+        dispersion_slope=float(slope or 0.0),
+        dispersion_block_seconds=BLOCK_SECONDS if block is None else float(block),
+        drafted_tokens=float(drafted),
+        source=source,
+        pinned=bool(pinned),
+        created=float(created),
+        updated=float(updated),
+    )

@@ -28,7 +28,8 @@ class ResetSafeCounter:
             self.total = value
             return 0.0
         restarted = value < self.last_value or (
-            created is not None and self.last_created is not None and created != self.last_created)
+            created is not None and self.last_created is not None and created != self.last_created
+        )
         increase = value if restarted else value - self.last_value
         if restarted:
             self.resets += 1

@@ -90,8 +90,9 @@ class _Engine:
     counters: dict[str, ResetSafeCounter] = field(default_factory=dict)
     seen: bool = False  # sampled in an earlier cycle
 
-    def update(self, keys: tuple[str, ...], values: tuple[float | None, ...],
-               created: float | None) -> tuple[list[float], list[float] | None, bool]:
+    def update(
+        self, keys: tuple[str, ...], values: tuple[float | None, ...], created: float | None
+    ) -> tuple[list[float], list[float] | None, bool]:
         """Several counters in one call (a vLLM engine has 4 + k each cycle): their increases, the values
         adopted at first sight (None when no counter was new, the steady state) and whether any was reset.
         A missing, NaN or infinite value counts as no increase.
@@ -137,9 +138,11 @@ def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool
     k = len(per_pos)
     increases, initials, reset = eng.update(
         _vllm_keys(k, len(drafted_pos)),
-        (e.drafts, e.draft_tokens, e.accepted_tokens, e.generation_tokens, *per_pos, *drafted_pos), e.created)
+        (e.drafts, e.draft_tokens, e.accepted_tokens, e.generation_tokens, *per_pos, *drafted_pos),
+        e.created,
+    )
     inc = _counter_sums(increases, k)
-    drafted = tuple(increases[4 + k:]) if drafted_pos else ()
+    drafted = tuple(increases[4 + k :]) if drafted_pos else ()
     if initials is None:
         return inc, None, reset, drafted
     return inc, _counter_sums(initials, k), reset, drafted
@@ -150,15 +153,14 @@ _new_sums = tuple.__new__  # Sums(...) with keywords goes through NamedTuple's P
 
 def _counter_sums(values: list[float], k: int) -> Sums:
     """Sums of (drafts, draft_tokens, accepted, generation, *per_pos, ...) in Sums' field order."""
-    return _new_sums(Sums, (values[0], values[1], values[2], tuple(values[4:4 + k]), 0.0, 0.0, 0.0, 0.0, values[3]))
+    return _new_sums(Sums, (values[0], values[1], values[2], tuple(values[4 : 4 + k]), 0.0, 0.0, 0.0, 0.0, values[3]))
 
 
 @functools.lru_cache(maxsize=None)
 def _vllm_keys(k: int, drafted_positions: int = 0) -> tuple[str, ...]:
     """('drafts', 'draft_tokens', 'accepted', 'generation', 'pos:0', ..., 'pos:{k-1}', 'dpos:0', ...), built
     once per shape rather than formatted per engine and cycle."""
-    return (_VLLM_KEYS + tuple(f"pos:{j}" for j in range(k))
-            + tuple(f"dpos:{j}" for j in range(drafted_positions)))
+    return _VLLM_KEYS + tuple(f"pos:{j}" for j in range(k)) + tuple(f"dpos:{j}" for j in range(drafted_positions))
 
 
 _STEP_TIME_KEYS = ("itl_sum", "itl_count")
@@ -179,8 +181,9 @@ def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None) -> tu
     per_verify = k or 0.0  # draft tokens per verify call; unknown k leaves draft tokens (and the ratio) absent
 
     def derived(verify: float, gen: float) -> Sums:
-        return Sums(drafts=verify, draft_tokens=verify * per_verify, accepted=max(0.0, gen - verify),
-                    generation_tokens=gen)
+        return Sums(
+            drafts=verify, draft_tokens=verify * per_verify, accepted=max(0.0, gen - verify), generation_tokens=gen
+        )
 
     return derived(*increases), (None if initials is None else derived(*initials)), reset
 
@@ -193,10 +196,12 @@ def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int 
         return Sums()
     ratio = sglang_acceptance_ratio(e, version, k_hint)
     tau = _finite(e.spec_accept_length)
-    return Sums(gauge_ratio_weight=weight if ratio is not None else 0.0,
-                gauge_ratio_weighted=weight * ratio if ratio is not None else 0.0,
-                gauge_length_weight=weight if tau is not None else 0.0,
-                gauge_length_weighted=weight * tau if tau is not None else 0.0)
+    return Sums(
+        gauge_ratio_weight=weight if ratio is not None else 0.0,
+        gauge_ratio_weighted=weight * ratio if ratio is not None else 0.0,
+        gauge_length_weight=weight if tau is not None else 0.0,
+        gauge_length_weighted=weight * tau if tau is not None else 0.0,
+    )
 
 
 def _add_vectors(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
@@ -259,8 +264,11 @@ class RouteTracker:
                     eng = self._engines[e.engine] = _Engine()
                 if sglang:
                     # Adaptive speculation at step 0 verifies without drafting: no draft tokens.
-                    engine_k = 0 if e.spec_num_steps == 0 else (
-                        (e.spec_num_draft_tokens - 1) if e.spec_num_draft_tokens else k)
+                    engine_k = (
+                        0
+                        if e.spec_num_steps == 0
+                        else ((e.spec_num_draft_tokens - 1) if e.spec_num_draft_tokens else k)
+                    )
                     i, a, r = _sglang_counter_sums(eng, e, engine_k)
                 else:
                     i, a, r, d = _vllm_sums(eng, e)
@@ -308,15 +316,28 @@ class RouteTracker:
         window_acceptance, self._mean_lengths = self._window_values()
 
         obs = RouteObservation(
-            route=self.name, ts=sample.ts, up=True, model_name=sample.model_name,
-            engine_version=sample.engine_version, engine_kind=sample.engine_kind,
-            acceptance_source=sample.acceptance_source, k=k, reset=reset,
-            d_drafts=inc.drafts, d_draft_tokens=inc.draft_tokens, d_accepted=inc.accepted,
-            d_accepted_per_pos=inc.per_pos, d_generation_tokens=inc.generation_tokens,
-            gauge_acceptance_ratio=(self._lifetime_ratio if sample.acceptance_source == "lifetime_gauge"
-                                    else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)),
-            running_per_engine={e.engine: running for e in sample.engines
-                                if (running := _finite(e.running)) is not None},
+            route=self.name,
+            ts=sample.ts,
+            up=True,
+            model_name=sample.model_name,
+            engine_version=sample.engine_version,
+            engine_kind=sample.engine_kind,
+            acceptance_source=sample.acceptance_source,
+            k=k,
+            reset=reset,
+            d_drafts=inc.drafts,
+            d_draft_tokens=inc.draft_tokens,
+            d_accepted=inc.accepted,
+            d_accepted_per_pos=inc.per_pos,
+            d_generation_tokens=inc.generation_tokens,
+            gauge_acceptance_ratio=(
+                self._lifetime_ratio
+                if sample.acceptance_source == "lifetime_gauge"
+                else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)
+            ),
+            running_per_engine={
+                e.engine: running for e in sample.engines if (running := _finite(e.running)) is not None
+            },
             waiting_requests=_sum_present([e.waiting for e in sample.engines]),
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
@@ -330,11 +351,15 @@ class RouteTracker:
         """A failed scrape: counters and windows are kept as they were; nothing new is observed."""
         last = self._last
         obs = RouteObservation(
-            route=self.name, ts=ts, up=False,
-            model_name=last.model_name if last else "", engine_version=last.engine_version if last else "",
+            route=self.name,
+            ts=ts,
+            up=False,
+            model_name=last.model_name if last else "",
+            engine_version=last.engine_version if last else "",
             engine_kind=last.engine_kind if last else "",
             acceptance_source=last.acceptance_source if last else "none",
-            k=self._last_obs.k if self._last_obs else None, gpus=gpus,
+            k=self._last_obs.k if self._last_obs else None,
+            gpus=gpus,
         )
         self._last_obs = obs
         return obs
@@ -351,12 +376,17 @@ class RouteTracker:
         up = bool(obs and obs.up)
         totals = self._exported
         base = dict(
-            name=self.name, up=up, error_reason="" if up else error_reason,
-            engine_kind=last.engine_kind if last else "", model_name=last.model_name if last else "",
+            name=self.name,
+            up=up,
+            error_reason="" if up else error_reason,
+            engine_kind=last.engine_kind if last else "",
+            model_name=last.model_name if last else "",
             engine_version=last.engine_version if last else "",
             acceptance_source=last.acceptance_source if last else "none",
-            drafts_total=totals.drafts, draft_tokens_total=totals.draft_tokens,
-            accepted_tokens_total=totals.accepted, gpus=obs.gpus if obs else (),
+            drafts_total=totals.drafts,
+            draft_tokens_total=totals.draft_tokens,
+            accepted_tokens_total=totals.accepted,
+            gpus=obs.gpus if obs else (),
         )
         if not up or last is None or obs is None:
             # Windowed values and gauges describe the present; while the source is down there is none.
@@ -364,20 +394,25 @@ class RouteTracker:
         detail = self._ring.delta(self.windows[DETAIL_WINDOW]) if DETAIL_WINDOW in self.windows else None
         d5 = detail[0] if detail else None
         positions: tuple[float, ...] = ()
-        drafted = self._drafted_ring.delta(self.windows[DETAIL_WINDOW]) if (
-            self._drafted_ring is not None and detail is not None) else None
+        drafted = (
+            self._drafted_ring.delta(self.windows[DETAIL_WINDOW])
+            if (self._drafted_ring is not None and detail is not None)
+            else None
+        )
         if d5 is not None and drafted is not None:
             # Per-position denominators: p_j = accepted at j / drafted at j, true however k varied.
             positions = tuple(max(0.0, p) / n for p, n in zip(d5.per_pos, drafted[0].per_pos) if n > 0)
         elif d5 is not None and d5.drafts > 0:
             positions = tuple(max(0.0, p) / d5.drafts for p in d5.per_pos)
         base.update(
-            acceptance_ratio=obs.window_acceptance, mean_acceptance_length=self._mean_lengths,
+            acceptance_ratio=obs.window_acceptance,
+            mean_acceptance_length=self._mean_lengths,
             position_acceptance_ratio=positions,
             draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
             speculation_active=self._speculation_active(d5, last),
             running_requests=_sum_present([e.running for e in last.engines]),
-            waiting_requests=_sum_present([e.waiting for e in last.engines]), kv_usage_ratio=obs.kv_usage,
+            waiting_requests=_sum_present([e.waiting for e in last.engines]),
+            kv_usage_ratio=obs.kv_usage,
         )
         return base
 
@@ -392,17 +427,22 @@ class RouteTracker:
         if d5.generation_tokens > 0:
             return d5.draft_tokens >= MIN_ACTIVE_DRAFT_SHARE * d5.generation_tokens
         return True if d5.draft_tokens > 0 else None
+
     def _take_excluded(self, inc: Sums) -> Sums:
         """`inc` less the excluded tokens it can hold (never below 0); what it cannot hold is kept for later."""
         ex = self._excluded
-        take = Sums(min(inc.drafts, ex.drafts), min(inc.draft_tokens, ex.draft_tokens),
-                    min(inc.accepted, ex.accepted),
-                    tuple(min(inc.per_pos[j], ex.per_pos[j]) if j < len(ex.per_pos) else 0.0
-                          for j in range(len(inc.per_pos))))
-        self._excluded = Sums(ex.drafts - take.drafts, ex.draft_tokens - take.draft_tokens,
-                              ex.accepted - take.accepted,
-                              tuple(ex.per_pos[j] - (take.per_pos[j] if j < len(take.per_pos) else 0.0)
-                                    for j in range(len(ex.per_pos))))
+        take = Sums(
+            min(inc.drafts, ex.drafts),
+            min(inc.draft_tokens, ex.draft_tokens),
+            min(inc.accepted, ex.accepted),
+            tuple(min(inc.per_pos[j], ex.per_pos[j]) if j < len(ex.per_pos) else 0.0 for j in range(len(inc.per_pos))),
+        )
+        self._excluded = Sums(
+            ex.drafts - take.drafts,
+            ex.draft_tokens - take.draft_tokens,
+            ex.accepted - take.accepted,
+            tuple(ex.per_pos[j] - (take.per_pos[j] if j < len(take.per_pos) else 0.0) for j in range(len(ex.per_pos))),
+        )
         return inc.minus(take)
 
     def _window_values(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -448,4 +488,3 @@ class RouteTracker:
     def _kv_usage(sample: EngineSample) -> float | None:
         values = [x for e in sample.engines if (x := _finite(e.kv_usage)) is not None]
         return sum(values) / len(values) if values else None
-

@@ -61,24 +61,36 @@ class Sums(NamedTuple):
 
 
 # The scalar fields in row order; a row is these followed by the per-position sums.
-_SCALARS = ("drafts", "draft_tokens", "accepted", "gauge_ratio_weight", "gauge_ratio_weighted",
-            "gauge_length_weight", "gauge_length_weighted", "generation_tokens")
+_SCALARS = (
+    "drafts",
+    "draft_tokens",
+    "accepted",
+    "gauge_ratio_weight",
+    "gauge_ratio_weighted",
+    "gauge_length_weight",
+    "gauge_length_weighted",
+    "generation_tokens",
+)
 _NS = len(_SCALARS)
 
 
 def _sums_of(row: Sequence[float], positions: int) -> Sums:
     """The Sums a stored row holds (the inverse of `append`'s layout: the scalars, then the positions)."""
-    return Sums(**dict(zip(_SCALARS, row)), per_pos=tuple(row[_NS:_NS + positions]))
+    return Sums(**dict(zip(_SCALARS, row)), per_pos=tuple(row[_NS : _NS + positions]))
 
 
 def _combine(a: Sums, b: Sums, sign: float) -> Sums:
-    return Sums(drafts=a.drafts + sign * b.drafts, draft_tokens=a.draft_tokens + sign * b.draft_tokens,
-                accepted=a.accepted + sign * b.accepted, per_pos=_add_positions(a.per_pos, b.per_pos, sign),
-                gauge_ratio_weight=a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
-                gauge_ratio_weighted=a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
-                gauge_length_weight=a.gauge_length_weight + sign * b.gauge_length_weight,
-                gauge_length_weighted=a.gauge_length_weighted + sign * b.gauge_length_weighted,
-                generation_tokens=a.generation_tokens + sign * b.generation_tokens)
+    return Sums(
+        drafts=a.drafts + sign * b.drafts,
+        draft_tokens=a.draft_tokens + sign * b.draft_tokens,
+        accepted=a.accepted + sign * b.accepted,
+        per_pos=_add_positions(a.per_pos, b.per_pos, sign),
+        gauge_ratio_weight=a.gauge_ratio_weight + sign * b.gauge_ratio_weight,
+        gauge_ratio_weighted=a.gauge_ratio_weighted + sign * b.gauge_ratio_weighted,
+        gauge_length_weight=a.gauge_length_weight + sign * b.gauge_length_weight,
+        gauge_length_weighted=a.gauge_length_weighted + sign * b.gauge_length_weighted,
+        generation_tokens=a.generation_tokens + sign * b.generation_tokens,
+    )
 
 
 def _add_positions(a: tuple[float, ...], b: tuple[float, ...], sign: float) -> tuple[float, ...]:
@@ -101,8 +113,13 @@ class WindowRing:
     back exactly as it was appended. Rows before `_first` have left the horizon and are dropped in batches.
     """
 
-    def __init__(self, horizon_seconds: float = max(WINDOW_SECONDS.values()), max_points: int = MAX_POINTS,
-                 exact_seconds: float = EXACT_SECONDS, coarse_step_seconds: float = COARSE_STEP_SECONDS) -> None:
+    def __init__(
+        self,
+        horizon_seconds: float = max(WINDOW_SECONDS.values()),
+        max_points: int = MAX_POINTS,
+        exact_seconds: float = EXACT_SECONDS,
+        coarse_step_seconds: float = COARSE_STEP_SECONDS,
+    ) -> None:
         self.horizon_seconds = horizon_seconds
         self.max_points = max_points
         self.exact_seconds = exact_seconds
@@ -130,7 +147,7 @@ class WindowRing:
         row += (0.0,) * (self._width - len(row))
         if len(self._ts) > self._first and ts <= self._ts[-1]:
             # A clock step backwards (or a duplicate tick): replace rather than break time order.
-            self._values[-self._width:] = array("d", row)
+            self._values[-self._width :] = array("d", row)
             self._npos[-1] = len(sums.per_pos)
             return
         self._ts.append(ts)
@@ -157,7 +174,7 @@ class WindowRing:
             r = self._exact_from  # no longer the base of any exact window
             if r > self._first and ts_col[r] - ts_col[r - 1] < self.coarse_step:
                 del ts_col[r]
-                del self._values[r * w:(r + 1) * w]
+                del self._values[r * w : (r + 1) * w]
                 del self._npos[r]
             else:
                 self._exact_from += 1
@@ -166,14 +183,14 @@ class WindowRing:
         old, width = self._width, _NS + positions
         values = array("d")
         for r in range(len(self._ts)):
-            values.extend(self._values[r * old:(r + 1) * old])
+            values.extend(self._values[r * old : (r + 1) * old])
             values.extend((0.0,) * (width - old))
         self._values, self._width = values, width
 
     def _compact(self) -> None:
         n = self._first
         del self._ts[:n]
-        del self._values[:n * self._width]
+        del self._values[: n * self._width]
         del self._npos[:n]
         self._first = 0
         self._exact_from -= n
@@ -187,13 +204,13 @@ class WindowRing:
         self._npos = array("H", (self._npos[r] for r in keep))
         values = array("d")
         for r in keep:
-            values.extend(self._values[r * w:(r + 1) * w])
+            values.extend(self._values[r * w : (r + 1) * w])
         self._values = values
         self._exact_from = 0  # rows re-enter the exact region check from the start on the next append
 
     def _row(self, r: int) -> Sums:
         w = self._width
-        return _sums_of(self._values[r * w:(r + 1) * w], self._npos[r])
+        return _sums_of(self._values[r * w : (r + 1) * w], self._npos[r])
 
     def delta(self, window_seconds: float) -> tuple[Sums, float] | None:
         """(newest - base, span in seconds) for a window ending at the newest point; None without two points."""
@@ -216,7 +233,7 @@ class WindowRing:
         if base_ts == end_ts:
             return None
         w, vals = self._width, self._values
-        diff = list(map(operator.sub, vals[end * w:(end + 1) * w], vals[base * w:(base + 1) * w]))
+        diff = list(map(operator.sub, vals[end * w : (end + 1) * w], vals[base * w : (base + 1) * w]))
         return _sums_of(diff, max(self._npos[end], self._npos[base])), end_ts - base_ts
 
     def deltas(self, windows: Mapping[str, float] = WINDOW_SECONDS) -> dict[str, Sums]:
