@@ -123,8 +123,10 @@ def test_k_follows_the_schedule_without_a_model_change_and_k0_reads_inactive(sch
 
         # Phase C, more clients than slots: requests wait, so the batch stays at MAX_NUM_SEQS: K = 0. The engine
         # still drafts for the odd step whose batch dips at a request boundary (a handful of tokens); the route
-        # reads inactive because those strays are under 1 draft token per 100 generated.
-        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=2 * MAX_NUM_SEQS, max_tokens=48, max_seconds=180):
+        # reads inactive because those strays are under 1 draft token per 100 generated. Four clients a slot keep the
+        # queue deep even when a loaded box is slow to send the next request (with two a slot and both cores kept
+        # busy, the batch dipped often enough to draft 11% of the tokens).
+        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=4 * MAX_NUM_SEQS, max_tokens=48, max_seconds=180):
             watch.wait_running(MAX_NUM_SEQS)
             watch.tick()
             time.sleep(30)
