@@ -440,6 +440,21 @@ def test_a_draft_length_that_follows_load_is_not_a_model_change(tmp_path: Path) 
     ev.close()
 
 
+def _busy(ts: float, drafted: float, accepted: float) -> RouteObservation:
+    """One scrape of a busy route (k 4, requests running): `drafted` tokens in 4-token drafts, `accepted` of them."""
+    return RouteObservation(
+        route="chat",
+        ts=ts,
+        up=True,
+        model_name="m",
+        k=4,
+        d_drafts=drafted / 4,
+        d_draft_tokens=drafted,
+        d_accepted=accepted,
+        running_per_engine={"0": 8.0},
+    )
+
+
 def test_shorter_evidence_blocks_give_a_faster_verdict_on_a_busy_route(tmp_path: Path) -> None:
     """A pinned baseline and a clear drop from the first second: the verdict waits for the first block to close."""
     flagged = {}
@@ -450,20 +465,7 @@ def test_shorter_evidence_blocks_give_a_faster_verdict_on_a_busy_route(tmp_path:
         route = _route(detection, baseline=PinnedBaseline(acceptance_ratio=0.6, overdispersion=2.0))
         ev = build_evaluator(_ctx(tmp_path / str(block), detection), route)
         for second in range(1, 121):  # 200 draft tokens a second accepted at 0.36: a 40% drop
-            fields = ev.evaluate(
-                RouteObservation(
-                    route="chat",
-                    ts=float(second),
-                    up=True,
-                    model_name="m",
-                    k=4,
-                    d_drafts=50.0,
-                    d_draft_tokens=200.0,
-                    d_accepted=72.0,
-                    running_per_engine={"0": 8.0},
-                ),
-                (),
-            )
+            fields = ev.evaluate(_busy(float(second), 200.0, 72.0), ())
             if fields.get("degraded"):
                 flagged[block] = second
                 break
@@ -491,20 +493,7 @@ def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_lea
     monkeypatch.setattr(ev, "_weigh", record)
     for ts in range(0, 616, 15):  # the scrape at 0 only starts the first interval; the next sets the baseline
         drafted = 0.0 if ts == 0 else 400.0
-        ev.evaluate(
-            RouteObservation(
-                route="chat",
-                ts=float(ts),
-                up=True,
-                model_name="m",
-                k=4,
-                d_drafts=drafted / 4,
-                d_draft_tokens=drafted,
-                d_accepted=0.6 * drafted,
-                running_per_engine={"0": 8.0},
-            ),
-            (),
-        )
+        ev.evaluate(_busy(float(ts), drafted, 0.6 * drafted), ())
     assert ev.learner.dispersion.blocks == 615 // block  # from the scrape at 0
     assert weighed == [(15.0 + block * (i - 1), 15.0 + block * i) for i in range(1, round(600 / block) + 1)]
     ev.close()
@@ -533,20 +522,7 @@ def test_a_stored_baseline_learned_on_other_blocks_keeps_r0_and_relearns_phi(tmp
     rng = random.Random(5)
     for ts in range(0, 3601, 15):  # 400 drafted tokens per 15 s, acceptance 0.6 with a little spread
         drafted = 0.0 if ts == 0 else 400.0
-        ev.evaluate(
-            RouteObservation(
-                route="chat",
-                ts=float(ts),
-                up=True,
-                model_name="m",
-                k=4,
-                d_drafts=drafted / 4,
-                d_draft_tokens=drafted,
-                d_accepted=round(drafted * rng.uniform(0.55, 0.65)),
-                running_per_engine={"0": 8.0},
-            ),
-            (),
-        )
+        ev.evaluate(_busy(float(ts), drafted, round(drafted * rng.uniform(0.55, 0.65))), ())
         if ts == 900:  # before the warm-up: the stored baseline as it is
             assert ev.reference.overdispersion == 30.0 and ev.reference.dispersion_block_seconds == 60.0
     ref = ev.reference
