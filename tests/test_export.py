@@ -20,6 +20,7 @@ import requests
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from certs import self_signed_for_localhost
 from specwatch import catalog
 from specwatch.export import prometheus as prom_export
 from specwatch.export.http import parse_listen_address, serve
@@ -257,34 +258,8 @@ def test_http_basic_auth_refuses_without_detail():
         srv.shutdown()
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not on PATH")
 def test_http_tls(tmp_path):
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
+    cert, key = self_signed_for_localhost(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig(context))

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import gzip
-import shutil
 import ssl
-import subprocess
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from certs import self_signed_for_localhost
 from specwatch.sources import http as http_module
 from specwatch.sources.base import SourceError
 from specwatch.sources.http import HttpFetcher
@@ -299,38 +298,11 @@ def test_a_connection_in_use_when_the_fetcher_closes_is_not_kept(server, fetcher
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory):
     """An HTTPS engine endpoint with a self-signed certificate for 127.0.0.1 (its own CA), made with openssl."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not installed")
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "cert.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=engine",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        cwd=d,
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_for_localhost(tmp_path_factory.mktemp("tls"), common_name="engine")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(d / "cert.pem", d / "key.pem")
+    context.load_cert_chain(cert, key)
     httpd = start(QuietServer, Handler, tls=context)
-    httpd.ca_file = d / "cert.pem"
+    httpd.ca_file = cert
     yield httpd
     stop(httpd)
 

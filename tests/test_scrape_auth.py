@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import base64
-import shutil
 import ssl
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from certs import EC_KEY, openssl
 from specwatch.cli import main as cli_main
 from specwatch.config import ConfigError, parse_config
 from specwatch.sources.base import SourceError
@@ -74,22 +73,15 @@ def stop(httpd: QuietServer) -> None:
     httpd.server_close()
 
 
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
     """A CA, a server certificate for 127.0.0.1 (CN engine.test) and a client certificate, made with openssl."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not installed")
     d = tmp_path_factory.mktemp("pki")
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test CA", cwd=d)
+    openssl("req", "-x509", *EC_KEY, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test CA", cwd=d)
     (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:engine.test\n")
     (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
-        openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        openssl("req", "-new", *EC_KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
         openssl(
             "x509",
             "-req",
