@@ -14,6 +14,8 @@ from specwatch.evaluators.above_crossover import Hysteresis, TimeWeightedMean, b
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation
 
+from fakes import vllm_sample
+
 
 def route(crossover: dict, name: str = "chat"):
     cfg = parse_config({"routes": [{"name": name, "url": "http://127.0.0.1:8000", "crossover": crossover}]})
@@ -246,7 +248,7 @@ class RampSource:
         self.load = 10.0
 
     def sample(self, now: float):
-        from specwatch.snapshot import EngineCounters, EngineSample
+        from specwatch.snapshot import EngineCounters
 
         self.drafts += 500
         engines = tuple(
@@ -260,15 +262,7 @@ class RampSource:
             )
             for i in range(2)
         )
-        return EngineSample(
-            ts=now,
-            engine_kind="vllm",
-            acceptance_source="counter",
-            model_name="m",
-            engine_version="0.33.0",
-            num_speculative_tokens=4,
-            engines=engines,
-        )
+        return vllm_sample(now, engines, 4)
 
     def close(self) -> None:
         pass

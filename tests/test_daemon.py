@@ -21,7 +21,7 @@ from specwatch.scheduler import run_tick, start_scheduler
 from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
 from specwatch.sources.base import NoData, SourceError
 
-from fakes import FakeClock
+from fakes import FakeClock, vllm_sample
 
 
 class CountingSource:
@@ -41,15 +41,7 @@ class CountingSource:
             accepted_per_pos=(0.8 * self.drafts, 0.7 * self.drafts),
             running=4.0,
         )
-        return EngineSample(
-            ts=now,
-            engine_kind="vllm",
-            acceptance_source="counter",
-            model_name="m",
-            engine_version="0.33.0",
-            num_speculative_tokens=2,
-            engines=(e,),
-        )
+        return vllm_sample(now, (e,), 2)
 
     def close(self) -> None:
         self.closed = True

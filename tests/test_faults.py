@@ -89,7 +89,7 @@ from specwatch.sources import nvml as nvml_source
 from specwatch.sources.base import SourceError
 from specwatch.tracking.baselines import DB_NAME, BaselineStore
 import fake_nvml
-from fakes import FakeClock
+from fakes import FakeClock, vllm_sample
 
 REPO = Path(__file__).resolve().parent.parent
 START = 1_800_000_000.0
@@ -152,15 +152,7 @@ class SimulatedEngine:
                 )
             )
         self.poison = None
-        return EngineSample(
-            ts=now,
-            engine_kind="vllm",
-            acceptance_source="counter",
-            model_name="llama",
-            engine_version="0.33.0",
-            num_speculative_tokens=self.K,
-            engines=tuple(counters),
-        )
+        return vllm_sample(now, counters, self.K, model_name="llama")
 
     def close(self) -> None:
         self.closed = True
@@ -304,15 +296,7 @@ class ExplodedSource:
             )
             for i in range(self.engines)
         )
-        return EngineSample(
-            ts=now,
-            engine_kind="vllm",
-            acceptance_source="counter",
-            model_name="llama",
-            engine_version="0.33.0",
-            num_speculative_tokens=4,
-            engines=counters,
-        )
+        return vllm_sample(now, counters, 4, model_name="llama")
 
     def close(self) -> None:
         pass
