@@ -9,18 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specwatch.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, summarize, unreadable_files
+from specwatch.commands import add_config_file_argument
+from specwatch.config import ConfigError, load_config, summarize, unreadable_files
 from specwatch.export.http import load_web_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        default=DEFAULT_CONFIG_PATH,
-        metavar="FILE",
-        help=f"configuration file (default {DEFAULT_CONFIG_PATH})",
-    )
+    add_config_file_argument(parser)
     parser.add_argument(
         "--web.config.file",
         dest="web_config_file",

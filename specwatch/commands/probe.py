@@ -16,7 +16,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from specwatch.config import DEFAULT_CONFIG_PATH, ConfigError, ProbeConfig, load_config
+from specwatch.commands import add_config_file_argument
+from specwatch.config import ConfigError, ProbeConfig, load_config
 from specwatch.evaluators.canary import bracket_scraper
 from specwatch.probe.prompts import PromptSetError, load_prompt_set
 from specwatch.probe.responses import Acceptance
@@ -31,12 +32,7 @@ _DASH = "–"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("route", help="route name from the config")
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        default=DEFAULT_CONFIG_PATH,
-        help=f"configuration file (default {DEFAULT_CONFIG_PATH})",
-    )
+    add_config_file_argument(parser)
     parser.add_argument(
         "--adopt",
         action="store_true",

@@ -15,7 +15,8 @@ import threading
 from typing import Any
 
 from specwatch import __version__, systemd_notify
-from specwatch.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
+from specwatch.commands import add_config_file_argument
+from specwatch.config import Config, ConfigError, load_config
 from specwatch.daemon import Daemon
 from specwatch.export import otel
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, serve
@@ -26,13 +27,7 @@ log = logging.getLogger("specwatch")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        default=DEFAULT_CONFIG_PATH,
-        metavar="FILE",
-        help=f"configuration file (default {DEFAULT_CONFIG_PATH})",
-    )
+    add_config_file_argument(parser)
     parser.add_argument(
         "--web.listen-address",
         dest="listen_address",
