@@ -103,6 +103,12 @@ def _dashed(name_regex: str, color: str = "") -> dict[str, Any]:
     return {"matcher": {"id": "byRegexp", "options": name_regex}, "properties": properties}
 
 
+def _right_axis(name_regex: str, unit: str) -> dict[str, Any]:
+    """Plot the series whose display name matches on a right-hand axis of its own unit."""
+    properties = [{"id": "custom.axisPlacement", "value": "right"}, {"id": "unit", "value": unit}]
+    return {"matcher": {"id": "byRegexp", "options": name_regex}, "properties": properties}
+
+
 def _layout(rows: list[list[tuple[Any, int, int]]]) -> list[Any]:
     """Place panels left to right: each row is [(panel, width, height)], rows stack top to bottom."""
     panels, y = [], 0
@@ -360,15 +366,7 @@ def route_detail(s: Settings) -> dict[str, Any]:
                         (f"specwatch_route_acceptance_cusum{{{ROUTE}}}", "{{instance}} {{route}} CUSUM"),
                     ],
                     "percentunit",
-                    overrides=[
-                        {
-                            "matcher": {"id": "byRegexp", "options": ".* CUSUM"},
-                            "properties": [
-                                {"id": "custom.axisPlacement", "value": "right"},
-                                {"id": "unit", "value": "none"},
-                            ],
-                        }
-                    ],
+                    overrides=[_right_axis(".* CUSUM", "none")],
                 ),
                 8,
                 9,
@@ -521,13 +519,7 @@ def route_detail(s: Settings) -> dict[str, Any]:
                     minimum=0,
                     overrides=[
                         _dashed(".* fingerprint"),
-                        {
-                            "matcher": {"id": "byRegexp", "options": ".* (degraded|rounds)"},
-                            "properties": [
-                                {"id": "custom.axisPlacement", "value": "right"},
-                                {"id": "unit", "value": "none"},
-                            ],
-                        },
+                        _right_axis(".* (degraded|rounds)", "none"),
                     ],
                 ),
                 16,
@@ -712,15 +704,7 @@ def gpus(s: Settings) -> dict[str, Any]:
                         (f"specwatch_gpu_sm_clock_hertz{{{NODE}}}", "{{instance}} gpu {{gpu}} SM clock"),
                     ],
                     "celsius",
-                    overrides=[
-                        {
-                            "matcher": {"id": "byRegexp", "options": ".* SM clock"},
-                            "properties": [
-                                {"id": "unit", "value": "hertz"},
-                                {"id": "custom.axisPlacement", "value": "right"},
-                            ],
-                        }
-                    ],
+                    overrides=[_right_axis(".* SM clock", "hertz")],
                 ),
                 8,
                 8,
