@@ -72,23 +72,30 @@ def build_tokenizer(dest: Path) -> int:
     return tok.get_vocab_size()
 
 
-def build_target(dest: Path, vocab_size: int, seed: int = SEED) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(vocab: int, *, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> Any:
+    """A float32 Llama config with the tiny tokenizer's special tokens and untied embeddings."""
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         bos_token_id=0,
         eos_token_id=1,
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
+
+
+def build_target(dest: Path, vocab_size: int, seed: int = SEED) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(vocab_size, hidden=256, intermediate=512, layers=2, heads=4, kv_heads=2)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     # The default init (std 0.02) gives near-flat logits, so greedy outputs collapse onto a few tokens.
@@ -155,21 +162,11 @@ def build_heavy_successor(target: Path, dest: Path, wrong_fraction: float, layer
     """A successor model (see `build_successor`) of width HEAVY_HIDDEN and `layers` layers, seeded, with the
     tokenizer of the tiny target."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     vocab = len(json.loads((target / "tokenizer.json").read_text())["model"]["vocab"])
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=HEAVY_HIDDEN,
-        intermediate_size=HEAVY_INTERMEDIATE,
-        num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=0,
-        eos_token_id=1,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
+    config = llama_config(
+        vocab, hidden=HEAVY_HIDDEN, intermediate=HEAVY_INTERMEDIATE, layers=layers, heads=8, kv_heads=2
     )
     torch.manual_seed(SEED + 11)  # the same embedding for the target and every drafter
     model = LlamaForCausalLM(config)
