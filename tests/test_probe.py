@@ -595,7 +595,8 @@ def test_probe_command_prints_a_per_prompt_table_and_adopts_a_fingerprint(simula
     sim = simulator()
     config = tmp_path / "specwatch.yml"
     config.write_text(
-        f"state_dir: {tmp_path}\nroutes:\n  - name: chat\n    url: {sim.url}/metrics\n    probe: {{max_tokens: 16}}\n"
+        f"state_dir: {tmp_path}\ninterval: 30s\nscrape: {{timeout: 20s}}\n"  # a loaded box can be slow to answer
+        f"routes:\n  - name: chat\n    url: {sim.url}/metrics\n    probe: {{max_tokens: 16}}\n"
     )
     assert main(["probe", "chat", "--config.file", str(config)]) == 0
     out = capsys.readouterr().out
