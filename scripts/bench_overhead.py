@@ -89,6 +89,8 @@ def vllm_exposition() -> tuple[bytes, str]:
     """The captured fixture (vLLM's own metric code, 2 DP engines, k=4) if present, else the simulator's."""
     fixtures = sorted((REPO / "tests" / "fixtures" / "vllm").glob("*"))
     for path in fixtures:
+        if not path.is_file():
+            continue
         data = path.read_bytes()
         if b"vllm:spec_decode_num_accepted_tokens_per_pos" in data and b'engine="1"' in data and b"_bucket" in data:
             return data, str(path.relative_to(REPO))
