@@ -106,7 +106,7 @@ class _Route:
     def __init__(self, cfg: RouteConfig, config: Config, source_factory: SourceFactory) -> None:
         self.cfg = cfg
         self.tracker = RouteTracker(cfg.name)
-        self.evaluators: list[RouteEvaluator] = []
+        self.evaluators = []
         self.errors_total: dict[str, float] = dict.fromkeys(ERROR_REASONS, 0.0)
         self.last_reason: str | None = None  # None: never scraped; "": up
         self.scrape_duration: float | None = None
@@ -117,6 +117,16 @@ class _Route:
         self._config = config
         self._source_factory = source_factory
         self._source: EngineSource | None = None
+
+    @property
+    def evaluators(self) -> list[RouteEvaluator]:
+        return self._evaluators
+
+    @evaluators.setter
+    def evaluators(self, evaluators: list[RouteEvaluator]) -> None:
+        self._evaluators = evaluators
+        # Sorted out once: isinstance against a runtime-checkable Protocol costs tens of microseconds a call.
+        self.token_excluders = [e for e in evaluators if isinstance(e, ExcludesTokens)]
 
     def sample(self, now: float) -> EngineSample:
         if self._source is None:
@@ -364,13 +374,12 @@ class Daemon:
     @staticmethod
     def _exclude_probe_tokens(route: _Route) -> None:
         """Canary probes' own tokens never reach the route's windows or its traffic detector."""
-        for evaluator in route.evaluators:
-            if isinstance(evaluator, ExcludesTokens):
-                try:
-                    for a in evaluator.take_read():
-                        route.tracker.exclude(a.steps, a.drafted, a.accepted, a.per_position())
-                except Exception:  # noqa: BLE001 - a probe bug must not stop tracking
-                    log.exception("route %s: taking canary probe tokens out failed", route.cfg.name)
+        for evaluator in route.token_excluders:
+            try:
+                for a in evaluator.take_read():
+                    route.tracker.exclude(a.steps, a.drafted, a.accepted, a.per_position())
+            except Exception:  # noqa: BLE001 - a probe bug must not stop tracking
+                log.exception("route %s: taking canary probe tokens out failed", route.cfg.name)
 
     def _drain_state_errors(self) -> None:
         errors, self._ctx.state_errors[:] = list(self._ctx.state_errors), []
