@@ -73,7 +73,7 @@ def main() -> int:
         print("\nCells over the target, with the measured curve's flatness:")
         print("\n".join(notes))
     eff, rms = fit(tables, "all")
-    print(f"\nAll seven shapes: {eff}\nRMS step-time error {rms:.1%}; shipped: {gpus.CALIBRATED['H200']}")
+    print(f"\nAll shapes: {eff}\nRMS step-time error {rms:.1%}; shipped: {gpus.CALIBRATED['H200']}")
     ref = load_reference().run(1024)
     print("\nThe 8B reference table (a different benchmark), predicted with the shipped calibration:")
     from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel

@@ -51,6 +51,8 @@ DRAFT_VOCAB = 32000
 SHAPES: dict[str, dict] = {
     "llama3-8b": dict(layers=32, d_model=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256),
     "llama2-7b": dict(layers=32, d_model=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008, vocab=32000),
+    "llama2-13b": dict(layers=40, d_model=5120, heads=40, kv_heads=40, head_dim=128, ffn=13824, vocab=32000),
+    "qwen1.5-1.8b": dict(layers=24, d_model=2048, heads=16, kv_heads=16, head_dim=128, ffn=5504, vocab=151936),
     "qwen2.5-1.5b": dict(layers=28, d_model=1536, heads=12, kv_heads=2, head_dim=128, ffn=8960, vocab=151936),
     "llama3.2-1b": dict(layers=16, d_model=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256),
     "qwen2.5-14b": dict(layers=48, d_model=5120, heads=40, kv_heads=8, head_dim=128, ffn=13824, vocab=152064),

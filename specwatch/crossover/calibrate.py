@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
 from specwatch.crossover.model import Efficiency, StepModel
+from specwatch.crossover.stepcost import attention_s
 
 # (lower, upper) bounds per parameter; overheads in seconds.
 _BOUNDS = {
@@ -24,6 +25,8 @@ _BOUNDS = {
     "layer_overhead_s": (0.0, 0.0005),
     "verify_key_s": (0.0, 1e-9),
     "decode_attention_flop_s": (0.0, 2e-13),
+    "attention_slice_key_s": (0.0, 1e-7),
+    "expert_group_s": (0.0, 5e-6),
 }
 # Everything the per-kernel model has: what a table with plain, verify and draft times of several shapes fits.
 ALL_PARAMETERS = (
@@ -35,13 +38,16 @@ ALL_PARAMETERS = (
     "step_overhead_s",
     "verify_key_s",
     "decode_attention_flop_s",
+    "attention_slice_key_s",
+    "expert_group_s",
 )
 
 
 @dataclass(frozen=True)
 class StepPoint:
     """One measured step. kind: "target" (one forward with q tokens per sequence), "draft" (one draft
-    step) or "spec" (a whole speculative step: verify with q = gamma + 1 plus gamma draft steps)."""
+    step), "spec" (a whole speculative step: verify with q = gamma + 1 plus gamma draft steps) or
+    "attention" (one layer's attention kernel alone, q query tokens per sequence)."""
 
     batch: float
     q: int
@@ -51,6 +57,8 @@ class StepPoint:
 
 
 def predict(model: StepModel, p: StepPoint) -> float:
+    if p.kind == "attention":
+        return attention_s(p.batch, p.q, p.context, model.shape, model.hardware, model.efficiency, model.hardware.sms)
     if p.kind == "draft":
         return model.draft_step_s(p.batch, p.context)
     if p.kind == "spec":
@@ -92,6 +100,7 @@ def fit_models(
     tolerance: float = 1e-4,
     tie_decode_attention: bool = True,
     tie_verify_attention: bool = False,
+    bounds: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[Efficiency, float]:
     """One efficiency for several (model, points) groups, e.g. several shapes on one GPU.
 
@@ -99,8 +108,10 @@ def fit_models(
     it, it keeps the model's value (a refit of a calibrated GPU). With `tie_verify_attention` the verify
     kernel streams KV bytes at the decode kernel's rate (the same bytes through the same memory), so only
     its fixed per-key cost (`verify_key_s`) is fitted: the two cannot be told apart on shapes that share a
-    head dimension.
+    head dimension. `bounds` narrows parameters' search ranges; the search resolves each to `tolerance` of
+    its range, so a fixed cost of tens of microseconds needs a range of about a millisecond, not 20.
     """
+    limits = {**_BOUNDS, **(bounds or {})}
     points_total = sum(len(points) for _, points in groups)
     if not points_total:
         raise ValueError("calibration needs at least one measured step time")
@@ -134,12 +145,12 @@ def fit_models(
         cand_loss = evaluate(cand)
         if cand_loss < best_loss:
             best, best_loss = cand, cand_loss
-    steps = {n: (hi - lo) / 8 for n, (lo, hi) in _BOUNDS.items()}
-    while max(steps[n] / (_BOUNDS[n][1] - _BOUNDS[n][0]) for n in names) > tolerance:
+    steps = {n: (hi - lo) / 8 for n, (lo, hi) in limits.items()}
+    while max(steps[n] / (limits[n][1] - limits[n][0]) for n in names) > tolerance:
         improved = False
         for n in names:
             for sign in (1, -1):
-                lo, hi = _BOUNDS[n]
+                lo, hi = limits[n]
                 cand = {**best, n: min(hi, max(lo, best[n] + sign * steps[n]))}
                 cand_loss = evaluate(cand)
                 if cand_loss < best_loss - 1e-15:

@@ -108,7 +108,8 @@ def assumptions(model: StepModel, inp: EstimateInputs, positions: tuple[float, .
         f"efficiency: memory {eff.memory:.3f}, compute {eff.compute:.3f}, decode attention "
         f"{eff.decode_attention:.3f}, verify attention {eff.verify_attention:.3f}"
         f"{' (per query head)' if eff.verify_reads_per_query_head else ''} + {eff.verify_key_s * 1e12:.0f} ps/key, "
-        f"decode scores {eff.decode_attention_flop_s * 1e15:.1f} fs/FLOP, overhead "
+        f"decode scores {eff.decode_attention_flop_s * 1e15:.1f} fs/FLOP, attention slice "
+        f"{eff.attention_slice_key_s * 1e9:.1f} ns/key, MoE {eff.expert_group_s * 1e6:.2f} us/expert, overhead "
         f"{eff.layer_overhead_s * 1e6:.0f} us/layer + {eff.step_overhead_s * 1e6:.0f} us/step ({eff.source})",
         f"target {shape.params / 1e9:.2f}B params, {origin}: {shape.layers} layers, hidden {shape.hidden_size}, "
         f"{shape.attention_heads} heads / {shape.kv_heads} KV heads (GQA {shape.gqa_ratio:g}), head dim "

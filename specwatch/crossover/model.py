@@ -156,6 +156,13 @@ class Efficiency:
     # Seconds per FLOP of a decode kernel's dot products (4 x head_dim per key and *query* head): a GQA decode
     # kernel reads each KV head once but scores it against every query head of its group.
     decode_attention_flop_s: float = 0.0
+    # Seconds per key of one work item of an attention kernel (one thread block's loop over a (sequence, head)
+    # slice of the KV cache): however many blocks run, a call lasts at least one slice at a single block's
+    # rate, so small calls stream below the device rate (`stepcost.attention_s`).
+    attention_slice_key_s: float = 0.0
+    # Fixed seconds per touched expert of a grouped (MoE) GEMM launch: each expert's group of rows is its own
+    # small GEMM inside the launch, with its own setup and pipeline fill (`stepcost.grouped_gemm_s`).
+    expert_group_s: float = 0.0
     # True: the verify pass reads KV once per query head (attention kernels without GQA packing, e.g. the
     # SDPA kernel of the H200 tables); False: once per KV head, like decode.
     verify_reads_per_query_head: bool = False

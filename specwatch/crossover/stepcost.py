@@ -2,23 +2,29 @@
 
 A forward with B sequences, q new tokens each (M = B x q rows) and context L costs, per layer:
 - **GEMMs** (QKV, O, MLP; the LM head once): each the slower of streaming its weights (memory roof) and its
-  FLOPs (compute roof). The compute side is counted in output tiles: rows padded to 64, columns to 128, run in
-  waves of one tile per SM, so a GEMM with 65 rows costs like one with 128, and one whose tiles fill 1.1
-  waves costs 2. That is why B* is not simply proportional to a ridge point: where the knee sits depends on
-  M, N and K of each GEMM, not only on the parameter count.
+  FLOPs (compute roof). The compute side is counted in output tiles (rows padded to 64, columns to 128), spread
+  evenly over the SMs: a library GEMM splits K over idle SMs below one wave and balances the last, partial
+  wave the same way above it (split-K, stream-K), so a GEMM with 65 rows costs like one with 128 but one
+  whose tiles fill 1.1 waves costs 1.1, not 2. Where the knee sits depends on M, N and K of each GEMM, not
+  only on the parameter count.
 - **MoE experts**: only experts that receive a token stream their weights. With top-k of E experts and
   uniform routing, E x (1 - (1 - k/E)^M) experts are touched, each with M k / touched rows; the compute side
-  is tiled per expert. Small batches of an MoE therefore grow their weight traffic with B until every
-  expert is touched, which pushes B* far out.
-- **Attention**: plain decode (q = 1) reads each sequence's KV cache once (GQA-aware kernels) and scores
-  every key against each query head of its group (4 x head_dim FLOPs per key and query head, at a rate
-  far below the tensor-core peak: a decode tile has only the group's few real rows). A verify pass
-  (q > 1) on a kernel that is not decode-optimised reads it once per *query* head, i.e. GQA-ratio times the
-  bytes, at its own efficiency; with fewer (sequence, head) blocks than SMs the kernel cannot fill the GPU.
-  Besides its bytes, each key costs the verify kernel a fixed `verify_key_s`: the kernel runs a query tile
-  of 64 rows whatever q (SDPA's memory-efficient kernels for head dim 64 and 128 both use 64-row query
-  tiles), and its per-key softmax, masking and output rescaling over those rows do not shrink with the head
-  dimension. A head-dim-64 shape therefore pays more per KV byte than a head-dim-128 one.
+  is tiled per expert and, as a grouped launch has no split-K or stream-K, in whole waves. Each touched
+  expert's group also costs a fixed `expert_group_s` (its own small GEMM's setup and pipeline fill). Small
+  batches of an MoE therefore grow their weight traffic with B until every expert is touched, which pushes
+  B* far out.
+- **Attention**: plain decode (q = 1) reads each sequence's KV cache once: the measured kernel (cuDNN's
+  flash forward with a 16-row query tile) runs one block per (sequence, KV head) with the group's query
+  heads as its rows, so GQA costs almost nothing beyond the bytes (`decode_attention_flop_s`, 4 x head_dim
+  FLOPs per key and query head, fits to about 0 on the H200 probe). A verify pass (q > 1) on a kernel that
+  is not decode-optimised (cuDNN's 64-row-tile kernel, one block per sequence and *query* head) reads it
+  once per query head, i.e. GQA-ratio times the bytes; with fewer (sequence, head) blocks than SMs the kernel
+  cannot fill the GPU. Besides its bytes, each key costs the verify kernel a fixed `verify_key_s`: the
+  kernel runs a 64-row query tile whatever q, and its per-key softmax, masking and output rescaling over
+  those rows do not shrink with the head dimension. A head-dim-64 shape therefore pays more per KV byte
+  than a head-dim-128 one. Every attention call also lasts at least one block's loop over its slice,
+  (context + q) x `attention_slice_key_s`: however many blocks run, none finishes faster than one block
+  streams its keys, so a small call streams below the device rate.
 - **Activations**: elementwise kernels (norms, RoPE, residuals, SiLU, MoE gather/scatter) move the bytes
   `activation_bytes_per_token` counts, per token and layer, at the memory efficiency.
 - **Fixed costs**: a per-layer cost (kernel boundaries) and a per-forward one.
@@ -53,13 +59,20 @@ def gemm_s(
     tm = tile_m(m)
     # Rows are padded to 64, not to the tile: libraries pick among 64-, 128- and 256-row tiles to waste least.
     tiles = math.ceil(m / 64) * 64 / tm * math.ceil(n / TILE_N)
-    compute = waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
+    compute = gemm_waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
     return max(memory, compute)
 
 
+def gemm_waves(tiles: float, sms: int) -> float:
+    """Rounds of one tile per SM for a library GEMM: the tiles spread evenly over the SMs. With fewer tiles
+    than SMs the library splits K across the idle SMs (split-K); past one wave it balances the last, partial
+    wave the same way (stream-K), so no whole wave is wasted."""
+    return tiles / sms
+
+
 def waves(tiles: float, sms: int) -> float:
-    """Rounds of one tile per SM. Fewer tiles than SMs: libraries split K across the idle SMs (split-K), so
-    the work spreads evenly; more: the last, partial wave costs a whole one."""
+    """Rounds of one tile per SM for a grouped (MoE) launch, which has no split-K or stream-K: fewer tiles than
+    SMs spread as a share of one wave; more, and the last, partial wave costs a whole one."""
     if tiles < sms:
         return tiles / sms
     return float(math.ceil(tiles / sms))
@@ -91,7 +104,7 @@ def grouped_gemm_s(
     fill = min(1.0, tiles / sms)
     memory = (touched * n * k * weight_bytes + 2.0 * m_tokens * (n + k)) / (eff.memory * fill * hw.bandwidth)
     compute = waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
-    return max(memory, compute)
+    return max(memory, compute) + touched * eff.expert_group_s
 
 
 def activation_bytes_per_token(shape: "ModelShape") -> float:
@@ -115,13 +128,19 @@ def attention_s(
 ) -> float:
     """One layer's attention over the KV cache (context + q positions per sequence)."""
     per_head = batch * (context + q) * shape.head_dim * 2 * KV_BYTES  # K and V of one head
+    one_slice = (context + q) * eff.attention_slice_key_s  # a call's critical path: one block's key loop
     if q == 1:
         scores = batch * (context + q) * shape.attention_heads * 4 * shape.head_dim  # QK and PV FLOPs
-        return per_head * shape.kv_heads / (eff.decode_attention * hw.bandwidth) + scores * eff.decode_attention_flop_s
+        return (
+            per_head * shape.kv_heads / (eff.decode_attention * hw.bandwidth)
+            + scores * eff.decode_attention_flop_s
+            + one_slice
+        )
     heads = shape.attention_heads if eff.verify_reads_per_query_head else shape.kv_heads
-    fill = min(1.0, batch * heads / sms)  # (sequence, head) work items of the verify kernel vs SMs
     keys = batch * (context + q) * heads
-    return (per_head * heads / (eff.verify_attention * hw.bandwidth) + keys * eff.verify_key_s) / fill
+    streaming = per_head * heads / (eff.verify_attention * hw.bandwidth) + keys * eff.verify_key_s
+    fill = min(1.0, batch * heads / sms)  # (sequence, head) work items of the verify kernel vs SMs
+    return streaming / fill + one_slice
 
 
 def forward_s(
