@@ -239,31 +239,17 @@ class StepModel:
     draft: Draft | None = None
 
     def target_step_s(self, batch: float, q: int, context: float) -> float:
-        return forward_s(
-            self.shape,
-            batch,
-            q,
-            context,
-            self.hardware,
-            self.efficiency,
-            self.dtype,
-            BYTES_PER_WEIGHT[self.dtype],
-            self.hardware.sms,
-        )
+        return self._forward_s(self.shape, batch, q, context)
 
     def draft_step_s(self, batch: float, context: float) -> float:
         if self.draft is None or self.draft.shape is None:
             return 0.0
+        return self._forward_s(self.draft.shape, batch, 1, context)
+
+    def _forward_s(self, shape: ModelShape, batch: float, q: int, context: float) -> float:
+        bytes_per_weight = BYTES_PER_WEIGHT[self.dtype]
         return forward_s(
-            self.draft.shape,
-            batch,
-            1,
-            context,
-            self.hardware,
-            self.efficiency,
-            self.dtype,
-            BYTES_PER_WEIGHT[self.dtype],
-            self.hardware.sms,
+            shape, batch, q, context, self.hardware, self.efficiency, self.dtype, bytes_per_weight, self.hardware.sms
         )
 
     def spec_step_s(self, batch: float, gamma: int, context: float) -> float:
