@@ -22,6 +22,7 @@ Drops are placed as in bench_detection.py (20 h + U(0, 4 h) into the trace, 20%,
 
     .venv/bin/python scripts/bench_detection_bound.py --tier "1 req/min" --kappa 12 --sets 1000 --jobs 16
     .venv/bin/python scripts/bench_detection_bound.py --quick            # a small version (tests use it)
+    python3 scripts/bench_detection_bound.py --device cuda --sets 1000     # on a GPU (needs torch): minutes, not hours
 """
 
 from __future__ import annotations
