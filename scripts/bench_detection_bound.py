@@ -22,6 +22,7 @@ Drops are placed as in bench_detection.py (20 h + U(0, 4 h) into the trace, 20%,
 
     .venv/bin/python scripts/bench_detection_bound.py --tier "1 req/min" --kappa 12 --sets 1000 --jobs 16
     .venv/bin/python scripts/bench_detection_bound.py --quick            # a small version (tests use it)
+    python3 scripts/bench_detection_bound.py --device cuda --sets 1000     # on a GPU (needs torch): minutes, not hours
 """
 
 from __future__ import annotations
@@ -209,11 +210,13 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def bound(
-    tier: str, kappa: float, bad: float, sets: int, drops: int, jobs: int, mix: bool
+    tier: str, kappa: float, bad: float, sets: int, drops: int, jobs: int, mix: bool, device: str | None = None
 ) -> tuple[list[float], dict[float, tuple[float, float]]]:
-    """(sorted set maxima, {q: (h, detection p95 minutes)})."""
+    """(sorted set maxima, {q: (h, detection p95 minutes)}); on torch's `device` when given (scripts/bound_torch.py)."""
     rate = TIERS[tier][0]
     model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad)
+    if device is not None:
+        return _bound_torch(model, sets, drops, device)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
     run = pool.map if pool is not None else map
     try:
@@ -229,6 +232,29 @@ def bound(
     }
 
 
+def _bound_torch(model: Model, sets: int, drops: int, device: str) -> tuple[list[float], dict]:
+    import torch
+
+    import bound_torch
+
+    dev = torch.device(device)
+    # about 12 x 5 days of requests per set: keep a batch near 20 million requests (a few GB per [n, 64] array)
+    per_set = ROUTES * 2 * ROUTE_DAYS * DAY * model.spec.rate * 1.3
+    per_batch = max(1, min(sets, int(20e6 // per_set)))
+    gap = bound_torch.check(sys.modules[__name__], model, dev)
+    print(
+        f"  torch {torch.__version__} on {dev}: |ℓ numpy - ℓ torch| <= {gap:.2e}; {per_batch} sets a batch",
+        file=sys.stderr,
+    )
+    maxima = sorted(bound_torch.set_maxima(sys.modules[__name__], model, 0, sets, dev, per_batch))
+    picked = [quantile(maxima, q) for q in QUANTILES]
+    minutes = bound_torch.detection_minutes(sys.modules[__name__], model, drops, picked, dev)
+    return maxima, {
+        q: (h, quantile([m[i] for m in minutes], 0.5), quantile([m[i] for m in minutes], 0.95))
+        for i, (q, h) in enumerate(zip(QUANTILES, picked))
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tier", action="append", choices=list(TIERS), help="tiers (repeatable; default the two quiet)")
@@ -238,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bad", type=float, default=DROP, help="the drop the likelihood ratio is tuned to (0.2)")
     p.add_argument("--no-mix", action="store_true", help="one request class (no daily mix swing)")
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--device", help="run on torch's device (cuda, cpu) instead of numpy: scripts/bound_torch.py")
     p.add_argument("--quick", action="store_true", help="20 sets, 20 drops, 1 req/min at κ 30")
     p.add_argument("--write", type=Path, help="replace the 'Detection limit (oracle)' section of this markdown file")
     p.add_argument(
@@ -255,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     for tier in tiers:
         for kappa in kappas:
             t0 = time.perf_counter()
-            maxima, by_q = bound(tier, kappa, args.bad, args.sets, args.drops, args.jobs, not args.no_mix)
+            maxima, by_q = bound(tier, kappa, args.bad, args.sets, args.drops, args.jobs, not args.no_mix, args.device)
             rows.append((tier, kappa, by_q))
             print(
                 f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s; set maxima p50/p90/p99 "
@@ -281,9 +308,10 @@ def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
         f"Measured with `.venv/bin/python scripts/bench_detection_bound.py {cmd}"
         + "".join(f' --tier "{t}"' for t in (args.tier or []))
         + "".join(f" --kappa {k:g}" for k in (args.kappa or []))
+        + (f" --device {args.device}" if args.device else "")
         + f"` ({seconds:.0f} s wall, {args.jobs} processes, {platform.machine()}, Python {platform.python_version()}, "
-        f"numpy {np.__version__}). SIMULATED requests of the benchmark's model (EAGLE-3 profile, k=4, 300 output "
-        f"tokens, ±30% daily traffic swing{mix_text}). "
+        f"numpy {np.__version__}{_torch_text(args.device)}). SIMULATED requests of the benchmark's model "
+        f"(EAGLE-3 profile, k=4, 300 output tokens, ±30% daily traffic swing{mix_text}). "
         f"An exact per-request likelihood-ratio CUSUM ({1 - args.bad:g}·r0 against the 0.95·r0 edge of the zone, "
         f"the Beta spread integrated out), no gates. h(q) is the q-quantile of the highest statistic over "
         f"{args.sets} sets of 30 clean + 30 5%-drift route-days, so q of the sets have no false page; detection over "
@@ -296,6 +324,15 @@ def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
         for q, (h, p50, p95) in by_q.items():
             lines.append(f"| {tier} | {kappa:g} | {q:.0%} of the sets | {h:.2f} | {p50:.1f} min | {p95:.1f} min |")
     return "\n".join(lines)
+
+
+def _torch_text(device: str | None) -> str:
+    if device is None:
+        return ""
+    import torch
+
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
+    return f", torch {torch.__version__} on {device} ({name})"
 
 
 def write_section(path: Path, body: str) -> None:
