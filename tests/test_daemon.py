@@ -287,7 +287,7 @@ def test_an_evaluator_forced_to_raise_is_counted_on_metrics_and_survives_a_reloa
     monkeypatch.setattr(AcceptanceDropEvaluator, "evaluate", broken)
     raw = {
         "interval": "1s",
-        "scrape": {"timeout": "100ms"},
+        "scrape": {"timeout": "900ms"},  # in-process sources; a loaded box may take a while to run them
         "gpu": {"enabled": "false"},
         "state_dir": str(tmp_path),
         "routes": [{"name": "r", "url": "http://127.0.0.1:9/r", "crossover": {"batch_size": 32}}],
