@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time SDPA attention alone, as `measure_steptimes.py` runs it, across GQA ratios (standalone; torch only).
+"""Time SDPA attention alone, as `measure_steptimes.py` runs and times it, across GQA ratios (torch only).
 
 Why: the step-time tables show plain-decode attention streaming KV faster per byte on the MHA shape
 (Llama-2-7B) than on the GQA shapes. This isolates the attention kernel from the rest of the forward: the
@@ -17,11 +17,12 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+from measure_steptimes import time_graph  # the tables' own timing: median of CUDA-event-timed graph replays
 
 CONTEXT = 1024
 BATCHES = (16, 64, 128, 256)
@@ -39,6 +40,8 @@ HEADS = (
     (32, 32, 64),
     (32, 8, 64),
 )
+REPLAYS = 15  # timed replays a point (fewer only for a graph slower than REPLAY_TARGET_S / 15: none is)
+REPLAY_TARGET_S = 10.0
 COPIES = 8  # distinct KV buffers per graph: together far larger than the 50 MB L2 at every batch but the smallest
 
 
@@ -66,31 +69,6 @@ def case(batch: int, hq: int, hkv: int, hd: int, q: int, device: torch.device):
             F.scaled_dot_product_attention(query, k, v, attn_mask=mask, enable_gqa=hq != hkv)
 
     return run
-
-
-def time_graph(fn, reps: int = 15) -> float:
-    """Median ms of one fn() (COPIES calls), captured as a CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times)
 
 
 def kernels(fn) -> list[str]:
@@ -122,7 +100,7 @@ def main() -> int:
         for q in (1, 3, 5):
             for batch in BATCHES:
                 fn = case(batch, hq, hkv, hd, q, device)
-                ms = time_graph(fn) / COPIES
+                ms = time_graph(fn, device, target_s=REPLAY_TARGET_S, max_reps=REPLAYS) / COPIES
                 kv_bytes = 2 * batch * hkv * (CONTEXT + q) * hd * 2
                 points.append(
                     {
