@@ -9,6 +9,8 @@ own crossover, and the band must narrow as more batches are seen.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specwatch.config import parse_config
@@ -111,3 +113,35 @@ def test_live_crossover_converges_on_the_simulated_engine():
         or width < first_band["live_crossover_upper"] - first_band["live_crossover_lower"]
     )
     assert width <= 0.5 * final["live_crossover_batch_size"]
+
+
+def test_a_slow_engine_with_large_fixed_costs_is_fitted_too():
+    """A CPU engine: no GEMM tile to fill, fp32 weights, 8 ms of framework cost per layer and forward. Its
+    fixed costs are past any GPU's, so the search reaches up to the fastest observed step; the live B*
+    matches the engine's own from spec steps alone."""
+    from specwatch.crossover.model import Efficiency, Hardware, ModelShape
+
+    cpu = Hardware("CPU", 20e9, 100e9, None, 24e9, sms=2, gemm_padding=(1, 1), flops_fp32=100e9)
+    shape = ModelShape(
+        layers=4, hidden_size=1024, kv_heads=2, head_dim=128, intermediate_size=2816, vocab_size=795, attention_heads=8
+    )
+    truth = StepModel(
+        shape,
+        cpu,
+        Efficiency(memory=0.5, compute=0.5, verify_attention=0.5, layer_overhead_s=0.008),
+        dtype="fp32",
+        draft=Draft.parse("eagle", shape),
+    )
+    positions = positions_from_alpha(0.7, 3)
+    true_b_star = truth.crossover(positions, 60.0)
+    assert true_b_star is not None and 2 < true_b_star < 64
+
+    live = LiveCalibration(replace(truth, efficiency=Efficiency()))
+    for batch in (1, 2, 4, 8, 16):
+        live.add(batch, truth.spec_step_s(batch, 3, 60.0), 200)
+    answer = live.answer(positions, 60.0, 0.0)
+    assert answer.batch_size == pytest.approx(true_b_star, rel=0.1)
+    refit = live.fitted_model()
+    assert refit is not None and refit.target_step_s(4, 1, 60.0) == pytest.approx(
+        truth.target_step_s(4, 1, 60.0), rel=0.1
+    )

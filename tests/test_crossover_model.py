@@ -406,16 +406,15 @@ def test_attention_call_streams_below_device_rate_when_small():
 def test_library_gemm_has_no_wave_step_but_grouped_launch_does():
     """Past one wave a library GEMM balances its last partial wave (stream-K): 1.1 waves cost 1.1, not 2.
     A grouped MoE launch has no such balancing and pays the whole last wave."""
-    from specwatch.crossover.stepcost import gemm_s, gemm_waves, waves
+    from specwatch.crossover.stepcost import gemm_s, waves
 
     hardware, _ = gpus.lookup("H200")
     eff = Efficiency()
-    assert gemm_waves(145.2, 132) == pytest.approx(1.1)
     assert waves(145.2, 132) == 2.0
     assert waves(66, 132) == pytest.approx(0.5)
     # Compute-bound GEMMs of 33 row tiles (4224 rows) by 4 and 5 column tiles: 132 and 165 tiles.
-    one_wave = gemm_s(4224, 512, 16384, 2.0, hardware, eff, hardware.flops_bf16, hardware.sms)
-    more = gemm_s(4224, 640, 16384, 2.0, hardware, eff, hardware.flops_bf16, hardware.sms)
+    one_wave = gemm_s(4224, 512, 16384, 2.0, hardware, eff, hardware.flops_bf16)
+    more = gemm_s(4224, 640, 16384, 2.0, hardware, eff, hardware.flops_bf16)
     assert more / one_wave == pytest.approx(1.25, rel=0.01)
 
 

@@ -16,7 +16,7 @@ from specwatch.crossover.model import Efficiency, StepModel
 from specwatch.crossover.stepcost import attention_s
 
 # (lower, upper) bounds per parameter; overheads in seconds.
-_BOUNDS = {
+BOUNDS: dict[str, tuple[float, float]] = {
     "memory": (0.2, 1.0),
     "compute": (0.05, 1.0),
     "verify_attention": (0.02, 1.0),
@@ -111,7 +111,7 @@ def fit_models(
     head dimension. `bounds` narrows parameters' search ranges; the search resolves each to `tolerance` of
     its range, so a fixed cost of tens of microseconds needs a range of about a millisecond, not 20.
     """
-    limits = {**_BOUNDS, **(bounds or {})}
+    limits = {**BOUNDS, **(bounds or {})}
     points_total = sum(len(points) for _, points in groups)
     if not points_total:
         raise ValueError("calibration needs at least one measured step time")

@@ -4,8 +4,8 @@ A speculating vLLM engine reports its step period (`vllm:inter_token_latency_sec
 decoding request per step, so Δsum / Δcount over a cycle is the mean step time) beside its running batch.
 Those are *speculative* step times, T_spec(B) = T(B, k+1) + k·T_draft(B), at the batches the route actually
 runs. They are binned by batch; the route's roofline model (`estimate:` config) has its memory, compute,
-verify-attention efficiencies, the verify kernel's per-key cost and its per-layer and per-step overheads
-re-fitted to the bins; the refitted model predicts the plain step time, which the engine never shows while
+verify-attention efficiencies, the verify kernel's per-key cost and its per-layer overhead re-fitted to the
+bins; the refitted model predicts the plain step time, which the engine never shows while
 it speculates, and B* is re-solved from it.
 
 The band is a jackknife over batch bins: B* refitted with each bin left out in turn; its lowest and highest
@@ -20,13 +20,17 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specwatch.crossover.calibrate import StepPoint, fit_models
+from specwatch.crossover.calibrate import BOUNDS, StepPoint, fit_models
 from specwatch.crossover.model import StepModel
 
 BINS_PER_DOUBLING = 4  # batch bins: 2^(i/4), so neighbouring bins differ by ~19%
 MAX_BIN_WEIGHT = 5000.0  # observations; older weight is scaled down past this
 MIN_BINS = 3  # fewer cannot separate the efficiencies: the band stays wide
-FIT_PARAMETERS = ("memory", "compute", "verify_attention", "verify_key_s", "layer_overhead_s", "step_overhead_s")
+# One fixed cost only, per layer: spec steps alone cannot split a fixed cost between per-forward and per-layer
+# (a verify and k draft forwards pay 4 and 7 of them at k = 3 against the plain step's 1 and 4), and the plain
+# step's share is what B* needs. Per layer is what dominates the calibrated GPUs' fixed costs (kernel
+# boundaries) and a CPU build's eager operator dispatch; the per-forward cost stays at the calibrated value.
+FIT_PARAMETERS = ("memory", "compute", "verify_attention", "verify_key_s", "layer_overhead_s")
 FIT_TOLERANCE = 5e-3
 REFIT_SECONDS = 60.0
 
@@ -109,9 +113,22 @@ class LiveCalibration:
             return None
         return self._cache[3].speedup(batch, positions, context)
 
+    def fitted_model(self) -> StepModel | None:
+        """The model of the last refit (None before any)."""
+        return None if self._cache is None else self._cache[3]
+
     def _fit(self, points: list[StepPoint]) -> tuple[StepModel, float]:
+        # A fixed cost cannot exceed the fastest observed step: searching up to it lets a slow engine (a CPU
+        # build's framework costs milliseconds a layer) fit without changing a GPU's search range.
+        fastest = min(p.seconds for p in points)
+        bounds = {"layer_overhead_s": (0.0, max(BOUNDS["layer_overhead_s"][1], fastest / self.model.shape.layers))}
         eff, rms = fit_models(
-            [(self.model, points)], "live", FIT_PARAMETERS, tolerance=FIT_TOLERANCE, tie_decode_attention=False
+            [(self.model, points)],
+            "live",
+            FIT_PARAMETERS,
+            tolerance=FIT_TOLERANCE,
+            tie_decode_attention=False,
+            bounds=bounds,
         )
         eff = replace(eff, source=f"live: fitted to {len(points)} batch bins of the engine's step times")
         return self.model.with_efficiency(eff), rms

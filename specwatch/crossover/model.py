@@ -17,7 +17,7 @@ from typing import Sequence
 
 from specwatch.crossover.stepcost import forward_s
 
-BYTES_PER_WEIGHT = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
+BYTES_PER_WEIGHT = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5, "fp32": 4.0}
 KV_BYTES = 2.0  # KV cache kept in bf16/fp16 whatever the weight format (the common serving default)
 EAGLE3_DRAFT_VOCAB = 32_000
 MAX_BATCH = 4096.0  # beyond this no engine schedules a batch; "no crossover" above it
@@ -125,8 +125,16 @@ class Hardware:
     flops_fp8: float | None
     memory_bytes: float
     sms: int = 132  # streaming multiprocessors (compute units): the wave size of a GEMM's tiles
+    # Rows and columns a GEMM's output is padded to: a tensor-core tile on a GPU. A CPU's GEMM has no tile to
+    # fill (its register blocks are a few rows), so a CPU row pads to (1, 1).
+    gemm_padding: tuple[int, int] = (64, 128)
+    flops_fp32: float | None = None  # only CPU rows: GPU engines serve 16-bit or narrower weights
 
     def flops(self, dtype: str) -> float:
+        if dtype == "fp32":
+            if self.flops_fp32 is None:
+                raise ValueError(f"{self.name} has no fp32 GEMM figure (fp32 is for CPU engines)")
+            return self.flops_fp32
         # Weight-only int4 runs its GEMMs in bf16; fp8/fp4 use the FP8 tensor path where the GPU has one.
         if dtype in ("fp8", "fp4", "int8") and self.flops_fp8:
             return self.flops_fp8

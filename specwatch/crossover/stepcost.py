@@ -2,11 +2,11 @@
 
 A forward with B sequences, q new tokens each (M = B x q rows) and context L costs, per layer:
 - **GEMMs** (QKV, O, MLP; the LM head once): each the slower of streaming its weights (memory roof) and its
-  FLOPs (compute roof). The compute side is counted in output tiles (rows padded to 64, columns to 128), spread
-  evenly over the SMs: a library GEMM splits K over idle SMs below one wave and balances the last, partial
-  wave the same way above it (split-K, stream-K), so a GEMM with 65 rows costs like one with 128 but one
-  whose tiles fill 1.1 waves costs 1.1, not 2. Where the knee sits depends on M, N and K of each GEMM, not
-  only on the parameter count.
+  FLOPs (compute roof). The compute side is counted in output tiles (on a GPU, rows padded to 64 and columns
+  to 128; a CPU pads nothing), spread evenly over the SMs: a library GEMM splits K over idle SMs below one
+  wave and balances the last, partial wave the same way above it (split-K, stream-K), so a GEMM with 65 rows
+  costs like one with 128 but one whose tiles fill 1.1 waves costs 1.1, not 2. Where the knee sits depends
+  on M, N and K of each GEMM, not only on the parameter count.
 - **MoE experts**: only experts that receive a token stream their weights. With top-k of E experts and
   uniform routing, E x (1 - (1 - k/E)^M) experts are touched, each with M k / touched rows; the compute side
   is tiled per expert and, as a grouped launch has no split-K or stream-K, in whole waves. Each touched
@@ -50,24 +50,20 @@ def tile_m(m: float) -> int:
 
 
 def gemm_s(
-    m: float, n: float, k: float, weight_bytes: float, hw: "Hardware", eff: "Efficiency", dtype_flops: float, sms: int
+    m: float, n: float, k: float, weight_bytes: float, hw: "Hardware", eff: "Efficiency", dtype_flops: float
 ) -> float:
     """One GEMM of m x k activations by a k x n weight: max(memory roof, tile-quantized compute roof)."""
     if m <= 0:
         return 0.0
     memory = (n * k * weight_bytes + 2.0 * m * (n + k)) / (eff.memory * hw.bandwidth)
-    tm = tile_m(m)
-    # Rows are padded to 64, not to the tile: libraries pick among 64-, 128- and 256-row tiles to waste least.
-    tiles = math.ceil(m / 64) * 64 / tm * math.ceil(n / TILE_N)
-    compute = gemm_waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
+    # Rows are padded to 64, not to the 128-row tile: libraries pick among 64-, 128- and 256-row tiles to waste
+    # least. The padded tiles spread evenly over the SMs: with fewer tiles than SMs the library splits K across
+    # the idle SMs (split-K); past one wave it balances the last, partial wave the same way (stream-K), so no
+    # whole wave is wasted and the compute side is the padded FLOPs at the device rate.
+    pad_m, pad_n = hw.gemm_padding
+    padded_flops = 2.0 * math.ceil(m / pad_m) * pad_m * math.ceil(n / pad_n) * pad_n * k
+    compute = padded_flops / (eff.compute * dtype_flops)
     return max(memory, compute)
-
-
-def gemm_waves(tiles: float, sms: int) -> float:
-    """Rounds of one tile per SM for a library GEMM: the tiles spread evenly over the SMs. With fewer tiles
-    than SMs the library splits K across the idle SMs (split-K); past one wave it balances the last, partial
-    wave the same way (stream-K), so no whole wave is wasted."""
-    return tiles / sms
 
 
 def waves(tiles: float, sms: int) -> float:
@@ -159,20 +155,20 @@ def forward_s(
     m = batch * q
     flops = hw.flops(dtype)
     d, hd = shape.hidden_size, shape.head_dim
-    layer = gemm_s(m, (shape.attention_heads + 2 * shape.kv_heads) * hd, d, weight_bytes, hw, eff, flops, sms)
-    layer += gemm_s(m, d, shape.attention_heads * hd, weight_bytes, hw, eff, flops, sms)
+    layer = gemm_s(m, (shape.attention_heads + 2 * shape.kv_heads) * hd, d, weight_bytes, hw, eff, flops)
+    layer += gemm_s(m, d, shape.attention_heads * hd, weight_bytes, hw, eff, flops)
     if shape.experts:
         touched = experts_touched(m, shape.experts, shape.experts_per_token)
         routed = m * shape.experts_per_token
-        layer += gemm_s(m, shape.experts, d, weight_bytes, hw, eff, flops, sms)  # router
+        layer += gemm_s(m, shape.experts, d, weight_bytes, hw, eff, flops)  # router
         layer += grouped_gemm_s(routed, touched, 2 * shape.intermediate_size, d, weight_bytes, hw, eff, flops, sms)
         layer += grouped_gemm_s(routed, touched, d, shape.intermediate_size, weight_bytes, hw, eff, flops, sms)
     else:
-        layer += gemm_s(m, 2 * shape.intermediate_size, d, weight_bytes, hw, eff, flops, sms)
-        layer += gemm_s(m, d, shape.intermediate_size, weight_bytes, hw, eff, flops, sms)
+        layer += gemm_s(m, 2 * shape.intermediate_size, d, weight_bytes, hw, eff, flops)
+        layer += gemm_s(m, d, shape.intermediate_size, weight_bytes, hw, eff, flops)
     layer += attention_s(batch, q, context, shape, hw, eff, sms)
     layer += m * activation_bytes_per_token(shape) / (eff.memory * hw.bandwidth)
     layer += eff.layer_overhead_s * (MOE_LAYER_KERNELS if shape.experts else DENSE_LAYER_KERNELS) / DENSE_LAYER_KERNELS
     vocab = lm_head_vocab or shape.vocab_size
-    head = gemm_s(m, vocab, d, weight_bytes, hw, eff, flops, sms)
+    head = gemm_s(m, vocab, d, weight_bytes, hw, eff, flops)
     return eff.step_overhead_s + shape.layers * layer + head

@@ -366,7 +366,7 @@ def run_sweep(
         "max_tokens": settings.max_tokens,
         "prompts": settings.prompts_source,
         "requests_per_client": settings.requests_per_client,
-        "context_tokens": _context_estimate(settings),
+        "context_tokens": context_estimate(settings),
         "num_speculative_tokens": None,
         "levels": [],
         "complete": False,
@@ -423,7 +423,7 @@ def run_sweep(
         session.close()
 
 
-def _context_estimate(settings: SweepSettings) -> float:
+def context_estimate(settings: SweepSettings) -> float:
     """Mean tokens in the KV cache per running request: prompt (~4 characters a token) + half the output."""
     chars = [
         len(p.get("prompt") or "".join(m.get("content", "") for m in p.get("messages", []))) for p in settings.prompts
