@@ -86,7 +86,8 @@ def shape_tables():
 
 
 # Every shape but llama2-7b, whose gamma 2, alpha 0.6 crossover sits on a curve within 3% of 1 from batch 163
-# to beyond 256 and is predicted at 363 even fitted on itself (docs/benchmarks.md).
+# to beyond 256: measured 214, predicted 235 with the calibration fitted on all nine shapes but 299 held out
+# (docs/benchmarks.md).
 HELD_SHAPES = (
     "llama3.2-1b",
     "qwen2.5-1.5b",
@@ -122,27 +123,30 @@ def test_held_out_shape_predicted_within_25_percent(shape_tables, name):
     their own head layout in the attention probe); predict its B*."""
     held = shape_tables[name]
     others = [t for t in shape_tables.values() if t is not held]
-    eff, _ = shapes.fit(others, exclude_heads=[shapes.heads_of(held.shape)])
+    eff, _ = shapes.fit(others, exclude_heads=[shapes.heads_of(held.shape)], exclude_shapes=[held.name])
     for cell in shapes.score(held, eff):
         assert cell.error is not None and abs(cell.error) <= 0.25, cell
 
 
 def test_held_out_mha_shape_crosses(shape_tables):
     """Fitted on GQA shapes and the other MHA shapes, Llama-2-7B's gamma 4, alpha 0.6 crossover (measured 156)
-    is predicted within 25%; the old model, fitted on GQA only, predicted no crossover at all."""
+    is predicted within 25%; the old model, fitted on GQA only, predicted no crossover at all. Its gamma 2,
+    alpha 0.6 crossover (measured 214 on a curve within 3% of 1 from 163 to beyond 256) is the one cell over
+    25%: within 45% since the elementwise kernels are counted (69% before)."""
     held = shape_tables["llama2-7b"]
     others = [t for t in shape_tables.values() if t is not held]
-    eff, _ = shapes.fit(others, exclude_heads=[shapes.heads_of(held.shape)])
-    cell = next(c for c in shapes.score(held, eff) if (c.gamma, c.alpha) == (4, 0.6))
-    assert cell.measured == pytest.approx(156, abs=1)
-    assert cell.error is not None and abs(cell.error) <= 0.25, cell
+    eff, _ = shapes.fit(others, exclude_heads=[shapes.heads_of(held.shape)], exclude_shapes=[held.name])
+    cells = {(c.gamma, c.alpha): c for c in shapes.score(held, eff)}
+    assert cells[(4, 0.6)].measured == pytest.approx(156, abs=1)
+    assert cells[(4, 0.6)].error is not None and abs(cells[(4, 0.6)].error) <= 0.25, cells[(4, 0.6)]
+    assert cells[(2, 0.6)].error is not None and abs(cells[(2, 0.6)].error) <= 0.45, cells[(2, 0.6)]
 
 
 def test_refit_reproduces_shipped_h200_efficiency(shape_tables):
     fitted, rms = shapes.fit(list(shape_tables.values()))
     shipped = gpus.CALIBRATED["H200"]
     assert rms < 0.06
-    for name in ("memory", "compute", "verify_attention", "decode_attention"):
+    for name in ("memory", "compute", "verify_attention", "decode_attention", "elementwise"):
         assert getattr(fitted, name) == pytest.approx(getattr(shipped, name), abs=0.01), name
     for name in ("layer_overhead_s", "step_overhead_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(shipped, name), abs=1e-6), name
@@ -182,6 +186,43 @@ def test_held_out_fit_leaves_out_the_held_shapes_probe_layout(shape_tables):
     assert shapes.heads_of(shape_tables["llama2-7b"].shape) == (32, 32, 128)
     with pytest.raises(ValueError, match="at least one measured"):
         shapes.fit(others, probe=own, exclude_heads=[(32, 32, 128)])
+
+
+def test_held_out_fit_leaves_out_the_held_shapes_profile(shape_tables):
+    """A held-out shape's own profiled forwards are not fitted on either: with only its points in the profile
+    the elementwise rate has nothing left to fit."""
+    own = [p for p in shapes.load_forward_profile(list(shape_tables.values())) if p.shape == "llama2-7b"]
+    others = [t for n, t in shape_tables.items() if n != "llama2-7b"]
+    with pytest.raises(ValueError, match="at least two profiled"):
+        shapes.fit(others, profile=own, exclude_shapes=["llama2-7b"])
+
+
+def test_elementwise_rate_fits_the_profiled_kernels(shape_tables):
+    """The elementwise kernels of the profiled forwards (six shapes, MHA and GQA, q 1-5, batch 64-256) lie on
+    one rate over the bytes `activation_bytes_per_token` counts: every point within 12%, RMS under 6%; the
+    rate is what gpus.py ships, well below the weight-streaming rate."""
+    points = shapes.load_forward_profile(list(shape_tables.values()))
+    assert {"llama2-7b", "llama2-13b", "qwen1.5-1.8b", "llama3-8b", "qwen2.5-14b"} <= {p.shape for p in points}
+    hardware, shipped = gpus.lookup("H200")
+    rate, fixed, rms = shapes.fit_elementwise(points, hardware.bandwidth)
+    assert rms < 0.06
+    assert rate == pytest.approx(shipped.elementwise, abs=0.005)
+    assert rate < shipped.memory / 2
+    for p in points:
+        predicted = p.layers * (p.tokens * p.bytes_per_token / (rate * hardware.bandwidth) + fixed)
+        assert predicted / p.seconds == pytest.approx(1.0, abs=0.12), p
+
+
+def test_elementwise_bytes_grow_with_the_kv_heads():
+    """RoPE on k (10 passes) and the KV-cache write (4) scale with the KV heads: an MHA layer of Llama-3-8B's
+    width moves 14 x 2 bytes more per token for each extra KV-head element than its GQA original."""
+    from dataclasses import replace
+
+    from specwatch.crossover.stepcost import activation_bytes_per_token
+
+    mha = replace(LLAMA3_8B, kv_heads=32)
+    extra = (32 - 8) * 128
+    assert activation_bytes_per_token(mha) - activation_bytes_per_token(LLAMA3_8B) == 2.0 * 14 * extra
 
 
 def test_reference_table_single_fit_still_works(table):
@@ -416,6 +457,19 @@ def test_library_gemm_has_no_wave_step_but_grouped_launch_does():
     one_wave = gemm_s(4224, 512, 16384, 2.0, hardware, eff, hardware.flops_bf16)
     more = gemm_s(4224, 640, 16384, 2.0, hardware, eff, hardware.flops_bf16)
     assert more / one_wave == pytest.approx(1.25, rel=0.01)
+
+
+def test_grouped_launch_streams_weights_in_whole_waves():
+    """A memory-bound grouped launch: 11 one-row experts of 12 column tiles fill one wave of 132 SMs and stream
+    at the full rate; 16 experts (192 tiles) run two waves, the second 45% full, so they stream at 192/264 of
+    it: 16/11 x 264/192 = 2.0 times the time."""
+    from specwatch.crossover.stepcost import grouped_gemm_s
+
+    hardware, _ = gpus.lookup("H200")
+    eff = Efficiency()
+    one_wave = grouped_gemm_s(11, 11, 1536, 2048, 2.0, hardware, eff, hardware.flops_bf16, hardware.sms)
+    two_waves = grouped_gemm_s(16, 16, 1536, 2048, 2.0, hardware, eff, hardware.flops_bf16, hardware.sms)
+    assert two_waves / one_wave == pytest.approx(2.0, rel=0.01)
 
 
 def test_grouped_gemm_pays_a_fixed_cost_per_touched_expert():

@@ -27,6 +27,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "decode_attention_flop_s": (0.0, 2e-13),
     "attention_slice_key_s": (0.0, 1e-7),
     "expert_group_s": (0.0, 5e-6),
+    "elementwise": (0.05, 1.0),
 }
 # Everything the per-kernel model has: what a table with plain, verify and draft times of several shapes fits.
 ALL_PARAMETERS = (
@@ -40,6 +41,7 @@ ALL_PARAMETERS = (
     "decode_attention_flop_s",
     "attention_slice_key_s",
     "expert_group_s",
+    "elementwise",
 )
 
 

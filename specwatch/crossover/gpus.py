@@ -31,23 +31,26 @@ HARDWARE: dict[str, Hardware] = {
 
 # Fitted by `specwatch.crossover.shapes.fit()` on the nine H200 step-time tables in specwatch/data (Llama-3.2-1B
 # ... CodeLlama-34B, three of them MHA, and Qwen3-30B-A3B; context 1024: plain, verify q = 3/5/8 and draft steps)
-# together with the attention kernels timed alone (`h200-attention-probe-ctx1024.json`).
+# together with the attention kernels timed alone (`h200-attention-probe-ctx1024.json`) and the elementwise kernels
+# of a profiled forward (`h200-forward-profile-ctx1024.json`).
 # `scripts/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
 CALIBRATED: dict[str, Efficiency] = {
     "H200": Efficiency(
-        memory=0.803,
-        compute=0.578,
+        memory=0.812,
+        compute=0.689,
         verify_attention=0.954,
         step_overhead_s=15.6e-6,
         decode_attention=0.954,
-        layer_overhead_s=61.7e-6,
+        layer_overhead_s=59.4e-6,
         verify_key_s=7.81e-11,
         decode_attention_flop_s=0.0,
         attention_slice_key_s=9.38e-9,
-        expert_group_s=0.488e-6,
+        expert_group_s=0.371e-6,
         verify_reads_per_query_head=True,
-        source="fitted: attention terms on an H200 attention-kernel probe, the rest on nine H200 step-time tables "
-        "(1.5-34B, GQA 1-8, one MoE), torch 2.11 CUDA graphs, ctx 1024",
+        elementwise=0.389,
+        source="fitted: attention terms on an H200 attention-kernel probe, the elementwise rate on a profiled "
+        "forward, the rest on nine H200 step-time tables (1.5-34B, GQA 1-8, one MoE), torch 2.11 CUDA graphs, "
+        "ctx 1024",
     ),
 }
 

@@ -174,6 +174,9 @@ class Efficiency:
     # True: the verify pass reads KV once per query head (attention kernels without GQA packing, e.g. the
     # SDPA kernel of the H200 tables); False: once per KV head, like decode.
     verify_reads_per_query_head: bool = False
+    # Share of the HBM rate the elementwise kernels (norms, RoPE, residual adds, SiLU, KV writes) reach on the
+    # bytes `stepcost.activation_bytes_per_token` counts.
+    elementwise: float = 0.85
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ the held-out shape's B* is how the estimator is validated for shapes it was not 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -23,10 +24,15 @@ from specwatch.crossover.model import (
     positions_from_alpha,
 )
 from specwatch.crossover.reference import ReferenceRun, load_reference
+from specwatch.crossover.stepcost import activation_bytes_per_token
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TABLE_GLOB = "h200-steptimes-*-ctx1024.json"
 ATTENTION_PROBE = "h200-attention-probe-ctx1024.json"
+FORWARD_PROFILE = "h200-forward-profile-ctx1024.json"
+# Profile points whose eager kernel sum exceeds the graph's time by more than this are left out: their kernels
+# ran slower than in the graph the tables time.
+PROFILE_EAGER_TOLERANCE = 1.03
 FIT_TOLERANCE = 2e-3  # pattern-search step, as a share of each parameter's range
 SCORED_GAMMAS = (2, 4)
 SCORED_ALPHAS = (0.6, 0.7, 0.8)
@@ -83,8 +89,10 @@ KERNEL_BOUNDS = {"step_overhead_s": (0.0, 1e-3), "layer_overhead_s": (0.0, 2e-4)
 # Fitted on the attention probe. Verify KV bytes stream at the decode rate (tied); the verify kernel's own
 # cost is its per-key term.
 ATTENTION_PARAMETERS = ("decode_attention", "verify_key_s", "decode_attention_flop_s", "attention_slice_key_s")
-# Fitted on the step tables, the attention terms held.
-FORWARD_PARAMETERS = tuple(n for n in ALL_PARAMETERS if n not in ATTENTION_PARAMETERS + ("verify_attention",))
+# Fitted on the step tables, the attention terms and the elementwise rate held.
+FORWARD_PARAMETERS = tuple(
+    n for n in ALL_PARAMETERS if n not in ATTENTION_PARAMETERS + ("verify_attention", "elementwise")
+)
 
 
 @dataclass(frozen=True)
@@ -126,21 +134,84 @@ def heads_of(shape: ModelShape) -> tuple[int, int, int]:
     return (shape.attention_heads, shape.kv_heads, shape.head_dim)
 
 
+@dataclass(frozen=True)
+class ElementwisePoint:
+    """One profiled target forward (`scripts/profile_steptimes.py`): its elementwise kernels' GPU time."""
+
+    shape: str
+    layers: int
+    tokens: float  # batch x q
+    bytes_per_token: float  # `activation_bytes_per_token` of the shape, per layer
+    seconds: float
+
+
+def load_forward_profile(tables: Sequence[ShapeTable], path: Path | None = None) -> list[ElementwisePoint]:
+    """The shipped forward profile's target points (drafts and eager-inflated points left out), each with its
+    shape taken from the step-time table of the same name."""
+    raw = json.loads((path or DATA_DIR / FORWARD_PROFILE).read_text(encoding="utf-8"))
+    by_name = {t.name: t.shape for t in tables}
+    points = []
+    for p in raw["points"]:
+        shape = by_name.get(p["shape"])
+        if shape is None or p["draft"] or p["kernel_sum_ms"] > PROFILE_EAGER_TOLERANCE * p["graph_ms"]:
+            continue
+        points.append(
+            ElementwisePoint(
+                p["shape"],
+                shape.layers,
+                float(p["batch"] * p["q"]),
+                activation_bytes_per_token(shape),
+                float(p["kernels_ms"]["elementwise"]) / 1e3,
+            )
+        )
+    return points
+
+
+def fit_elementwise(points: Sequence[ElementwisePoint], bandwidth: float) -> tuple[float, float, float]:
+    """The elementwise kernels' rate as a share of `bandwidth`, their fixed seconds per layer, and the RMS
+    relative error: time = layers x (tokens x bytes_per_token / (rate x bandwidth) + fixed), a linear least
+    squares in relative terms (each point weighted by 1 / time^2)."""
+    if len(points) < 2:
+        raise ValueError("the elementwise fit needs at least two profiled forwards")
+    sxx = sxy = syy = bx = by = 0.0
+    for p in points:
+        x, y, w = p.layers * p.tokens * p.bytes_per_token, float(p.layers), 1.0 / p.seconds**2
+        sxx, sxy, syy = sxx + w * x * x, sxy + w * x * y, syy + w * y * y
+        bx, by = bx + w * x * p.seconds, by + w * y * p.seconds
+    det = sxx * syy - sxy * sxy
+    per_byte = (bx * syy - by * sxy) / det
+    fixed = (sxx * by - sxy * bx) / det
+    if per_byte <= 0:
+        raise ValueError("the profiled elementwise times do not grow with the bytes counted")
+    errors = [(p.layers * (p.tokens * p.bytes_per_token * per_byte + fixed)) / p.seconds - 1 for p in points]
+    rms = math.sqrt(sum(e * e for e in errors) / len(errors))
+    return 1.0 / (per_byte * bandwidth), fixed, rms
+
+
 def fit(
     tables: Sequence[ShapeTable],
     source: str = "fit",
     probe: Sequence[AttentionProbe] | None = None,
     exclude_heads: Iterable[tuple[int, int, int]] = (),
+    profile: Sequence[ElementwisePoint] | None = None,
+    exclude_shapes: Iterable[str] = (),
 ) -> tuple[Efficiency, float]:
-    """One H200 efficiency, in two stages, and its RMS step-time error on the tables.
+    """One H200 efficiency, in three stages, and its RMS step-time error on the tables.
 
-    The attention terms are fitted on the attention probe alone (the kernels timed by themselves), then held
-    while the rest of the forward (weights, GEMM compute, fixed costs, MoE groups) is fitted on the tables'
-    step times: otherwise what the rest of the model misses in a table leaks into the attention terms.
-    `exclude_heads`: probe layouts left out (a held-out shape's own attention is not fitted on).
+    The attention terms are fitted on the attention probe alone (the kernels timed by themselves) and the
+    elementwise rate on the forward profile's elementwise kernels; both are then held while the rest of the
+    forward (weights, GEMM compute, fixed costs, MoE groups) is fitted on the tables' step times. Fitted on
+    step times alone, what the rest of the model misses leaks into these terms: elementwise time grows with
+    the tokens of a step as GEMM time does, and the tables cannot tell them apart.
+    `exclude_heads`: probe layouts left out; `exclude_shapes`: profiled shapes left out (a held-out shape's
+    own kernels are not fitted on). `profile` defaults to the shipped profile.
     """
     probe = load_attention_probe() if probe is None else probe
     excluded = set(exclude_heads)
+    skipped = set(exclude_shapes)
+    profile = load_forward_profile(load_tables()) if profile is None else profile
+    hardware, _ = gpus.lookup("H200")
+    elementwise, _, _ = fit_elementwise([p for p in profile if p.shape not in skipped], hardware.bandwidth)
     kernels = [(a.model(TABLE_EFFICIENCY), list(a.points)) for a in probe if a.heads not in excluded]
     attention, _ = fit_models(
         kernels,
@@ -151,7 +222,7 @@ def fit(
         tie_verify_attention=True,
         bounds=KERNEL_BOUNDS,
     )
-    groups = [(table_model(t, attention), table_points(t)) for t in tables]
+    groups = [(table_model(t, replace(attention, elementwise=elementwise)), table_points(t)) for t in tables]
     return fit_models(
         groups,
         source,
@@ -219,7 +290,12 @@ def leave_one_shape_out(tables: Sequence[ShapeTable]) -> dict[str, tuple[Efficie
     out = {}
     for held in tables:
         others = [t for t in tables if t is not held]
-        eff, rms = fit(others, source=f"fitted without {held.name}", exclude_heads=[heads_of(held.shape)])
+        eff, rms = fit(
+            others,
+            source=f"fitted without {held.name}",
+            exclude_heads=[heads_of(held.shape)],
+            exclude_shapes=[held.name],
+        )
         out[held.name] = (eff, rms, score(held, eff))
     return out
 

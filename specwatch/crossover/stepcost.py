@@ -9,7 +9,9 @@ A forward with B sequences, q new tokens each (M = B x q rows) and context L cos
   on M, N and K of each GEMM, not only on the parameter count.
 - **MoE experts**: only experts that receive a token stream their weights. With top-k of E experts and
   uniform routing, E x (1 - (1 - k/E)^M) experts are touched, each with M k / touched rows; the compute side
-  is tiled per expert and, as a grouped launch has no split-K or stream-K, in whole waves. Each touched
+  is tiled per expert and, as a grouped launch has no split-K or stream-K, in whole waves; so is the memory
+  side (each SM streams its own tiles' weights, so a last, partial wave streams at its share of the SMs: 186
+  tiles on 132 SMs stream at 70% of the rate). Each touched
   expert's group also costs a fixed `expert_group_s` (its own small GEMM's setup and pipeline fill). Small
   batches of an MoE therefore grow their weight traffic with B until every expert is touched, which pushes
   B* far out.
@@ -25,8 +27,12 @@ A forward with B sequences, q new tokens each (M = B x q rows) and context L cos
   than a head-dim-128 one. Every attention call also lasts at least one block's loop over its slice,
   (context + q) x `attention_slice_key_s`: however many blocks run, none finishes faster than one block
   streams its keys, so a small call streams below the device rate.
-- **Activations**: elementwise kernels (norms, RoPE, residuals, SiLU, MoE gather/scatter) move the bytes
-  `activation_bytes_per_token` counts, per token and layer, at the memory efficiency.
+- **Elementwise kernels** (norms, RoPE, residual adds, SiLU and the gate multiply, KV-cache writes, MoE
+  gather/scatter) move the bytes `activation_bytes_per_token` counts kernel by kernel, per token and layer,
+  at their own rate (`elementwise`): unfused PyTorch kernels on strided head-major views run far below the
+  weight-streaming rate (about 1.9 TB/s against 3.9 on the H200 profile). RoPE and the KV write scale with
+  the KV heads, so an MHA shape moves about 15% more elementwise bytes per token than a GQA shape of the
+  same width.
 - **Fixed costs**: a per-layer cost (kernel boundaries) and a per-forward one.
 
 Efficiencies are fitted per GPU (`calibrate.py`); tile sizes are the common cuBLAS/CUTLASS Hopper choices.
@@ -96,21 +102,28 @@ def grouped_gemm_s(
     rows = m_tokens / touched
     tm = tile_m(rows)
     tiles = touched * math.ceil(rows / tm) * math.ceil(n / TILE_N)
-    # A grouped launch has no split-K: with fewer tiles than SMs, only that share of the SMs streams weights.
-    fill = min(1.0, tiles / sms)
+    # A grouped launch has no split-K or stream-K: its tiles run in whole waves, each SM streaming its own tiles'
+    # weights, so only the share of SM slots the tiles fill streams (fewer tiles than SMs, or a last, partial wave).
+    fill = tiles / (sms * math.ceil(tiles / sms))
     memory = (touched * n * k * weight_bytes + 2.0 * m_tokens * (n + k)) / (eff.memory * fill * hw.bandwidth)
     compute = waves(tiles, sms) * 2.0 * tm * TILE_N * k / (eff.compute * dtype_flops / sms)
     return max(memory, compute) + touched * eff.expert_group_s
 
 
 def activation_bytes_per_token(shape: "ModelShape") -> float:
-    """Bytes of elementwise traffic per token and layer: norms and residuals read/write d a few times,
-    RoPE rewrites q and k, the gated MLP's activation reads 2f and writes f (bf16)."""
+    """Bytes the elementwise kernels of one layer move per token (bf16), counted kernel by kernel as the
+    measured forward runs them: two RMSNorms (read and write d each), two residual adds (read 2d, write d),
+    RoPE on q and k as five kernels (multiply, negate half, concatenate, multiply, add: 10 element passes),
+    the KV-cache write of k and v (read and write each), SiLU (read and write f) and the gate multiply (read
+    2f, write f)."""
     d = shape.hidden_size
-    qk = (shape.attention_heads + shape.kv_heads) * shape.head_dim
+    q_width = shape.attention_heads * shape.head_dim
+    kv_width = shape.kv_heads * shape.head_dim
     ffn = shape.mlp_width_per_token
-    dispatch = 4 * d * shape.experts_per_token if shape.experts else 0  # gather and weighted scatter-add
-    return 2.0 * (8 * d + 3 * qk + 3 * ffn + dispatch)
+    # MoE dispatch: gather the routed rows (read and write k d), weight them (read and write k d), zero the
+    # output (write d) and scatter-add into it (read k d, read and write the output rows: 3 k d).
+    dispatch = 7 * d * shape.experts_per_token + d if shape.experts else 0
+    return 2.0 * (10 * d + 10 * q_width + 14 * kv_width + 5 * ffn + dispatch)
 
 
 # Kernels per layer in the measured forward: a dense layer runs about 24; an MoE layer replaces the MLP's 4
@@ -167,7 +180,7 @@ def forward_s(
         layer += gemm_s(m, 2 * shape.intermediate_size, d, weight_bytes, hw, eff, flops)
         layer += gemm_s(m, d, shape.intermediate_size, weight_bytes, hw, eff, flops)
     layer += attention_s(batch, q, context, shape, hw, eff, sms)
-    layer += m * activation_bytes_per_token(shape) / (eff.memory * hw.bandwidth)
+    layer += m * activation_bytes_per_token(shape) / (eff.elementwise * hw.bandwidth)
     layer += eff.layer_overhead_s * (MOE_LAYER_KERNELS if shape.experts else DENSE_LAYER_KERNELS) / DENSE_LAYER_KERNELS
     vocab = lm_head_vocab or shape.vocab_size
     head = gemm_s(m, vocab, d, weight_bytes, hw, eff, flops)
