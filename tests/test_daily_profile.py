@@ -93,3 +93,34 @@ def test_store_without_the_profile_column_gains_it(tmp_path: Path) -> None:
     assert again is not None and again.daily == profile
     assert store.errors == []
     store.close()
+
+
+def test_evaluator_learns_and_fixes_the_profile_of_a_daily_mix(tmp_path: Path) -> None:
+    """A busy route with a daily request mix (tracegen's, a second class at 0.85x α for 30% ± 20% of requests)
+    gets a usable profile in its first day, fixed once usable, that follows the mix: lowest where the second class
+    peaks. It is persisted with the baseline."""
+    from specwatch.config import Config, DetectionConfig, RouteConfig
+    from specwatch.evaluators.acceptance_drop import build_evaluator
+    from specwatch.evaluators.base import EvaluatorContext
+    from specwatch.offline.replay import ObservationBuilder
+    from specwatch.offline.tracegen import DAY, TraceSpec, generate
+
+    detection = DetectionConfig()
+    ctx = EvaluatorContext(config=Config(state_dir=str(tmp_path), detection=detection), clock=lambda: 0.0)
+    ev = build_evaluator(ctx, RouteConfig(name="chat", url="http://127.0.0.1:8000/metrics", detection=detection))
+    spec = TraceSpec(rate=2.0, duration=20 * 3600.0, seed=5, mix_share=0.3, mix_swing=0.2, mix_scale=0.85)
+    builder = ObservationBuilder("chat")
+    for sample in generate(spec):
+        fields = ev.evaluate(builder.observe(sample), ())
+        assert not fields.get("degraded")
+    ref = ev.reference
+    assert ref is not None and ref.daily is not None and ref.daily.usable and ref.daily.final
+    # the mix's second class peaks at mix_phase: θ + 1 = π/2 from the trace start
+    start = spec.start
+    low = start + (math.pi / 2 - spec.mix_phase) / (2 * math.pi) * DAY
+    high = low + DAY / 2
+    assert ref.daily.at(high) - ref.daily.at(low) == pytest.approx(0.05, abs=0.02)
+    assert ev.fields()["baseline_ratio"] == pytest.approx(ref.daily.at(ev._last_scrape), rel=1e-9)
+    stored = ev.store.get("chat", ref.key)
+    assert stored is not None and stored.daily == ref.daily
+    ev.close()
