@@ -556,7 +556,9 @@ class AcceptanceDropEvaluator:
         self.window.min_tokens = max(self.cfg.min_drafted_tokens, CONFIRM_MIN_EFFECTIVE_TOKENS * phi)
         model = baseline.dispersion_model()
         daily = baseline.daily if baseline.daily is not None and baseline.daily.usable else None
-        self._test = _Test(LogLikelihoodRatio.between(r_ok, r_bad, model), r0, drop, model, daily)
+        llr_flat = LogLikelihoodRatio.between(r_ok, r_bad, model)
+        # against the profile, blocks are weighed by the design effect of their deviations from it (stats/daily.py)
+        self._test = _Test(llr_flat, r0, drop, model if daily is None else daily.dispersion, daily)
         if not keep_evidence:
             self.cusum.reset()
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, cast
 
 from specwatch.stats.daily import DailyFit, DailyProfile
-from specwatch.stats.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
+from specwatch.stats.overdispersion import BLOCK_SECONDS, ClosedBlock, DispersionEstimator, DispersionModel
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class BaselineLearner:
         """One interval (start, now], `start` being the previous scrape (None: not known)."""
         if drafted <= 0:
             if idle:  # closes the block of the requests just finished
-                self.dispersion.add(now, 0.0, 0.0, idle=True, start=start)
+                self._add_block(self.dispersion.add(now, 0.0, 0.0, idle=True, start=start))
             return
         if self.start is None:
             self.start = now
@@ -149,8 +149,11 @@ class BaselineLearner:
                 self.per_pos[j] += value
             else:
                 self.per_pos.append(value)
-        self.dispersion.add(now, accepted, drafted, idle, start)
-        self.daily.add(now if start is None else (start + now) / 2, accepted, drafted)
+        self._add_block(self.dispersion.add(now, accepted, drafted, idle, start))
+
+    def _add_block(self, block: ClosedBlock | None) -> None:
+        if block is not None:  # the daily profile is fitted on the blocks φ is (and the CUSUM weighs)
+            self.daily.add(block)
 
     def seconds(self, now: float) -> float:
         return 0.0 if self.start is None else now - self.start
@@ -186,8 +189,8 @@ class BaselineLearner:
         )
 
     def daily_profile(self, final: bool = False) -> DailyProfile | None:
-        """r0 by time of day from this traffic (tokens weighted by 1/φ̂, as r0's standard error)."""
-        return self.daily.fit(self.dispersion.conservative_estimate() or 1.0, final)
+        """r0 by time of day from this traffic, with the design effect of its blocks about it."""
+        return self.daily.fit(final)
 
     def to_json(self) -> dict[str, Any]:
         d = self.dispersion
@@ -237,6 +240,7 @@ class BaselineLearner:
         # state saved before the block length was recorded was learned on BLOCK_SECONDS blocks
         if float(raw.get("block_seconds", BLOCK_SECONDS)) != block_seconds:
             learner.dispersion = DispersionEstimator(block_seconds=block_seconds)
+            learner.daily = DailyFit()  # its sums are of those blocks too
         return learner
 
 
