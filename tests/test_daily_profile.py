@@ -104,8 +104,11 @@ def test_learner_state_round_trips_and_old_state_starts_the_fit_afresh() -> None
     learner = BaselineLearner()
     for i in range(100):
         learner.add(1_700_000_000.0 + 15 * i, 500.0, 1000.0, 250.0, (300.0, 200.0), start=1_700_000_000.0 + 15 * i - 15)
+    assert learner.daily.blocks == learner.dispersion.blocks > 0  # fitted on the blocks φ is learned on
     raw = learner.to_json()
     assert BaselineLearner.from_json(raw).daily == learner.daily
+    raw["daily"] = raw["daily"][:9]  # the interval sums of an earlier form
+    assert BaselineLearner.from_json(raw).daily == DailyFit()
     del raw["daily"]  # state saved before the profile existed
     assert BaselineLearner.from_json(raw).daily == DailyFit()
 
