@@ -8,7 +8,9 @@ Per route and cycle (docs/detection.md has the reasoning and the tuning guide):
 2. Evidence: a one-sided Bernoulli CUSUM between r_ok = (1 - drop/3) r0 and r_bad = (1 - drop) r0 (0.95 and
    0.85 for drop 0.15), each 1-minute block's log-likelihood ratio divided by its design effect φ0 + β·D
    (one request weighs as one request however long). r0 is first lowered by two of its own standard errors, so a
-   baseline learned from little traffic cannot page on its own noise.
+   baseline learned from little traffic cannot page on its own noise. Once the first day's traffic knows the
+   route's daily pattern, r0 follows the time of day (stats/daily.py), lowered by 1% and two of its standard
+   errors, and blocks are weighed by their design effect about that profile.
 3. Page (`degraded`) when S >= h (h lowered on quiet routes so that false alarms per hour, not per token,
    stay those of a busy route), the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
    and the short-window Wilson upper bound is below r_ok (the drop is still going on).
