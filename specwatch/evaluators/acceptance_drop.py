@@ -8,7 +8,9 @@ Per route and cycle (docs/detection.md has the reasoning and the tuning guide):
 2. Evidence: a one-sided Bernoulli CUSUM between r_ok = (1 - drop/3) r0 and r_bad = (1 - drop) r0 (0.95 and
    0.85 for drop 0.15), each 1-minute block's log-likelihood ratio divided by its design effect φ0 + β·D
    (one request weighs as one request however long). r0 is first lowered by two of its own standard errors, so a
-   baseline learned from little traffic cannot page on its own noise.
+   baseline learned from little traffic cannot page on its own noise. Once the first day's traffic knows the
+   route's daily pattern, r0 follows the time of day (stats/daily.py), lowered by 1% and two of its standard
+   errors, and blocks are weighed by their design effect about that profile.
 3. Page (`degraded`) when S >= h (h lowered on quiet routes so that false alarms per hour, not per token,
    stay those of a busy route), the excursion has lasted `min_duration` and holds `min_drafted_tokens`,
    and the short-window Wilson upper bound is below r_ok (the drop is still going on).
@@ -34,6 +36,7 @@ from typing import Any, Mapping, Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.stats.cusum import Cusum, LogLikelihoodRatio, Sprt
+from specwatch.stats.daily import DailyProfile
 from specwatch.stats.evidence import OpenBlock, ShortWindow, TrafficRate, adapted_threshold
 from specwatch.stats.overdispersion import DispersionEstimator, DispersionModel
 from specwatch.stats.wilson import wilson_bounds
@@ -60,6 +63,13 @@ CONFIRM_MIN_EFFECTIVE_TOKENS = 300.0
 COLLAPSE_RATIO = 0.05
 COLLAPSE_RESOLVE_RATIO = 0.10
 CONFIRM_MIN_GAUGE_READINGS = 3  # readings with requests running that a gauge route's collapse needs
+# r0 by time of day (stats/daily.py): fitted once the learner spans half a day, refitted hourly on quiet traffic
+# until it spans `pin_duration`, then fixed like r0.
+PROFILE_MIN_SPAN_SECONDS = 12 * 3600.0
+PROFILE_REFIT_SECONDS = 3600.0
+# One harmonic is a model of the day, not the day: r0(t) is lowered by this share beside its standard errors, so a
+# 5% drift stays inside the zone where the real pattern departs from the sinusoid by up to a percent.
+PROFILE_MISFIT = 0.01
 
 
 def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDropEvaluator":
@@ -72,12 +82,38 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDro
 
 @dataclass(frozen=True)
 class _Test:
-    """The hypotheses derived from one reference baseline."""
+    """The hypotheses derived from one reference baseline: r_ok = (1 - drop/3) r0', r_bad = (1 - drop) r0' and
+    r_resolve = (1 - 2 drop/3) r0', r0' the baseline lowered by its standard errors; by time of day when the
+    baseline has a usable daily profile."""
 
-    llr: LogLikelihoodRatio
-    r_ok: float  # still acceptable: (1 - drop/3) r0'
-    r_resolve: float  # back to normal: (1 - 2 drop/3) r0'
+    llr_flat: LogLikelihoodRatio
+    r0: float  # r0' of the flat baseline
+    drop: float
     dispersion: DispersionModel
+    daily: DailyProfile | None = None  # used when set: r0'(t) = profile(t) - discount
+
+    def reference(self, ts: float) -> float:
+        """r0' at `ts`."""
+        d = self.daily
+        if d is None:
+            return self.r0
+        r = d.at(ts)
+        return max(0.5 * r, r * (1.0 - PROFILE_MISFIT) - BASELINE_STDERR_DISCOUNT * d.stderr)
+
+    def r_ok(self, ts: float) -> float:
+        return (1.0 - self.drop / 3.0) * self.reference(ts)
+
+    def r_resolve(self, ts: float) -> float:
+        return (1.0 - 2.0 * self.drop / 3.0) * self.reference(ts)
+
+    def llr(self, accepted: float, drafted: float, ts: float) -> float:
+        if self.daily is None:
+            return self.llr_flat(accepted, drafted)
+        r0 = self.reference(ts)
+        r_ok, r_bad = (1.0 - self.drop / 3.0) * r0, (1.0 - self.drop) * r0
+        if not 0.0 < r_bad < r_ok < 1.0:
+            return self.llr_flat(accepted, drafted)
+        return LogLikelihoodRatio.between(r_ok, r_bad, self.dispersion)(accepted, drafted)
 
     def effective_tokens(self, window: "ShortWindow") -> float:
         """Independent-token equivalent of the window: (Σ D)² / Σ D·φ(D), the n of its Wilson bounds."""
@@ -154,6 +190,7 @@ class AcceptanceDropEvaluator:
         self._test: _Test | None = None
         self._last_scrape: float | None = None  # the start of the next interval
         self._relearn_dispersion = False  # the reference's φ was learned on blocks of another length
+        self._daily_fitted: float | None = None  # when the daily profile was last fitted
         self._restore()
         store.register(self.route, self.persisted_state)
 
@@ -199,15 +236,23 @@ class AcceptanceDropEvaluator:
             out.update(self.gauge.fields())
         elif ref is not None and self._test is not None:
             current = self.window.ratio()
+            r0 = self.baseline_ratio(self._last_scrape)
             out.update(
-                baseline_ratio=ref.acceptance_ratio,
+                baseline_ratio=r0,
                 degraded=self.degraded,
                 cusum_statistic=self.cusum.statistic,
-                drop_ratio=None if current is None else 1.0 - current / ref.acceptance_ratio,
+                drop_ratio=None if current is None else 1.0 - current / r0,
             )
         if self.collapse.collapsed:
             out["degraded"] = True  # a broken drafter pages with or without a baseline
         return out
+
+    def baseline_ratio(self, ts: float | None) -> float:
+        """The reference's r0 at `ts`: by time of day when its daily profile is in use."""
+        ref = self.reference
+        assert ref is not None
+        daily = self._test.daily if self._test is not None else None
+        return ref.acceptance_ratio if daily is None or ts is None else daily.at(ts)
 
     @property
     def sprt_verdict(self) -> str:
@@ -279,6 +324,7 @@ class AcceptanceDropEvaluator:
         if own_key:
             self._maybe_relearn_dispersion(now)
             self._maybe_refine(now)
+            self._maybe_learn_daily(now)
         else:
             self._maybe_adopt(now)
 
@@ -287,7 +333,7 @@ class AcceptanceDropEvaluator:
         if block is None or self._test is None:
             return
         block_start, block_accepted, block_drafted = block
-        llr = self._test.llr(block_accepted, block_drafted)
+        llr = self._test.llr(block_accepted, block_drafted, block_start)
         self.cusum.update(llr, block_drafted, block_start)
         if self.sprt is not None:
             self.sprt.update(llr, block_drafted)
@@ -316,7 +362,7 @@ class AcceptanceDropEvaluator:
                 and self.sprt.verdict == "regressed"
                 and self.sprt.tokens >= cfg.min_drafted_tokens
             )
-            if (by_cusum or by_sprt) and upper < test.r_ok:
+            if (by_cusum or by_sprt) and upper < test.r_ok(now):
                 self.degraded = True
                 log.warning(
                     "route %s: acceptance dropped: %.3f over the short window vs baseline %.3f (%s)",
@@ -325,7 +371,7 @@ class AcceptanceDropEvaluator:
                     reference.acceptance_ratio,
                     "CUSUM" if by_cusum else "SPRT after a model change",
                 )
-        elif lower > test.r_resolve:
+        elif lower > test.r_resolve(now):
             self.degraded = False
             self.cusum.reset()
             if self.sprt is not None:
@@ -421,7 +467,7 @@ class AcceptanceDropEvaluator:
             return
         if self.learner.drafted < REFRESH_GROWTH * ref.drafted_tokens and not self._pin_due(now):
             return
-        refined = self._learned(now, ref.source, created=ref.created)
+        refined = dataclasses.replace(self._learned(now, ref.source, created=ref.created), daily=ref.daily)
         self._set_reference(refined, persist=True, keep_evidence=True)
         if refined.pinned:
             log.info(
@@ -430,6 +476,40 @@ class AcceptanceDropEvaluator:
                 refined.acceptance_ratio,
                 refined.key.label(),
                 refined.drafted_tokens,
+            )
+
+    def _maybe_learn_daily(self, now: float) -> None:
+        """Fit r0 by time of day once the key's quiet traffic spans half a day, hourly until it spans
+        `pin_duration`; then the profile is final. r0 and φ stay as learned (or pinned)."""
+        ref, span = self.reference, self.learner.seconds(now)
+        if (
+            ref is None
+            or ref.source == "config"
+            or (ref.daily is not None and ref.daily.final)
+            or span < PROFILE_MIN_SPAN_SECONDS
+        ):
+            return
+        final = span >= self.cfg.pin_seconds
+        if not final and self._daily_fitted is not None and now - self._daily_fitted < PROFILE_REFIT_SECONDS:
+            return
+        self._daily_fitted = now
+        profile = self.learner.daily_profile(final)
+        if profile is None:
+            return
+        if profile.usable:  # fixed at once: later refits would learn a drop at those hours as the daily pattern
+            profile = dataclasses.replace(profile, final=True)
+            final = True
+        self._set_reference(dataclasses.replace(ref, daily=profile, updated=now), persist=True, keep_evidence=True)
+        if final:
+            log.info(
+                "route %s: daily profile %s: %.3f + %.3f cos + %.3f sin (χ² %.1f, ±%.3f)",
+                self.route,
+                "in use" if profile.usable else "not used",
+                profile.mean,
+                profile.cos,
+                profile.sin,
+                profile.chi2,
+                profile.stderr,
             )
 
     def _maybe_adopt(self, now: float) -> None:
@@ -465,7 +545,7 @@ class AcceptanceDropEvaluator:
             self.store.put(baseline)
         r0 = baseline.acceptance_ratio * max(0.5, 1.0 - BASELINE_STDERR_DISCOUNT * baseline.relative_stderr())
         drop = self.cfg.drop
-        r_ok, r_bad, r_resolve = r0 * (1.0 - drop / 3.0), r0 * (1.0 - drop), r0 * (1.0 - 2.0 * drop / 3.0)
+        r_ok, r_bad = r0 * (1.0 - drop / 3.0), r0 * (1.0 - drop)
         if not 0.0 < r_bad < r_ok < 1.0:
             log.warning(
                 "route %s: baseline %.4f leaves no room to test a drop; detection is off",
@@ -477,7 +557,10 @@ class AcceptanceDropEvaluator:
         phi = max(1.0, baseline.overdispersion)
         self.window.min_tokens = max(self.cfg.min_drafted_tokens, CONFIRM_MIN_EFFECTIVE_TOKENS * phi)
         model = baseline.dispersion_model()
-        self._test = _Test(LogLikelihoodRatio.between(r_ok, r_bad, model), r_ok, r_resolve, model)
+        daily = baseline.daily if baseline.daily is not None and baseline.daily.usable else None
+        llr_flat = LogLikelihoodRatio.between(r_ok, r_bad, model)
+        # against the profile, blocks are weighed by the design effect of their deviations from it (stats/daily.py)
+        self._test = _Test(llr_flat, r0, drop, model if daily is None else daily.dispersion, daily)
         if not keep_evidence:
             self.cusum.reset()
 

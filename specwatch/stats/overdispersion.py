@@ -38,6 +38,16 @@ class DispersionModel:
         return min(PHI_MAX, max(PHI_MIN, self.intercept + self.slope * max(0.0, drafted)))
 
 
+@dataclass(frozen=True)
+class ClosedBlock:
+    """A block as the estimator closed it: (start, end], its accepted and drafted tokens."""
+
+    start: float
+    end: float
+    accepted: float
+    drafted: float
+
+
 @dataclass
 class DispersionEstimator:
     blocks: int = 0
@@ -54,9 +64,12 @@ class DispersionEstimator:
     open_accepted: float = 0.0
     block_seconds: float = BLOCK_SECONDS
 
-    def add(self, now: float, accepted: float, drafted: float, idle: bool = False, start: float | None = None) -> None:
+    def add(
+        self, now: float, accepted: float, drafted: float, idle: bool = False, start: float | None = None
+    ) -> ClosedBlock | None:
         """Add the interval (start, now]; `start` is the previous scrape (None: unknown, taken as `now`).
-        `idle`: nothing ran or waited at its end, so the open block holds whole requests."""
+        `idle`: nothing ran or waited at its end, so the open block holds whole requests. Returns the block this
+        interval closed, if any."""
         if drafted > 0:
             if self.open_start is None:
                 self.open_start = now if start is None else start
@@ -75,7 +88,10 @@ class DispersionEstimator:
             self.sum_drafted_sq += d * d
             self.sum_accepted_sq += a * a
             self.sum_cross += a * d
+            closed = ClosedBlock(self.open_start, now, a, d)
             self.open_start, self.open_drafted, self.open_accepted = None, 0.0, 0.0
+            return closed
+        return None
 
     def _ratio(self) -> float | None:
         if self.blocks < 3 or self.sum_drafted <= 0:
@@ -92,8 +108,7 @@ class DispersionEstimator:
         return min(PHI_MAX, max(PHI_MIN, spread / ((self.blocks - 1) * r * (1.0 - r))))
 
     def _inflation(self) -> float:
-        # one standard error of a variance estimate (√(2/(n-1))): few blocks err high
-        return 1.0 + math.sqrt(2.0 / (self.blocks - 1))
+        return variance_inflation(self.blocks)
 
     def conservative_estimate(self) -> float | None:
         """φ̂ inflated by one standard error of a variance estimate: few blocks err high."""
@@ -106,22 +121,35 @@ class DispersionEstimator:
         r = self._ratio()
         if phi is None or r is None:
             return None
-        n, inflate = self.blocks, self._inflation()
+        n = self.blocks
         var = r * (1.0 - r)
         s_d, s_dd = self.sum_drafted, self.sum_drafted_sq
         # y_t = D_t (r_t - r̄)² / var = (A²/D - 2 r A + r² D) / var, and y_t D_t likewise, from the sums
         s_y = (self.sum_sq_over_drafted - 2 * r * self.sum_accepted + r * r * s_d) / var
         s_yd = (self.sum_accepted_sq - 2 * r * self.sum_cross + r * r * s_dd) / var
-        dof = n / (n - 1)  # r̄ is estimated from the same blocks
-        spread_d = n * s_dd - s_d * s_d
-        if s_dd <= 0 or spread_d <= 1e-9 * n * s_dd:
-            return DispersionModel(phi * inflate)
-        slope = (n * s_yd - s_d * s_y) / spread_d
-        intercept = (s_y - slope * s_d) / n
-        if slope <= 0:
-            return DispersionModel(phi * inflate)
-        if intercept < PHI_MIN:  # the line through (0, 1): no block is less dispersed than a binomial
-            intercept, slope = PHI_MIN, max(0.0, (s_yd * dof - PHI_MIN * s_d) / s_dd)
-        else:
-            intercept, slope = intercept * dof, slope * dof
-        return DispersionModel(min(PHI_MAX, intercept * inflate), slope * inflate)
+        return dispersion_line(n, s_d, s_dd, s_y, s_yd, phi, self._inflation(), n / (n - 1))  # r̄ from the same blocks
+
+
+def variance_inflation(blocks: int) -> float:
+    """One standard error of a variance estimate from `blocks` blocks (√(2/(n-1))): few blocks err high."""
+    return 1.0 + math.sqrt(2.0 / (blocks - 1))
+
+
+def dispersion_line(
+    n: int, s_d: float, s_dd: float, s_y: float, s_yd: float, phi: float, inflate: float, dof: float
+) -> DispersionModel:
+    """The line φ0 + β·D fitted by least squares to y_t = D_t (r_t - r̂_t)² / (r̄ (1 - r̄)) over n blocks (sums Σ D,
+    Σ D², Σ y, Σ y·D), φ0 >= 1 and β >= 0, scaled by `dof` (the reference r̂ was fitted on the same blocks) and
+    `inflate`; the plain `phi` (inflated) when the blocks do not determine a rising line."""
+    spread_d = n * s_dd - s_d * s_d
+    if s_dd <= 0 or spread_d <= 1e-9 * n * s_dd:
+        return DispersionModel(phi * inflate)
+    slope = (n * s_yd - s_d * s_y) / spread_d
+    intercept = (s_y - slope * s_d) / n
+    if slope <= 0:
+        return DispersionModel(phi * inflate)
+    if intercept < PHI_MIN:  # the line through (0, 1): no block is less dispersed than a binomial
+        intercept, slope = PHI_MIN, max(0.0, (s_yd * dof - PHI_MIN * s_d) / s_dd)
+    else:
+        intercept, slope = intercept * dof, slope * dof
+    return DispersionModel(min(PHI_MAX, intercept * inflate), slope * inflate)

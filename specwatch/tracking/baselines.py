@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, cast
 
-from specwatch.stats.overdispersion import BLOCK_SECONDS, DispersionEstimator, DispersionModel
+from specwatch.stats.daily import DailyFit, DailyProfile
+from specwatch.stats.overdispersion import BLOCK_SECONDS, ClosedBlock, DispersionEstimator, DispersionModel
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,12 @@ _ADDED_COLUMNS = (
     ("dispersion_intercept", "REAL"),
     ("dispersion_slope", "REAL NOT NULL DEFAULT 0"),
     ("dispersion_block_seconds", "REAL"),
+    ("daily_profile", "TEXT"),
 )
 _BASELINE_COLUMNS = (
     "route, model_name, engine_version, k, acceptance_ratio, position_acceptance, "
     "mean_acceptance_length, overdispersion, drafted_tokens, source, pinned, created, updated, "
-    "dispersion_intercept, dispersion_slope, dispersion_block_seconds"
+    "dispersion_intercept, dispersion_slope, dispersion_block_seconds, daily_profile"
 )
 
 _SCHEMA = """
@@ -53,7 +55,7 @@ CREATE TABLE IF NOT EXISTS baselines (
     acceptance_ratio REAL NOT NULL, position_acceptance TEXT NOT NULL, mean_acceptance_length REAL,
     overdispersion REAL NOT NULL, drafted_tokens REAL NOT NULL, source TEXT NOT NULL, pinned INTEGER NOT NULL,
     created REAL NOT NULL, updated REAL NOT NULL, dispersion_intercept REAL, dispersion_slope REAL NOT NULL DEFAULT 0,
-    dispersion_block_seconds REAL, PRIMARY KEY (route, model_name, engine_version, k));
+    dispersion_block_seconds REAL, daily_profile TEXT, PRIMARY KEY (route, model_name, engine_version, k));
 CREATE TABLE IF NOT EXISTS route_state (route TEXT PRIMARY KEY, state TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS probe_fingerprints (
     route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
@@ -90,6 +92,8 @@ class Baseline:
     dispersion_slope: float = 0.0
     # the block length φ was learned on (`detection.block`); rows stored before it was recorded used BLOCK_SECONDS
     dispersion_block_seconds: float = BLOCK_SECONDS
+    # r0 by time of day (stats/daily.py), learned over the first day; None: not (yet) learned, or stored before it
+    daily: DailyProfile | None = None
     drafted_tokens: float = 0.0  # sample size behind the estimate; 0 for a configured baseline (exact)
     source: str = "learned"
     pinned: bool = True  # False while a learned baseline is still being refined
@@ -118,6 +122,7 @@ class BaselineLearner:
     accepted: float = 0.0
     per_pos: list[float] = field(default_factory=list)
     dispersion: DispersionEstimator = field(default_factory=DispersionEstimator)
+    daily: DailyFit = field(default_factory=DailyFit)
 
     def add(
         self,
@@ -132,7 +137,7 @@ class BaselineLearner:
         """One interval (start, now], `start` being the previous scrape (None: not known)."""
         if drafted <= 0:
             if idle:  # closes the block of the requests just finished
-                self.dispersion.add(now, 0.0, 0.0, idle=True, start=start)
+                self._add_block(self.dispersion.add(now, 0.0, 0.0, idle=True, start=start))
             return
         if self.start is None:
             self.start = now
@@ -144,7 +149,11 @@ class BaselineLearner:
                 self.per_pos[j] += value
             else:
                 self.per_pos.append(value)
-        self.dispersion.add(now, accepted, drafted, idle, start)
+        self._add_block(self.dispersion.add(now, accepted, drafted, idle, start))
+
+    def _add_block(self, block: ClosedBlock | None) -> None:
+        if block is not None:  # the daily profile is fitted on the blocks φ is (and the CUSUM weighs)
+            self.daily.add(block)
 
     def seconds(self, now: float) -> float:
         return 0.0 if self.start is None else now - self.start
@@ -179,6 +188,10 @@ class BaselineLearner:
             updated=now,
         )
 
+    def daily_profile(self, final: bool = False) -> DailyProfile | None:
+        """r0 by time of day from this traffic, with the design effect of its blocks about it."""
+        return self.daily.fit(final)
+
     def to_json(self) -> dict[str, Any]:
         d = self.dispersion
         return {
@@ -197,6 +210,7 @@ class BaselineLearner:
                 d.sum_cross,
             ],
             "block_seconds": d.block_seconds,
+            "daily": self.daily.to_json(),
         }
 
     @classmethod
@@ -221,10 +235,12 @@ class BaselineLearner:
                 sum_cross=sum_ad,
                 block_seconds=block_seconds,
             ),
+            daily=DailyFit.from_json(raw.get("daily")),
         )
         # state saved before the block length was recorded was learned on BLOCK_SECONDS blocks
         if float(raw.get("block_seconds", BLOCK_SECONDS)) != block_seconds:
             learner.dispersion = DispersionEstimator(block_seconds=block_seconds)
+            learner.daily = DailyFit()  # its sums are of those blocks too
         return learner
 
 
@@ -383,7 +399,7 @@ class BaselineStore:
         return self._transaction(
             "writing a baseline",
             lambda c: c.execute(
-                f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO baselines ({_BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     b.route,
                     b.key.model_name,
@@ -401,6 +417,7 @@ class BaselineStore:
                     b.dispersion_intercept,
                     b.dispersion_slope,
                     b.dispersion_block_seconds,
+                    None if b.daily is None else json.dumps(b.daily.to_json()),
                 ),
             ),
         )
@@ -630,11 +647,16 @@ def _row_to_baseline(row: tuple) -> Baseline:
         intercept,
         slope,
         block,
+        daily,
     ) = row
     try:
         pos = tuple(float(x) for x in json.loads(positions))
     except (ValueError, TypeError):
         pos = ()
+    try:
+        profile = None if daily is None else DailyProfile.from_json(json.loads(daily))
+    except (ValueError, TypeError, KeyError):
+        profile = None  # an unreadable profile is learned again; r0 itself stays
     return Baseline(
         route=route,
         key=BaselineKey(model, version, int(k)),
@@ -645,6 +667,7 @@ def _row_to_baseline(row: tuple) -> Baseline:
         dispersion_intercept=None if intercept is None else float(intercept),
         dispersion_slope=float(slope or 0.0),
         dispersion_block_seconds=BLOCK_SECONDS if block is None else float(block),
+        daily=profile,
         drafted_tokens=float(drafted),
         source=source,
         pinned=bool(pinned),
