@@ -28,7 +28,7 @@ FIXTURE = (Path(__file__).parent / "fixtures" / "vllm" / "v1_k4_2engines.prom").
 
 class RecordingFetcher(HttpFetcher):
     def __init__(self) -> None:
-        super().__init__(timeout_seconds=2.0)
+        super().__init__(timeout_seconds=10.0)  # loopback, but a loaded box can stall a scrape for seconds
         self.urls: list[str] = []
         self.bodies: list[bytes] = []
 
