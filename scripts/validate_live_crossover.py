@@ -10,7 +10,7 @@ model's plain step time beside the plain server's measured one (the step the spe
 
 CPU physics, not a GPU's: the roofline's hardware row is this machine's CPU, measured here (fp32 GEMM FLOP/s and
 read bandwidth with the engine venv's torch, on the cores vLLM uses), and its GEMMs pad no rows. It needs a
-quiet machine: step times on a shared box follow the other load, not the batch. About 8 minutes.
+quiet machine: step times on a shared box follow the other load, not the batch. About 10 minutes.
 
     .venv/bin/python scripts/validate_live_crossover.py --out /tmp/livecal
 """
@@ -33,6 +33,7 @@ import requests
 from specwatch.config import parse_config
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.live import EstimatedCrossover
+from specwatch.crossover.livecal import MIN_BIN_OBSERVATIONS
 from specwatch.crossover.model import Draft, Efficiency, Hardware, StepModel
 from specwatch.crossover.sweepfile import crossover_concurrency
 from specwatch.evaluators.above_crossover import AboveCrossoverEvaluator
@@ -46,7 +47,7 @@ from specwatch.tracking.routes import RouteTracker
 
 K = 3
 DRAFTER_WRONG_FRACTION = 0.2
-SCRAPE_SECONDS = 3.0
+SCRAPE_SECONDS = 2.0
 
 # Measured in the engine venv: the fp32 GEMM rate of a square matmul and the read bandwidth of a sum over a
 # buffer far larger than the caches, each the best of several runs, on the threads vLLM's CPU build uses.
@@ -138,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("/tmp/specwatch-livecal"))
     parser.add_argument("--concurrency", default="1,2,4,8,16")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=80)
+    parser.add_argument("--requests-per-client", type=int, default=4)
     args = parser.parse_args(argv)
 
     supported, reason = cpu_support()
@@ -154,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         f"hardware: {hardware.name}: {hardware.flops_fp32 / 1e9:.1f} GFLOP/s fp32, {hardware.bandwidth / 1e9:.1f} GB/s"
     )
     shape = load_hf_config(str(target / "config.json"))
-    model = StepModel(
-        shape, hardware, Efficiency(source="uncalibrated start"), dtype="fp32", draft=Draft.parse("eagle", shape)
-    )
+    # The prior says where the fixed cost sits, not how large it is: an eager CPU build runs Python around every
+    # forward, the drafter's one layer as much as the target's four (livecal refits the larger fixed cost).
+    prior = Efficiency(step_overhead_s=0.01, source="CPU prior: the fixed cost is per forward")
+    model = StepModel(shape, hardware, prior, dtype="fp32", draft=Draft.parse("eagle", shape))
 
     levels = [int(c) for c in args.concurrency.split(",")]
     plain = VllmServer(env, VllmServerSpec(model=target, max_num_seqs=max(levels)), args.out / "plain")
@@ -223,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         "live_crossover": live,
         "live_band": [final.get("live_crossover_lower"), final.get("live_crossover_upper")],
         "error": (live / swept - 1.0) if live and swept else None,
-        "bins": [{"batch": p.batch, "spec_step_s": p.seconds} for p in calibration.points(K, context)],
+        "bins": [
+            {"batch": batch, "spec_step_s": seconds, "observations": count}
+            for batch, seconds, count in calibration.observed()
+        ],
+        "fitted_bins": len(calibration.points(K, context, MIN_BIN_OBSERVATIONS)),
         "refit": refit.efficiency.__dict__ if refit else None,
         "levels": [],
         "history": watcher.history,

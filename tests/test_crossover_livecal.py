@@ -115,10 +115,29 @@ def test_live_crossover_converges_on_the_simulated_engine():
     assert width <= 0.5 * final["live_crossover_batch_size"]
 
 
-def test_a_slow_engine_with_large_fixed_costs_is_fitted_too():
-    """A CPU engine: no GEMM tile to fill, fp32 weights, 8 ms of framework cost per layer and forward. Its
-    fixed costs are past any GPU's, so the search reaches up to the fastest observed step; the live B*
-    matches the engine's own from spec steps alone."""
+@pytest.mark.parametrize(
+    "fixed_cost, prior, alpha",
+    [
+        ({"layer_overhead_s": 0.008}, {}, 0.7),
+        pytest.param(
+            {"step_overhead_s": 0.025},
+            {"step_overhead_s": 0.001},
+            0.9,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known defect: from the prior's 1 ms the fit's pattern search settles where verify attention "
+                "(efficiency at its floor, per-key cost at its ceiling) stands in for the 25 ms per-forward cost: "
+                "B* 9.2 against 4.5 (a second start at half the fastest step lands elsewhere, not better)",
+            ),
+        ),
+    ],
+    ids=["per-layer", "per-forward"],
+)
+def test_a_slow_engine_with_large_fixed_costs_is_fitted_too(fixed_cost, prior, alpha):
+    """A CPU engine: no GEMM tile to fill, fp32 weights, a fixed cost of milliseconds per layer or tens per
+    forward, past any GPU's, so the search reaches up to the fastest observed step. Spec steps alone cannot
+    split the fixed cost between per layer and per forward; the prior's split is kept (a prior with a
+    per-forward cost refits that one) and, when it is the engine's, the live B* matches the engine's own."""
     from specwatch.crossover.model import Efficiency, Hardware, ModelShape
 
     cpu = Hardware("CPU", 20e9, 100e9, None, 24e9, sms=2, gemm_padding=(1, 1), flops_fp32=100e9)
@@ -128,20 +147,33 @@ def test_a_slow_engine_with_large_fixed_costs_is_fitted_too():
     truth = StepModel(
         shape,
         cpu,
-        Efficiency(memory=0.5, compute=0.5, verify_attention=0.5, layer_overhead_s=0.008),
+        Efficiency(memory=0.5, compute=0.5, verify_attention=0.5, **fixed_cost),
         dtype="fp32",
         draft=Draft.parse("eagle", shape),
     )
-    positions = positions_from_alpha(0.7, 3)
+    positions = positions_from_alpha(alpha, 3)
     true_b_star = truth.crossover(positions, 60.0)
     assert true_b_star is not None and 2 < true_b_star < 64
 
-    live = LiveCalibration(replace(truth, efficiency=Efficiency()))
+    live = LiveCalibration(replace(truth, efficiency=Efficiency(**prior)))
     for batch in (1, 2, 4, 8, 16):
         live.add(batch, truth.spec_step_s(batch, 3, 60.0), 200)
     answer = live.answer(positions, 60.0, 0.0)
     assert answer.batch_size == pytest.approx(true_b_star, rel=0.1)
     refit = live.fitted_model()
-    assert refit is not None and refit.target_step_s(4, 1, 60.0) == pytest.approx(
-        truth.target_step_s(4, 1, 60.0), rel=0.1
-    )
+    assert refit is not None
+    assert refit.target_step_s(4, 1, 60.0) == pytest.approx(truth.target_step_s(4, 1, 60.0), rel=0.1)
+
+
+def test_bins_with_few_steps_wait_before_they_are_fitted():
+    """A handful of steps caught around a stall would weigh as much as a busy hour: a bin is fitted only once
+    it holds MIN_BIN_OBSERVATIONS steps."""
+    from specwatch.crossover.livecal import MIN_BIN_OBSERVATIONS
+
+    table = load_table()
+    positions = positions_from_alpha(ALPHA, K)
+    live = LiveCalibration(h200_model())
+    live.add(16, step_seconds(table, 16, K), MIN_BIN_OBSERVATIONS - 1)
+    assert live.answer(positions, 1024, 0.0).batch_size is None
+    live.add(16, step_seconds(table, 16, K), 1)
+    assert live.answer(positions, 1024, 1.0).bins == 1

@@ -26,11 +26,15 @@ from specwatch.crossover.model import StepModel
 BINS_PER_DOUBLING = 4  # batch bins: 2^(i/4), so neighbouring bins differ by ~19%
 MAX_BIN_WEIGHT = 5000.0  # observations; older weight is scaled down past this
 MIN_BINS = 3  # fewer cannot separate the efficiencies: the band stays wide
-# One fixed cost only, per layer: spec steps alone cannot split a fixed cost between per-forward and per-layer
-# (a verify and k draft forwards pay 4 and 7 of them at k = 3 against the plain step's 1 and 4), and the plain
-# step's share is what B* needs. Per layer is what dominates the calibrated GPUs' fixed costs (kernel
-# boundaries) and a CPU build's eager operator dispatch; the per-forward cost stays at the calibrated value.
-FIT_PARAMETERS = ("memory", "compute", "verify_attention", "verify_key_s", "layer_overhead_s")
+# Step observations a bin needs before it is fitted: every bin weighs the same in the fit, and a few steps
+# caught around a stall (a CPU engine's cycle at a passing batch) would pull it as hard as an hour's worth.
+MIN_BIN_OBSERVATIONS = 100
+# One fixed cost only: spec steps alone cannot split a fixed cost between per forward and per layer (a verify
+# and k draft forwards pay 4 and 7 of them at k = 3 with a one-layer drafter on a 4-layer target, against the
+# plain step's 1 and 4), and the plain step's share is what B* needs. The split comes from the route's
+# hardware row: the larger of its two fixed costs is refitted, the other kept. A calibrated GPU's is per layer
+# (kernel boundaries inside CUDA graphs), an eager CPU build's per forward (Python around every forward).
+FIT_PARAMETERS = ("memory", "compute", "verify_attention", "verify_key_s")
 FIT_TOLERANCE = 5e-3
 REFIT_SECONDS = 60.0
 
@@ -75,22 +79,25 @@ class LiveCalibration:
         self._bins.clear()
         self._cache = None
 
-    def points(self, k: int, context: float) -> list[StepPoint]:
+    def points(self, k: int, context: float, min_observations: float = 0.0) -> list[StepPoint]:
+        """Each bin's mean batch and step time, in batch order; bins with fewer observations left out."""
         return [
             StepPoint(bsum / w, k + 1, context, ssum / w, kind="spec")
             for w, bsum, ssum in (self._bins[i] for i in sorted(self._bins))
+            if w >= min_observations
         ]
 
     def answer(self, positions: Sequence[float], context: float, now: float) -> LiveAnswer:
         """B* and its band; refitted when a batch bin appears, the acceptance or context moves, or
         REFIT_SECONDS passed (a refit with its jackknife is n + 1 small fits)."""
         k = len(positions)
-        if not k or not self._bins:
-            return LiveAnswer(None, None, None, len(self._bins), None)
-        key = (tuple(round(p, 2) for p in positions), round(context, -1), tuple(sorted(self._bins)))
+        ready = tuple(i for i in sorted(self._bins) if self._bins[i][0] >= MIN_BIN_OBSERVATIONS)
+        if not k or not ready:
+            return LiveAnswer(None, None, None, len(ready), None)
+        key = (tuple(round(p, 2) for p in positions), round(context, -1), ready)
         if self._cache is not None and self._cache[0] == key and now - self._cache[1] < REFIT_SECONDS:
             return self._cache[2]
-        points = self.points(k, context)
+        points = self.points(k, context, MIN_BIN_OBSERVATIONS)
         model, rms = self._fit(points)
         b_star = model.crossover(positions, context)
         estimates = [b_star]
@@ -113,6 +120,10 @@ class LiveCalibration:
             return None
         return self._cache[3].speedup(batch, positions, context)
 
+    def observed(self) -> list[tuple[float, float, float]]:
+        """(mean batch, mean step seconds, observations) of every bin, in batch order."""
+        return [(bsum / w, ssum / w, w) for w, bsum, ssum in (self._bins[i] for i in sorted(self._bins))]
+
     def fitted_model(self) -> StepModel | None:
         """The model of the last refit (None before any)."""
         return None if self._cache is None else self._cache[3]
@@ -121,14 +132,18 @@ class LiveCalibration:
         # A fixed cost cannot exceed the fastest observed step: searching up to it lets a slow engine (a CPU
         # build's framework costs milliseconds a layer) fit without changing a GPU's search range.
         fastest = min(p.seconds for p in points)
-        bounds = {"layer_overhead_s": (0.0, max(BOUNDS["layer_overhead_s"][1], fastest / self.model.shape.layers))}
+        prior = self.model.efficiency
+        if prior.step_overhead_s > prior.layer_overhead_s * self.model.shape.layers:
+            fixed, most = "step_overhead_s", fastest
+        else:
+            fixed, most = "layer_overhead_s", fastest / self.model.shape.layers
         eff, rms = fit_models(
             [(self.model, points)],
             "live",
-            FIT_PARAMETERS,
+            FIT_PARAMETERS + (fixed,),
             tolerance=FIT_TOLERANCE,
             tie_decode_attention=False,
-            bounds=bounds,
+            bounds={fixed: (0.0, max(BOUNDS[fixed][1], most))},
         )
         eff = replace(eff, source=f"live: fitted to {len(points)} batch bins of the engine's step times")
         return self.model.with_efficiency(eff), rms
