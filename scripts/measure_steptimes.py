@@ -294,6 +294,19 @@ class Model:
         return forward, {"kv_buffers": len(kv), "experts_touched": routing.experts_touched if routing else None}
 
 
+def cuda_provenance(device: torch.device, script: str) -> dict:
+    """What every H200 file of these scripts records about the run: GPU, torch, CUDA, SMs, date, command."""
+    return {
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "sm_count": torch.cuda.get_device_properties(device).multi_processor_count,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "script": script,
+        "command": " ".join(sys.argv),
+    }
+
+
 def time_graph(fn, device: torch.device, target_s: float, max_reps: int) -> float:
     """Median ms of CUDA-event-timed replays of fn captured as a CUDA graph (eager wall time on CPU)."""
     if device.type != "cuda":

@@ -14,7 +14,6 @@ CUDA-event-timed replays. It also records the CUDA kernels each case launches (t
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -22,7 +21,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from measure_steptimes import time_graph  # the tables' own timing: median of CUDA-event-timed graph replays
+# time_graph: the tables' own timing, the median of CUDA-event-timed graph replays
+from measure_steptimes import cuda_provenance, time_graph
 
 CONTEXT = 1024
 BATCHES = (16, 64, 128, 256)
@@ -122,12 +122,7 @@ def main() -> int:
                 torch.cuda.empty_cache()
     doc = {
         "provenance": {
-            "gpu": torch.cuda.get_device_name(device),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "sm_count": torch.cuda.get_device_properties(device).multi_processor_count,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "script": "scripts/probe_attention.py",
+            **cuda_provenance(device, "scripts/probe_attention.py"),
             "context": CONTEXT,
             "kv_buffers_per_graph": COPIES,
         },

@@ -15,7 +15,6 @@ times can differ from the graph's by a few percent (the `kernel_sum_ms` beside `
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -115,12 +114,7 @@ def main() -> int:
         torch.cuda.empty_cache()
     doc = {
         "provenance": {
-            "gpu": torch.cuda.get_device_name(device),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "script": "scripts/profile_steptimes.py",
-            "command": " ".join(sys.argv),
+            **ms.cuda_provenance(device, "scripts/profile_steptimes.py"),
             "context": args.context,
             "variant": "gqa-aligned-float",
         },
