@@ -4,9 +4,9 @@ A speculating vLLM engine reports its step period (`vllm:inter_token_latency_sec
 decoding request per step, so Δsum / Δcount over a cycle is the mean step time) beside its running batch.
 Those are *speculative* step times, T_spec(B) = T(B, k+1) + k·T_draft(B), at the batches the route actually
 runs. They are binned by batch; the route's roofline model (`estimate:` config) has its memory, compute,
-verify-attention efficiencies, the verify kernel's per-key cost and its per-layer overhead re-fitted to the
-bins; the refitted model predicts the plain step time, which the engine never shows while
-it speculates, and B* is re-solved from it.
+verify-attention efficiencies, the verify kernel's per-key cost and one fixed cost (per layer or per forward,
+whichever the hardware row's prior puts first) re-fitted to the bins; the refitted model predicts the plain
+step time, which the engine never shows while it speculates, and B* is re-solved from it.
 
 The band is a jackknife over batch bins: B* refitted with each bin left out in turn; its lowest and highest
 values bound the estimate. One or two bins cannot separate the efficiencies (the band spans the calibrated
@@ -82,9 +82,9 @@ class LiveCalibration:
     def points(self, k: int, context: float, min_observations: float = 0.0) -> list[StepPoint]:
         """Each bin's mean batch and step time, in batch order; bins with fewer observations left out."""
         return [
-            StepPoint(bsum / w, k + 1, context, ssum / w, kind="spec")
-            for w, bsum, ssum in (self._bins[i] for i in sorted(self._bins))
-            if w >= min_observations
+            StepPoint(batch, k + 1, context, seconds, kind="spec")
+            for batch, seconds, observations in self.observed()
+            if observations >= min_observations
         ]
 
     def answer(self, positions: Sequence[float], context: float, now: float) -> LiveAnswer:
