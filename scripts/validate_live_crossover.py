@@ -41,7 +41,7 @@ from specwatch.offline.sweep import SweepSettings, context_estimate, run_sweep
 from specwatch.sources.engines import parse_engine_sample
 from specwatch.testbed.engine_env import EngineEnv, cpu_support, ensure_engine_env
 from specwatch.testbed.load import PROMPTS
-from specwatch.testbed.models import DEFAULT_CACHE
+from specwatch.testbed.models import build_heavy_successor
 from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import RouteTracker
 
@@ -50,18 +50,25 @@ DRAFTER_WRONG_FRACTION = 0.2
 SCRAPE_SECONDS = 2.0
 
 # Measured in the engine venv: the fp32 GEMM rate of a square matmul and the read bandwidth of a sum over a
-# buffer far larger than the caches, each the best of several runs, on the threads vLLM's CPU build uses.
+# buffer far larger than the caches, each the best of several runs, on torch's default threads (every core, as
+# the vLLM CPU servers here use).
 MEASURE_CPU = r"""
 import json, time, torch
-torch.set_num_threads(torch.get_num_threads())
+
+def best_seconds(fn, runs):
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
 n = 1024
 a, b = torch.randn(n, n), torch.randn(n, n)
-best = min((lambda t0: (torch.mm(a, b), time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(20))
+gemm = best_seconds(lambda: torch.mm(a, b), 20)
 buf = torch.ones(64 * 1024 * 1024)  # 256 MiB
-buf.sum()
-best_read = min((lambda t0: (buf.sum(), time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(8))
-print(json.dumps({"flops": 2 * n**3 / best, "bandwidth": buf.numel() * 4 / best_read,
-                  "threads": torch.get_num_threads()}))
+read = best_seconds(buf.sum, 8)
+print(json.dumps({"flops": 2 * n**3 / gemm, "bandwidth": buf.numel() * 4 / read, "threads": torch.get_num_threads()}))
 """
 
 
@@ -80,20 +87,6 @@ def measure_cpu(env: EngineEnv) -> Hardware:
         gemm_padding=(1, 1),
         flops_fp32=peaks["flops"],
     )
-
-
-def build_heavy_models(env: EngineEnv) -> tuple[Path, Path]:
-    result = env.run_python(
-        "-m",
-        "specwatch.testbed.tiny_models",
-        str(DEFAULT_CACHE),
-        "--heavy-successor-drafter",
-        f"{DRAFTER_WRONG_FRACTION:g}",
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"building the heavy successor models failed:\n{result.stderr[-2000:]}")
-    built = json.loads(result.stdout.strip().splitlines()[-1])["heavy_successor"]
-    return Path(built["target"]), Path(built["drafters"][f"{DRAFTER_WRONG_FRACTION:g}"])
 
 
 class LiveWatcher:
@@ -149,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     env = ensure_engine_env()
-    target, drafter = build_heavy_models(env)
+    target, drafter = build_heavy_successor(env, DRAFTER_WRONG_FRACTION)
     hardware = measure_cpu(env)
     print(
         f"hardware: {hardware.name}: {hardware.flops_fp32 / 1e9:.1f} GFLOP/s fp32, {hardware.bandwidth / 1e9:.1f} GB/s"

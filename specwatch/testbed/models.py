@@ -45,15 +45,12 @@ def build_tiny_models(
 ) -> TinyModels:
     """Build (or reuse) the target, one drafter per noise level, an unrelated drafter, and the successor target
     and drafters. Deterministic."""
-    args = ["-m", "specwatch.testbed.tiny_models", str(dest), "--unrelated"]
+    args = ["--unrelated"]
     for noise in noises:
         args += ["--drafter-noise", f"{noise:g}"]
     for fraction in successor_fractions:
         args += ["--successor-drafter", f"{fraction:g}"]
-    result = env.run_python(*args)
-    if result.returncode != 0:
-        raise EngineEnvError(f"building the tiny models failed:\n{result.stderr[-4000:]}")
-    built = json.loads(result.stdout.strip().splitlines()[-1])
+    built = _build(env, dest, args)
     return TinyModels(
         target=Path(built["target"]),
         drafters={float(k): Path(v) for k, v in built["drafters"].items()},
@@ -61,3 +58,18 @@ def build_tiny_models(
         successor_target=Path(built["successor"]["target"]),
         successor_drafters={float(k): Path(v) for k, v in built["successor"]["drafters"].items()},
     )
+
+
+def build_heavy_successor(env: EngineEnv, wrong_fraction: float, dest: Path = DEFAULT_CACHE) -> tuple[Path, Path]:
+    """Build (or reuse) the heavy successor target and its one-layer drafter with `wrong_fraction`
+    (docs/testbed.md, "Heavy successor models"): (target, drafter)."""
+    built = _build(env, dest, ["--heavy-successor-drafter", f"{wrong_fraction:g}"])["heavy_successor"]
+    return Path(built["target"]), Path(built["drafters"][f"{wrong_fraction:g}"])
+
+
+def _build(env: EngineEnv, dest: Path, args: list[str]) -> dict:
+    """Run `tiny_models.py` in the engine venv; what it built, as it prints it."""
+    result = env.run_python("-m", "specwatch.testbed.tiny_models", str(dest), *args)
+    if result.returncode != 0:
+        raise EngineEnvError(f"building the tiny models failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
