@@ -1,11 +1,10 @@
 """The composition root: one evaluation cycle (`tick`) from engine and GPU samples to a published Snapshot.
 
-Per cycle, every route's source and the GPU source are sampled concurrently in a `ScrapePool` (a few
-threads, more only while calls hang), each call wrapped by `run_source()`, the one place that turns
-source failures into data. A route's outcome goes
-through its `RouteTracker` and then its evaluators (detectors, crossover); the resulting `RouteState`s form
-an immutable `Snapshot` that is published by swapping one reference, so exporters never see a half-built
-cycle and never need a lock.
+Per cycle, every route's source and the GPU source are sampled in a `ScrapePool` (one thread while calls
+are quick, more only while they are slow or hang), each call wrapped by `run_source()`, the one place that
+turns source failures into data. A route's outcome goes through its `RouteTracker` and then its evaluators
+(detectors, crossover); the resulting `RouteState`s form an immutable `Snapshot` that is published by
+swapping one reference, so exporters never see a half-built cycle and never need a lock.
 
 A hung source costs only its own route: the cycle waits for it at most 1.5 x the scrape timeout, a source
 whose previous call is still running is not called again (so hung calls never pile up threads), and the

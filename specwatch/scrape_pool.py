@@ -1,14 +1,20 @@
-"""The threads that run source calls: a few workers, and more only while calls hang.
+"""The threads that run source calls: one worker while calls are quick, more only while calls are slow or hang.
 
 A healthy cycle is 64 short calls (a loopback GET and a parse, well under a millisecond each), nearly all
-CPU under one GIL: four workers run them as fast as 66 threads would, without the futex wake-ups and GIL
-hand-offs of 66 threads taking turns (64 GET + parse calls over loopback, side by side in one process: about
-10% less CPU than through a 66-thread ThreadPoolExecutor). But a hung source must cost only its own route, so
-the pool grows past stuck workers: a worker busy on one call for `stall_seconds` (far above a healthy call) is *stalled*
-and stops counting against `core_workers`; and when every working thread is stalled while calls wait, a
-thread is woken or started for each waiting call (up to `max_workers`), so no healthy call waits behind
-hung ones for more than about `stall_seconds`. Idle threads are woken last-in first-out, so those beyond
-the core ones stay idle once the hang is over, and exit after `idle_seconds`.
+CPU under one GIL: one worker runs them back to back, without the futex wake-ups and GIL hand-offs of
+several threads taking turns. Side by side in one process on the H200 host (figure 2's 64 routes;
+docs/benchmarks.md), a cycle cost 41.5 ms of CPU with one worker, 46.1 with two, 47.8 with four and 49.0
+with eight. But a slow or hung source must cost only its own route, so the pool grows:
+
+- a worker busy on one call for `stall_seconds` (far above a healthy call) is *stalled* and stops counting
+  against `core_workers`; when every working thread is stalled while calls wait, a thread is woken or
+  started for each waiting call;
+- while the oldest waiting call has waited `stall_seconds` (calls are slow, not hung: an engine answering
+  /metrics in 100 ms), the number of working threads doubles every `stall_seconds`.
+
+So a healthy call waits behind hung ones for about `stall_seconds`, and a backlog of slow calls gets more
+threads within a few `stall_seconds`, up to `max_workers`. Idle threads are woken last-in first-out, so
+those beyond the core ones stay idle once the hang is over, and exit after `idle_seconds`.
 
 The daemon submits at most one call per source at a time (a source whose last call still hangs is
 skipped), so `max_workers` = sources + spare never leaves a call waiting for a thread that cannot come.
@@ -22,7 +28,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable
 
-CORE_WORKERS = 4
+CORE_WORKERS = 1
 STALL_SECONDS = 0.25
 IDLE_SECONDS = 60.0
 
@@ -59,7 +65,7 @@ class ScrapePool:
         self._clock = clock
         self._lock = threading.Lock()
         self._backlog = threading.Condition(self._lock)  # wakes the supervisor when calls are queued
-        self._queue: deque[tuple[Future, Callable[..., Any], tuple]] = deque()
+        self._queue: deque[tuple[Future, Callable[..., Any], tuple, float]] = deque()  # ..., queued at
         self._workers: list[_Worker] = []
         self._idle: list[_Worker] = []  # a stack: the most recently idle worker is woken first
         self._running = 0  # workers woken or in a call, stalled ones included
@@ -75,7 +81,7 @@ class ScrapePool:
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("ScrapePool is shut down")
-            self._queue.append((future, fn, args))
+            self._queue.append((future, fn, args, self._clock()))
             if self._running - self._stalled < self.core_workers:
                 self._add_worker()
             if not self._watching:
@@ -132,7 +138,7 @@ class ScrapePool:
         try:
             while True:
                 if self._queue:
-                    future, fn, args = self._queue.popleft()
+                    future, fn, args, _ = self._queue.popleft()
                     worker.busy_since = self._clock()
                     lock.release()
                     try:
@@ -185,12 +191,17 @@ class ScrapePool:
                         self._stalled += 1
                     else:
                         next_check = min(next_check, self.stall_seconds - busy)
-                if self._running == self._stalled:
+                working = self._running - self._stalled
+                waited = now - self._queue[0][3]
+                if working == 0:
                     # Every working thread is stuck on one call: one for each waiting call, so none of
                     # them waits behind another hang.
                     wanted = len(self._queue)
-                else:  # some are stuck: back to the core number of working threads
-                    wanted = min(len(self._queue), self.core_workers - (self._running - self._stalled))
+                elif waited >= self.stall_seconds:  # calls are slow, not stuck: double the working threads
+                    wanted = min(len(self._queue), working)
+                else:  # replace stuck workers, up to the core number of working threads
+                    wanted = min(len(self._queue), self.core_workers - working)
+                    next_check = min(next_check, self.stall_seconds - waited)
                 for _ in range(wanted):
                     if not self._add_worker():
                         break

@@ -60,6 +60,22 @@ def test_hung_calls_in_front_do_not_delay_healthy_ones_past_the_stall_time(gate)
         pool.shutdown()
 
 
+def test_slow_calls_that_are_not_hung_get_more_threads_once_calls_wait_the_stall_time():
+    # Twenty 0.3 s calls (an engine answering /metrics slowly, each call below the stall time of 0.5 s) take
+    # 6 s on the one core worker; once the oldest waits 0.5 s the working threads double every 0.5 s.
+    pool = ScrapePool(32, core_workers=1, stall_seconds=0.5)
+    try:
+        begin = time.monotonic()
+        futures = [pool.submit(time.sleep, 0.3) for _ in range(20)]
+        for future in futures:
+            future.result(timeout=10)
+        took = time.monotonic() - begin
+        assert took < 4.0, f"20 slow calls took {took:.1f}s; one thread takes 6s"
+        assert 1 < pool.threads < 20  # grown, but by doubling rather than a thread per call
+    finally:
+        pool.shutdown()
+
+
 def test_the_pool_never_exceeds_max_workers_and_runs_the_backlog_once_calls_return(gate):
     pool = ScrapePool(3, core_workers=1, stall_seconds=STALL)
     try:
