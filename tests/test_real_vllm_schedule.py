@@ -110,7 +110,8 @@ def test_k_follows_the_schedule_without_a_model_change_and_k0_reads_inactive(sch
         assert a.speculation_active is True
 
         # Phase B, two at a time: the steps at batch 2 draft 1 token (a lone request between two finishes: 3).
-        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=2, max_tokens=48, max_seconds=180):
+        # Long requests keep those lone steps rare when a busy box slows the clients' next request.
+        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=2, max_tokens=96, max_seconds=180):
             watch.wait_running(2)
             watch.tick()  # the phase's window starts here
             time.sleep(20)
@@ -126,10 +127,11 @@ def test_k_follows_the_schedule_without_a_model_change_and_k0_reads_inactive(sch
         # Phase C, more clients than slots: requests wait, so the batch stays at MAX_NUM_SEQS: K = 0. The engine
         # still drafts for the odd step whose batch dips at a request boundary; on a quiet box those strays are
         # under 1 draft token per 100 generated and the route reads inactive. On a box whose cores are all busy
-        # the engine's front end is slow to hand over the next request, the batch dips more often (8% of the
-        # tokens drafted at load 12-14, 11% with two clients a slot), and then the engine *is* still speculating:
-        # the route must say what the engine did either way, and the schedule must have cut drafting.
-        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=4 * MAX_NUM_SEQS, max_tokens=48, max_seconds=180):
+        # the engine's front end is slow to hand over the next request and the batch dips more often (with
+        # 48-token requests: 8% of the tokens drafted at load 12-14, 26% at load 8 beside four other busy
+        # processes), and then the engine *is* still speculating: the route must say what the engine did either
+        # way, and the schedule must have cut drafting. 128-token requests make request boundaries rarer.
+        with BackgroundLoad(scheduled.base_url, "tiny", concurrency=4 * MAX_NUM_SEQS, max_tokens=128, max_seconds=180):
             watch.wait_running(MAX_NUM_SEQS)
             watch.tick()
             time.sleep(30)
