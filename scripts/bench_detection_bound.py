@@ -69,6 +69,7 @@ MIX = {"mix_share": 0.3, "mix_swing": 0.2, "mix_scale": 0.85}
 class Model:
     spec: TraceSpec  # rate, κ, profile, k, mix
     bad: float  # the drop the test is tuned to detect (r_bad = (1 - bad) r0); the zone's edge is DRIFT
+    share_known: bool = True  # the oracle knows the hour's class share; False: only the day's mean share
 
     def beta_grid(self) -> tuple[np.ndarray, np.ndarray]:
         """(GRID points, their ln weights) for integrating over u ~ Beta(κm, κ(1-m)): evenly spaced between the
@@ -132,6 +133,8 @@ class Llr:
     def __init__(self, model: Model) -> None:
         s = model.spec
         self.mix_scale = s.mix_scale
+        # None: the hour's share is weighed as drawn; else this one share for every request (the day's mean)
+        self.fixed_share = None if model.share_known else s.mix_share
         self.mu = math.log(s.mean_tokens) - LENGTH_SIGMA**2 / 2
         self.log_w = model.beta_grid()[1][None, :]
         self.tables = {}
@@ -140,6 +143,8 @@ class Llr:
             self.tables[name] = (model.log_step_probs(c), model.log_step_probs(c * s.mix_scale))
 
     def __call__(self, share: np.ndarray, hist: np.ndarray) -> np.ndarray:
+        if self.fixed_share is not None and share.any():
+            share = np.full_like(share, self.fixed_share)
         out = np.zeros(hist.shape[0])
         h = hist.astype(np.float64)
         log_steps = np.log(h.sum(axis=1))[:, None]
@@ -210,11 +215,19 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def bound(
-    tier: str, kappa: float, bad: float, sets: int, drops: int, jobs: int, mix: bool, device: str | None = None
+    tier: str,
+    kappa: float,
+    bad: float,
+    sets: int,
+    drops: int,
+    jobs: int,
+    mix: bool,
+    device: str | None = None,
+    share_known: bool = True,
 ) -> tuple[list[float], dict[float, tuple[float, float]]]:
     """(sorted set maxima, {q: (h, detection p95 minutes)}); on torch's `device` when given (scripts/bound_torch.py)."""
     rate = TIERS[tier][0]
-    model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad)
+    model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad, share_known)
     if device is not None:
         return _bound_torch(model, sets, drops, device)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
@@ -263,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drops", type=int, default=200, help="injected 20%% drops")
     p.add_argument("--bad", type=float, default=DROP, help="the drop the likelihood ratio is tuned to (0.2)")
     p.add_argument("--no-mix", action="store_true", help="one request class (no daily mix swing)")
+    p.add_argument(
+        "--mix-unknown",
+        action="store_true",
+        help="the oracle weighs every request at the day's mean class share, not the hour's (as a detector "
+        "that has not learned the daily mix)",
+    )
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--device", help="run on torch's device (cuda, cpu) instead of numpy: scripts/bound_torch.py")
     p.add_argument("--quick", action="store_true", help="20 sets, 20 drops, 1 req/min at κ 30")
@@ -282,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     for tier in tiers:
         for kappa in kappas:
             t0 = time.perf_counter()
-            maxima, by_q = bound(tier, kappa, args.bad, args.sets, args.drops, args.jobs, not args.no_mix, args.device)
+            mix, known = not args.no_mix, not args.mix_unknown
+            maxima, by_q = bound(tier, kappa, args.bad, args.sets, args.drops, args.jobs, mix, args.device, known)
             rows.append((tier, kappa, by_q))
             print(
                 f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s; set maxima p50/p90/p99 "
@@ -304,11 +324,14 @@ def main(argv: list[str] | None = None) -> int:
 def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
     cmd = " ".join(["--quick"] if args.quick else [f"--sets {args.sets}", f"--drops {args.drops}"])
     mix_text = "" if args.no_mix else ", 30% ± 20% of requests of a second class at 0.85× α"
+    if args.mix_unknown and not args.no_mix:
+        mix_text += ", weighed at the day's mean share (--mix-unknown)"
     lines = [
         f"Measured with `.venv/bin/python scripts/bench_detection_bound.py {cmd}"
         + "".join(f' --tier "{t}"' for t in (args.tier or []))
         + "".join(f" --kappa {k:g}" for k in (args.kappa or []))
         + (f" --device {args.device}" if args.device else "")
+        + (" --mix-unknown" if args.mix_unknown else "")
         + f"` ({seconds:.0f} s wall, {args.jobs} processes, {platform.machine()}, Python {platform.python_version()}, "
         f"numpy {np.__version__}{_torch_text(args.device)}). SIMULATED requests of the benchmark's model "
         f"(EAGLE-3 profile, k=4, 300 output tokens, ±30% daily traffic swing{mix_text}). "

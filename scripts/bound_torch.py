@@ -28,6 +28,7 @@ class TorchLlr:
 
     def __init__(self, llr, device: torch.device) -> None:  # llr: a bench_detection_bound.Llr
         self.mu = llr.mu
+        self.fixed_share = llr.fixed_share
         self.log_w = torch.as_tensor(llr.log_w, dtype=F64, device=device)
         self.tables = {
             name: tuple(
@@ -39,6 +40,8 @@ class TorchLlr:
 
     def __call__(self, share: torch.Tensor, hist: torch.Tensor) -> torch.Tensor:
         """share: [n], hist: [n, k+1] (float64, every row with at least one step)."""
+        if self.fixed_share is not None and bool((share > 0).any()):
+            share = torch.full_like(share, self.fixed_share)
         out = torch.zeros(hist.shape[0], dtype=F64, device=hist.device)
         log_steps = torch.log(hist.sum(dim=1))[:, None]
         log_first, log_second = torch.log1p(-share), torch.log(share)

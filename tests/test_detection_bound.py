@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,16 @@ def test_likelihood_ratio_is_exact_under_the_zone_edge() -> None:
         if drop == 0.05:
             assert np.exp(values).mean() == pytest.approx(1.0, abs=0.05)
     assert means[0.0] < means[0.05] < 0 < means[0.2]
+
+
+def test_with_the_mix_unknown_every_request_is_weighed_at_the_days_mean_share() -> None:
+    bound = _bound()
+    spec = TraceSpec(rate=1 / 60, kappa=12.0, **bound.MIX)
+    _, share, hist = bound.draw_requests(replace(spec, duration=2 * DAY), np.random.default_rng(6))
+    known, unknown = bound.Llr(bound.Model(spec, 0.2)), bound.Llr(bound.Model(spec, 0.2, share_known=False))
+    at_mean = np.full_like(share, bound.MIX["mix_share"])
+    assert unknown(share, hist) == pytest.approx(known(at_mean, hist))
+    assert not np.allclose(known(share, hist), known(at_mean, hist))  # the hour's share does change ℓ
 
 
 def test_vectorised_cusum_is_the_recursion() -> None:
