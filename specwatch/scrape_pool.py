@@ -43,7 +43,7 @@ class _Worker:
 
 
 class ScrapePool:
-    """A small executor (`submit` -> `concurrent.futures.Future`) that grows only past stalled workers."""
+    """A small executor (`submit` -> `concurrent.futures.Future`) that grows only past hung calls and slow backlogs."""
 
     def __init__(
         self,
