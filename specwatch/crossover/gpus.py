@@ -36,8 +36,8 @@ HARDWARE: dict[str, Hardware] = {
 # `scripts/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
 CALIBRATED: dict[str, Efficiency] = {
     "H200": Efficiency(
-        memory=0.812,
-        compute=0.689,
+        memory=0.809,
+        compute=0.681,
         verify_attention=0.954,
         step_overhead_s=15.6e-6,
         decode_attention=0.954,
