@@ -18,13 +18,13 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specwatch.crossover.model import expected_tokens
+
 GAMMAS = (2, 4, 7)
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
 SAME_IN_EVERY_RUN = ("shape", "context", "shape_config")
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 def derive(target: dict[str, float], draft: dict[str, float]) -> dict:
