@@ -7,7 +7,7 @@ publishes it by swapping a single reference; exporters only ever read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 AcceptanceSource = Literal["counter", "gauge", "lifetime_gauge", "none"]
 WINDOWS: tuple[str, ...] = ("1m", "5m", "1h")
@@ -15,6 +15,20 @@ WINDOW_SECONDS: Mapping[str, float] = {"1m": 60.0, "5m": 300.0, "1h": 3600.0}
 
 
 # --------------------------------------------------------------------------- what a source returns
+class StepTimes(NamedTuple):
+    """An engine's step-time totals (vLLM), or their increases over a cycle.
+
+    seconds, observations: `vllm:inter_token_latency_seconds`' sum and count, one observation per decoding
+    request per engine step (the time since that request's previous step), so seconds / observations is the
+    mean step time, weighted by the batch. steps: `vllm:iteration_tokens_total`'s count, one per engine step
+    that emitted output, so observations / steps is the mean decoding batch of those very steps (None where
+    the engine does not export it)."""
+
+    seconds: float
+    observations: float
+    steps: float | None = None
+
+
 @dataclass(frozen=True)
 class EngineCounters:
     """One DP engine (vLLM `engine`, SGLang `dp_rank`) of one route at one scrape.
@@ -60,10 +74,9 @@ class EngineSample:
     speculation_enabled: bool = True
     num_speculative_tokens: int | None = None  # k, e.g. the number of vLLM `position` values
     engines: tuple[EngineCounters, ...] = ()
-    # engine -> (sum, count) of vLLM's `inter_token_latency_seconds` histogram: one observation per decoding
-    # request per engine step, the time since that request's previous step, so sum / count is the mean step
-    # time. Kept apart from EngineCounters, which is built per engine on the hot path.
-    step_time_totals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # engine -> its step-time totals (vLLM). Kept apart from EngineCounters, which is built per engine on the
+    # hot path.
+    step_time_totals: Mapping[str, StepTimes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -194,5 +207,5 @@ class RouteObservation:
     kv_usage: float | None = None
     window_acceptance: Mapping[str, float] = field(default_factory=dict)  # window -> ratio
     gpus: tuple[int, ...] = ()
-    # engine -> (seconds, observations) added to its step-time histogram since the last cycle (vLLM)
-    step_time_per_engine: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # engine -> its step-time totals' increases since the last cycle (vLLM)
+    step_time_per_engine: Mapping[str, StepTimes] = field(default_factory=dict)

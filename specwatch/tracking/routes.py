@@ -27,7 +27,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwatch.snapshot import WINDOW_SECONDS, EngineCounters, EngineSample, RouteObservation, RouteState
+from specwatch.snapshot import (
+    WINDOW_SECONDS,
+    EngineCounters,
+    EngineSample,
+    RouteObservation,
+    RouteState,
+    StepTimes,
+)
 from specwatch.tracking.counters import ResetSafeCounter
 from specwatch.tracking.windows import Sums, WindowRing
 
@@ -163,13 +170,13 @@ def _vllm_keys(k: int, drafted_positions: int = 0) -> tuple[str, ...]:
     return _VLLM_KEYS + tuple(f"pos:{j}" for j in range(k)) + tuple(f"dpos:{j}" for j in range(drafted_positions))
 
 
-_STEP_TIME_KEYS = ("itl_sum", "itl_count")
+_STEP_TIME_KEYS = ("itl_sum", "itl_count", "steps")
 
 
-def _step_time(eng: _Engine, seconds_total: float, count_total: float) -> tuple[float, float]:
-    """(seconds, observations) added to the engine's step-time histogram since the last cycle."""
-    (seconds, count), _, _ = eng.update(_STEP_TIME_KEYS, (seconds_total, count_total), None)
-    return seconds, count
+def _step_time(eng: _Engine, totals: StepTimes) -> StepTimes:
+    """What the engine's step-time totals grew by since the last cycle (steps None where it has none)."""
+    (seconds, count, steps), _, _ = eng.update(_STEP_TIME_KEYS, totals, None)
+    return StepTimes(seconds, count, None if totals.steps is None else steps)
 
 
 _SGLANG_KEYS = ("verify_calls", "generation_tokens")
@@ -255,7 +262,7 @@ class RouteTracker:
         reset = False
         drafted_inc: tuple[float, ...] = ()
         self._lifetime_ratio = None
-        step_times: dict[str, tuple[float, float]] = {}
+        step_times: dict[str, StepTimes] = {}
         if source == "counter":
             sglang = sample.engine_kind == "sglang"
             for e in sample.engines:
@@ -278,10 +285,10 @@ class RouteTracker:
                 if a is not None:
                     init = a if init is None else init.plus(a)
                 reset = reset or r
-            for engine, (seconds, count) in sample.step_time_totals.items():
+            for engine, totals in sample.step_time_totals.items():
                 eng = self._engines.get(engine)
                 if eng is not None:
-                    step_times[engine] = _step_time(eng, seconds, count)
+                    step_times[engine] = _step_time(eng, totals)
         elif source == "gauge":
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
