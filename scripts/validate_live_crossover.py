@@ -9,8 +9,9 @@ to the engine's step times and re-solves B* (B* live). The script prints both, t
 model's plain step time beside the plain server's measured one (the step the spec engine never shows).
 
 CPU physics, not a GPU's: the roofline's hardware row is this machine's CPU, measured here (fp32 GEMM FLOP/s and
-read bandwidth with the engine venv's torch, on the cores vLLM uses), and its GEMMs pad no rows. It needs a
-quiet machine: step times on a shared box follow the other load, not the batch. About 10 minutes.
+read bandwidth with the engine venv's torch, on the cores vLLM uses), and its GEMMs pad no rows; its fixed costs
+sit per layer, as `scripts/measure_cpu_fixed_costs.py` measured. It needs a quiet machine: step times on a
+shared box follow the other load, not the batch. About 6-8 minutes.
 
     .venv/bin/python scripts/validate_live_crossover.py --out /tmp/livecal
 """
@@ -42,6 +43,7 @@ from specwatch.sources.engines import parse_engine_sample
 from specwatch.testbed.engine_env import EngineEnv, cpu_support, ensure_engine_env
 from specwatch.testbed.load import PROMPTS
 from specwatch.testbed.models import build_heavy_successor
+from specwatch.testbed.tiny_models import HEAVY_LAYERS
 from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import RouteTracker
 
@@ -100,6 +102,7 @@ class LiveWatcher:
         self.evaluator = AboveCrossoverEvaluator(EstimatedCrossover(model, context), hold_seconds=30.0)
         self.last: dict = {}
         self.history: list[dict] = []
+        self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -113,13 +116,19 @@ class LiveWatcher:
     def _run(self) -> None:
         session = requests.Session()
         while not self._stop.wait(SCRAPE_SECONDS):
-            text = session.get(self.metrics_url, timeout=10).text
+            try:
+                text = session.get(self.metrics_url, timeout=10).text
+            except requests.RequestException as exc:  # a busy engine: skip the cycle, as the daemon does
+                self.errors.append(f"{time.time():.0f}: {exc}")
+                continue
             now = time.time()
             obs = self.tracker.observe(parse_engine_sample("vllm", text, self.route, now))
             self.last = dict(self.evaluator.evaluate(obs, []))
             self.history.append(
                 {
                     "t": now,
+                    "step_times": {engine: times._asdict() for engine, times in obs.step_time_per_engine.items()},
+                    "running": dict(obs.running_per_engine),
                     "batch": self.last.get("batch_size"),
                     "live": self.last.get("live_crossover_batch_size"),
                     "lower": self.last.get("live_crossover_lower"),
@@ -134,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--target-layers", type=int, default=HEAVY_LAYERS, help="layers of the heavy successor target")
     args = parser.parse_args(argv)
 
     supported, reason = cpu_support()
@@ -142,15 +152,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     env = ensure_engine_env()
-    target, drafter = build_heavy_successor(env, DRAFTER_WRONG_FRACTION)
+    target, drafter = build_heavy_successor(env, DRAFTER_WRONG_FRACTION, args.target_layers)
     hardware = measure_cpu(env)
     print(
         f"hardware: {hardware.name}: {hardware.flops_fp32 / 1e9:.1f} GFLOP/s fp32, {hardware.bandwidth / 1e9:.1f} GB/s"
     )
     shape = load_hf_config(str(target / "config.json"))
-    # The prior says where the fixed cost sits, not how large it is: an eager CPU build runs Python around every
-    # forward, the drafter's one layer as much as the target's four (livecal refits the larger fixed cost).
-    prior = Efficiency(step_overhead_s=0.01, source="CPU prior: the fixed cost is per forward")
+    # The prior says where the fixed costs sit (livecal refits the larger and keeps the other): plain steps of
+    # the heavy successors at batch 1 (1, 4 and 16 layers, this engine, docs/benchmarks.md) took 1.6 ms a
+    # forward plus 2.9 ms a layer, of which the layer's weights stream in about 1.7 ms.
+    prior = Efficiency(
+        step_overhead_s=0.0016,
+        layer_overhead_s=0.0012,
+        source="CPU prior: 1.6 ms a forward, 1.2 ms a layer (plain steps of 1-, 4- and 16-layer successors)",
+    )
     model = StepModel(shape, hardware, prior, dtype="fp32", draft=Draft.parse("eagle", shape))
 
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -225,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "fitted_bins": len(calibration.points(K, context, MIN_BIN_OBSERVATIONS)),
         "refit": refit.efficiency.__dict__ if refit else None,
         "levels": [],
+        "scrape_errors": watcher.errors,
         "history": watcher.history,
     }
     print("\n| concurrency | speedup (sweep) | plain TPOT p50 (s) | plain step, live refit (s) | speedup, live refit |")

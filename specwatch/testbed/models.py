@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specwatch.testbed.engine_env import REPO_ROOT, EngineEnv, EngineEnvError
+from specwatch.testbed.tiny_models import HEAVY_LAYERS
 
 DEFAULT_CACHE = REPO_ROOT / ".venv-vllm" / "models"
 # Relative weight noise of the drafters the tests and the demo use, and the acceptance each gives against the
@@ -60,10 +61,13 @@ def build_tiny_models(
     )
 
 
-def build_heavy_successor(env: EngineEnv, wrong_fraction: float, dest: Path = DEFAULT_CACHE) -> tuple[Path, Path]:
-    """Build (or reuse) the heavy successor target and its one-layer drafter with `wrong_fraction`
-    (docs/testbed.md, "Heavy successor models"): (target, drafter)."""
-    built = _build(env, dest, ["--heavy-successor-drafter", f"{wrong_fraction:g}"])["heavy_successor"]
+def build_heavy_successor(
+    env: EngineEnv, wrong_fraction: float, target_layers: int = HEAVY_LAYERS, dest: Path = DEFAULT_CACHE
+) -> tuple[Path, Path]:
+    """Build (or reuse) the heavy successor target with `target_layers` and its one-layer drafter with
+    `wrong_fraction` (docs/testbed.md, "Heavy successor models"): (target, drafter)."""
+    args = ["--heavy-target-layers", str(target_layers), "--heavy-successor-drafter", f"{wrong_fraction:g}"]
+    built = _build(env, dest, args)["heavy_successor"]
     return Path(built["target"]), Path(built["drafters"][f"{wrong_fraction:g}"])
 
 
