@@ -58,14 +58,15 @@ FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count", STEPS + "_co
 
 # How each family's samples land on an engine's EngineCounters fields, in one table so that one loop reads
 # every family (the KV usage family, first present of KV_USAGE, is added per exposition).
-_SUM, _CREATED, _GAUGE, _POSITION, _HISTOGRAM = "sum", "created", "gauge", "position", "histogram"
+_SUM, _CREATED, _GAUGE, _POSITION = "sum", "created", "gauge", "position"
+_HISTOGRAM, _HISTOGRAM_COUNT = "histogram", "histogram count"
 _ROLES: tuple[tuple[str, str, str], ...] = (
     *((family, field_name, _SUM) for family, field_name in COUNTERS.items()),
     (CREATED, "created", _CREATED),
     *((family, field_name, _GAUGE) for family, field_name in GAUGES.items()),
     (PER_POSITION, "per_pos", _POSITION),
     (STEP_TIME, "itl", _HISTOGRAM),
-    (STEPS, "steps", _HISTOGRAM),
+    (STEPS, "steps", _HISTOGRAM_COUNT),
 )
 _PRESENCE = (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)  # any of them with samples: a vLLM that can be read
 
@@ -97,7 +98,6 @@ def extract(
         fields = by_engine[engine]
         seconds, count = fields.pop("itl_sum", None), fields.pop("itl_count", None)
         steps = fields.pop("steps_count", None)
-        fields.pop("steps_sum", None)
         if seconds is not None and count is not None:
             step_times[engine] = StepTimes(seconds, count, steps)
         per_pos = fields.pop("per_pos", {})
@@ -135,11 +135,11 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
                 sum_into(fields, field_name, sample)
             elif role == _GAUGE:
                 fields[field_name] = gauge_value(sample.value)
-            elif role == _HISTOGRAM:  # only its _sum and _count are read
-                if sample.name.endswith("_sum"):
-                    sum_into(fields, field_name + "_sum", sample)
-                elif sample.name.endswith("_count"):
+            elif role == _HISTOGRAM or role == _HISTOGRAM_COUNT:  # never the buckets
+                if sample.name.endswith("_count"):
                     sum_into(fields, field_name + "_count", sample)
+                elif role == _HISTOGRAM and sample.name.endswith("_sum"):
+                    sum_into(fields, field_name + "_sum", sample)
             elif role == _POSITION:
                 position = sample.labels.get("position")
                 if position is not None:
