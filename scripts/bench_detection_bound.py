@@ -70,6 +70,13 @@ class Model:
     spec: TraceSpec  # rate, κ, profile, k, mix
     bad: float  # the drop the test is tuned to detect (r_bad = (1 - bad) r0); the zone's edge is DRIFT
     share_known: bool = True  # the oracle knows the hour's class share; False: only the day's mean share
+    # sd of ln(true acceptance scale / the scale the oracle tests against), one draw per route: a baseline learned
+    # from the route's own traffic is off by about this much (0: the oracle knows r0 exactly)
+    baseline_error: float = 0.0
+
+    def route_scale(self, rng: np.random.Generator) -> float:
+        """The factor on α of one route whose baseline is known only to `baseline_error` (1.0 when exact)."""
+        return float(np.exp(rng.normal(0.0, self.baseline_error))) if self.baseline_error > 0 else 1.0
 
     def beta_grid(self) -> tuple[np.ndarray, np.ndarray]:
         """(GRID points, their ln weights) for integrating over u ~ Beta(κm, κ(1-m)): evenly spaced between the
@@ -97,8 +104,11 @@ class Model:
         return np.log(np.maximum(p[:, :-1] - p[:, 1:], 1e-300)), np.log1p(reach.sum(axis=1))
 
 
-def draw_requests(spec: TraceSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(arrival seconds, class share at arrival, [n, k+1] step histograms) of one route, as request_stream."""
+def draw_requests(
+    spec: TraceSpec, rng: np.random.Generator, route_scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival seconds, class share at arrival, [n, k+1] step histograms) of one route, as request_stream; every
+    request's α also times `route_scale` (a route whose acceptance is not what the oracle's baseline says)."""
     peak = spec.rate * (1 + abs(spec.diurnal))
     t = np.sort(rng.uniform(0, spec.duration, rng.poisson(peak * spec.duration)))
     t = t[rng.uniform(0, peak, t.size) <= spec.rate * (1 + spec.diurnal * np.sin(2 * np.pi * t / DAY))]
@@ -107,7 +117,7 @@ def draw_requests(spec: TraceSpec, rng: np.random.Generator) -> tuple[np.ndarray
         if spec.mix_share
         else np.zeros(t.size)
     )
-    factor = np.ones(t.size)
+    factor = np.full(t.size, route_scale)
     for d in spec.drops:
         inside = (t >= d.start) & (t < (d.end if d.end is not None else np.inf))
         factor[inside] *= drop_scale(spec.profile, spec.k, spec.kappa, d.ratio)
@@ -184,7 +194,7 @@ def set_maximum(args: tuple[Model, int]) -> float:
     for _route in range(ROUTES):
         for drops in ((), ((DAY, DRIFT),)):
             spec = _route_spec(model, duration=ROUTE_DAYS * DAY, drops=tuple(Drop(start=s, ratio=r) for s, r in drops))
-            t, share, hist = draw_requests(spec, rng)
+            t, share, hist = draw_requests(spec, rng, model.route_scale(rng))
             if t.size:
                 highest = max(highest, float(cusum(llr(share, hist)).max()))
     return highest
@@ -198,7 +208,7 @@ def detection_minutes(args: tuple[Model, int, list[float]]) -> list[float]:
     spec = _route_spec(
         model, duration=start + DROP_SECONDS, drops=(Drop(start=start, ratio=DROP, end=start + DROP_SECONDS),)
     )
-    t, share, hist = draw_requests(spec, rng)
+    t, share, hist = draw_requests(spec, rng, model.route_scale(rng))
     s = cusum(Llr(model)(share, hist))
     after = t >= start
     out = []
@@ -224,10 +234,11 @@ def bound(
     mix: bool,
     device: str | None = None,
     share_known: bool = True,
+    baseline_error: float = 0.0,
 ) -> tuple[list[float], dict[float, tuple[float, float]]]:
     """(sorted set maxima, {q: (h, detection p95 minutes)}); on torch's `device` when given (scripts/bound_torch.py)."""
     rate = TIERS[tier][0]
-    model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad, share_known)
+    model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad, share_known, baseline_error)
     if device is not None:
         return _bound_torch(model, sets, drops, device)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
@@ -282,6 +293,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the oracle weighs every request at the day's mean class share, not the hour's (as a detector "
         "that has not learned the daily mix)",
     )
+    p.add_argument(
+        "--baseline-error",
+        type=float,
+        default=0.0,
+        help="sd of each route's acceptance scale about the baseline the oracle tests against (0.009: 0.9%%), one "
+        "draw per route: the bound of a detector that learns r0 from the route's traffic and so knows it only "
+        "this well (0: r0 exact)",
+    )
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--device", help="run on torch's device (cuda, cpu) instead of numpy: scripts/bound_torch.py")
     p.add_argument("--quick", action="store_true", help="20 sets, 20 drops, 1 req/min at κ 30")
@@ -302,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         for kappa in kappas:
             t0 = time.perf_counter()
             mix, known = not args.no_mix, not args.mix_unknown
-            maxima, by_q = bound(tier, kappa, args.bad, args.sets, args.drops, args.jobs, mix, args.device, known)
+            maxima, by_q = bound(
+                tier, kappa, args.bad, args.sets, args.drops, args.jobs, mix, args.device, known, args.baseline_error
+            )
             rows.append((tier, kappa, by_q))
             print(
                 f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s; set maxima p50/p90/p99 "
@@ -326,12 +347,15 @@ def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
     mix_text = "" if args.no_mix else ", 30% ± 20% of requests of a second class at 0.85× α"
     if args.mix_unknown and not args.no_mix:
         mix_text += ", weighed at the day's mean share (--mix-unknown)"
+    if args.baseline_error:
+        mix_text += f"; each route's α off the oracle's baseline by a factor e^N(0, {args.baseline_error:g})"
     lines = [
         f"Measured with `.venv/bin/python scripts/bench_detection_bound.py {cmd}"
         + "".join(f' --tier "{t}"' for t in (args.tier or []))
         + "".join(f" --kappa {k:g}" for k in (args.kappa or []))
         + (f" --device {args.device}" if args.device else "")
         + (" --mix-unknown" if args.mix_unknown else "")
+        + (f" --baseline-error {args.baseline_error:g}" if args.baseline_error else "")
         + f"` ({seconds:.0f} s wall, {args.jobs} processes, {platform.machine()}, Python {platform.python_version()}, "
         f"numpy {np.__version__}{_torch_text(args.device)}). SIMULATED requests of the benchmark's model "
         f"(EAGLE-3 profile, k=4, 300 output tokens, ±30% daily traffic swing{mix_text}). "

@@ -57,10 +57,11 @@ class TorchLlr:
 
 
 def draw_batch(
-    spec, duration: torch.Tensor, factor_of, gen: torch.Generator
+    spec, duration: torch.Tensor, factor_of, gen: torch.Generator, route_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(arrival seconds [R, N], class share [R, N], step histograms [R, N, k+1], kept [R, N]) for R routes of
-    `duration[r]` seconds, as `draw_requests`; `factor_of(t)` gives the drops' factor on α at each arrival."""
+    `duration[r]` seconds, as `draw_requests`; `factor_of(t)` gives the drops' factor on α at each arrival and
+    `route_scale` [R] each route's own (its baseline error)."""
     device = duration.device
     peak = spec.rate * (1 + abs(spec.diurnal))
     counts = torch.poisson(peak * duration, generator=gen)
@@ -79,6 +80,8 @@ def draw_batch(
     else:
         share = torch.zeros_like(t_safe)
     factor = factor_of(t_safe)
+    if route_scale is not None:
+        factor = factor * route_scale[:, None]
     second = torch.rand(rows, n, dtype=F64, device=device, generator=gen) < share
     factor = torch.where(second, factor * spec.mix_scale, factor)
     a, b = spec.kappa * BETA_MEAN, spec.kappa * (1 - BETA_MEAN)
@@ -115,6 +118,13 @@ def row_llr(torch_llr: TorchLlr, share: torch.Tensor, hist: torch.Tensor, kept: 
     return out
 
 
+def _route_scale(model, rows: int, device: torch.device, gen: torch.Generator) -> torch.Tensor | None:
+    """Each route's factor on α from its baseline error (`Model.baseline_error`); None when the baseline is exact."""
+    if model.baseline_error <= 0:
+        return None
+    return torch.exp(torch.randn(rows, dtype=F64, device=device, generator=gen) * model.baseline_error)
+
+
 def _drop_factor(starts: torch.Tensor, ends: torch.Tensor, scale: torch.Tensor):
     """factor_of(t) for one drop per row: its start, end and factor on α, tensors [R]."""
 
@@ -142,7 +152,8 @@ def set_maxima(bound, model, first: int, count: int, device: torch.device, per_b
         scale = torch.where(drift, drift_scale, 1.0).to(F64)
         starts = torch.where(drift, DAY, math.inf).to(F64)
         ends = torch.full((rows,), math.inf, dtype=F64, device=device)
-        t, share, hist, kept = draw_batch(spec, duration, _drop_factor(starts, ends, scale), gen)
+        route_scale = _route_scale(model, rows, device, gen)
+        t, share, hist, kept = draw_batch(spec, duration, _drop_factor(starts, ends, scale), gen, route_scale)
         s = cusum_rows(row_llr(tl, share, hist, kept))
         top = s.max(dim=1).values.reshape(sets, bound.ROUTES * 2).max(dim=1).values
         out += [max(0.0, float(x)) for x in top.tolist()]
@@ -160,7 +171,8 @@ def detection_minutes(bound, model, drops: int, thresholds: list[float], device:
     start = bound.WARM_SECONDS + torch.rand(drops, dtype=F64, device=device, generator=gen) * 4 * 3600.0
     end = start + bound.DROP_SECONDS
     scale = torch.full((drops,), drop_scale(spec.profile, spec.k, spec.kappa, bound.DROP), dtype=F64, device=device)
-    t, share, hist, kept = draw_batch(spec, end, _drop_factor(start, end, scale), gen)
+    route_scale = _route_scale(model, drops, device, gen)
+    t, share, hist, kept = draw_batch(spec, end, _drop_factor(start, end, scale), gen, route_scale)
     s = cusum_rows(row_llr(tl, share, hist, kept))
     after = kept & (t >= start[:, None])
     out = [[] for _ in range(drops)]

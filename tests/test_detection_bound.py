@@ -60,6 +60,24 @@ def test_with_the_mix_unknown_every_request_is_weighed_at_the_days_mean_share() 
     assert not np.allclose(known(share, hist), known(at_mean, hist))  # the hour's share does change ℓ
 
 
+def test_a_baseline_error_moves_each_routes_acceptance_and_nothing_else() -> None:
+    """--baseline-error: one factor on α per route, drawn from its own rng; an exact baseline draws nothing."""
+    bound = _bound()
+    spec = TraceSpec(rate=0.2, duration=DAY, **bound.MIX)
+    exact, learned = bound.Model(spec, 0.2), bound.Model(spec, 0.2, baseline_error=0.01)
+    rng = np.random.default_rng(8)
+    assert exact.route_scale(rng) == 1.0
+    assert rng.bit_generator.state == np.random.default_rng(8).bit_generator.state  # an exact baseline draws nothing
+    scales = [learned.route_scale(np.random.default_rng(n)) for n in range(400)]
+    assert np.std(np.log(scales)) == pytest.approx(0.01, rel=0.15)
+
+    def ratio(route_scale: float) -> float:
+        _, _, hist = bound.draw_requests(spec, np.random.default_rng(9), route_scale)
+        return float((hist * np.arange(spec.k + 1)).sum() / (hist.sum() * spec.k))
+
+    assert ratio(0.9) < 0.95 * ratio(1.0)  # the route really accepts less than the baseline says
+
+
 def test_vectorised_cusum_is_the_recursion() -> None:
     bound = _bound()
     rng = random.Random(4)
