@@ -73,6 +73,19 @@ class Model:
     # sd of ln(true acceptance scale / the scale the oracle tests against), one draw per route: a baseline learned
     # from the route's own traffic is off by about this much (0: the oracle knows r0 exactly)
     baseline_error: float = 0.0
+    # the oracle does not know the request classes either: it reads every request with one Beta spread of the
+    # scale, fitted by moments to the mixture (what a detector that learns one spread beside r0 could know)
+    one_class: bool = False
+
+    def one_class_fit(self) -> tuple[float, float]:
+        """(κ̂, c̄): the Beta concentration and mean factor of one class with the mixture's first two moments of
+        the per-request scale (the day's mean share)."""
+        s, m, kappa = self.spec.mix_share, BETA_MEAN, self.spec.kappa
+        c_mean = 1 - s + s * self.spec.mix_scale
+        c_sq = 1 - s + s * self.spec.mix_scale**2
+        second = (m * (1 - m) / (kappa + 1) + m * m) * c_sq  # E[(u c)²]
+        variance = second / c_mean**2 - m * m  # of u c / c̄, whose mean is m
+        return m * (1 - m) / variance - 1, c_mean
 
     def route_scale(self, rng: np.random.Generator) -> float:
         """The factor on α of one route whose baseline is known only to `baseline_error` (1.0 when exact)."""
@@ -148,6 +161,15 @@ class Llr:
         self.mu = math.log(s.mean_tokens) - LENGTH_SIGMA**2 / 2
         self.log_w = model.beta_grid()[1][None, :]
         self.tables = {}
+        if model.one_class:
+            kappa, c_mean = model.one_class_fit()
+            reader = replace(model, spec=replace(s, kappa=kappa, mix_share=0.0, mix_swing=0.0), one_class=False)
+            self.fixed_share = 0.0
+            self.log_w = reader.beta_grid()[1][None, :]
+            for name, ratio in (("ok", DRIFT), ("bad", model.bad)):
+                c = drop_scale(s.profile, s.k, kappa, ratio) * c_mean
+                self.tables[name] = (reader.log_step_probs(c), reader.log_step_probs(c))
+            return
         for name, ratio in (("ok", DRIFT), ("bad", model.bad)):
             c = drop_scale(s.profile, s.k, s.kappa, ratio)
             self.tables[name] = (model.log_step_probs(c), model.log_step_probs(c * s.mix_scale))
@@ -235,10 +257,12 @@ def bound(
     device: str | None = None,
     share_known: bool = True,
     baseline_error: float = 0.0,
+    one_class: bool = False,
 ) -> tuple[list[float], dict[float, tuple[float, float]]]:
     """(sorted set maxima, {q: (h, detection p95 minutes)}); on torch's `device` when given (scripts/bound_torch.py)."""
     rate = TIERS[tier][0]
-    model = Model(TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {})), bad, share_known, baseline_error)
+    spec = TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {}))
+    model = Model(spec, bad, share_known, baseline_error, one_class)
     if device is not None:
         return _bound_torch(model, sets, drops, device)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
@@ -301,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         "draw per route: the bound of a detector that learns r0 from the route's traffic and so knows it only "
         "this well (0: r0 exact)",
     )
+    p.add_argument(
+        "--one-class",
+        action="store_true",
+        help="the oracle reads every request with one Beta spread fitted to the mixture's moments, not the two "
+        "classes (as a detector that learns one spread beside r0)",
+    )
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--device", help="run on torch's device (cuda, cpu) instead of numpy: scripts/bound_torch.py")
     p.add_argument("--quick", action="store_true", help="20 sets, 20 drops, 1 req/min at κ 30")
@@ -322,7 +352,17 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             mix, known = not args.no_mix, not args.mix_unknown
             maxima, by_q = bound(
-                tier, kappa, args.bad, args.sets, args.drops, args.jobs, mix, args.device, known, args.baseline_error
+                tier,
+                kappa,
+                args.bad,
+                args.sets,
+                args.drops,
+                args.jobs,
+                mix,
+                args.device,
+                known,
+                args.baseline_error,
+                args.one_class,
             )
             rows.append((tier, kappa, by_q))
             print(
@@ -347,6 +387,8 @@ def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
     mix_text = "" if args.no_mix else ", 30% ± 20% of requests of a second class at 0.85× α"
     if args.mix_unknown and not args.no_mix:
         mix_text += ", weighed at the day's mean share (--mix-unknown)"
+    if args.one_class and not args.no_mix:
+        mix_text += ", read as one class with the mixture's spread (--one-class)"
     if args.baseline_error:
         mix_text += f"; each route's α off the oracle's baseline by a factor e^N(0, {args.baseline_error:g})"
     lines = [
@@ -356,6 +398,7 @@ def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
         + (f" --device {args.device}" if args.device else "")
         + (" --mix-unknown" if args.mix_unknown else "")
         + (f" --baseline-error {args.baseline_error:g}" if args.baseline_error else "")
+        + (" --one-class" if args.one_class else "")
         + f"` ({seconds:.0f} s wall, {args.jobs} processes, {platform.machine()}, Python {platform.python_version()}, "
         f"numpy {np.__version__}{_torch_text(args.device)}). SIMULATED requests of the benchmark's model "
         f"(EAGLE-3 profile, k=4, 300 output tokens, ±30% daily traffic swing{mix_text}). "

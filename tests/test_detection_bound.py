@@ -78,6 +78,24 @@ def test_a_baseline_error_moves_each_routes_acceptance_and_nothing_else() -> Non
     assert ratio(0.9) < 0.95 * ratio(1.0)  # the route really accepts less than the baseline says
 
 
+def test_one_class_reading_has_the_mixtures_spread() -> None:
+    """--one-class: one Beta with the mixture's mean and variance of the per-request scale, every request read alike."""
+    bound = _bound()
+    spec = TraceSpec(rate=1 / 60, kappa=12.0, **bound.MIX)
+    model = bound.Model(spec, 0.2, one_class=True)
+    kappa, c_mean = model.one_class_fit()
+    rng = np.random.default_rng(12)
+    u = rng.beta(12.0 * bound.BETA_MEAN, 12.0 * (1 - bound.BETA_MEAN), 400_000)
+    scale = u * np.where(rng.uniform(size=u.size) < bound.MIX["mix_share"], bound.MIX["mix_scale"], 1.0) / c_mean
+    m = bound.BETA_MEAN
+    assert scale.mean() == pytest.approx(m, rel=0.01)
+    assert scale.var() == pytest.approx(m * (1 - m) / (kappa + 1), rel=0.02)
+    assert kappa < 12.0  # the classes widen the spread
+    _, share, hist = bound.draw_requests(replace(spec, duration=DAY), np.random.default_rng(13))
+    llr = bound.Llr(model)
+    assert llr(share, hist) == pytest.approx(llr(np.zeros_like(share), hist))  # the hour's share is not read
+
+
 def test_vectorised_cusum_is_the_recursion() -> None:
     bound = _bound()
     rng = random.Random(4)
