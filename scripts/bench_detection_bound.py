@@ -159,20 +159,16 @@ class Llr:
         # None: the hour's share is weighed as drawn; else this one share for every request (the day's mean)
         self.fixed_share = None if model.share_known else s.mix_share
         self.mu = math.log(s.mean_tokens) - LENGTH_SIGMA**2 / 2
+        classes = (1.0, s.mix_scale)  # factor on α of each request class
+        if model.one_class:  # read as one class: the mixture's spread about its mean factor, no share
+            kappa, c_mean = model.one_class_fit()
+            model = replace(model, spec=replace(s, kappa=kappa, mix_share=0.0, mix_swing=0.0), one_class=False)
+            self.fixed_share, classes = 0.0, (c_mean, c_mean)
         self.log_w = model.beta_grid()[1][None, :]
         self.tables = {}
-        if model.one_class:
-            kappa, c_mean = model.one_class_fit()
-            reader = replace(model, spec=replace(s, kappa=kappa, mix_share=0.0, mix_swing=0.0), one_class=False)
-            self.fixed_share = 0.0
-            self.log_w = reader.beta_grid()[1][None, :]
-            for name, ratio in (("ok", DRIFT), ("bad", model.bad)):
-                c = drop_scale(s.profile, s.k, kappa, ratio) * c_mean
-                self.tables[name] = (reader.log_step_probs(c), reader.log_step_probs(c))
-            return
         for name, ratio in (("ok", DRIFT), ("bad", model.bad)):
-            c = drop_scale(s.profile, s.k, s.kappa, ratio)
-            self.tables[name] = (model.log_step_probs(c), model.log_step_probs(c * s.mix_scale))
+            c = drop_scale(s.profile, s.k, model.spec.kappa, ratio)
+            self.tables[name] = tuple(model.log_step_probs(c * f) for f in classes)
 
     def __call__(self, share: np.ndarray, hist: np.ndarray) -> np.ndarray:
         if self.fixed_share is not None and share.any():
