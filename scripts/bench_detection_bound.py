@@ -155,7 +155,6 @@ class Llr:
 
     def __init__(self, model: Model) -> None:
         s = model.spec
-        self.mix_scale = s.mix_scale
         # None: the hour's share is weighed as drawn; else this one share for every request (the day's mean)
         self.fixed_share = None if model.share_known else s.mix_share
         self.mu = math.log(s.mean_tokens) - LENGTH_SIGMA**2 / 2
