@@ -162,11 +162,12 @@ class Llr:
         if model.one_class:  # read as one class: the mixture's spread about its mean factor, no share
             kappa, c_mean = model.one_class_fit()
             model = replace(model, spec=replace(s, kappa=kappa, mix_share=0.0, mix_swing=0.0), one_class=False)
+            s = model.spec
             self.fixed_share, classes = 0.0, (c_mean, c_mean)
         self.log_w = model.beta_grid()[1][None, :]
         self.tables = {}
         for name, ratio in (("ok", DRIFT), ("bad", model.bad)):
-            c = drop_scale(s.profile, s.k, model.spec.kappa, ratio)
+            c = drop_scale(s.profile, s.k, s.kappa, ratio)
             self.tables[name] = tuple(model.log_step_probs(c * f) for f in classes)
 
     def __call__(self, share: np.ndarray, hist: np.ndarray) -> np.ndarray:
