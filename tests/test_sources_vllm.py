@@ -306,3 +306,12 @@ def test_http_oversized_body_is_cut_at_the_cap(server):
 def test_http_refused_connection():
     result, _ = scrape("http://127.0.0.1:9/metrics")
     assert isinstance(result, SourceError) and result.reason == "connection"
+
+
+def test_a_misspelled_match_value_is_no_match():
+    text = (Path(__file__).parent / "fixtures" / "vllm" / "v1_k4_2engines.prom").read_text()
+    raw = {"name": "r", "url": "http://127.0.0.1:9/metrics", "engine": "vllm", "match": {"model_name": "llama-3.1-8b"}}
+    config_route = parse_config({"gpu": {"enabled": "false"}, "routes": [raw]}).routes[0]
+    with pytest.raises(NoData) as caught:
+        parse_engine_sample("vllm", text, config_route, 2.0)
+    assert caught.value.reason == "no_match" and "'llama-3.1-8b-instruct'" in str(caught.value)
