@@ -1,4 +1,4 @@
-"""The exact per-request bound of scripts/bench_detection_bound.py: its requests, its likelihood ratio, its CUSUM."""
+"""The exact per-request bound of bench/bench_detection_bound.py: its requests, its likelihood ratio, its CUSUM."""
 
 from __future__ import annotations
 

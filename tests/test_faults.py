@@ -53,7 +53,7 @@ fuzzed exposition bodies (parses or raises one error type, never hangs)
     test_fuzz_exposition.py::test_random_bytes_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_mutated_real_captures_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_the_engine_parse_path_raises_only_source_errors
-soak (no RSS, fd or thread growth; the full runs are scripts/soak.py)
+soak (no RSS, fd or thread growth; the full runs are bench/soak.py)
     test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat
 
 The HTTP-level tests drive the real engine source (`specwatch.sources.engines.make_source`) against loopback
@@ -88,7 +88,7 @@ from specwatch.snapshot import EngineCounters, EngineSample, Snapshot
 from specwatch.sources import nvml as nvml_source
 from specwatch.sources.base import SourceError
 from specwatch.tracking.baselines import DB_NAME, BaselineStore
-import fake_nvml
+from testbed import fake_nvml
 from fakes import FakeClock, vllm_sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -776,13 +776,13 @@ def test_http_label_explosion_10000_series(engines, fault_server):
         assert sum(e.drafts for e in result.engines) == 10.0 * expected
 
 
-# ============================================================================ soak smoke (the soak is scripts/soak.py)
+# ============================================================================ soak smoke (the soak is bench/soak.py)
 @pytest.mark.slow
 def test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat():
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "soak.py"),
+            str(REPO / "bench" / "soak.py"),
             "accelerated",
             "--routes",
             "8",

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import fake_nvml
+from testbed import fake_nvml
 from specwatch import catalog
 from specwatch.config import GpuConfig, RouteConfig
 from specwatch.sources import nvml as nvml_source

@@ -221,7 +221,7 @@ def test_step_time_histogram_counts_one_observation_per_request_per_step(served,
     greedy requests of `max_tokens` tokens add one per decode step: (max_tokens - 1) each (the first token is
     the prefill's) less the drafts accepted, which save steps; the sum is bounded by the requests' wall time,
     and the source, tracker and live calibration carry those figures through. (Live B* against `specwatch
-    sweep` on the heavy successor pair, which has a CPU crossover: scripts/validate_live_crossover.py,
+    sweep` on the heavy successor pair, which has a CPU crossover: bench/validate_live_crossover.py,
     docs/benchmarks.md.)"""
     method, served = served
     cfg = parse_config({"routes": [{"name": "r", "url": served.metrics_url, "engine": "vllm"}]})

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Two trees' costs side by side in ONE process, for changes smaller than a noisy box's drift.
 
-    .venv/bin/python scripts/bench_ab.py DIR http     # figure 2's daemon (64 routes over HTTP), both trees
-    .venv/bin/python scripts/bench_ab.py DIR trace    # the same fed from in-process traces: tracking + detectors
-    .venv/bin/python scripts/bench_ab.py DIR parse    # parse + vllm.extract of a full and a filtered body
+    .venv/bin/python bench/bench_ab.py DIR http     # figure 2's daemon (64 routes over HTTP), both trees
+    .venv/bin/python bench/bench_ab.py DIR trace    # the same fed from in-process traces: tracking + detectors
+    .venv/bin/python bench/bench_ab.py DIR parse    # parse + vllm.extract of a full and a filtered body
 
 DIR holds the other tree (`git archive REV | tar -x -C DIR`). Its `specwatch` package is copied under the name
 `specwatch_base` (imports rewritten), so both trees load into this process; their daemons then tick in
@@ -46,7 +46,10 @@ def renamed_copy(tree: Path, into: Path) -> None:
     shutil.copytree(tree / "specwatch", into / "specwatch_base", ignore=shutil.ignore_patterns("__pycache__"))
     for path in (into / "specwatch_base").rglob("*.py"):
         path.write_text(rename(path.read_text()))
-    (into / "soak_base.py").write_text(rename((tree / "scripts" / "soak.py").read_text()))
+    soak = tree / "bench" / "soak.py"
+    if not soak.exists():  # trees from before bench/ existed
+        soak = tree / "scripts" / "soak.py"
+    (into / "soak_base.py").write_text(rename(soak.read_text()))
 
 
 def daemon(package: str, soak: ModuleType, mode: str, base_url: str) -> tuple[Any, SimpleNamespace]:
@@ -158,7 +161,8 @@ def main() -> int:
     into = Path(tempfile.mkdtemp(prefix="specwatch-ab-"))
     try:
         renamed_copy(Path(sys.argv[1]), into)
-        sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "tests"), str(into)]
+        # bench/ for soak; testbed/ for the fake NVML of a base tree's soak that imports it as `fake_nvml`
+        sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "testbed"), str(into)]
         rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 30
         if sys.argv[2] == "parse":
             for row in bench_parse(rounds):

@@ -9,9 +9,9 @@ Per traffic tier (2 req/s, 0.2 req/s, 1 req/min):
 Both detectors see the same traces through the same replay path. The naive rule is "5-minute acceptance
 ratio <= 0.85 x baseline for 10 minutes", with the baseline specwatch learned, so only the rule differs.
 
-    .venv/bin/python scripts/bench_detection.py                # full run, prints the tables (about 3 minutes)
-    .venv/bin/python scripts/bench_detection.py --write docs/benchmarks.md
-    .venv/bin/python scripts/bench_detection.py --quick        # a small version (tests use it)
+    .venv/bin/python bench/bench_detection.py                # full run, prints the tables (about 3 minutes)
+    .venv/bin/python bench/bench_detection.py --write FILE   # replace FILE's Detection section
+    .venv/bin/python bench/bench_detection.py --quick        # a small version (tests use it)
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ def markdown(
 
 
 def _command(args: argparse.Namespace) -> str:
-    parts = [".venv/bin/python scripts/bench_detection.py"]
+    parts = [".venv/bin/python bench/bench_detection.py"]
     if args.quick:
         parts.append("--quick")
     parts += [f'--tier "{t}"' for t in args.tier or ()] + [f"--kappa {k:g}" for k in args.kappa or ()]
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier", action="append", choices=list(TIERS), help="only these tiers (repeatable)")
     p.add_argument("--no-mix", action="store_true", help="one request class (no daily mix swing)")
     p.add_argument("--jobs", type=int, default=1, help="processes (traces run in parallel)")
-    p.add_argument("--bound", type=Path, help="JSON of scripts/bench_detection_bound.py --json: adds its p95")
+    p.add_argument("--bound", type=Path, help="JSON of bench/bench_detection_bound.py --json: adds its p95")
     p.add_argument("--cusum-threshold", type=float, help="override detection.cusum_threshold (tuning)")
     p.add_argument("--write", type=Path, help="replace the Detection section of this markdown file")
     p.add_argument(

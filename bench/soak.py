@@ -8,10 +8,10 @@ Two modes, both printing one line per report period and a JSON verdict at the en
                vLLM engines (2 DP engines, k=4) served by a child process on loopback, at --interval, for
                --duration.
                `--sources trace` feeds the routes from in-process traces instead (no engine scraping).
-                   .venv/bin/python scripts/soak.py live --routes 64 --interval 1 --duration 900
+                   .venv/bin/python bench/soak.py live --routes 64 --interval 1 --duration 900
   accelerated  Fake clock. The same daemon ticks through --duration of trace time (specwatch.offline.tracegen, the
                replay traces) as fast as it can, rendering /metrics as served to Prometheus every 15 trace seconds.
-                   .venv/bin/python scripts/soak.py accelerated --routes 64 --interval 5 --duration 86400
+                   .venv/bin/python bench/soak.py accelerated --routes 64 --interval 5 --duration 86400
 
 Limits: after --warmup, RSS grows by less than 5 MB and the fd and thread counts do not grow. The
 live warm-up (6 minutes) outlasts the daemon's 5-minute windows, which fill first (LIVE_WARMUP_SECONDS).
@@ -42,7 +42,7 @@ from urllib.parse import parse_qs
 from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]  # specwatch from this checkout; tests/fake_nvml.py for GPUs
+sys.path[:0] = [str(REPO)]  # specwatch from this checkout; testbed/fake_nvml.py for GPUs
 
 from specwatch.config import Config, parse_config
 from specwatch.daemon import Daemon
@@ -135,7 +135,7 @@ def daemon_config(routes: int, interval: float, state_dir: str, base_url: str, g
 
 def fake_gpu_factory(count: int = 8) -> Callable[[Any], Any]:
     """8 H200s behind the fake pynvml of the test suite, through the real GPU source."""
-    import fake_nvml  # tests/fake_nvml.py
+    from testbed import fake_nvml
     from specwatch.sources import nvml as nvml_source
 
     nvml = fake_nvml.basic_h200(count)

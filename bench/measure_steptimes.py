@@ -591,7 +591,7 @@ def main() -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "script": "scripts/measure_steptimes.py",
+        "script": "bench/measure_steptimes.py",
         "command": " ".join(sys.argv),
     }
     if device.type == "cuda":

@@ -9,11 +9,11 @@
 3. With --gpm, on an NVIDIA GPU with torch: GPM tensor and DRAM activity of Llama-3-8B-shaped GEMMs at
    growing tokens per forward, for the compute-bound thresholds (results: docs/crossover.md).
 
-    .venv/bin/python scripts/bench_crossover.py [--skip-sweep] [--write-docs]
-    PYTHONPATH=. python3 scripts/bench_crossover.py --gpm
+    .venv/bin/python bench/bench_crossover.py [--skip-sweep] [--write-plot]
+    PYTHONPATH=. python3 bench/bench_crossover.py --gpm
 
-Prints Markdown; --write-docs replaces the "Crossover estimator and sweep" section of docs/benchmarks.md and
-writes the sweep's plot to docs/img/crossover-sweep-simulated.png.
+Prints Markdown (the figures docs/benchmarks.md shows); --write-plot writes the sweep's plot to
+docs/img/crossover-sweep-simulated.png.
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def gpm_section() -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-sweep", action="store_true", help="estimator only (the sweep takes ~30 s)")
-    parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md and the plot")
+    parser.add_argument("--write-plot", action="store_true", help=f"write the sweep's plot to {PLOT}")
     parser.add_argument("--gpm", action="store_true", help="only the GPM measurement (needs a GPU and torch)")
     args = parser.parse_args()
     if args.gpm:
@@ -289,7 +289,7 @@ def main() -> int:
     lines = [
         SECTION,
         "",
-        f"Measured with `.venv/bin/python scripts/bench_crossover.py --write-docs` on {platform.node()} "
+        f"Measured with `.venv/bin/python bench/bench_crossover.py` on {platform.node()} "
         f"({platform.processor() or platform.machine()}, Python {platform.python_version()}), "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}. The reference table is "
         "`specwatch/data/h200-crossover-llama3-8b.json` (one H200, kernel-level step times).",
@@ -302,15 +302,9 @@ def main() -> int:
         "",
     ]
     if not args.skip_sweep:
-        lines += sweep_section(args.write_docs)
+        lines += sweep_section(args.write_plot)
     text = "\n".join(lines).rstrip() + "\n"
     print(text)
-    if args.write_docs:
-        docs = ROOT / "docs" / "benchmarks.md"
-        current = docs.read_text(encoding="utf-8")
-        start = current.index(SECTION)
-        end = current.find("\n## ", start + len(SECTION))
-        docs.write_text(current[:start] + text + ("\n" + current[end + 1 :] if end != -1 else ""), encoding="utf-8")
     return 0
 
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Overhead benchmarks: what specwatch costs the GPU host, five figures against their targets.
 
-    .venv/bin/python scripts/bench_overhead.py            # all five, about 7 minutes on 2 cores
-    .venv/bin/python scripts/bench_overhead.py --json     # the same, plus one JSON line at the end
-    .venv/bin/python scripts/bench_overhead.py --baseline HEAD~3   # also figure 2 of that commit, side by side
-    .venv/bin/python scripts/bench_overhead.py --baseline DIR      # ... of the tree in DIR (where there is no git)
+    .venv/bin/python bench/bench_overhead.py            # all five, about 7 minutes on 2 cores
+    .venv/bin/python bench/bench_overhead.py --json     # the same, plus one JSON line at the end
+    .venv/bin/python bench/bench_overhead.py --baseline HEAD~3   # also figure 2 of that commit, side by side
+    .venv/bin/python bench/bench_overhead.py --baseline DIR      # ... of the tree in DIR (where there is no git)
 
 1. Parse and extraction of a full vLLM exposition (2 DP engines, k=4, populated histograms) by specwatch's
    engine source vs `prometheus_client.parser.text_string_to_metric_families` on the same bytes: >= 10x.
@@ -27,7 +27,7 @@ judged on the first; the other two are printed beside it.
 
 2-4 run in a fresh child process holding only the daemon, so the figures are the daemon's own. Its clock is
 fake (cycles run back to back, each stamped 5 s after the previous) but everything else is real: the engine
-source scrapes simulated vLLM servers on loopback (scripts/soak.py), parses and tracks them, the detectors
+source scrapes simulated vLLM servers on loopback (bench/soak.py), parses and tracks them, the detectors
 and the SQLite state store run, APScheduler is the only part left out.
 """
 
@@ -49,9 +49,9 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-import soak  # noqa: E402  (scripts/soak.py: simulated engines, fake GPUs)
+import soak  # noqa: E402  (bench/soak.py: simulated engines, fake GPUs)
 
 INTERVAL = 5.0
 ROUTES = 64
@@ -314,7 +314,7 @@ def bench_daemon(layout: str = "separate", script: Path = Path(__file__)) -> dic
 
 def bench_baseline(revision: str) -> dict[str, Any]:
     """Figure 2 (64 separate endpoints) of another commit: its tree, exported from git, runs this tree's child
-    and simulated engines (scripts/bench_overhead.py and scripts/soak.py are copied over its own)."""
+    and simulated engines (bench/bench_overhead.py and bench/soak.py are copied over its own)."""
     tree = export_tree(revision)
     try:
         result = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")

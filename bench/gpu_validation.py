@@ -4,7 +4,7 @@
 Run on the GPU machine from the repository root (needs torch, nvidia-ml-py, prometheus-client and PyYAML;
 nothing else of specwatch's dependencies):
 
-    PYTHONPATH=. python3 scripts/gpu_validation.py --out gpu_validation.txt
+    PYTHONPATH=. python3 bench/gpu_validation.py --out gpu_validation.txt
 
 Each load runs in a child process that also listens on a TCP port, so the route -> GPU auto-mapping is
 checked against a real GPU process. The loads:

@@ -8,7 +8,7 @@ for query/KV head pairs at head dim 128 (and 64), batches 16 to 256, context 102
 CUDA graph of 8 back-to-back calls on 8 distinct KV buffers (so they stream from HBM, not L2), median of
 CUDA-event-timed replays. It also records the CUDA kernels each case launches (torch.profiler).
 
-    python3 scripts/probe_attention.py --out DIR        # about 30 s on an H200
+    python3 bench/probe_attention.py --out DIR        # about 30 s on an H200
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def main() -> int:
                 torch.cuda.empty_cache()
     doc = {
         "provenance": {
-            **cuda_provenance(device, "scripts/probe_attention.py"),
+            **cuda_provenance(device, "bench/probe_attention.py"),
             "context": CONTEXT,
             "kv_buffers_per_graph": COPIES,
         },

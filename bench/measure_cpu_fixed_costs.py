@@ -7,7 +7,7 @@ vLLM CPU engine in turn, timed at batch 1 by the gaps between streamed tokens (m
 then over requests). A line through (layers, step) gives the cost of a forward (intercept) and of a layer
 (slope: its weights streaming plus its fixed cost). About 3 minutes on a quiet machine.
 
-    .venv/bin/python scripts/measure_cpu_fixed_costs.py --out /tmp/fixed-costs
+    .venv/bin/python bench/measure_cpu_fixed_costs.py --out /tmp/fixed-costs
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For each shape: fit the GPU efficiencies on the other shapes, predict the held-o
 4, alpha 0.6-0.8, context 1024, and compare with the B* interpolated from its measured speedups. Prints the
 markdown table used in docs/benchmarks.md (about 15 s on one core).
 
-    .venv/bin/python scripts/crossover_shapes.py
+    .venv/bin/python bench/crossover_shapes.py
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ moving counters) on a loopback port and (b) keeps the GPU busy with bf16 matmuls
 listening on the route's port: the route -> GPU auto-mapping has something real to find. The route config names
 no `gpus:`. Prints the exported lines that matter, the daemon's CPU per cycle, and writes the full /metrics.
 
-Usage (needs torch with CUDA, nvidia-ml-py, apscheduler):  PYTHONPATH=. python3 scripts/gpu_daemon_check.py --out DIR
+Usage (needs torch with CUDA, nvidia-ml-py, apscheduler):  PYTHONPATH=. python3 bench/gpu_daemon_check.py --out DIR
 """
 
 from __future__ import annotations

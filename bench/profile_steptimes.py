@@ -9,7 +9,7 @@ kernel time by kind: GEMM (cuBLAS nvjet / CUTLASS kernels), attention (cuDNN SDP
 elementwise (everything else: norms, RoPE, residual adds, SiLU, gate multiply, KV-cache writes). Eager kernel
 times can differ from the graph's by a few percent (the `kernel_sum_ms` beside `graph_ms` shows how much).
 
-    python3 scripts/profile_steptimes.py --out DIR        # about 100 s on an H200
+    python3 bench/profile_steptimes.py --out DIR        # about 100 s on an H200
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main() -> int:
         torch.cuda.empty_cache()
     doc = {
         "provenance": {
-            **ms.cuda_provenance(device, "scripts/profile_steptimes.py"),
+            **ms.cuda_provenance(device, "bench/profile_steptimes.py"),
             "context": args.context,
             "variant": "gqa-aligned-float",
         },

