@@ -317,7 +317,7 @@ def bench_baseline(revision: str) -> dict[str, Any]:
     and simulated engines (bench/bench_overhead.py and bench/soak.py are copied over its own)."""
     tree = export_tree(revision)
     try:
-        result = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")
+        result = bench_daemon("separate", tree / "bench" / "bench_overhead.py")
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     result["revision"] = short_revision(revision)
@@ -334,8 +334,11 @@ def export_tree(revision: str) -> Path:
     else:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    for harness in ("bench_overhead.py", "soak.py"):  # one harness measures both trees
-        shutil.copy(REPO / "scripts" / harness, tree / "scripts" / harness)
+    # One harness measures both trees: this tree's benchmark, soak and fake NVML, placed where they live here
+    # (a tree from before bench/ existed gets the folders).
+    for harness in ("bench/bench_overhead.py", "bench/soak.py", "testbed/fake_nvml.py"):
+        (tree / harness).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / harness, tree / harness)
     return tree
 
 
@@ -354,7 +357,7 @@ def bench_pairs(revision: str, pairs: int) -> int:
     try:
         ratios, before, after = [], [], []
         for i in range(pairs):
-            old = bench_daemon("separate", tree / "scripts" / "bench_overhead.py")["cpu_percent_of_one_core"]
+            old = bench_daemon("separate", tree / "bench" / "bench_overhead.py")["cpu_percent_of_one_core"]
             new = bench_daemon("separate")["cpu_percent_of_one_core"]
             before.append(old), after.append(new), ratios.append(new / old)
             print(
