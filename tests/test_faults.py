@@ -395,8 +395,8 @@ def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_st
 
 # ---------------------------------------------------------------------------- state on a read-only or full disk
 _CHILD = textwrap.dedent("""
-    import json, resource, sys
-    sys.path.insert(0, sys.argv[1])
+    import json, os, resource, sys
+    sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # tests/, and the checkout for testbed/
     from test_faults import START, FakeClock, SimulatedEngine, make_config, run_cycles
     from specwatch.daemon import Daemon
     state_dir, mode = sys.argv[2], sys.argv[3]
