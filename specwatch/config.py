@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlparse
@@ -88,11 +89,35 @@ __all__ = [
 ]
 
 
+# Bounds on what is parsed at all: a config is a few kilobytes, a few levels deep, with a handful of anchors.
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_ALIASES = 100
+MAX_NODES = 100_000  # counted with every alias expanded, as the reader would walk them
+MAX_NUMBER_CHARS = 32  # a longer integer or float literal is refused before Python converts it
+MAX_PROBLEMS = 100
+EXCERPT_CHARS = 60
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 4, 4, EXCERPT_CHARS, EXCERPT_CHARS
+_repr.maxlong = EXCERPT_CHARS
+
+
+def _q(value: Any) -> str:
+    """A value quoted for an error message: at most EXCERPT_CHARS characters, computed in bounded time."""
+    text = _repr.repr(value)
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
+
+
 class ConfigError(ValueError):
-    """A configuration was rejected; `problems` holds every problem found, each prefixed with its path."""
+    """A configuration was rejected; `problems` holds every problem found, each prefixed with its path (the
+    first MAX_PROBLEMS of them)."""
 
     def __init__(self, problems: list[str], source: str = "") -> None:
-        self.problems = list(problems)
+        problems = list(problems)
+        if len(problems) > MAX_PROBLEMS:
+            problems = problems[:MAX_PROBLEMS] + [f"... and {len(problems) - MAX_PROBLEMS} more problem(s)"]
+        self.problems = problems
         self.source = source
         head = f"{source}: " if source else ""
         super().__init__(head + f"{len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
@@ -139,25 +164,25 @@ class _Checker:
             if value is None:
                 return default
             if not isinstance(value, bool):
-                self.fail(path, f"must be true or false, got {value!r}")
+                self.fail(path, f"must be true or false, got {_q(value)}")
                 return default
             return value
         if isinstance(spec, StringMap):
             return self.string_map(value, path)
-        raise TypeError(f"{path}: {spec!r} is read by its own reader")
+        raise TypeError(f"{path}: {_q(spec)} is read by its own reader")
 
     def duration(self, value: Any, path: str, default: float, spec: Duration) -> float:
         if value is None:
             return default
         seconds = parse_duration(value)
         if seconds is None:
-            self.fail(path, f"not a duration like 5s, 10m, 1h: {value!r}")
+            self.fail(path, f"not a duration like 5s, 10m, 1h: {_q(value)}")
             return default
         if seconds < spec.lo or (seconds == spec.lo and not spec.inclusive):
-            self.fail(path, f"must be {'at least' if spec.inclusive else 'more than'} {spec.lo:g}s, got {value!r}")
+            self.fail(path, f"must be {'at least' if spec.inclusive else 'more than'} {spec.lo:g}s, got {_q(value)}")
             return default
         if seconds > spec.hi:
-            self.fail(path, f"must be at most {spec.hi:g}s, got {value!r}")
+            self.fail(path, f"must be at most {spec.hi:g}s, got {_q(value)}")
             return default
         return seconds
 
@@ -173,17 +198,20 @@ class _Checker:
     ) -> Any:
         if value is None:
             return default
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_NUMBER:
+            self.fail(path, f"must be a number of at most {MAX_NUMBER:g}, got {_q(value)}")
+            return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.fail(path, f"must be a {'whole ' if integer else ''}number, got {value!r}")
+            self.fail(path, f"must be a {'whole ' if integer else ''}number, got {_q(value)}")
             return default
         if integer and value != int(value):
-            self.fail(path, f"must be a whole number, got {value!r}")
+            self.fail(path, f"must be a whole number, got {_q(value)}")
             return default
         if lo is not None and (value < lo or (lo_open and value == lo)):
-            self.fail(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
+            self.fail(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {_q(value)}")
             return default
         if hi is not None and value > hi:
-            self.fail(path, f"must be <= {hi:g}, got {value!r}")
+            self.fail(path, f"must be <= {hi:g}, got {_q(value)}")
             return default
         return int(value) if integer else float(value)
 
@@ -193,13 +221,13 @@ class _Checker:
         if isinstance(value, bool) and spec.choices and "true" in spec.choices:
             value = "true" if value else "false"
         if not isinstance(value, str):
-            self.fail(path, "must be a string" if spec.secret else f"must be a string, got {value!r}")
+            self.fail(path, "must be a string" if spec.secret else f"must be a string, got {_q(value)}")
             return default
         if spec.choices is not None and value not in spec.choices:
-            self.fail(path, f"must be one of {', '.join(spec.choices)}, got {value!r}")
+            self.fail(path, f"must be one of {', '.join(spec.choices)}, got {_q(value)}")
             return default
         if spec.pattern and value and not re.fullmatch(spec.pattern, value):
-            self.fail(path, f"{spec.pattern_doc}, got {value!r}")
+            self.fail(path, f"{spec.pattern_doc}, got {_q(value)}")
             return default
         return value
 
@@ -215,7 +243,7 @@ class _Checker:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
-                self.fail(f"{path}.{k}", f"must be a string, got {v!r}")
+                self.fail(f"{path}.{k}", f"must be a string, got {_q(v)}")
             else:
                 out[k] = str(v)
         return out
@@ -290,11 +318,16 @@ def _module_available(name: str) -> bool:
 
 def _http_url(c: _Checker, value: Any, path: str, _default: Any = "") -> str:
     if not isinstance(value, str):
-        c.fail(path, f"not an http(s) URL: {value!r}")
+        c.fail(path, f"not an http(s) URL: {_q(value)}")
         return ""
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        c.fail(path, f"not an http(s) URL: {value!r}")
+    try:
+        parsed = urlparse(value)
+        _ = parsed.port  # raises on a port out of range or not a number
+    except ValueError as exc:  # a malformed IPv6 host, a bad port
+        c.fail(path, f"not a valid URL ({exc}): {_q(value)}")
+        return ""
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        c.fail(path, f"not an http(s) URL: {_q(value)}")
     elif "@" in parsed.netloc:  # the message leaves the URL out: it holds a secret
         c.fail(path, "credentials in the URL are not allowed (and would not be sent); use basic_auth or authorization")
         return ""
@@ -302,9 +335,12 @@ def _http_url(c: _Checker, value: Any, path: str, _default: Any = "") -> str:
 
 
 def _file_url(c: _Checker, value: Any, path: str) -> str:
-    parsed = urlparse(value) if isinstance(value, str) else None
+    try:
+        parsed = urlparse(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
     if parsed is None or parsed.scheme != "file" or parsed.netloc not in ("", "localhost") or not parsed.path:
-        c.fail(path, f"not a file:// URL of a directory (engine sglang_request_log): {value!r}")
+        c.fail(path, f"not a file:// URL of a directory (engine sglang_request_log): {_q(value)}")
         return ""
     return value
 
@@ -356,7 +392,7 @@ def _check_authorization(c: _Checker, v: dict, d: dict, path: str) -> Authorizat
     if auth_type.lower() == "basic":
         c.fail(f"{path}.type", "Basic is set with basic_auth, not authorization")
     elif not _HEADER_NAME_RE.match(auth_type):
-        c.fail(f"{path}.type", f"must be one word like Bearer, got {auth_type!r}")
+        c.fail(f"{path}.type", f"must be one word like Bearer, got {_q(auth_type)}")
     _one_secret(c, d, path, "credentials", "credentials_file")
     if not v["credentials"] and not v["credentials_file"]:
         c.fail(path, "give credentials or credentials_file")
@@ -410,7 +446,7 @@ def _engines(c: _Checker, raw: Any, path: str, default: Any) -> tuple[str, ...]:
     engines = []
     for i, e in enumerate(raw):
         if isinstance(e, bool) or not isinstance(e, (str, int)):
-            c.fail(f"{path}[{i}]", f"must be an engine index, got {e!r}")
+            c.fail(f"{path}[{i}]", f"must be an engine index, got {_q(e)}")
         else:
             engines.append(str(e))
     return tuple(engines)
@@ -525,7 +561,7 @@ def _routes(c: _Checker, raw: Any, base: RouteConfig) -> tuple[RouteConfig, ...]
         if route is None:
             continue
         if route.name in seen:
-            c.fail(f"routes[{i}].name", f"duplicate route name {route.name!r} (first at routes[{seen[route.name]}])")
+            c.fail(f"routes[{i}].name", f"duplicate route name {_q(route.name)} (first at routes[{seen[route.name]}])")
         elif route.name:
             seen[route.name] = i
         if route.probe is not None and route.url:
@@ -554,16 +590,121 @@ def parse_config(raw: Any, source: str = "") -> Config:
     return cfg
 
 
-def read_yaml_file(path: str) -> Any:
-    """A YAML document from a file; unreadable or invalid files raise ConfigError, never a bare OS/YAML error."""
+class _Refused(yaml.YAMLError):
+    """A document past one of the parsing bounds."""
+
+    def __init__(self, what: str, mark: Any = None) -> None:
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        super().__init__(what + where)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounds: nesting depth and alias uses while composing, then the size of the
+    document with every alias expanded, duplicate keys and number lengths, all before any value is built."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _Refused(f"more than {MAX_ALIASES} aliases", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+def _check_nodes(root: yaml.Node) -> None:
+    """Refuse a composed document that expands past MAX_NODES, repeats a key or holds an over-long number."""
+    sizes: dict[int, int] = {}
+    total = 0
+
+    def size(node: yaml.Node, path: str) -> int:
+        nonlocal total
+        known = sizes.get(id(node))
+        if known is not None:  # an alias: the reader walks it again, so it counts again
+            total += known
+            if total > MAX_NODES:
+                raise _Refused(f"more than {MAX_NODES} values once aliases are expanded", node.start_mark)
+            return known
+        before = total
+        total += 1
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+                raise _Refused(
+                    f"{path or 'document'}: a number longer than {MAX_NUMBER_CHARS} characters", node.start_mark
+                )
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                size(item, f"{path}[{i}]")
+        elif isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if name in seen:
+                        raise _Refused(f"{_join(path, name)}: duplicate key {_q(name)}", key.start_mark)
+                    seen.add(name)
+                size(key, path)
+                size(value, _join(path, name))
+        if total > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES} values once aliases are expanded", node.start_mark)
+        sizes[id(node)] = total - before
+        return total - before
+
+    size(root, "")
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document, within the bounds above. Raises yaml.YAMLError (a `_Refused` past a bound)."""
+    loader = _BoundedLoader(text)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_nodes(root)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
+def read_yaml_file(path: str) -> Any:
+    """A YAML document from a file; unreadable, oversized or invalid files raise ConfigError, never a bare
+    OS/YAML error."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ConfigError([f"larger than {MAX_FILE_BYTES} bytes"], path)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"cannot read file: {exc}"], path) from exc
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
+    except _Refused as exc:
+        raise ConfigError([f"refused: {exc}"], path) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError([f"not valid YAML: {exc}"], path) from exc
+        raise ConfigError([f"not valid YAML: {_q_yaml(exc)}"], path) from exc
+
+
+def _q_yaml(exc: yaml.YAMLError) -> str:
+    """PyYAML's message (with its line and column) without the quoted source line, which may be huge."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        for mark in (exc.context_mark, exc.problem_mark):
+            if mark is not None:
+                mark.buffer = None  # no snippet
+        return str(exc)
+    return str(exc)[:300]
 
 
 def load_config(path: str | Path) -> Config:
