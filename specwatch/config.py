@@ -9,6 +9,7 @@ several keys beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import re
@@ -496,7 +497,7 @@ def _check_route(c: _Checker, v: dict, d: dict, path: str) -> RouteConfig:
     if "drop" in d:  # shorthand for detection.drop
         det = v["detection"]
         drop = next(o.spec for o in options(DetectionConfig) if o.name == "drop")
-        v["detection"] = DetectionConfig(**{**det.__dict__, "drop": c.value(drop, d["drop"], f"{path}.drop", det.drop)})
+        v["detection"] = dataclasses.replace(det, drop=c.value(drop, d["drop"], f"{path}.drop", det.drop))
     return RouteConfig(**v)
 
 
