@@ -84,7 +84,7 @@ def bracket_scraper(route: RouteConfig, config: Config) -> Callable[[], Any]:
 
     def scrape() -> Any:
         try:
-            response = session.get(route.url, timeout=config.scrape_timeout_seconds)
+            response = session.get(route.url, timeout=config.scrape.timeout_seconds)
         except requests.RequestException as exc:
             raise SourceError("connect", f"{route.url}: {exc}") from exc
         if response.status_code != 200:

@@ -298,6 +298,6 @@ def make_source(route: RouteConfig, config: Config) -> HttpEngineSource | SGLang
     per-request files for engine `sglang_request_log`."""
     if route.engine == REQUEST_LOG_KIND:
         return SGLangRequestLogSource(route)
-    endpoint = ENDPOINTS.acquire(route.url, config.scrape_timeout_seconds, config.max_body_bytes, route.http)
-    fetcher = HttpFetcher(config.scrape_timeout_seconds, config.max_body_bytes, client=route.http)
+    endpoint = ENDPOINTS.acquire(route.url, config.scrape.timeout_seconds, config.scrape.max_body_bytes, route.http)
+    fetcher = HttpFetcher(config.scrape.timeout_seconds, config.scrape.max_body_bytes, client=route.http)
     return HttpEngineSource(route, fetcher, endpoint)

@@ -39,7 +39,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httptools
 
-from specwatch.config import DEFAULT_HTTP_CLIENT, Config, HttpClientConfig, TlsConfig
+from specwatch.config import DEFAULT_HTTP_CLIENT, HttpClientConfig, ScrapeConfig, TlsConfig
 from specwatch.sources.base import SourceError
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
@@ -73,8 +73,8 @@ class HttpFetcher:
 
     def __init__(
         self,
-        timeout_seconds: float = Config.scrape_timeout_seconds,
-        max_body_bytes: int = Config.max_body_bytes,
+        timeout_seconds: float = ScrapeConfig.timeout_seconds,
+        max_body_bytes: int = ScrapeConfig.max_body_bytes,
         clock: Callable[[], float] = time.monotonic,
         client: HttpClientConfig = DEFAULT_HTTP_CLIENT,
     ) -> None:
