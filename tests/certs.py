@@ -39,7 +39,7 @@ def self_signed_for_localhost(directory: Path, common_name: str = "127.0.0.1") -
 
 
 def ca_server_client(directory: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 signed by it and a client certificate signed by it:
+    """A CA, a server certificate for 127.0.0.1 and engine.test signed by it and a client certificate signed by it:
     ca.pem, server.pem/.key, client.pem/.key."""
     openssl(
         "req",
@@ -55,7 +55,7 @@ def ca_server_client(directory: Path) -> dict[str, Path]:
         "/CN=test CA",
         cwd=directory,
     )
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:engine.test\nextendedKeyUsage=serverAuth\n")
     (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
         openssl(

@@ -167,3 +167,12 @@ def test_a_probe_session_sends_the_token_to_its_own_origin_only():
     assert (first, second) == ("/away", "/there")
     assert asked["Authorization"] == f"Bearer {TOKEN}" and asked["X-Tenant"] == "a"
     assert "Authorization" not in redirected and redirected["X-Tenant"] == "a"
+
+
+@pytest.mark.parametrize("server_name, outcome", [("engine.test", "ok"), ("other.test", "error")])
+def test_a_probe_verifies_the_tls_server_name_of_the_route(simulator, guarded, pki, server_name, outcome):
+    engine, good, _ = guarded("client_certificate", simulator("summary").url)
+    rnd = _runner(_config(engine.url, {"tls_config": {**good["tls_config"], "server_name": server_name}})).run_now()
+    assert rnd.outcome == outcome, rnd.message
+    if outcome == "error":
+        assert "CERTIFICATE_VERIFY_FAILED" in rnd.message, rnd.message  # 127.0.0.1 alone would pass
