@@ -416,7 +416,7 @@ def _check_tls(c: _Checker, v: dict, d: dict, path: str) -> TlsConfig:
 def _http_client(c: _Checker, d: dict, path: str, base: HttpClientConfig) -> HttpClientConfig:
     """The HTTP client keys of `d` (a route, or `scrape`); each key given replaces the same key of `base`."""
     if "authorization" in d and "basic_auth" in d:
-        c.fail(path or "scrape", "give authorization or basic_auth, not both")
+        c.fail(path or "basic_auth", "give authorization or basic_auth, not both")
     given = {k: v for k, v in d.items() if k in _allowed_keys(HttpClientConfig)}
     client = _read(c, HttpClientConfig, given, path, base)
     if client is None:
@@ -712,6 +712,18 @@ def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config file. Raises ConfigError listing every problem."""
     path = str(path)
     return parse_config(read_yaml_file(path), path)
+
+
+def load_http_client_config(path: str) -> HttpClientConfig:
+    """A route's HTTP client keys (authorization, basic_auth, tls_config, headers) from a YAML file of their
+    own, checked as in the config: for commands that take a URL on the command line (`status`, `sweep`), as
+    promtool's `--http.config.file`. Raises ConfigError listing every problem."""
+    c = _Checker()
+    d = c.mapping(read_yaml_file(path), "", _allowed_keys(HttpClientConfig))
+    client = _http_client(c, d or {}, "", DEFAULT_HTTP_CLIENT)
+    if c.problems:
+        raise ConfigError(c.problems, path)
+    return client
 
 
 def unreadable_files(cfg: Config) -> list[str]:
