@@ -112,6 +112,7 @@ def test_exec_start_flags_parse_with_the_real_cli():
     assert args.config_file == "/etc/specwatch/specwatch.yml"
 
 
+@pytest.mark.slow
 @needs_analyze
 def test_systemd_analyze_verify_is_clean(tmp_path):
     binary = shutil.which("specwatch", path=str(Path(sys.executable).parent)) or sys.executable
@@ -121,6 +122,7 @@ def test_systemd_analyze_verify_is_clean(tmp_path):
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
 
 
+@pytest.mark.slow
 @needs_analyze
 def test_security_exposure_is_at_most_2_5():
     result = subprocess.run(
@@ -184,6 +186,7 @@ def test_install_script_staged(tmp_path):
     assert config.read_text().endswith("# operator edit\n")
 
 
+@pytest.mark.slow
 def test_install_script_refuses_to_run_unprivileged_without_no_system():
     if os.geteuid() == 0:
         pytest.skip("running as root")
