@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 import yaml
 
 from specwatch.probe.prompts import PromptSetError, load_prompt_set  # a leaf module: json and PyYAML only
+from specwatch.sources.kinds import ENGINE_KINDS  # a leaf module: the names engines.py keys its registry by
 
-ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto", "sglang_request_log")  # the last reads files
 GPU_MODES = ("auto", "true", "false")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"
