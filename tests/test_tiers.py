@@ -117,3 +117,20 @@ def test_a_marked_test_may_start_a_process_and_bind_a_socket(guarded):
     )
     guarded.makepyfile(test_heavy=marked)
     guarded.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=5)
+
+
+def test_a_library_that_probes_the_host_while_it_is_imported_does_not_fail_the_importing_test(guarded):
+    # urllib3 binds a socket at import to learn whether IPv6 works: whichever test imports it first must pass.
+    guarded.makepyfile(
+        probes_at_import="""
+import socket
+
+with socket.socket() as _probe:
+    _probe.bind(("127.0.0.1", 0))
+""",
+        test_imports="""
+def test_imports_it():
+    import probes_at_import
+""",
+    )
+    guarded.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
