@@ -12,6 +12,9 @@ import pytest
 from specwatch.testbed.engine_env import cpu_support, ensure_engine_env
 from specwatch.testbed.models import TinyModels, build_tiny_models
 
+# tiers: the --fast option and the unit tier's guard; pytester: tests/test_tiers.py runs pytest on made-up tests
+pytest_plugins = ("tiers", "pytester")
+
 
 @pytest.fixture(scope="session")
 def engine_env():

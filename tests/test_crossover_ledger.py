@@ -46,6 +46,7 @@ def test_ledger_arithmetic():
     assert ledger.lost_seconds == pytest.approx(4.0)
 
 
+@pytest.mark.slow
 def test_demo_ramp_lost_above_saved_below_matches_the_engines():
     plan = load_demo_plan()
     route = next(r for r in plan.routes if r.name == "code")

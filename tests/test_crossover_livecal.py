@@ -55,6 +55,7 @@ def test_band_is_wide_until_batches_separate_the_efficiencies():
     assert live.answer(positions, 1024, 3.0).bins == 0
 
 
+@pytest.mark.slow
 def test_live_crossover_converges_on_the_simulated_engine():
     table = load_table()
     profile = AcceptanceProfile.iid(ALPHA, K)
@@ -156,6 +157,7 @@ def test_a_burst_after_idle_is_binned_at_its_own_batch():
     assert observations > 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fixed_cost, prior, alpha",
     [

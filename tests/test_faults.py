@@ -302,6 +302,7 @@ class ExplodedSource:
         pass
 
 
+@pytest.mark.slow
 def test_label_explosion_is_bounded_in_output_and_time(tmp_path):
     """10,000 engines on one route: /metrics stays per route, and the cycle stays cheap."""
     source = ExplodedSource()
@@ -437,6 +438,7 @@ def _run_child(state_dir: str, mode: str, prefix: Sequence[str] = ()) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path):
     report = _run_child(str(tmp_path), "full")
     assert all(all(up) for up in report["during"]), "a full disk must not take routes down"
@@ -453,6 +455,7 @@ def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path)
         store.close()
 
 
+@pytest.mark.slow
 def test_read_only_state_dir_keeps_detecting_in_memory(tmp_path):
     state_dir = tmp_path / "state"
     BaselineStore.in_state_dir(str(state_dir)).close()  # an existing database, as after an upgrade
@@ -634,6 +637,7 @@ def scrape_once(engines: Any, url: str, **scrape: Any) -> tuple[Any, float]:
     return result, time.monotonic() - begin
 
 
+@pytest.mark.slow
 def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_server, monkeypatch):
     result, took = scrape_once(engines, fault_server.url("/hang"))
     assert isinstance(result, SourceError) and result.reason == "timeout"
@@ -655,6 +659,7 @@ def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_serve
     assert ok.up and ok.drafts_total > snapshots[0].route("r1").drafts_total
 
 
+@pytest.mark.slow
 def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
     """Every read makes progress, so only a deadline on the whole response stops it (not a per-read timeout)."""
     result, took = scrape_once(engines, fault_server.url("/drip"))
@@ -662,6 +667,7 @@ def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/huge", "/huge_undeclared"])
 def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, path):
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -672,6 +678,7 @@ def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, 
     assert grown_mib < 32, f"the body must be streamed and cut at the cap, not read whole ({grown_mib:.0f} MiB)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, body, kind",
     [
@@ -696,18 +703,21 @@ def test_http_bad_bodies_are_parse_errors(engines, fault_server, name, body, kin
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 def test_http_response_cut_short_is_a_failed_scrape_not_a_partial_sample(engines, fault_server):
     result, took = scrape_once(engines, fault_server.url("/cut"))
     assert isinstance(result, SourceError) and result.reason in ("connection", "parse"), repr(result)
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 def test_http_html_error_status_is_http_status(engines, fault_server):
     url = fault_server.serve("/html_503", "<html><body>Service Unavailable</body></html>", status=503, kind="text/html")
     result, _ = scrape_once(engines, url)
     assert isinstance(result, SourceError) and result.reason == "http_status" and "503" in str(result)
 
 
+@pytest.mark.slow
 def test_http_duplicate_series_do_not_double_count(engines, fault_server):
     result, _ = scrape_once(engines, fault_server.serve("/dup", vllm_text(1000.0, duplicate=True)))
     if isinstance(result, SourceError):  # refusing the scrape, as Prometheus does, is acceptable
@@ -731,6 +741,7 @@ class ScheduledSource:
             source.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-5.0"])
 def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value, monkeypatch):
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
@@ -756,6 +767,7 @@ def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value,
     assert snapshots[-1].route("r0").up
 
 
+@pytest.mark.slow
 def test_http_label_explosion_10000_series(engines, fault_server):
     engine_labels = [str(i) for i in range(10_000)]
     noise = "".join(f'vllm:unrelated_total{{engine="{i}",model_name="m",x="{i}"}} 1.0\n' for i in range(10_000))

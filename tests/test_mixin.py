@@ -170,6 +170,7 @@ def test_alertmanager_example_routes_and_inhibits(files):
     assert blind["equal"] == ["job", "instance"]
 
 
+@pytest.mark.slow
 @needs_amtool
 def test_amtool_accepts_the_example_and_routes_pages_and_tickets_apart():
     config = str(REPO / render.ALERTMANAGER_PATH)
@@ -303,12 +304,14 @@ def test_settings_and_dashboard_texts_follow_the_config_defaults():
 
 
 # --------------------------------------------------------------------------- promtool
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_check_rules():
     result = subprocess.run([PROMTOOL, "check", "rules", str(REPO / render.RULES_PATH)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_rule_unit_tests():
     tests = sorted(str(p) for p in (REPO / "tests" / "alerts").glob("*_test.yaml"))

@@ -162,6 +162,7 @@ def daemon():
     server.server_close()
 
 
+@pytest.mark.slow
 def test_cli_from_daemon_with_roofline(daemon, capsys):
     rc = cli_main(
         ["recommend", "chat", "--url", daemon, "--gpu", "H200", "--params", "8.03", "--draft", "eagle3", "--json"]
@@ -172,6 +173,7 @@ def test_cli_from_daemon_with_roofline(daemon, capsys):
     check_vllm_schedule(out["vllm"]["num_speculative_tokens_per_batch_size"])
 
 
+@pytest.mark.slow
 def test_cli_errors(daemon, capsys):
     assert cli_main(["recommend", "nope", "--url", daemon, "--gpu", "H200", "--params", "8"]) == 2
     assert "no route 'nope'" in capsys.readouterr().err

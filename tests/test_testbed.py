@@ -140,6 +140,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_launched_server_outlives_its_launching_thread_but_not_its_process():
     parent = subprocess.Popen([sys.executable, "-c", _LAUNCHING_PARENT], stdout=subprocess.PIPE, text=True)
