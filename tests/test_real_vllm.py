@@ -22,7 +22,7 @@ from specwatch.config import parse_config
 from specwatch.crossover import gpus
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.livecal import LiveCalibration
-from specwatch.crossover.model import Draft, StepModel
+from specwatch.crossover.speedup import Draft, StepModel
 from specwatch.daemon import Daemon
 from specwatch.sources.engines import SharedEndpoint, parse_engine_sample
 from specwatch.sources.http import HttpFetcher

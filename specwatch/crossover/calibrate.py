@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
 from specwatch.crossover.inputs import Efficiency
-from specwatch.crossover.model import StepModel
+from specwatch.crossover.speedup import StepModel
 from specwatch.crossover.stepcost import attention_s
 
 # (lower, upper) bounds per parameter; overheads in seconds.

@@ -10,7 +10,7 @@ from specwatch.config import CrossoverEstimateConfig
 from specwatch.crossover import gpus
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.inputs import ModelShape
-from specwatch.crossover.model import BYTES_PER_WEIGHT, Draft, StepModel
+from specwatch.crossover.speedup import BYTES_PER_WEIGHT, Draft, StepModel
 
 DEFAULT_VOCAB = 128_256
 

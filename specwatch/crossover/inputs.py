@@ -1,7 +1,7 @@
 """What the crossover model is computed from: a decoder's shape, a GPU's peak figures, its achieved efficiencies.
 
 Frozen values, no I/O. A leaf module: the step-cost kernels (`stepcost.py`) and the model over them
-(`model.py`) both read these types, and it imports neither.
+(`speedup.py`) both read these types, and it imports neither.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 from specwatch.crossover import gpus
 from specwatch.crossover.calibrate import ALL_PARAMETERS, StepPoint, fit_models, reference_points
 from specwatch.crossover.inputs import Efficiency, ModelShape
-from specwatch.crossover.model import (
+from specwatch.crossover.speedup import (
     Draft,
     StepModel,
     interpolate_crossover,

@@ -9,7 +9,7 @@ No model hub is reachable, so every model is made locally and reproducibly (same
   decoding); more noise accepts less; a differently seeded random model accepts almost nothing.
 
 This module runs with the *engine* venv's Python (it needs torch, transformers and tokenizers, which the
-daemon's venv does not have): `python -m testbed.tiny_models DEST --drafter-noise 0.05 ...`.
+daemon's venv does not have): `python -m testbed.make_models DEST --drafter-noise 0.05 ...`.
 It imports nothing else from specwatch.
 """
 
