@@ -17,7 +17,14 @@ PACKAGES = ("specwatch", "testbed")
 
 # Modules every layer may import: the exported-metric catalog, the Snapshot value types, the frozen config and
 # its defaults, pure statistics, and the package root (its version). They import only each other.
-FOUNDATION = ("specwatch", "specwatch.catalog", "specwatch.snapshot", "specwatch.config", "specwatch.stats")
+FOUNDATION = (
+    "specwatch",
+    "specwatch.catalog",
+    "specwatch.snapshot",
+    "specwatch.config",
+    "specwatch.config_schema",  # each option's field, default and YAML name, where that table is its own module
+    "specwatch.stats",
+)
 # The composition root: wires the layers together, so it may import any of them.
 COMPOSITION = ("specwatch.__main__", "specwatch.cli", "specwatch.commands", "specwatch.daemon", "specwatch.scheduler")
 # Every other part of the package, and the other layers it may import besides the foundation and itself.
@@ -26,19 +33,32 @@ LAYERS: dict[str, set[str]] = {
     "specwatch.probe": {"specwatch.sources"},  # canary rounds talk to the engine the route's source reads
     "specwatch.tracking": set(),
     "specwatch.crossover": set(),
-    "specwatch.evaluators": {"specwatch.sources", "specwatch.probe", "specwatch.tracking", "specwatch.crossover"},
+    "specwatch.state": set(),  # the daemon's SQLite state (baselines, fingerprints, operator commands)
+    "specwatch.evaluators": {
+        "specwatch.sources",
+        "specwatch.probe",
+        "specwatch.tracking",
+        "specwatch.crossover",
+        "specwatch.state",
+    },
     "specwatch.export": set(),  # reads the Snapshot only
     "specwatch.scrape_pool": set(),  # the daemon's scrape executor
     "specwatch.systemd_notify": set(),
     "specwatch.logsetup": set(),  # the CLI's log level and format
     # Offline tools (replay, backtest, sweep, the simulated engines): they rerun the daemon's layers on recorded
     # or simulated data, and nothing on the daemon's path imports them.
-    "specwatch.offline": {"specwatch.sources", "specwatch.tracking", "specwatch.evaluators", "specwatch.crossover"},
+    "specwatch.offline": {
+        "specwatch.sources",
+        "specwatch.tracking",
+        "specwatch.evaluators",
+        "specwatch.crossover",
+        "specwatch.state",
+    },
     "specwatch.simulator": {"specwatch.crossover"},
 }
 # The mixin generates alerts and dashboards offline: the catalog and the defaults (config) only.
 MIXIN = "specwatch.mixin"
-MIXIN_MAY_IMPORT = ("specwatch.catalog", "specwatch.config")
+MIXIN_MAY_IMPORT = ("specwatch.catalog", "specwatch.config", "specwatch.config_schema")
 # Imports that break the rules above today, each with the reason it stays. Keep this list short.
 ALLOWED_EXCEPTIONS = {
     # The config validates a route's probe prompt set at load time, so that a bad prompt file is reported
