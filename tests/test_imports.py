@@ -10,6 +10,7 @@ imports the packages `a.b` and `a` (their `__init__` runs first).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +103,7 @@ def _imported_names(module: str, is_package: bool, node: ast.Import | ast.Import
     return names
 
 
+@functools.lru_cache(maxsize=None)  # read once for both tests
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the modules of PACKAGES it imports (ancestors of the target included, its own excluded)."""
     known = _modules(root)
