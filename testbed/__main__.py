@@ -7,13 +7,18 @@ It lives here, above `engine_env` and `models`, because it needs both and `model
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from testbed.engine_env import VLLM_VERSION, EngineEnvError, cpu_support, ensure_engine_env
 from testbed.models import build_tiny_models
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m testbed",
+        description="Build the real vLLM engine's venv (.venv-vllm, about 3.5 GB, once) and the tiny models now.",
+    ).parse_args(argv)
     supported, reason = cpu_support()
     if not supported:
         print(f"testbed: the real vLLM engine cannot run here ({reason}); its tests will skip", file=sys.stderr)
