@@ -33,7 +33,7 @@ fi
 # The real vLLM engine (CPU build) of the real_engine tests: installed into .venv-vllm once, a few minutes.
 case " $* " in
   *"not real_engine"*|*"not e2e"*) ;;  # the real-engine tests are deselected: no need for the engine
-  *) .venv/bin/python -m specwatch.testbed.engine_env \
+  *) .venv/bin/python -m testbed \
        || echo "test: the real vLLM engine could not be installed; its tests will fail and say why" >&2 ;;
 esac
 .venv/bin/python -m pytest -q "$@"

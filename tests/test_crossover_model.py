@@ -10,7 +10,7 @@ from specwatch.cli import main as cli_main
 from specwatch.crossover import gpus, shapes
 from specwatch.crossover.calibrate import fit_efficiency, reference_points
 from specwatch.crossover.hfconfig import shape_from_hf_config
-from specwatch.crossover.model import (
+from specwatch.crossover.speedup import (
     LLAMA3_8B,
     Draft,
     Efficiency,

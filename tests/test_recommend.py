@@ -10,7 +10,7 @@ import pytest
 
 from specwatch.cli import main as cli_main
 from specwatch.crossover import gpus
-from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel, positions_from_alpha
+from specwatch.crossover.speedup import LLAMA3_8B, Draft, StepModel, positions_from_alpha
 from specwatch.crossover.recommend import ModelStepTimes, SweepStepTimes, best_k, goodput, recommend
 from specwatch.crossover.sweepfile import FORMAT
 
@@ -186,7 +186,7 @@ def test_cli_errors(daemon, capsys):
 
 
 def test_sweep_of_the_h200_table_stops_drafting_at_its_crossover():
-    from specwatch.crossover.model import expected_tokens
+    from specwatch.crossover.speedup import expected_tokens
     from specwatch.crossover.reference import load_reference
 
     run = load_reference().run(1024)
