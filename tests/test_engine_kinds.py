@@ -1,11 +1,11 @@
-"""The engine kinds are named once (sources/kinds.py): the source registry and the config check use them."""
+"""The engine kinds are named once (engine_kinds.py): the source registry and the config check use them."""
 
 from __future__ import annotations
 
 import pytest
 
 from specwatch.config import ConfigError, parse_config
-from specwatch.sources import kinds
+from specwatch import engine_kinds as kinds
 from specwatch.sources.engines import ENGINES
 
 

@@ -128,7 +128,7 @@ import socket
 with socket.socket() as _probe:
     _probe.bind(("127.0.0.1", 0))
 """,
-        test_imports="""
+        test_imports_a_probing_library="""
 def test_imports_it():
     import probes_at_import
 """,

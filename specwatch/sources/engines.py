@@ -26,7 +26,7 @@ from specwatch.sources import llamacpp, sglang, trtllm, vllm
 from specwatch.sources.base import SourceError
 from specwatch.sources.exposition import ExpositionError, Family, parse
 from specwatch.sources.http import HttpFetcher
-from specwatch.sources.kinds import REQUEST_LOG
+from specwatch.engine_kinds import REQUEST_LOG
 from specwatch.sources.name_filter import NameFilter
 from specwatch.sources.sglang_request_log import SGLangRequestLogSource
 

@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 from specwatch.config import RouteConfig
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
-from specwatch.sources.kinds import REQUEST_LOG
+from specwatch.engine_kinds import REQUEST_LOG
 
 FILE_RE = re.compile(r"^sglang-request-metrics-(\d{8}_\d{2})\.log$")
 _LABELS_KEY = '"custom_labels": '
