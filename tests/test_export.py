@@ -245,6 +245,9 @@ class FakeWebConfig:
     def authorize(self, headers) -> bool:
         return headers.get("Authorization") == "Basic dTpw"  # u:p
 
+    def authorize_cached(self, headers) -> bool:
+        return self.authorize(headers)
+
 
 def test_http_basic_auth_refuses_without_detail():
     srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig())
