@@ -118,6 +118,7 @@ def test_a_client_that_sends_its_request_slowly_is_cut_at_the_head_timeout(monke
 
 def test_connections_beyond_the_cap_are_refused_with_503_unless_an_idle_one_can_go(monkeypatch):
     monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
+    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 60.0, raising=False)
     srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
     held = [connect(srv) for _ in range(8)]
     try:
@@ -128,6 +129,22 @@ def test_connections_beyond_the_cap_are_refused_with_503_unless_an_idle_one_can_
         assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
         assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
         assert held[0].recv(65536) == b""  # the idle one was closed to make room
+    finally:
+        for sock in held:
+            sock.close()
+        srv.shutdown()
+
+
+def test_at_the_cap_the_connection_slowest_to_send_its_request_makes_room(monkeypatch):
+    """700 slow connections once blocked every real scrape for 50 s."""
+    monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
+    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 0.0, raising=False)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
+    held = [connect(srv) for _ in range(8)]
+    try:
+        held[1].sendall(b"GET /-/hea")  # a head begun and not finished
+        assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
+        assert held[0].recv(65536) == b""  # the oldest silent connection was closed to make room
     finally:
         for sock in held:
             sock.close()

@@ -4,11 +4,12 @@ An asyncio server (stdlib) on one background thread, over a private `CollectorRe
 snapshot collector. Each connection is a coroutine, so an idle, slow or hostile client costs a little memory,
 never a thread, and a scrape never queues behind one; the work that takes CPU (rendering /metrics, a bcrypt
 check) runs on small thread pools. Everything a client controls is bounded: the connections open (beyond
-MAX_CONNECTIONS an idle kept-alive one is closed, else the newcomer gets 503), the time to send a request head
-(HEAD_TIMEOUT_SECONDS, the TLS handshake included) and to sit idle between requests, the head's size and field
-count (431), the body (413; a body is read and dropped, never taken for the next request; a repeated
-Content-Length is a 400), and password checks waiting (503). Limits that bite are logged, at most once a
-minute per kind. Plain HTTP sent to the TLS port gets a 400 saying so, as Go's net/http answers.
+MAX_CONNECTIONS the one idle longest is closed, else the slowest to send its request head, else the newcomer
+gets 503), the time to send a request head (HEAD_TIMEOUT_SECONDS, the TLS handshake included) and to sit idle
+between requests, the head's size and field count (431), the body (413; a body is read and dropped, never
+taken for the next request; a repeated Content-Length is a 400), and password checks waiting (503). Limits
+that bite are logged, at most once a minute per kind. Plain HTTP sent to the TLS port gets a 400 saying so,
+as Go's net/http answers.
 
 TLS and basic auth come from an optional exporter-toolkit style web config (`specwatch.export.webconfig`);
 when set, auth applies to every path and a refusal says nothing beyond `401` and `WWW-Authenticate: Basic`.
@@ -55,7 +56,8 @@ DEFAULT_LISTEN_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 # Prometheus asks for /metrics with a 10 s scrape timeout; these keep a scrape answered while hostile clients
 # hold connections. The backlog is the kernel's maximum (net.core.somaxconn caps it), not http.server's 5.
 LISTEN_BACKLOG = socket.SOMAXCONN
-MAX_CONNECTIONS = 512
+MAX_CONNECTIONS = 1024  # the unit allows 4096 file descriptors
+SLOW_HEAD_SECONDS = 1.0  # at the cap, a connection this long into its request head may be closed for a newcomer
 HEAD_TIMEOUT_SECONDS = 10.0  # from a request's first byte to its last header (and for the TLS handshake)
 IDLE_TIMEOUT_SECONDS = 120.0  # a kept-alive connection between requests (Prometheus scrapes every 15-60 s)
 WRITE_TIMEOUT_SECONDS = 30.0  # a client that does not read its response
@@ -240,10 +242,26 @@ class _Request:
 
 
 class _Connection:
-    __slots__ = ("reader", "writer", "idle")
+    """One client connection's task and what it is doing: "head" (waiting for or reading a request head),
+    "busy" (being answered) or "idle" (kept alive between requests), since when."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer, self.idle = reader, writer, False
+    __slots__ = ("task", "writer", "state", "since")
+
+    def __init__(self, now: float) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.state, self.since = "head", now
+
+    def now_in(self, state: str, now: float) -> None:
+        self.state, self.since = state, now
+
+    def drop(self) -> None:
+        """Close the connection; its task ends on the closed stream. (Python 3.10/3.11's wait_for can swallow a
+        task's cancellation, so a task is cancelled only before it has streams.)"""
+        if self.writer is not None:
+            self.writer.close()
+        elif self.task is not None:
+            self.task.cancel()
 
 
 class _Server:
@@ -266,8 +284,6 @@ class _Server:
         self._auth_workers = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="specwatch-auth")
         self._auth_pending = 0
         self._connections: set[_Connection] = set()
-        self._accepting = 0  # accepted, not yet a _Connection (waiting for the first byte or the TLS handshake)
-        self._tasks: set[asyncio.Task[None]] = set()
         self._accept_task: asyncio.Task[None] | None = None
         self._limit_log = _LimitLog()
         self.loop = asyncio.new_event_loop()
@@ -289,23 +305,35 @@ class _Server:
                 self._limit_log("accept", "accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            if len(self._connections) + self._accepting >= MAX_CONNECTIONS and not self._evict_idle():
-                self._limit_log("connections", "%d connections open: refusing more", MAX_CONNECTIONS)
-                self._refuse(sock)
-                continue
-            self._accepting += 1  # counted from here, so a burst of connects cannot pass the cap
-            task = self.loop.create_task(self._connection(sock, address))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            try:
+                if len(self._connections) >= MAX_CONNECTIONS and not self._make_room():
+                    self._limit_log(
+                        "connections", "%d connections open, none idle or slow: refusing more", MAX_CONNECTIONS
+                    )
+                    self._refuse(sock)
+                    continue
+                connection = _Connection(self.loop.time())
+                self._connections.add(connection)
+                connection.task = self.loop.create_task(self._connection(sock, address, connection))
+            except Exception:  # noqa: BLE001 - accepting must go on whatever one connection did
+                log.exception("HTTP server: accepting a connection from %s failed", address)
+                sock.close()
 
-    def _evict_idle(self) -> bool:
-        """Close one kept-alive connection between requests to make room; False when none is idle."""
-        for connection in self._connections:
-            if connection.idle:
-                connection.writer.close()
-                self._connections.discard(connection)
-                return True
-        return False
+    def _make_room(self) -> bool:
+        """Close the connection idle longest, else the one slowest to send its request head (beyond
+        SLOW_HEAD_SECONDS: Prometheus sends its head in one packet); False when there is none."""
+        now = self.loop.time()
+        idle = [c for c in self._connections if c.state == "idle"]
+        slow = [c for c in self._connections if c.state == "head" and now - c.since > SLOW_HEAD_SECONDS]
+        candidates = idle or slow
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda c: c.since)
+        if not idle:
+            self._limit_log("slow_evicted", "%d connections open: closed the slowest to send a request", len(slow))
+        self._connections.discard(victim)
+        victim.drop()
+        return True
 
     def _refuse(self, sock: socket.socket) -> None:
         try:
@@ -316,28 +344,25 @@ class _Server:
             pass
         sock.close()
 
-    async def _connection(self, sock: socket.socket, address: Any) -> None:
-        connection = None
+    async def _connection(self, sock: socket.socket, address: Any, connection: _Connection) -> None:
+        writer = None
         try:
-            try:
-                connection = await self._open(sock)
-            finally:
-                self._accepting -= 1
-            if connection is not None:
-                self._connections.add(connection)
-                await self._serve(connection)
+            streams = await self._open(sock)
+            if streams is not None:
+                reader, writer = streams
+                connection.writer = writer
+                await self._serve(reader, writer, connection)
         except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError) as exc:
             log.debug("HTTP connection from %s ended: %r", address, exc)
         except Exception:  # noqa: BLE001 - one connection's bug must not stop the server
             log.exception("HTTP connection from %s failed", address)
-        finally:
-            if connection is not None:
-                self._connections.discard(connection)
-                connection.writer.close()
-            else:
-                sock.close()
+        finally:  # also when cancelled, to make room or at shutdown
+            self._connections.discard(connection)
+            if writer is not None:
+                writer.close()
+            sock.close()
 
-    async def _open(self, sock: socket.socket) -> _Connection | None:
+    async def _open(self, sock: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """Streams over `sock`; on a TLS port, a client that speaks plain HTTP gets a 400 and None."""
         reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES)
         protocol = asyncio.StreamReaderProtocol(reader)
@@ -355,10 +380,12 @@ class _Server:
         if self._ssl is not None and tls is None:
             self._limit_log("plain_on_tls", "a client sent plain HTTP to the HTTPS port")
             refusal = _Refused(400, "Client sent an HTTP request to an HTTPS server.\n")
-            await self._refuse_request(reader, writer, refusal)
-            writer.close()
+            try:
+                await self._refuse_request(reader, writer, refusal)
+            finally:
+                writer.close()
             return None
-        return _Connection(reader, writer)
+        return reader, writer
 
     async def _peek(self, sock: socket.socket) -> bytes:
         readable: asyncio.Future[None] = self.loop.create_future()
@@ -375,29 +402,31 @@ class _Server:
         return sock.recv(1, socket.MSG_PEEK)
 
     # -- requests
-    async def _serve(self, connection: _Connection) -> None:
-        reader, writer = connection.reader, connection.writer
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection) -> None:
         wait = HEAD_TIMEOUT_SECONDS  # for the first request; kept-alive connections wait IDLE_TIMEOUT_SECONDS
         while True:
-            connection.idle = wait == IDLE_TIMEOUT_SECONDS
             try:
                 first = await asyncio.wait_for(reader.read(1), wait)
             except asyncio.TimeoutError:
-                if not connection.idle:
+                if connection.state == "head":
                     self._limit_log("head_timeout", "a client sent no request within %gs", wait)
                 return
-            connection.idle = False
             if not first:
                 return
+            if connection.state == "idle":
+                connection.now_in("head", self.loop.time())
             try:
                 request = await self._read_request(first, reader)
             except _Refused as refused:
                 if refused.kind:
                     self._limit_log(refused.kind, "refused a request: %d %s", refused.status, refused.text.strip())
+                connection.now_in("busy", self.loop.time())
                 await self._refuse_request(reader, writer, refused)
                 return
+            connection.now_in("busy", self.loop.time())
             status, body, content_type, headers = await self._handle(request)
-            connection.idle = not request.close  # from here it may be closed to make room for a newcomer
+            if not request.close:  # from here it may be closed to make room for a newcomer
+                connection.now_in("idle", self.loop.time())
             await self._write(writer, status, body, content_type, headers, request.close, request.method == "HEAD")
             if request.close:
                 return
@@ -545,9 +574,10 @@ class _Server:
             self._accept_task.cancel()
             await asyncio.gather(self._accept_task, return_exceptions=True)
         self._listener.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        tasks = [c.task for c in self._connections if c.task is not None]
+        for connection in list(self._connections):
+            connection.drop()
+        await asyncio.wait(tasks, timeout=2.0) if tasks else None
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
 
