@@ -198,6 +198,10 @@ def test_request_bodies_the_server_cannot_delimit_safely_are_refused_and_the_con
     assert statuses(exchange(server, get("/-/healthy", extra, b"hello", close=False) + get("/nope"))) == [status]
 
 
+def test_a_request_with_bare_newlines_or_leading_blank_lines_is_answered(server):
+    assert statuses(exchange(server, b"\r\nGET /-/healthy HTTP/1.0\nHost: x\n\n")) == ["200"]
+
+
 def test_methods_other_than_get_and_head_get_405(server):
     answer = exchange(server, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert statuses(answer) == ["405"] and b"Allow: GET, HEAD" in answer

@@ -435,26 +435,17 @@ class _Server:
     async def _read_request(self, first: bytes, reader: asyncio.StreamReader) -> _Request:
         """One request's head, checked, and its body read and dropped. Raises _Refused."""
         try:
-            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_SECONDS)
-        except asyncio.LimitOverrunError:
-            raise _Refused(431, "Request header fields too large.\n", "head_size") from None
+            request_line, fields = await asyncio.wait_for(self._read_head(first, reader), HEAD_TIMEOUT_SECONDS)
         except asyncio.TimeoutError:
             raise _Refused(408, "Request timeout.\n", "head_timeout") from None
-        except asyncio.IncompleteReadError:
-            raise ConnectionResetError("the client closed the connection mid-request") from None
-        if len(head) > MAX_HEAD_BYTES:
-            raise _Refused(431, "Request header fields too large.\n", "head_size")
-        request_line, _, fields = head.partition(b"\r\n")
         words = request_line.decode("latin-1").split()
         if len(words) != 3 or not words[2].startswith("HTTP/"):
             raise _Refused(400, "Bad request line.\n", "bad_request")
         method, target, version = words
         if version not in ("HTTP/1.0", "HTTP/1.1"):
             raise _Refused(505, "HTTP version not supported.\n", "bad_request")
-        if fields.count(b"\r\n") - 1 > MAX_HEADERS:
-            raise _Refused(431, f"More than {MAX_HEADERS} header fields.\n", "head_size")
         try:
-            headers = parse_headers(io.BytesIO(fields))
+            headers = parse_headers(io.BytesIO(b"".join(fields)))
         except (HTTPException, ValueError):
             raise _Refused(400, "Bad header fields.\n", "bad_request") from None
         if headers.defects:
@@ -465,6 +456,30 @@ class _Server:
         if method not in ("GET", "HEAD"):
             raise _Refused(405, "Method not allowed.\n", headers={"Allow": "GET, HEAD"})
         return _Request(method, target.split("?", 1)[0], headers, close)
+
+    @staticmethod
+    async def _read_head(first: bytes, reader: asyncio.StreamReader) -> tuple[bytes, list[bytes]]:
+        """The request line and the header lines (CRLF or bare LF, as http.server takes them), up to the blank
+        line; raises _Refused when they are too many or too large."""
+        too_large = _Refused(431, "Request header fields too large.\n", "head_size")
+        lines: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # one line past the StreamReader's limit (MAX_HEAD_BYTES)
+                raise too_large from None
+            if first:
+                line, first = first + line, b""
+            if not line.endswith(b"\n"):
+                raise ConnectionResetError("the client closed the connection mid-request")
+            size += len(line)
+            if size > MAX_HEAD_BYTES or len(lines) > MAX_HEADERS:
+                raise too_large
+            if line in (b"\r\n", b"\n") and lines:
+                return lines[0], lines[1:]
+            if line not in (b"\r\n", b"\n"):  # blank lines before the request line are skipped (RFC 9112)
+                lines.append(line)
 
     async def _drop_body(self, headers: Message, reader: asyncio.StreamReader) -> None:
         """Read a request's body, if any, so that it is never taken for the next request; none is used."""
