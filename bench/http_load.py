@@ -160,6 +160,11 @@ def load_child(port: int, scrapers: int, slow: int) -> None:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def server_threads_and_rss(pid: int) -> tuple[int, float]:
     status = Path(f"/proc/{pid}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -193,6 +198,7 @@ def main() -> int:
     latencies, failures, peak_threads, peak_rss = [], 0, 0, 0.0
     try:
         time.sleep(3.0)  # let the load connect
+        cpu_before, wall_before = cpu_seconds(server.pid), time.monotonic()
         with requests.Session() as prometheus:
             end = time.monotonic() + args.seconds
             while time.monotonic() < end:
@@ -214,6 +220,7 @@ def main() -> int:
                 threads, rss = server_threads_and_rss(server.pid)
                 peak_threads, peak_rss = max(peak_threads, threads), max(peak_rss, rss)
                 time.sleep(max(0.0, args.every - took))
+        server_cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - wall_before)
     finally:
         assert load.stdin is not None
         load.stdin.close()
@@ -234,7 +241,10 @@ def main() -> int:
         f"p50 {statistics.median(latencies) * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, max {latencies[-1] * 1e3:.0f} ms "
         f"(target p99 < 1000 ms): {'PASS' if p99 < 1.0 and not failures else 'MISS'}"
     )
-    print(f"server: at most {peak_threads} threads, {peak_rss:.0f} MB RSS")
+    print(
+        f"server: at most {peak_threads} threads, {peak_rss:.0f} MB RSS, {server_cpu:.2f} cores busy, "
+        f"{server_cpu / max(held.get('scrapes_per_second', 0), 1) * 1e6:.0f} us CPU per scrape served"
+    )
     return 0 if p99 < 1.0 and not failures else 1
 
 
