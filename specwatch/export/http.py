@@ -188,22 +188,43 @@ class RenderCache:
     def body(self, accept: str, accept_encoding: str) -> tuple[bytes, str, bool]:
         """(body, content type, gzipped) for one scrape's Accept and Accept-Encoding headers."""
         encoder, content_type = choose_encoder(accept)
-        want_gzip = "gzip" in accept_encoding
         with self._lock:
-            snapshot = self._get_snapshot()
-            if snapshot is not self._snapshot:
-                self._snapshot, self._bodies = snapshot, {}
-            cached = self._bodies.get((content_type, want_gzip))
-            if cached is None:
-                plain = self._bodies.get((content_type, False))
-                if plain is None:
-                    plain = (self._render(snapshot, encoder), False)
-                    self.renders += 1
-                    self._bodies[(content_type, False)] = plain
-                cached = plain
-                if want_gzip and len(plain[0]) >= GZIP_MIN_BYTES:
-                    cached = (gzip.compress(plain[0], compresslevel=GZIP_LEVEL), True)
-                self._bodies[(content_type, want_gzip)] = cached
+            answer = self._body(encoder, content_type, "gzip" in accept_encoding, render=True)
+        assert answer is not None
+        return answer
+
+    def rendered_body(self, accept: str, accept_encoding: str) -> tuple[bytes, str, bool] | None:
+        """`body()`'s answer when it is rendered already and no render is under way, else None: never waits,
+        so the HTTP server's event loop answers most scrapes itself."""
+        encoder, content_type = choose_encoder(accept)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._body(encoder, content_type, "gzip" in accept_encoding, render=False)
+        finally:
+            self._lock.release()
+
+    def _body(
+        self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, want_gzip: bool, render: bool
+    ) -> tuple[bytes, str, bool] | None:
+        snapshot = self._get_snapshot()
+        if snapshot is not self._snapshot:
+            if not render:
+                return None
+            self._snapshot, self._bodies = snapshot, {}
+        cached = self._bodies.get((content_type, want_gzip))
+        if cached is None:
+            if not render:
+                return None
+            plain = self._bodies.get((content_type, False))
+            if plain is None:
+                plain = (self._render(snapshot, encoder), False)
+                self.renders += 1
+                self._bodies[(content_type, False)] = plain
+            cached = plain
+            if want_gzip and len(plain[0]) >= GZIP_MIN_BYTES:
+                cached = (gzip.compress(plain[0], compresslevel=GZIP_LEVEL), True)
+            self._bodies[(content_type, want_gzip)] = cached
         return cached[0], content_type, cached[1]
 
 
@@ -531,7 +552,8 @@ class _Server:
         head_only: bool = False,
     ) -> None:
         writer.write(_plain_response(status, body, content_type, headers, close, head_only))
-        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_SECONDS)
+        if writer.transport.get_write_buffer_size():  # the kernel did not take it all: wait, for so long
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_SECONDS)
 
     async def _authorized(self, headers: Message) -> bool:
         web_config = self._web_config
@@ -560,12 +582,11 @@ class _Server:
             return refused.status, refused.text.encode(), text, {**refused.headers, "Connection": "close"}
         path = request.path
         if path == "/metrics":
-            body, content_type, gzipped = await self.loop.run_in_executor(
-                self._workers,
-                self._renders.body,
-                request.headers.get("Accept", ""),
-                request.headers.get("Accept-Encoding", ""),
-            )
+            accept, accept_encoding = request.headers.get("Accept", ""), request.headers.get("Accept-Encoding", "")
+            answer = self._renders.rendered_body(accept, accept_encoding)
+            if answer is None:  # a render, on a worker
+                answer = await self.loop.run_in_executor(self._workers, self._renders.body, accept, accept_encoding)
+            body, content_type, gzipped = answer
             return 200, body, content_type, {"Content-Encoding": "gzip"} if gzipped else None
         if path == "/api/v1/routes":
             body = await self.loop.run_in_executor(self._workers, self._routes_json)
