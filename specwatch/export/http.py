@@ -424,20 +424,24 @@ class _Server:
 
     # -- requests
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection) -> None:
-        wait = HEAD_TIMEOUT_SECONDS  # for the first request; kept-alive connections wait IDLE_TIMEOUT_SECONDS
         while True:
+            # A request head must be whole HEAD_TIMEOUT_SECONDS after the connection was accepted (after its first
+            # byte, on a kept-alive connection, which may first sit idle for IDLE_TIMEOUT_SECONDS).
+            idle = connection.state == "idle"
+            wait = IDLE_TIMEOUT_SECONDS if idle else connection.since + HEAD_TIMEOUT_SECONDS - self.loop.time()
             try:
-                first = await asyncio.wait_for(reader.read(1), wait)
+                first = await asyncio.wait_for(reader.read(1), max(wait, 0.0))
             except asyncio.TimeoutError:
-                if connection.state == "head":
-                    self._limit_log("head_timeout", "a client sent no request within %gs", wait)
+                if not idle:
+                    self._limit_log("head_timeout", "a client sent no request within %gs", HEAD_TIMEOUT_SECONDS)
                 return
             if not first:
                 return
-            if connection.state == "idle":
+            if idle:
                 connection.now_in("head", self.loop.time())
             try:
-                request = await self._read_request(first, reader)
+                left = connection.since + HEAD_TIMEOUT_SECONDS - self.loop.time()
+                request = await self._read_request(first, reader, left)
             except _Refused as refused:
                 if refused.kind:
                     self._limit_log(refused.kind, "refused a request: %d %s", refused.status, refused.text.strip())
@@ -451,12 +455,11 @@ class _Server:
             await self._write(writer, status, body, content_type, headers, request.close, request.method == "HEAD")
             if request.close:
                 return
-            wait = IDLE_TIMEOUT_SECONDS
 
-    async def _read_request(self, first: bytes, reader: asyncio.StreamReader) -> _Request:
-        """One request's head, checked, and its body read and dropped. Raises _Refused."""
+    async def _read_request(self, first: bytes, reader: asyncio.StreamReader, timeout: float) -> _Request:
+        """One request's head, read within `timeout` and checked, and its body read and dropped. Raises _Refused."""
         try:
-            request_line, fields = await asyncio.wait_for(self._read_head(first, reader), HEAD_TIMEOUT_SECONDS)
+            request_line, fields = await asyncio.wait_for(self._read_head(first, reader), max(timeout, 0.0))
         except asyncio.TimeoutError:
             raise _Refused(408, "Request timeout.\n", "head_timeout") from None
         words = request_line.decode("latin-1").split()
