@@ -247,6 +247,9 @@ class FakeWebConfig:
     def authorize(self, headers) -> bool:
         return headers.get("Authorization") == "Basic dTpw"  # u:p
 
+    def authorize_cached(self, headers) -> bool:
+        return self.authorize(headers)
+
 
 @pytest.mark.slow
 def test_http_basic_auth_refuses_without_detail():

@@ -7,8 +7,7 @@ each section is rendered on its own and a bug in one is logged and costs only th
 
 The sections below are the one description of what is exported. They write either client_python families
 (`render_families`: the collector, hence OTel and any format client_python writes) or, for the formats
-Prometheus and curl ask for, text lines directly (`render_text`: the same bytes, for 64 routes a third of
-client_python's CPU in the 0.0.4 text format and an eighth in OpenMetrics).
+Prometheus and curl ask for, text lines directly (`render_text`: the same bytes; `text_format.py` says why).
 """
 
 from __future__ import annotations
