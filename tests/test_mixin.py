@@ -316,12 +316,12 @@ def test_dashboards_cover_the_required_views(boards):
 
     fleet, route, gpu = exprs("specwatch-fleet"), exprs("specwatch-route"), exprs("specwatch-gpus")
     for needed in (
-        rules.ACCEPTANCE.format(w="5m"),
-        rules.BASELINE,
-        rules.ACCEPTANCE_DROP.format(w="1h"),
-        rules.NODES_ABOVE_CROSSOVER,
-        rules.BATCH_MAX,
-        rules.CROSSOVER_MIN,
+        dashboards.fleet_acceptance("5m"),
+        dashboards.FLEET_BASELINE,
+        dashboards.fleet_drop("1h"),
+        "sum by (route) (specwatch_route_above_crossover{",
+        "max by (route) (specwatch_route_batch_size{",
+        "min by (route) (specwatch_route_crossover_batch_size{",
     ):
         assert needed in fleet
     for needed in (
@@ -339,6 +339,35 @@ def test_dashboards_cover_the_required_views(boards):
     ):
         assert needed in route
     assert "specwatch_gpu_up" in gpu and "specwatch_gpu_clock_throttle_reasons" in gpu
+
+
+def test_every_dashboard_query_honours_the_job_and_instance_variables(boards):
+    """Recorded fleet series are summed over every node, so no panel may use them: a fleet panel would ignore
+    the job and instance the viewer selected."""
+    for name, board in boards.items():
+        for title, expr in dashboards.iter_queries(board):
+            assert not re.search(r"\broute:specwatch_", expr), (name, title, expr)
+            assert 'job=~"$job"' in expr and 'instance=~"$instance"' in expr, (name, title, expr)
+
+
+def test_the_fleet_view_links_each_route_to_its_route_dashboard(boards):
+    fleet = boards["specwatch-fleet"]
+    route_uid = boards["specwatch-route"]["uid"]
+    table = next(p for p in fleet["panels"] if p["type"] == "table")
+    (override,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "Route"]
+    (link,) = override["properties"][0]["value"]
+    assert link["url"].startswith(f"/d/{route_uid}?var-route=${{__value.raw}}&")
+    assert "${job:queryparam}" in link["url"] and "${instance:queryparam}" in link["url"]
+    for panel in (p for p in fleet["panels"] if p["type"] == "timeseries"):
+        (link,) = panel["fieldConfig"]["defaults"]["links"]
+        assert link["url"].startswith(f"/d/{route_uid}?var-route=${{__field.labels.route}}&"), panel["title"]
+
+
+def test_the_threshold_line_is_the_exported_per_route_threshold(boards):
+    panel = next(p for p in boards["specwatch-route"]["panels"] if p["title"].startswith("Acceptance per window"))
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any(e.startswith("specwatch_route_acceptance_threshold_ratio{") for e in exprs)
+    assert not any("*" in e for e in exprs), "no fixed multiple of the baseline"
 
 
 def test_dashboard_panels_do_not_overlap(boards):
@@ -389,7 +418,8 @@ def test_settings_and_dashboard_texts_follow_the_config_defaults():
     assert DEFAULT.default_cusum_threshold == DetectionConfig().cusum_threshold
     texts = json.dumps(dashboards.route_detail(DEFAULT))
     assert f"threshold, {DetectionConfig().cusum_threshold:g} by default" in texts
-    assert f"baseline x {1 - DetectionConfig().drop:g}" in texts
+    assert f"drop; {DetectionConfig().drop:g} by default" in texts
+    assert f"the default drop, {DetectionConfig().drop:.0%}" in json.dumps(dashboards.fleet_overview(DEFAULT))
 
 
 # --------------------------------------------------------------------------- promtool
