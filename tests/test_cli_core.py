@@ -46,6 +46,59 @@ def test_check_config_missing_file(tmp_path, capsys):
     assert "cannot read file" in capsys.readouterr().err
 
 
+def test_check_config_warns_but_passes_on_inline_secrets(tmp_path, capsys):
+    path = tmp_path / "secrets.yml"
+    path.write_text(
+        "scrape:\n  basic_auth: {username: u, password: hunter2}\n"
+        "routes:\n"
+        "  - {name: inherits, url: 'http://127.0.0.1:8000/metrics'}\n"
+        "  - {name: token, url: 'http://127.0.0.1:8001/metrics', authorization: {credentials: s3cret}}\n"
+        "  - {name: filed, url: 'http://127.0.0.1:8002/metrics', authorization: {credentials_file: /dev/null}}\n"
+    )
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING:")]
+    assert warnings == [
+        "WARNING: scrape.basic_auth.password: an inline secret, readable by whoever reads the config; "
+        "put it in a file readable only by the service user and give password_file",
+        "WARNING: routes[1] (token).authorization.credentials: an inline secret, readable by whoever reads the "
+        "config; put it in a file readable only by the service user and give credentials_file",
+    ]
+    assert "hunter2" not in str(warnings) and "s3cret" not in str(warnings)
+
+
+def test_check_config_warns_on_routes_without_gpus_under_a_dedicated_user(tmp_path, capsys):
+    path = tmp_path / "gpus.yml"
+    routes = "routes:\n  - {name: auto, url: 'http://127.0.0.1:8000/metrics'}\n"
+    path.write_text(routes + "  - {name: pinned, url: 'http://127.0.0.1:8001/metrics', gpus: [0]}\n")
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", "specwatch"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: routes[0] (auto): no gpus: while specwatch runs as user specwatch" in err
+    assert "set gpus:" in err and "(pinned)" not in err
+    # Not under a dedicated user, or NVML off: the auto-mapping is not the problem.
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    assert "no gpus:" not in capsys.readouterr().err
+    path.write_text("gpu: {enabled: 'false'}\n" + routes)
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", "specwatch"]) == 0
+    assert "no gpus:" not in capsys.readouterr().err
+
+
+def test_the_dedicated_user_is_the_units_account_where_it_exists(monkeypatch):
+    import pwd
+
+    from specwatch import config_warnings
+
+    unit = (Path(__file__).resolve().parent.parent / "systemd" / "specwatch.service").read_text()
+    assert f"User={config_warnings.SERVICE_USER}\n" in unit
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: pwd.struct_passwd((name, "x", 990, 990, "", "/", "/bin/false")))
+    assert config_warnings.dedicated_user() == "specwatch"
+
+    def missing(name):
+        raise KeyError(name)
+
+    monkeypatch.setattr(pwd, "getpwnam", missing)
+    assert config_warnings.dedicated_user() == ""
+
+
 # ---------------------------------------------------------------------------------------------- extras
 def test_an_offline_command_without_its_extra_says_how_to_install_it(monkeypatch, capsys):
     """grafanalib is not a daemon dependency: `generate` without it names the extra to install."""
