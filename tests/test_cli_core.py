@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -193,6 +194,53 @@ def test_status_table_shows_optional_columns_only_when_present():
     assert "GPU-h lost/saved" in text and "1.50/0.20" in text
 
 
+def _every_column_snapshot() -> Snapshot:
+    return Snapshot(
+        timestamp=1.0,
+        routes=(
+            route(
+                "chat-long-route-name",
+                up=True,
+                engine_kind="vllm",
+                engine_version="0.33.0rc1.dev42",
+                model_name="meta-llama/Llama-3.1-70B-Instruct-FP8-dynamic",
+                acceptance_source="counter",
+                acceptance_ratio={"1m": 0.61, "5m": 0.6, "1h": 0.62},
+                draft_length=3.0,
+                mean_acceptance_length={"5m": 2.8},
+                running_requests=120.0,
+                waiting_requests=14.0,
+                baseline_ratio=0.7,
+                drop_ratio=0.2857,
+                degraded=True,
+                batch_size=40.0,
+                crossover_batch_size=32.0,
+                above_crossover=True,
+                speculation_gpu_seconds_lost_total=5400.0,
+                speculation_gpu_seconds_saved_total=720.0,
+            ),
+        ),
+    )
+
+
+def test_status_fits_an_80_column_terminal_by_dropping_named_columns_never_cutting_numbers():
+    doc = routes_document(_every_column_snapshot())
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(render_status_table(doc, width=80))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "0.61 0.60 0.62" in text and "DEGRADED" in text and "ABOVE" in text  # acceptance and verdict stay
+    assert "hidden to fit 80 columns: GPU-h lost/saved" in " ".join(text.split())
+    # Every column kept shows whole values: no number ends in an ellipsis.
+    assert not re.search(r"\d…", text)
+    # A wide terminal hides nothing.
+    wide = Console(width=250, record=True, file=open(os.devnull, "w"))
+    wide.print(render_status_table(doc, width=250))
+    wide_text = wide.export_text()
+    assert "hidden" not in wide_text and "1.50/0.20" in wide_text and "120/14" in wide_text
+
+
 def test_status_against_a_live_daemon(capsys):
     snap = Snapshot(timestamp=time.time(), routes=(route("chat", up=True, acceptance_ratio={"1m": 0.7}),))
     server = serve("127.0.0.1:0", lambda: snap)
@@ -333,3 +381,29 @@ def test_run_refuses_an_address_in_use(tmp_path, caplog):
 
 def test_empty_snapshot_document():
     assert routes_document(EMPTY_SNAPSHOT)["routes"] == []
+
+
+# ---------------------------------------------------------------------------------------------- flag names
+def test_one_dotted_flag_per_concept_and_the_old_names_still_work_with_a_warning(capsys):
+    from specwatch.cli import build_parser
+
+    parser = build_parser()
+    cases = [
+        (["crossover", "estimate"], "--gamma", "--draft.length", "draft_length", "6"),
+        (["simulate"], "--k", "--draft.length", "k", "6"),
+        (["simulate-trace"], "--k", "--draft.length", "k", "6"),
+        (["baseline"], "--state-dir", "--state.dir", "state_dir", "/tmp/x"),
+        (["demo"], "--state-dir", "--state.dir", "state_dir", "/tmp/x"),
+    ]
+    for command, old, new, dest, value in cases:
+        tail = ["list"] if command == ["baseline"] else []
+        args = parser.parse_args([*command, new, value, *tail])
+        assert str(getattr(args, dest)) == value and "deprecated" not in capsys.readouterr().err
+        args = parser.parse_args([*command, old, value, *tail])
+        assert str(getattr(args, dest)) == value, (command, old)
+        assert f"{old} is deprecated, use {new}" in capsys.readouterr().err
+        sub = build_parser(only=command[0])._subparsers._group_actions[0].choices[command[0]]
+        if len(command) > 1:
+            sub = sub._subparsers._group_actions[0].choices[command[1]]
+        help_text = sub.format_help()
+        assert new in help_text and old + " " not in help_text and old + "\n" not in help_text, command

@@ -17,6 +17,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
+from specwatch.commands import add_state_dir_argument
 from specwatch.config import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR, ConfigError, DetectionConfig, load_config
 from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
 
@@ -28,9 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"config file whose state_dir to use (default {DEFAULT_CONFIG_PATH} when it exists)",
     )
-    parser.add_argument(
-        "--state-dir", default=None, help=f"state directory (default: the config's state_dir, else {DEFAULT_STATE_DIR})"
-    )
+    add_state_dir_argument(parser, f"state directory (default: the config's state_dir, else {DEFAULT_STATE_DIR})")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     sub.add_parser("list", help="list every route's baselines")
     for name, help_ in (
@@ -49,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     path = Path(state_dir) / DB_NAME
     if args.action in ("list", "show") and not path.exists():
-        print(f"specwatch baseline: no state file at {path} (is --state-dir right?)", file=sys.stderr)
+        print(f"specwatch baseline: no state file at {path} (is --state.dir right?)", file=sys.stderr)
         return 1
     errors: list[str] = []
     store = BaselineStore(str(path), errors)
