@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from specwatch.commands import add_state_dir_argument
+from specwatch.commands._owner import baseline_argv, refuse_unless_owner
 from specwatch.config import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR, ConfigError, DetectionConfig, load_config
 from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
 
@@ -47,6 +48,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch baseline: {exc}", file=sys.stderr)
         return 2
     path = Path(state_dir) / DB_NAME
+    if args.action in ("reset", "accept") and refuse_unless_owner("specwatch baseline", state_dir, baseline_argv(args)):
+        return 1
     if args.action in ("list", "show") and not path.exists():
         print(f"specwatch baseline: no state file at {path} (is --state.dir right?)", file=sys.stderr)
         return 1
