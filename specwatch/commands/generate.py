@@ -16,6 +16,7 @@ from typing import Any
 from specwatch.config import ConfigError, read_yaml_file
 from specwatch.config_schema import parse_duration
 from specwatch.mixin import render
+from specwatch.mixin.alerts import CLASS_OF
 from specwatch.mixin.settings import ALERT_CLASSES, DEFAULT, SEVERITIES, Settings, from_mapping
 
 
@@ -69,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"--severity.{cls}",
             dest=f"severity_{cls}",
             choices=SEVERITIES,
-            help=f"severity of the {cls} alerts (default {DEFAULT.severity(cls)}; critical pages)",
+            help=f"severity of {', '.join(n.removeprefix('Specwatch') for n, c in CLASS_OF.items() if c == cls)} "
+            f"(default {DEFAULT.severity(cls)}; critical pages)",
         )
 
 
