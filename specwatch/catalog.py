@@ -132,6 +132,13 @@ METRICS: tuple[MetricSpec, ...] = (
         area="detection",
     ),
     _m(
+        "route_acceptance_threshold_ratio",
+        "gauge",
+        "Acceptance the detector alarms below: the baseline x (1 - the route's drop)" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
         "route_acceptance_drop_ratio",
         "gauge",
         "Relative acceptance drop, 1 - current / baseline" + AS_OF,

@@ -124,6 +124,8 @@ class RouteState:
     gpus: tuple[int, ...] = ()
     # detection
     baseline_ratio: float | None = None
+    # baseline x (1 - the route's `drop`): the acceptance the detector pages below
+    acceptance_threshold_ratio: float | None = None
     drop_ratio: float | None = None
     degraded: bool | None = None
     cusum_statistic: float | None = None

@@ -62,6 +62,7 @@ def full_snapshot() -> Snapshot:
         gpus=(0, 1),
         evaluator_errors_total={"above_crossover": 0.0, "acceptance_drop": 3.0},
         baseline_ratio=0.7,
+        acceptance_threshold_ratio=0.595,
         drop_ratio=0.142857,
         degraded=False,
         cusum_statistic=3.5,

@@ -24,6 +24,7 @@ FOUNDATION = (
     "specwatch.snapshot",
     "specwatch.config",
     "specwatch.config_schema",  # each option's field, default and YAML name, where that table is its own module
+    "specwatch.config_warnings",  # what check-config warns about in a valid config
     "specwatch.engine_kinds",  # the engine names a route's `engine:` may take, keyed by the source registry
     "specwatch.stats",
 )

@@ -17,6 +17,8 @@ import datetime as dt
 import sys
 from pathlib import Path
 
+from specwatch.commands import add_state_dir_argument
+from specwatch.commands._owner import baseline_argv, refuse_unless_owner
 from specwatch.config import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR, ConfigError, DetectionConfig, load_config
 from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
 
@@ -28,9 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"config file whose state_dir to use (default {DEFAULT_CONFIG_PATH} when it exists)",
     )
-    parser.add_argument(
-        "--state-dir", default=None, help=f"state directory (default: the config's state_dir, else {DEFAULT_STATE_DIR})"
-    )
+    add_state_dir_argument(parser, f"state directory (default: the config's state_dir, else {DEFAULT_STATE_DIR})")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     sub.add_parser("list", help="list every route's baselines")
     for name, help_ in (
@@ -48,8 +48,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch baseline: {exc}", file=sys.stderr)
         return 2
     path = Path(state_dir) / DB_NAME
+    if args.action in ("reset", "accept") and refuse_unless_owner("specwatch baseline", state_dir, baseline_argv(args)):
+        return 1
     if args.action in ("list", "show") and not path.exists():
-        print(f"specwatch baseline: no state file at {path} (is --state-dir right?)", file=sys.stderr)
+        print(f"specwatch baseline: no state file at {path} (is --state.dir right?)", file=sys.stderr)
         return 1
     errors: list[str] = []
     store = BaselineStore(str(path), errors)

@@ -173,6 +173,7 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
 def _detection_metrics(s: Snapshot, f: Families) -> None:
     routes = s.routes
     _per_route(f, "route_acceptance_baseline_ratio", routes, "baseline_ratio")
+    _per_route(f, "route_acceptance_threshold_ratio", routes, "acceptance_threshold_ratio")
     _per_route(f, "route_acceptance_drop_ratio", routes, "drop_ratio")
     _per_route(f, "route_acceptance_degraded", routes, "degraded")
     _per_route(f, "route_acceptance_cusum", routes, "cusum_statistic")
