@@ -12,7 +12,8 @@ import pytest
 
 from specwatch.stats.daily import DAY_SECONDS, DailyFit, DailyProfile
 from specwatch.stats.overdispersion import ClosedBlock, DispersionEstimator
-from specwatch.tracking.baselines import BaselineKey, BaselineLearner, BaselineStore
+from specwatch.state.baselines import BaselineKey, BaselineLearner
+from specwatch.state.store import StateStore
 
 
 def _binomial(rng: random.Random, n: int, p: float) -> float:
@@ -129,7 +130,7 @@ def test_store_without_the_profile_column_gains_it(tmp_path: Path) -> None:
     """)
     conn.commit()
     conn.close()
-    store = BaselineStore(str(path))
+    store = StateStore(str(path))
     key = BaselineKey("m", "", 4)
     old = store.get("chat", key)
     assert old is not None and old.daily is None and old.dispersion_block_seconds == 15.0

@@ -87,7 +87,7 @@ from specwatch.export.prometheus import render_families
 from specwatch.snapshot import EngineCounters, EngineSample, Snapshot
 from specwatch.sources import nvml as nvml_source
 from specwatch.sources.base import SourceError
-from specwatch.tracking.baselines import DB_NAME, BaselineStore
+from specwatch.state.store import DB_NAME, StateStore
 import fake_nvml
 from fakes import FakeClock, vllm_sample
 
@@ -244,7 +244,7 @@ def test_wall_clock_jumping_backwards_never_rewinds_totals_or_pages(tmp_path, ca
     assert "1m" in after[-1].route("r0").acceptance_ratio and "1m" in later[-1].route("r0").acceptance_ratio
     assert after[-1].timestamp == pytest.approx(before[-1].timestamp - 3600 + 40 * INTERVAL)
     # Detector state was still persisted after the jump (the flush timer did not wait an hour to catch up).
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     try:
         state = store.route_state("r0")
         assert state is not None
@@ -386,7 +386,7 @@ def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_st
     assert list(tmp_path.glob(f"{DB_NAME}.corrupt-*")), "and kept aside for a post-mortem"
     assert all(s.route("r0").up for s in after) and after[-1].route("r0").baseline_ratio is not None  # relearned
     errors: list[str] = []
-    reopened = BaselineStore.in_state_dir(str(tmp_path), errors)
+    reopened = StateStore.in_state_dir(str(tmp_path), errors)
     try:
         assert errors == [] and reopened.route_state("r0") is not None  # the fresh file is healthy and in use
     finally:
@@ -445,7 +445,7 @@ def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path)
     # Space back: the store writes again, so the error counter stops climbing.
     assert report["errors_later"] == report["errors_after"]
     errors: list[str] = []
-    store = BaselineStore.in_state_dir(str(tmp_path), errors)
+    store = StateStore.in_state_dir(str(tmp_path), errors)
     try:
         assert errors == [], "the file the failed writes left behind is a valid database"
         assert set(store.routes()) >= {f"r{i}" for i in range(8)}
@@ -455,7 +455,7 @@ def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path)
 
 def test_read_only_state_dir_keeps_detecting_in_memory(tmp_path):
     state_dir = tmp_path / "state"
-    BaselineStore.in_state_dir(str(state_dir)).close()  # an existing database, as after an upgrade
+    StateStore.in_state_dir(str(state_dir)).close()  # an existing database, as after an upgrade
     state_dir.chmod(0o555)
     (state_dir / DB_NAME).chmod(0o444)
     # Root ignores file modes: as root the child runs without the DAC-override capabilities.

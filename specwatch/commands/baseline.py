@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from specwatch.config import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR, ConfigError, DetectionConfig, load_config
-from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
+from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
+from specwatch.state.store import DB_NAME, StateStore
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch baseline: no state file at {path} (is --state-dir right?)", file=sys.stderr)
         return 1
     errors: list[str] = []
-    store = BaselineStore(str(path), errors)
+    store = StateStore(str(path), errors)
     try:
         if args.action == "list":
             rc = _list(store)
@@ -114,7 +115,7 @@ def _baseline_row(b: Baseline) -> list[str]:
 _HEADER = ["ROUTE", "MODEL", "VERSION", "K", "RATIO", "TAU", "PHI", "TOKENS", "SOURCE", "STATE", "UPDATED"]
 
 
-def _list(store: BaselineStore) -> int:
+def _list(store: StateStore) -> int:
     rows = [_HEADER]
     with_baseline = set()
     for b in store.baselines():
@@ -130,7 +131,7 @@ def _list(store: BaselineStore) -> int:
     return 0
 
 
-def _show(store: BaselineStore, route: str) -> int:
+def _show(store: StateStore, route: str) -> int:
     baselines = store.baselines(route)
     state = store.route_state(route)
     if not baselines and state is None:
@@ -169,7 +170,7 @@ def _key_label(raw) -> str:
         return "?"
 
 
-def _reset(store: BaselineStore, route: str) -> int:
+def _reset(store: StateStore, route: str) -> int:
     if not store.delete_route(route) or not store.append_command(route, "reset"):
         return 1
     print(
@@ -178,7 +179,7 @@ def _reset(store: BaselineStore, route: str) -> int:
     return 0
 
 
-def _accept(store: BaselineStore, route: str, detection: DetectionConfig) -> int:
+def _accept(store: StateStore, route: str, detection: DetectionConfig) -> int:
     state = store.route_state(route)
     if state is None or not state.get("key"):
         print(

@@ -43,7 +43,8 @@ from specwatch.stats.wilson import wilson_bounds
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.evaluators.gauge_drop import GAUGE_SOURCES, GaugeDrop
 from specwatch.snapshot import GpuSample, RouteObservation
-from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineLearner, BaselineStore
+from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
+from specwatch.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ PROFILE_MISFIT = 0.01
 def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "AcceptanceDropEvaluator":
     store = ctx.shared.get(STORE_KEY)
     if store is None or store.closed:  # closed: every evaluator of a previous config was closed
-        store = BaselineStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
+        store = StateStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
         ctx.shared[STORE_KEY] = store
     return AcceptanceDropEvaluator(route, store)
 
@@ -168,7 +169,7 @@ class AcceptanceDropEvaluator:
 
     name = "acceptance_drop"
 
-    def __init__(self, route: RouteConfig, store: BaselineStore) -> None:
+    def __init__(self, route: RouteConfig, store: StateStore) -> None:
         self.route = route.name
         self.cfg: DetectionConfig = route.detection
         self.pinned: PinnedBaseline | None = route.baseline
