@@ -170,7 +170,7 @@ def test_evaluator_learns_and_fixes_the_profile_of_a_daily_mix(tmp_path: Path) -
     assert ev.fields()["baseline_ratio"] == pytest.approx(ref.daily.at(ev._last_scrape), rel=1e-9)
     # the test weighs blocks by their design effect about the profile, which holds a short block's weight to a long
     # one's within the spread of request counts (a busy route's blocks hold many requests whatever their length)
-    assert ev._test is not None and ev._test.dispersion == ref.daily.dispersion
+    assert ev.decision.hypotheses is not None and ev.decision.hypotheses.dispersion == ref.daily.dispersion
     assert ref.daily.dispersion.at(5000) > 0.5 * ref.daily.dispersion.at(45000)
     stored = ev.store.get("chat", ref.key)
     assert stored is not None and stored.daily == ref.daily
