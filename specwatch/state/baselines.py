@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, cast
 
 from specwatch.stats.daily import DailyFit, DailyProfile
+from specwatch.tracking.counters import MAX_COUNTER_VALUE
 from specwatch.stats.overdispersion import BLOCK_SECONDS, ClosedBlock, DispersionEstimator, DispersionModel
 
 SOURCES = ("learned", "config", "accepted", "adopted")
@@ -208,11 +209,27 @@ class BaselineLearner:
             ),
             daily=DailyFit.from_json(raw.get("daily")),
         )
+        learner._check()
         # state saved before the block length was recorded was learned on BLOCK_SECONDS blocks
         if float(raw.get("block_seconds", BLOCK_SECONDS)) != block_seconds:
             learner.dispersion = DispersionEstimator(block_seconds=block_seconds)
             learner.daily = DailyFit()  # its sums are of those blocks too
         return learner
+
+    def _check(self) -> None:
+        """Raise ValueError for sums no traffic can produce (saved before counter samples were checked, or
+        edited): the learner then starts afresh instead of never learning a baseline."""
+        d = self.dispersion
+        counts = (self.drafts, self.drafted, self.accepted, *self.per_pos, d.sum_drafted, d.sum_accepted)
+        if not all(math.isfinite(x) and 0.0 <= x <= MAX_COUNTER_VALUE for x in counts):
+            raise ValueError(f"learner sums out of range: {counts}")
+        if self.accepted > self.drafted or d.sum_accepted > d.sum_drafted:
+            raise ValueError("learner holds more accepted tokens than drafted")
+        second = (d.sum_sq_over_drafted, d.sum_drafted_sq, d.sum_accepted_sq, d.sum_cross)
+        if d.blocks < 0 or not all(math.isfinite(x) for x in second):
+            raise ValueError("learner dispersion sums out of range")
+        if self.start is not None and not math.isfinite(self.start):
+            raise ValueError("learner start is not finite")
 
 
 # --------------------------------------------------------------------------- the table
