@@ -1,8 +1,9 @@
 """`specwatch baseline list | show ROUTE | reset ROUTE | accept ROUTE`: operate on the baseline state file.
 
-Works on the SQLite file directly, beside a running daemon (WAL) or with the daemon stopped. `reset` and
-`accept` also queue a command that a running daemon picks up within ~10 s (`COMMAND_POLL_SECONDS`); a
-stopped daemon applies the written state when it starts.
+Works on the SQLite file directly, beside a running daemon (WAL) or with the daemon stopped. `list` and `show`
+open it read-only (a read-only state directory works); no command moves or repairs a bad file, the daemon does.
+`reset` and `accept` also queue a command that a running daemon picks up within ~10 s (`COMMAND_POLL_SECONDS`);
+a stopped daemon applies the written state when it starts.
 
 - reset ROUTE: forget every baseline and the detector state of ROUTE; it learns again from scratch.
 - accept ROUTE: adopt the current model's acceptance after a deliberate change. When the model changed
@@ -53,7 +54,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch baseline: no state file at {path} (is --state-dir right?)", file=sys.stderr)
         return 1
     errors: list[str] = []
-    store = StateStore(str(path), errors)
+    # only the daemon repairs the file (moves a corrupt one aside): a command must not pull it from under it
+    store = StateStore(str(path), errors, readonly=args.action in ("list", "show"), repair=False)
     try:
         if args.action == "list":
             rc = _list(store)
@@ -125,7 +127,8 @@ def _list(store: StateStore) -> int:
         if route not in with_baseline:
             rows.append([route] + ["-"] * 8 + ["learning", "-"])
     if len(rows) == 1:
-        print("no baselines yet")
+        if not store.errors:  # an unreadable file is not an empty one
+            print("no baselines yet")
         return 0
     print(_table(rows))
     return 0

@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch probe: round {rnd.outcome} after {rnd.duration_seconds:.1f}s: {rnd.message}", file=sys.stderr)
         return 1
 
-    store = StateStore.in_state_dir(config.state_dir)
+    store = StateStore.in_state_dir(config.state_dir, repair=False)  # only the daemon repairs the file
     try:
         reference_key = key
         fingerprint = store.fingerprint(route.name, key, prompt_set.hash)

@@ -243,7 +243,10 @@ def migrate(conn: sqlite3.Connection) -> None:
 
 def select(conn: sqlite3.Connection, route: str | None = None, key: BaselineKey | None = None) -> list[Baseline]:
     """The route's baselines (all routes' when None), or the one of `key`, oldest update first."""
-    sql, args = f"SELECT {_COLUMNS} FROM baselines", cast(tuple[Any, ...], ())
+    # a file of an older release opened read-only has not gained the added columns: they read as NULL
+    have = {row[1] for row in conn.execute("PRAGMA table_info(baselines)")}
+    columns = ", ".join(c if c in have else "NULL" for c in _COLUMNS.split(", "))
+    sql, args = f"SELECT {columns} FROM baselines", cast(tuple[Any, ...], ())
     if key is not None:
         sql += " WHERE route=? AND model_name=? AND engine_version=? AND k=?"
         args = (route, key.model_name, key.engine_version, key.k)
