@@ -26,6 +26,9 @@ NaN / Inf / negative counter values
     test_non_finite_and_negative_counters_never_poison_totals
     test_http_nan_inf_negative_values_are_survived
     test_tracking.py::test_nan_and_infinite_values_never_poison_the_sums
+one impossible counter sample (2^64, a jump no engine makes, more accepted than drafted)
+    test_rejected_samples.py::test_one_bogus_counter_sample_is_rejected_and_tracking_resumes
+    test_rejected_samples.py::test_a_bogus_persisted_learner_starts_afresh_on_restart
 label explosion (10,000 series)
     test_label_explosion_is_bounded_in_output_and_time
     test_http_label_explosion_10000_series
