@@ -49,6 +49,7 @@ state directory read-only
 state on a full disk
     test_full_disk_counts_state_errors_and_recovers_without_corruption
     test_state_store.py::test_a_full_disk_logs_recovery_only_after_a_write_succeeds
+    test_full_disk_at_start_is_retried_and_the_file_gets_what_was_learned
     test_state_store.py::test_a_state_dir_unusable_at_start_is_retried_and_gets_what_was_learned
 kill -9 during a baseline write, then restart (baseline intact)
     test_baselines.py::test_kill_minus_nine_mid_write_keeps_last_committed
@@ -405,6 +406,9 @@ _CHILD = textwrap.dedent("""
     state_dir, mode = sys.argv[2], sys.argv[3]
     engines = {}
     clock = FakeClock(START)
+    if mode == "full_at_start":  # the daemon cannot even write its new state file's header
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
     daemon = Daemon(make_config(state_dir, routes=8), clock=clock,
                     source_factory=lambda r, c: engines.setdefault(r.name, SimulatedEngine(seed=len(engines))))
     report = {}
@@ -418,7 +422,7 @@ _CHILD = textwrap.dedent("""
     report["degraded"] = any(s.route(f"r{i}").degraded for s in snaps for i in range(8))
     report["baselines"] = sum(s.route(f"r{i}").baseline_ratio is not None for s in snaps[-1:] for i in range(8))
     report["errors_during"] = snaps[-1].state_errors_total
-    if mode == "full":
+    if mode in ("full", "full_at_start"):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         snaps = run_cycles(daemon, clock, 30)
         report["errors_after"] = snaps[-1].state_errors_total
@@ -452,6 +456,21 @@ def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path)
     try:
         assert errors == [], "the file the failed writes left behind is a valid database"
         assert set(store.routes()) >= {f"r{i}" for i in range(8)}
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_full_disk_at_start_is_retried_and_the_file_gets_what_was_learned(tmp_path):
+    report = _run_child(str(tmp_path), "full_at_start")
+    assert all(all(up) for up in report["during"]) and not report["degraded"]
+    assert report["baselines"] == 8 and report["errors_during"] >= 1, "learned in memory, the failures counted"
+    assert report["errors_later"] == report["errors_after"], "space back: opened again, errors stop climbing"
+    errors: list[str] = []
+    store = StateStore.in_state_dir(str(tmp_path), errors)
+    try:
+        assert errors == [] and set(store.routes()) == {f"r{i}" for i in range(8)}
+        assert len(store.baselines()) == 8, "the baselines learned while the disk was full reached the file"
     finally:
         store.close()
 

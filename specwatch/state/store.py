@@ -123,7 +123,7 @@ class StateStore:
         if self.readonly:
             try:
                 conn = _connect_read_only(self.path)
-            except sqlite3.DatabaseError as exc:
+            except sqlite3.Error as exc:
                 what = (
                     "is corrupt; left as it is (the daemon moves it aside)" if _is_corruption(exc) else "cannot be read"
                 )
