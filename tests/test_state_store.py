@@ -249,3 +249,24 @@ def test_corruption_while_running_is_noticed_and_nothing_is_lost(tmp_path: Path)
     reader.close()
     assert store.put(_baseline(0.55, updated=300.0))  # and it keeps writing the new file
     store.close()
+
+
+def test_a_version_one_file_reads_read_only_without_its_later_columns(tmp_path: Path) -> None:
+    path = tmp_path / DB_NAME
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE baselines (
+            route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
+            acceptance_ratio REAL NOT NULL, position_acceptance TEXT NOT NULL, mean_acceptance_length REAL,
+            overdispersion REAL NOT NULL, drafted_tokens REAL NOT NULL, source TEXT NOT NULL, pinned INTEGER NOT NULL,
+            created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (route, model_name, engine_version, k));
+        INSERT INTO baselines VALUES ('chat', 'llama', '0.11.0', 4, 0.5, '[]', 3.0, 30.0, 1e6, 'learned', 1, 1.0, 2.0);
+    """)
+    conn.close()
+    before = path.read_bytes()
+    errors: list[str] = []
+    store = StateStore(str(path), errors, readonly=True)
+    b = store.get("chat", KEY)
+    assert b is not None and b.acceptance_ratio == 0.5 and b.dispersion_intercept is None and errors == []
+    store.close()
+    assert path.read_bytes() == before  # not migrated: a command that reads never writes

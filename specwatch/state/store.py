@@ -110,7 +110,8 @@ class StateStore:
         self._rewriting = False
         self.closed = False
         self._conn = self._open()
-        self._last_command_id = self._max_command_id()
+        if not readonly:  # a reader never takes commands
+            self._last_command_id = self._max_command_id()
 
     @classmethod
     def in_state_dir(cls, state_dir: str, errors: list[str] | None = None, **kwargs: Any) -> "StateStore":
