@@ -5,21 +5,30 @@
 #   sudo scripts/install.sh --no-start  # install files only; start it yourself after editing the config
 #
 # What it does: creates the system user `specwatch`; a virtualenv in $PREFIX (default /opt/specwatch) with
-# specwatch and its dependencies; an example config at $CONFIG_DIR/specwatch.yml (default /etc/specwatch) when
-# none exists; the unit at $UNIT_DIR/specwatch.service (default /etc/systemd/system). Before it restarts a
-# running service it validates the config with the new version, so an upgrade never stops a working daemon
-# over a config the new version refuses. Logs go to the journal: journalctl -u specwatch.
+# specwatch installed from a wheel (built here from this checkout, or $WHEEL) and its dependencies; the CLI
+# linked into $BIN_DIR (default /usr/local/bin); an example config at $CONFIG_DIR/specwatch.yml (default
+# /etc/specwatch, root:specwatch 0640 in a 0750 directory: it may hold engine credentials) when none exists;
+# $DEFAULT_FILE (default /etc/default/specwatch, the unit's arguments) when none exists; the unit at
+# $UNIT_DIR/specwatch.service (default /etc/systemd/system). Before it restarts a running service it validates
+# the config with the new version, so an upgrade never stops a working daemon over a config the new version
+# refuses. Logs go to the journal: journalctl -u specwatch.
 #
-# Environment: PYTHON (interpreter for the venv, >= 3.10; default python3), PREFIX, CONFIG_DIR, UNIT_DIR,
-# PIP_ARGS (extra pip arguments, e.g. "--no-index --find-links /srv/wheels" on offline nodes).
+# Environment: PYTHON (interpreter for the venv, >= 3.10; default python3), PREFIX, BIN_DIR, CONFIG_DIR,
+# DEFAULT_FILE, UNIT_DIR, WHEEL (a specwatch wheel built once for the fleet: `pip wheel --no-deps .`), PIP_ARGS
+# (extra pip arguments, e.g. "--no-index --find-links /srv/wheels" on offline nodes), DESTDIR (install into a
+# staging root: the user is made with useradd --prefix, the unit enabled with systemctl --root, nothing started).
 # --no-system stages files only (no user, no chown, no systemctl, no root needed): for packaging and tests.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
 PREFIX=${PREFIX:-/opt/specwatch}
+BIN_DIR=${BIN_DIR:-/usr/local/bin}
 CONFIG_DIR=${CONFIG_DIR:-/etc/specwatch}
+DEFAULT_FILE=${DEFAULT_FILE:-/etc/default/specwatch}
 UNIT_DIR=${UNIT_DIR:-/etc/systemd/system}
 PIP_ARGS=${PIP_ARGS:-}
+WHEEL=${WHEEL:-}
+DESTDIR=${DESTDIR:-}
 SERVICE_USER=specwatch
 DEFAULT_PREFIX=/opt/specwatch
 
@@ -29,7 +38,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-start) start=no ;;
     --no-system) system=no; start=no ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,32 +52,61 @@ if [ "$system" = yes ]; then
   [ "$(id -u)" = 0 ] || die "must run as root (or pass --no-system to stage files only)"
   command -v systemctl >/dev/null || die "systemctl not found: this installs a systemd service"
 fi
+[ -z "$DESTDIR" ] || start=no  # a staging root has no running systemd to start anything in
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found; set PYTHON to a Python >= 3.10"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON is older than 3.10"
 
 # 1. The service user: no login, no home of its own (state lives in the StateDirectory).
-if [ "$system" = yes ] && ! getent passwd "$SERVICE_USER" >/dev/null; then
-  useradd --system --user-group --no-create-home --home-dir /var/lib/specwatch --shell /usr/sbin/nologin \
-    --comment "specwatch monitor" "$SERVICE_USER"
-  say "created system user $SERVICE_USER"
+if [ "$system" = yes ]; then
+  prefix_flag=()
+  [ -z "$DESTDIR" ] || { prefix_flag=(--prefix "$DESTDIR"); mkdir -p "$DESTDIR/etc"; touch "$DESTDIR"/etc/{passwd,group,shadow,gshadow}; }
+  if ! grep -q "^$SERVICE_USER:" "$DESTDIR/etc/passwd" 2>/dev/null && ! { [ -z "$DESTDIR" ] && getent passwd "$SERVICE_USER" >/dev/null; }; then
+    useradd "${prefix_flag[@]}" --system --user-group --no-create-home --home-dir /var/lib/specwatch \
+      --shell /usr/sbin/nologin --comment "specwatch monitor" "$SERVICE_USER"
+    say "created system user $SERVICE_USER"
+  fi
+  # The group's number, from the root being installed into (a staging root's group is not the host's).
+  service_gid=$(awk -F: -v g="$SERVICE_USER" '$1 == g { print $3 }' "$DESTDIR/etc/group")
+  [ -n "$service_gid" ] || die "group $SERVICE_USER not found in $DESTDIR/etc/group"
 fi
 
-# 2. The virtualenv. Upgrades install over the existing venv; a failed pip run leaves the old version in place.
-if [ ! -x "$PREFIX/bin/python" ]; then
-  "$PYTHON" -m venv "$PREFIX" || die "python -m venv failed (Debian: apt-get install python3-venv)"
+# 2. The virtualenv, specwatch from a wheel (what is shipped, nothing of the checkout's tests or testbed).
+# Upgrades install over the existing venv; a failed pip run leaves the old version in place.
+venv="$DESTDIR$PREFIX"
+if [ ! -x "$venv/bin/python" ]; then
+  "$PYTHON" -m venv "$venv" || die "python -m venv failed (Debian: apt-get install python3-venv)"
 fi
-old_version=$("$PREFIX/bin/specwatch" --version 2>/dev/null || true)
+old_version=$("$venv/bin/specwatch" --version 2>/dev/null || true)
+if [ -z "$WHEEL" ]; then
+  wheel_dir=$(mktemp -d)
+  trap 'rm -rf "$wheel_dir"' EXIT
+  # Built from a clean copy: setuptools would reuse (and ship) whatever an earlier build left in ./build.
+  mkdir "$wheel_dir/src"
+  tar -C "$src" --exclude='./.venv*' --exclude=./.git --exclude=./build --exclude=./dist -cf - . | tar -C "$wheel_dir/src" -xf -
+  # shellcheck disable=SC2086 # PIP_ARGS is a list of arguments
+  "$venv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps $PIP_ARGS -w "$wheel_dir" "$wheel_dir/src" \
+    || die "building the specwatch wheel failed; the previous installation ($old_version) is unchanged"
+  WHEEL=$(ls "$wheel_dir"/specwatch-*.whl)
+fi
+[ -f "$WHEEL" ] || die "WHEEL=$WHEEL: no such file"
 # shellcheck disable=SC2086 # PIP_ARGS is a list of arguments
-"$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade $PIP_ARGS "$src" \
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade $PIP_ARGS "$WHEEL" \
   || die "pip install failed; the previous installation ($old_version) is unchanged"
-new_version=$("$PREFIX/bin/specwatch" --version) || die "the installed specwatch does not run"
-say "${old_version:+$old_version -> }$new_version in $PREFIX"
-install -d -m 0755 "$PREFIX/docs"
-install -m 0644 "$src/docs/service.md" "$PREFIX/docs/service.md" 2>/dev/null || true
+new_version=$("$venv/bin/specwatch" --version) || die "the installed specwatch does not run"
+say "${old_version:+$old_version -> }$new_version in $venv (from $(basename "$WHEEL"))"
+install -d -m 0755 "$venv/docs"
+install -m 0644 "$src/docs/service.md" "$venv/docs/service.md" 2>/dev/null || true
 
-# 3. The config: an example on first install, never overwritten.
-install -d -m 0755 "$CONFIG_DIR"
-config="$CONFIG_DIR/specwatch.yml"
+# 3. The CLI on PATH, so on-call runs `sudo -u specwatch specwatch baseline accept ROUTE` as the runbook says.
+install -d -m 0755 "$DESTDIR$BIN_DIR"
+ln -sfn "$PREFIX/bin/specwatch" "$DESTDIR$BIN_DIR/specwatch"
+say "linked $BIN_DIR/specwatch -> $PREFIX/bin/specwatch"
+
+# 4. The config: an example on first install, never overwritten. It may hold engine credentials, so only
+# root writes it and only the service's group reads it.
+config_dir="$DESTDIR$CONFIG_DIR"
+install -d -m 0750 "$config_dir"
+config="$config_dir/specwatch.yml"
 if [ ! -e "$config" ]; then
   cat >"$config" <<'YAML'
 # specwatch configuration. Check it with: specwatch check-config --config.file=/etc/specwatch/specwatch.yml
@@ -91,23 +129,50 @@ routes:
 #   protocol: http/protobuf
 #   interval: 60s
 YAML
-  chmod 0644 "$config"
+  chmod 0640 "$config"
   say "wrote an example config to $config: edit its routes"
 fi
+if [ "$system" = yes ]; then
+  chown "0:$service_gid" "$config_dir" "$config"
+  chmod 0750 "$config_dir"
+fi
 
-# 4. The unit, pointed at $PREFIX.
-install -d -m 0755 "$UNIT_DIR"
-sed "s#$DEFAULT_PREFIX/#$PREFIX/#g" "$src/systemd/specwatch.service" >"$UNIT_DIR/specwatch.service.tmp"
-chmod 0644 "$UNIT_DIR/specwatch.service.tmp"
-mv "$UNIT_DIR/specwatch.service.tmp" "$UNIT_DIR/specwatch.service"
+# 5. The unit's arguments (EnvironmentFile=-/etc/default/specwatch), on first install only.
+default_file="$DESTDIR$DEFAULT_FILE"
+if [ ! -e "$default_file" ]; then
+  install -d -m 0755 "$(dirname "$default_file")"
+  cat >"$default_file" <<'ENV'
+# Arguments of the specwatch service (read by its unit; `systemctl restart specwatch` after a change).
+# Listen address: loopback by default. For a remote Prometheus, listen on all addresses and add TLS and
+# basic auth with --web.config.file (docs/service.md).
+#LISTEN_ADDRESS=0.0.0.0:9448
+# Any other flags, e.g. ARGS="--web.config.file=/etc/specwatch/web.yml --log.level=debug --log.format=json"
+ARGS=""
+ENV
+  chmod 0644 "$default_file"
+  say "wrote $DEFAULT_FILE: the service's arguments"
+fi
+
+# 6. The unit, pointed at $PREFIX.
+unit_dir="$DESTDIR$UNIT_DIR"
+install -d -m 0755 "$unit_dir"
+sed -e "s#$DEFAULT_PREFIX/#$PREFIX/#g" -e "s#=-/etc/default/specwatch#=-$DEFAULT_FILE#" \
+  "$src/systemd/specwatch.service" >"$unit_dir/specwatch.service.tmp"
+chmod 0644 "$unit_dir/specwatch.service.tmp"
+mv "$unit_dir/specwatch.service.tmp" "$unit_dir/specwatch.service"
 say "installed $UNIT_DIR/specwatch.service"
 
-# 5. Validate with the new version before touching a running service.
-if ! "$PREFIX/bin/specwatch" check-config --config.file="$config"; then
+# 7. Validate with the new version before touching a running service.
+if ! "$venv/bin/specwatch" check-config --config.file="$config"; then
   die "$config does not pass check-config with $new_version: fix it, then systemctl restart specwatch"
 fi
 
 [ "$system" = yes ] || { say "files staged (--no-system)"; exit 0; }
+if [ -n "$DESTDIR" ]; then
+  systemctl --root="$DESTDIR" enable --quiet specwatch.service
+  say "installed into $DESTDIR and enabled there; nothing started"
+  exit 0
+fi
 systemctl daemon-reload
 systemctl enable --quiet specwatch.service
 if [ "$start" = no ]; then

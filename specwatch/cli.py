@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from typing import Any
 
-from specwatch import __version__
+from specwatch import __version__, logsetup
 
 # Third-party modules that only offline tools use, and the extra that installs each (pyproject.toml).
 OPTIONAL_DEPENDENCIES = {"matplotlib": "plot", "grafanalib": "mixin"}
@@ -39,20 +38,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (with `only`) one whose single chosen subcommand has its arguments loaded, so a
     command never imports another's dependencies (grafanalib, matplotlib, the simulator)."""
     parser = argparse.ArgumentParser(
-        prog="specwatch", description="Speculative-decoding monitor for vLLM and SGLang inference nodes."
+        prog="specwatch",
+        description="Speculative-decoding monitor for vLLM, SGLang, TensorRT-LLM and llama.cpp inference nodes.",
     )
     parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
-    parser.add_argument(
-        "--log.level",
-        dest="log_level",
-        default="info",
-        choices=["debug", "info", "warn", "error"],
-        help="log level (default info)",
-    )
+    logsetup.add_flags(parser, on_subcommand=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
+        logsetup.add_flags(p, on_subcommand=True)
         if only is not None and name != only:
             continue
         _load(module).add_arguments(p)
@@ -90,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str], chosen: str) -> int:
     parser = build_parser(only=chosen)
     args = parser.parse_args(argv)
-    level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
-    # Under systemd the journal stamps every line itself (JOURNAL_STREAM is set), so leave the time out there.
-    fmt = "%(levelname)s %(name)s: %(message)s"
-    if not os.environ.get("JOURNAL_STREAM"):
-        fmt = "%(asctime)s " + fmt
-    logging.basicConfig(level=level, format=fmt)
+    logsetup.configure(args)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

@@ -2,195 +2,133 @@
 
 `load_config(path)` returns a `Config` or raises `ConfigError` whose `.problems` lists each problem with its
 path (`routes[1].url: not an http(s) URL`). Nothing half-valid is ever returned, so a reload either swaps
-the whole config or keeps the old one.
+the whole config or keeps the old one. The options themselves (fields, defaults, YAML keys, accepted values)
+are defined once, in `specwatch.config_schema`; the reader here is derived from them, with checks that span
+several keys beside it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import re
-from dataclasses import dataclass, field
+import reprlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable
 from urllib.parse import urlparse
 
 import yaml
 
+from specwatch.config_schema import (
+    DEFAULT_HTTP_CLIENT,
+    DEFAULT_STATE_DIR,
+    GPU_MODES,
+    MAX_NUMBER,
+    OTLP_PROTOCOLS,
+    PROBE_APIS,
+    Authorization,
+    BasicAuth,
+    Config,
+    CrossoverConfig,
+    CrossoverEstimateConfig,
+    Custom,
+    DetectionConfig,
+    Duration,
+    Flag,
+    GpuConfig,
+    HttpClientConfig,
+    Number,
+    OtlpConfig,
+    PinnedBaseline,
+    ProbeConfig,
+    RouteConfig,
+    ScrapeConfig,
+    Section,
+    Spec,
+    StringMap,
+    Text,
+    TlsConfig,
+    options,
+    parse_duration,
+)
 from specwatch.probe.prompts import PromptSetError, load_prompt_set  # a leaf module: json and PyYAML only
+from specwatch.engine_kinds import ENGINE_KINDS  # a leaf module: the names engines.py keys its registry by
 
-ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto", "sglang_request_log")  # the last reads files
-GPU_MODES = ("auto", "true", "false")
-OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"
-DEFAULT_STATE_DIR = "/var/lib/specwatch"
 OTLP_GRPC_MODULE = "opentelemetry.exporter.otlp.proto.grpc"  # optional dependency, only for protocol: grpc
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-_ROUTE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "DEFAULT_HTTP_CLIENT",
+    "DEFAULT_STATE_DIR",
+    "ENGINE_KINDS",
+    "GPU_MODES",
+    "OTLP_PROTOCOLS",
+    "PROBE_APIS",
+    "Authorization",
+    "BasicAuth",
+    "Config",
+    "ConfigError",
+    "CrossoverConfig",
+    "CrossoverEstimateConfig",
+    "DetectionConfig",
+    "GpuConfig",
+    "HttpClientConfig",
+    "OtlpConfig",
+    "PinnedBaseline",
+    "ProbeConfig",
+    "RouteConfig",
+    "ScrapeConfig",
+    "TlsConfig",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "read_yaml_file",
+    "summarize",
+    "unreadable_files",
+]
+
+
+# Bounds on what is parsed at all: a config is a few kilobytes, a few levels deep, with a handful of anchors.
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_ALIASES = 100
+MAX_NODES = 100_000  # counted with every alias expanded, as the reader would walk them
+MAX_NUMBER_CHARS = 32  # a longer integer or float literal is refused before Python converts it
+MAX_PROBLEMS = 100
+EXCERPT_CHARS = 60
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 4, 4, EXCERPT_CHARS, EXCERPT_CHARS
+_repr.maxlong = EXCERPT_CHARS
+
+
+def _q(value: Any) -> str:
+    """A value quoted for an error message: at most EXCERPT_CHARS characters, computed in bounded time."""
+    text = _repr.repr(value)
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
 
 
 class ConfigError(ValueError):
-    """A configuration was rejected; `problems` holds every problem found, each prefixed with its path."""
+    """A configuration was rejected; `problems` holds every problem found, each prefixed with its path (the
+    first MAX_PROBLEMS of them)."""
 
     def __init__(self, problems: list[str], source: str = "") -> None:
-        self.problems = list(problems)
+        problems = list(problems)
+        if len(problems) > MAX_PROBLEMS:
+            problems = problems[:MAX_PROBLEMS] + [f"... and {len(problems) - MAX_PROBLEMS} more problem(s)"]
+        self.problems = problems
         self.source = source
         head = f"{source}: " if source else ""
         super().__init__(head + f"{len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-# --------------------------------------------------------------------------- dataclasses
-@dataclass(frozen=True)
-class DetectionConfig:
-    drop: float = 0.15  # page when acceptance <= (1 - drop) x baseline
-    warmup_drafted_tokens: int = 20_000
-    warmup_seconds: float = 1800.0
-    min_drafted_tokens: int = 2_000  # never page on less evidence than this
-    min_duration_seconds: float = 180.0  # the CUSUM excursion must have lasted this long
-    cusum_threshold: float = 10.0  # h, in φ-scaled nats (docs/detection.md: how to tune)
-    adopt_after_seconds: float = 3600.0  # clean period before a bumped model's own baseline is adopted
-    confirm_window_seconds: float = 300.0  # short window that confirms a drop is ongoing and resolves it
-    # Evidence is weighed in blocks this long (or up to an idle scrape): long against one request, so a request
-    # split over two scrapes does not hide its own correlation. A busy route of short requests can use less,
-    # for a faster verdict; the design effect of a block of many whole requests does not depend on its length.
-    block_seconds: float = 60.0
-    pin_drafted_tokens: int = 1_000_000  # a learned baseline keeps refining until this many tokens ...
-    pin_seconds: float = 86400.0  # ... or this long, then it is pinned
-
-
-@dataclass(frozen=True)
-class PinnedBaseline:
-    acceptance_ratio: float
-    position_acceptance: tuple[float, ...] = ()
-    overdispersion: float | None = None  # None: estimated from the warm-up traffic
-
-
-@dataclass(frozen=True)
-class CrossoverEstimateConfig:
-    gpu: str = ""  # "" = detect through NVML
-    params: float | None = None  # billions of target parameters
-    dtype: str = "bf16"
-    layers: int | None = None
-    hidden_size: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    hf_config: str = ""
-    context: float | None = None  # None = derive live from KV usage when possible
-    draft: str = "eagle"
-
-
-@dataclass(frozen=True)
-class CrossoverConfig:
-    kind: str  # "sweep" | "estimate" | "batch_size"
-    sweep_file: str = ""
-    estimate: CrossoverEstimateConfig | None = None
-    batch_size: float | None = None
-    hold_seconds: float = 600.0  # the above-crossover flag keeps each state at least this long
-
-
-PROBE_APIS = ("auto", "openai", "sglang")
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """Canary probes of one route (specwatch/probe/): a fixed greedy prompt set sent every `every_seconds`."""
-
-    every_seconds: float = 900.0
-    on_change: bool = True  # a round at once when the engine restarts or its model, version or k changes
-    prompts: str = "builtin"  # "builtin" or a prompt file (JSON or YAML)
-    max_tokens: int = 128
-    concurrency: int = 1
-    timeout_seconds: float = 60.0  # per request
-    api: str = "auto"  # auto: vLLM -> openai, SGLang -> its native /generate
-    model: str = "auto"  # auto: the first model of /v1/models (vLLM) or the route's model name
-
-
-@dataclass(frozen=True)
-class Authorization:
-    """An `Authorization: <type> <credentials>` header; the credentials inline or read from a file per
-    request (so a rotated token is picked up without a reload)."""
-
-    type: str = "Bearer"
-    credentials: str = field(default="", repr=False)
-    credentials_file: str = ""
-
-
-@dataclass(frozen=True)
-class BasicAuth:
-    username: str
-    password: str = field(default="", repr=False)
-    password_file: str = ""  # read per request, like Authorization.credentials_file
-
-
-@dataclass(frozen=True)
-class TlsConfig:
-    ca_file: str = ""  # "" = the system's CAs
-    cert_file: str = ""  # client certificate, with key_file
-    key_file: str = ""
-    server_name: str = ""  # "" = the URL's host; used for SNI and to verify the certificate
-    insecure_skip_verify: bool = False
-
-
-@dataclass(frozen=True)
-class HttpClientConfig:
-    """How engine endpoints are reached, as Prometheus's `http_config` (the subset a scrape uses)."""
-
-    authorization: Authorization | None = None
-    basic_auth: BasicAuth | None = None
-    tls_config: TlsConfig = field(default_factory=TlsConfig)
-    headers: tuple[tuple[str, str], ...] = ()  # (name, value) pairs, in the order given
-
-
-DEFAULT_HTTP_CLIENT = HttpClientConfig()
-
-
-@dataclass(frozen=True)
-class RouteConfig:
-    name: str
-    url: str
-    engine: str = "auto"
-    http: HttpClientConfig = DEFAULT_HTTP_CLIENT
-    match: Mapping[str, str] = field(default_factory=dict)
-    engines: tuple[str, ...] = ()
-    gpus: tuple[int, ...] | None = None  # None = automatic process -> GPU mapping
-    version_url: str = ""  # "" = derived from `url` (vLLM /version, SGLang /get_server_info)
-    detection: DetectionConfig = field(default_factory=DetectionConfig)
-    baseline: PinnedBaseline | None = None
-    crossover: CrossoverConfig | None = None
-    probe: ProbeConfig | None = None  # None: no canary probes (the default)
-
-
-@dataclass(frozen=True)
-class GpuConfig:
-    enabled: str = "auto"  # auto | true | false
-
-
-@dataclass(frozen=True)
-class OtlpConfig:
-    endpoint: str
-    protocol: str = "http/protobuf"
-    interval_seconds: float = 60.0
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Config:
-    interval_seconds: float = 5.0
-    state_dir: str = DEFAULT_STATE_DIR
-    scrape_timeout_seconds: float = 2.0
-    max_body_bytes: int = 16 * 1024 * 1024
-    routes: tuple[RouteConfig, ...] = ()
-    gpu: GpuConfig = field(default_factory=GpuConfig)
-    otlp: OtlpConfig | None = None
-    detection: DetectionConfig = field(default_factory=DetectionConfig)
-
-    def route(self, name: str) -> RouteConfig | None:
-        return next((r for r in self.routes if r.name == name), None)
-
-
 # --------------------------------------------------------------------------- the checker
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
 class _Checker:
     """Collects problems instead of raising, so one pass reports everything."""
 
@@ -210,20 +148,42 @@ class _Checker:
             return None
         for key in value:
             if key not in allowed:
-                self.fail(f"{path}.{key}" if path else str(key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+                self.fail(_join(path, key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
         for key in sorted(required - set(value)):
-            self.fail(f"{path}.{key}" if path else key, "required")
+            self.fail(_join(path, key), "required")
         return value
 
-    def duration(self, value: Any, path: str, default: float, minimum: float = 0.0) -> float:
+    def value(self, spec: Spec, value: Any, path: str, default: Any) -> Any:
+        """One option's value read by its spec; `default` when absent or wrong (the problem is recorded)."""
+        if isinstance(spec, Duration):
+            return self.duration(value, path, default, spec)
+        if isinstance(spec, Number):
+            return self.number(value, path, default, spec.lo, spec.hi, spec.integer, spec.lo_open)
+        if isinstance(spec, Text):
+            return self.text(value, path, default, spec)
+        if isinstance(spec, Flag):
+            if value is None:
+                return default
+            if not isinstance(value, bool):
+                self.fail(path, f"must be true or false, got {_q(value)}")
+                return default
+            return value
+        if isinstance(spec, StringMap):
+            return self.string_map(value, path)
+        raise TypeError(f"{path}: {_q(spec)} is read by its own reader")
+
+    def duration(self, value: Any, path: str, default: float, spec: Duration) -> float:
         if value is None:
             return default
         seconds = parse_duration(value)
         if seconds is None:
-            self.fail(path, f"not a duration like 5s, 10m, 1h: {value!r}")
+            self.fail(path, f"not a duration like 5s, 10m, 1h: {_q(value)}")
             return default
-        if seconds <= minimum:
-            self.fail(path, f"must be more than {minimum:g}s, got {value!r}")
+        if seconds < spec.lo or (seconds == spec.lo and not spec.inclusive):
+            self.fail(path, f"must be {'at least' if spec.inclusive else 'more than'} {spec.lo:g}s, got {_q(value)}")
+            return default
+        if seconds > spec.hi:
+            self.fail(path, f"must be at most {spec.hi:g}s, got {_q(value)}")
             return default
         return seconds
 
@@ -239,32 +199,41 @@ class _Checker:
     ) -> Any:
         if value is None:
             return default
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_NUMBER:
+            self.fail(path, f"must be a number of at most {MAX_NUMBER:g}, got {_q(value)}")
+            return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.fail(path, f"must be a {'whole ' if integer else ''}number, got {value!r}")
+            self.fail(path, f"must be a {'whole ' if integer else ''}number, got {_q(value)}")
             return default
         if integer and value != int(value):
-            self.fail(path, f"must be a whole number, got {value!r}")
+            self.fail(path, f"must be a whole number, got {_q(value)}")
             return default
         if lo is not None and (value < lo or (lo_open and value == lo)):
-            self.fail(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
+            self.fail(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {_q(value)}")
             return default
         if hi is not None and value > hi:
-            self.fail(path, f"must be <= {hi:g}, got {value!r}")
+            self.fail(path, f"must be <= {hi:g}, got {_q(value)}")
             return default
         return int(value) if integer else float(value)
 
-    def string(self, value: Any, path: str, default: str = "", choices: tuple[str, ...] | None = None) -> str:
+    def text(self, value: Any, path: str, default: str, spec: Text) -> str:
         if value is None:
             return default
-        if isinstance(value, bool) and choices and "true" in choices:
+        if isinstance(value, bool) and spec.choices and "true" in spec.choices:
             value = "true" if value else "false"
         if not isinstance(value, str):
-            self.fail(path, f"must be a string, got {value!r}")
+            self.fail(path, "must be a string" if spec.secret else f"must be a string, got {_q(value)}")
             return default
-        if choices is not None and value not in choices:
-            self.fail(path, f"must be one of {', '.join(choices)}, got {value!r}")
+        if spec.choices is not None and value not in spec.choices:
+            self.fail(path, f"must be one of {', '.join(spec.choices)}, got {_q(value)}")
+            return default
+        if spec.pattern and value and not re.fullmatch(spec.pattern, value):
+            self.fail(path, f"{spec.pattern_doc}, got {_q(value)}")
             return default
         return value
+
+    def string(self, value: Any, path: str, default: str = "", choices: tuple[str, ...] | None = None) -> str:
+        return self.text(value, path, default, Text(choices=choices))
 
     def string_map(self, value: Any, path: str) -> dict[str, str]:
         if value is None:
@@ -275,10 +244,70 @@ class _Checker:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
-                self.fail(f"{path}.{k}", f"must be a string, got {v!r}")
+                self.fail(f"{path}.{k}", f"must be a string, got {_q(v)}")
             else:
                 out[k] = str(v)
         return out
+
+
+# --------------------------------------------------------------------------- the derived reader
+# An option read by its own function: (checker, raw value, path, default) -> value. For a flat section the
+# raw value is the enclosing mapping.
+Reader = Callable[[_Checker, Any, str, Any], Any]
+# Checks spanning several keys of one section, run once it is read: (checker, section, raw mapping, path).
+Check = Callable[[_Checker, Any, dict, str], Any]
+
+
+def _allowed_keys(cls: type) -> set[str]:
+    keys: set[str] = set()
+    for o in options(cls):
+        if isinstance(o.spec, Section) and o.spec.flat:
+            keys |= _allowed_keys(o.spec.of)
+        else:
+            keys.add(o.yaml)
+    return keys
+
+
+def _read(c: _Checker, cls: type, raw: Any, path: str, base: Any = None) -> Any:
+    """Read the mapping `raw` into `cls` by its options: unknown keys and missing required ones are problems,
+    an absent key keeps the default (or `base`'s value, for a section that inherits). None when `raw` is not
+    a mapping or a required key is missing."""
+    allowed = _allowed_keys(cls) | _SHORTHANDS.get(cls, set())
+    required = {o.yaml for o in options(cls) if o.required}
+    d = c.mapping(raw, path, allowed, required)
+    if d is None:
+        return None
+    values: dict[str, Any] = {}
+    complete = True
+    for o in options(cls):
+        default = getattr(base, o.name) if base is not None else o.default
+        p = _join(path, o.yaml)
+        spec = o.spec
+        if isinstance(spec, Section) and spec.flat:
+            values[o.name] = _FLAT[spec.of](c, d, path, default)
+            continue
+        given = d.get(o.yaml)
+        if o.required and given is None:
+            complete = False
+            continue
+        if o.yaml not in d:
+            values[o.name] = default
+        elif isinstance(spec, Custom):
+            values[o.name] = _CUSTOM[(cls, o.name)](c, given, p, default)
+        elif isinstance(spec, Section):
+            if spec.optional and given is None:
+                values[o.name] = default
+            else:
+                section = _read(c, spec.of, given, p, default if spec.inherit else None)
+                values[o.name] = default if section is None else section
+        else:
+            values[o.name] = c.value(spec, given, p, default)
+    if not complete:
+        return None
+    check = _CHECKS.get(cls)
+    if check is not None:
+        return check(c, values, d, path)
+    return cls(**values)
 
 
 def _module_available(name: str) -> bool:
@@ -288,29 +317,31 @@ def _module_available(name: str) -> bool:
         return False
 
 
-def parse_duration(value: Any) -> float | None:
-    """'5s' -> 5.0, '10m' -> 600.0, 2 -> 2.0 (bare numbers are seconds); None when unparseable."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
+def _http_url(c: _Checker, value: Any, path: str, _default: Any = "") -> str:
     if not isinstance(value, str):
-        return None
-    m = _DURATION_RE.match(value)
-    if not m:
-        return None
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-
-
-def _http_url(c: _Checker, value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        c.fail(path, f"not an http(s) URL: {value!r}")
+        c.fail(path, f"not an http(s) URL: {_q(value)}")
         return ""
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        c.fail(path, f"not an http(s) URL: {value!r}")
+    try:
+        parsed = urlparse(value)
+        _ = parsed.port  # raises on a port out of range or not a number
+    except ValueError as exc:  # a malformed IPv6 host, a bad port
+        c.fail(path, f"not a valid URL ({exc}): {_q(value)}")
+        return ""
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        c.fail(path, f"not an http(s) URL: {_q(value)}")
     elif "@" in parsed.netloc:  # the message leaves the URL out: it holds a secret
         c.fail(path, "credentials in the URL are not allowed (and would not be sent); use basic_auth or authorization")
+        return ""
+    return value
+
+
+def _file_url(c: _Checker, value: Any, path: str) -> str:
+    try:
+        parsed = urlparse(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.scheme != "file" or parsed.netloc not in ("", "localhost") or not parsed.path:
+        c.fail(path, f"not a file:// URL of a directory (engine sglang_request_log): {_q(value)}")
         return ""
     return value
 
@@ -338,63 +369,7 @@ _RESERVED_HEADERS = frozenset(
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 
 
-def _secret(c: _Checker, d: dict, path: str, inline: str, from_file: str) -> tuple[str, str]:
-    """(inline value, file name) of a secret given inline or in a file, never both."""
-    if inline in d and from_file in d:
-        c.fail(path, f"give {inline} or {from_file}, not both")
-    value = d.get(inline)
-    if value is not None and not isinstance(value, str):
-        c.fail(f"{path}.{inline}", "must be a string")
-        value = None
-    return value or "", c.string(d.get(from_file), f"{path}.{from_file}")
-
-
-def _authorization(c: _Checker, raw: Any, path: str) -> Authorization | None:
-    d = c.mapping(raw, path, {"type", "credentials", "credentials_file"})
-    if d is None:
-        return None
-    auth_type = c.string(d.get("type"), f"{path}.type", Authorization.type)
-    if auth_type.lower() == "basic":
-        c.fail(f"{path}.type", "Basic is set with basic_auth, not authorization")
-    elif not _HEADER_NAME_RE.match(auth_type):
-        c.fail(f"{path}.type", f"must be one word like Bearer, got {auth_type!r}")
-    credentials, credentials_file = _secret(c, d, path, "credentials", "credentials_file")
-    if not credentials and not credentials_file:
-        c.fail(path, "give credentials or credentials_file")
-    return Authorization(type=auth_type, credentials=credentials, credentials_file=credentials_file)
-
-
-def _basic_auth(c: _Checker, raw: Any, path: str) -> BasicAuth | None:
-    d = c.mapping(raw, path, {"username", "password", "password_file"}, {"username"})
-    if d is None:
-        return None
-    username = c.string(d.get("username"), f"{path}.username")
-    if ":" in username:
-        c.fail(f"{path}.username", "must not contain ':'")
-    password, password_file = _secret(c, d, path, "password", "password_file")
-    return BasicAuth(username=username, password=password, password_file=password_file)
-
-
-def _tls_config(c: _Checker, raw: Any, path: str) -> TlsConfig:
-    d = c.mapping(raw, path, {"ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify"})
-    if d is None:
-        return TlsConfig()
-    if ("cert_file" in d) != ("key_file" in d):
-        c.fail(path, "cert_file and key_file go together")
-    skip = d.get("insecure_skip_verify", False)
-    if not isinstance(skip, bool):
-        c.fail(f"{path}.insecure_skip_verify", f"must be true or false, got {skip!r}")
-        skip = False
-    return TlsConfig(
-        ca_file=c.string(d.get("ca_file"), f"{path}.ca_file"),
-        cert_file=c.string(d.get("cert_file"), f"{path}.cert_file"),
-        key_file=c.string(d.get("key_file"), f"{path}.key_file"),
-        server_name=c.string(d.get("server_name"), f"{path}.server_name"),
-        insecure_skip_verify=skip,
-    )
-
-
-def _headers(c: _Checker, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
+def _headers(c: _Checker, raw: Any, path: str, _default: Any = ()) -> tuple[tuple[str, str], ...]:
     headers = []
     for name, value in c.string_map(raw, path).items():
         if not _HEADER_NAME_RE.match(name):
@@ -408,322 +383,186 @@ def _headers(c: _Checker, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
     return tuple(headers)
 
 
-_HTTP_CLIENT_KEYS = {"authorization", "basic_auth", "tls_config", "headers"}
+def _one_secret(c: _Checker, d: dict, path: str, inline: str, from_file: str) -> None:
+    if inline in d and from_file in d:
+        c.fail(path, f"give {inline} or {from_file}, not both")
+
+
+def _check_authorization(c: _Checker, v: dict, d: dict, path: str) -> Authorization:
+    auth_type = v["type"]
+    if auth_type.lower() == "basic":
+        c.fail(f"{path}.type", "Basic is set with basic_auth, not authorization")
+    elif not _HEADER_NAME_RE.match(auth_type):
+        c.fail(f"{path}.type", f"must be one word like Bearer, got {_q(auth_type)}")
+    _one_secret(c, d, path, "credentials", "credentials_file")
+    if not v["credentials"] and not v["credentials_file"]:
+        c.fail(path, "give credentials or credentials_file")
+    return Authorization(**v)
+
+
+def _check_basic_auth(c: _Checker, v: dict, d: dict, path: str) -> BasicAuth:
+    if ":" in v["username"]:
+        c.fail(f"{path}.username", "must not contain ':'")
+    _one_secret(c, d, path, "password", "password_file")
+    return BasicAuth(**v)
+
+
+def _check_tls(c: _Checker, v: dict, d: dict, path: str) -> TlsConfig:
+    if ("cert_file" in d) != ("key_file" in d):
+        c.fail(path, "cert_file and key_file go together")
+    return TlsConfig(**v)
 
 
 def _http_client(c: _Checker, d: dict, path: str, base: HttpClientConfig) -> HttpClientConfig:
     """The HTTP client keys of `d` (a route, or `scrape`); each key given replaces the same key of `base`."""
-    prefix = f"{path}." if path else ""
-    authorization, basic_auth = base.authorization, base.basic_auth
     if "authorization" in d and "basic_auth" in d:
-        c.fail(path or "scrape", "give authorization or basic_auth, not both")
-    if "authorization" in d:
-        authorization, basic_auth = _authorization(c, d["authorization"], f"{prefix}authorization"), None
-    if "basic_auth" in d:
-        authorization, basic_auth = None, _basic_auth(c, d["basic_auth"], f"{prefix}basic_auth")
-    return HttpClientConfig(
-        authorization=authorization,
-        basic_auth=basic_auth,
-        tls_config=_tls_config(c, d["tls_config"], f"{prefix}tls_config") if "tls_config" in d else base.tls_config,
-        headers=_headers(c, d["headers"], f"{prefix}headers") if "headers" in d else base.headers,
-    )
-
-
-def _file_url(c: _Checker, value: Any, path: str) -> str:
-    parsed = urlparse(value) if isinstance(value, str) else None
-    if parsed is None or parsed.scheme != "file" or parsed.netloc not in ("", "localhost") or not parsed.path:
-        c.fail(path, f"not a file:// URL of a directory (engine sglang_request_log): {value!r}")
-        return ""
-    return value
-
-
-_DETECTION_KEYS = {
-    "drop",
-    "warmup_drafted_tokens",
-    "warmup_duration",
-    "min_drafted_tokens",
-    "min_duration",
-    "cusum_threshold",
-    "adopt_after",
-    "confirm_window",
-    "pin_drafted_tokens",
-    "pin_duration",
-    "block",
-}
-
-
-def _detection(c: _Checker, raw: Any, path: str, base: DetectionConfig) -> DetectionConfig:
-    d = c.mapping(raw, path, _DETECTION_KEYS)
-    if d is None:
+        c.fail(path or "basic_auth", "give authorization or basic_auth, not both")
+    given = {k: v for k, v in d.items() if k in _allowed_keys(HttpClientConfig)}
+    client = _read(c, HttpClientConfig, given, path, base)
+    if client is None:
         return base
-    return DetectionConfig(
-        drop=c.number(d.get("drop"), f"{path}.drop", base.drop, lo=0.0, hi=0.95, lo_open=True),
-        warmup_drafted_tokens=c.number(
-            d.get("warmup_drafted_tokens"),
-            f"{path}.warmup_drafted_tokens",
-            base.warmup_drafted_tokens,
-            lo=0,
-            integer=True,
-        ),
-        warmup_seconds=c.duration(d.get("warmup_duration"), f"{path}.warmup_duration", base.warmup_seconds, -1),
-        min_drafted_tokens=c.number(
-            d.get("min_drafted_tokens"), f"{path}.min_drafted_tokens", base.min_drafted_tokens, lo=0, integer=True
-        ),
-        min_duration_seconds=c.duration(d.get("min_duration"), f"{path}.min_duration", base.min_duration_seconds, -1),
-        cusum_threshold=c.number(
-            d.get("cusum_threshold"), f"{path}.cusum_threshold", base.cusum_threshold, lo=0.0, lo_open=True
-        ),
-        adopt_after_seconds=c.duration(d.get("adopt_after"), f"{path}.adopt_after", base.adopt_after_seconds, -1),
-        confirm_window_seconds=c.duration(
-            d.get("confirm_window"), f"{path}.confirm_window", base.confirm_window_seconds
-        ),
-        pin_drafted_tokens=c.number(
-            d.get("pin_drafted_tokens"), f"{path}.pin_drafted_tokens", base.pin_drafted_tokens, lo=0, integer=True
-        ),
-        pin_seconds=c.duration(d.get("pin_duration"), f"{path}.pin_duration", base.pin_seconds, -1),
-        block_seconds=c.duration(d.get("block"), f"{path}.block", base.block_seconds),
-    )
+    if "authorization" in d:  # one kind of credentials replaces the other
+        client = HttpClientConfig(client.authorization, None, client.tls_config, client.headers)
+    elif "basic_auth" in d:
+        client = HttpClientConfig(None, client.basic_auth, client.tls_config, client.headers)
+    return client
 
 
-def _baseline(c: _Checker, raw: Any, path: str) -> PinnedBaseline | None:
+def _position_acceptance(c: _Checker, raw: Any, path: str, default: Any) -> tuple[float, ...]:
     if raw is None:
-        return None
-    d = c.mapping(raw, path, {"acceptance_ratio", "position_acceptance", "overdispersion"}, {"acceptance_ratio"})
-    if d is None:
-        return None
-    ratio = c.number(d.get("acceptance_ratio"), f"{path}.acceptance_ratio", None, lo=0.0, hi=1.0, lo_open=True)
-    positions: list[float] = []
-    raw_pos = d.get("position_acceptance") or []
-    if not isinstance(raw_pos, list):
-        c.fail(f"{path}.position_acceptance", "must be a list of ratios")
-    else:
-        for i, p in enumerate(raw_pos):
-            v = c.number(p, f"{path}.position_acceptance[{i}]", None, lo=0.0, hi=1.0)
-            if v is not None:
-                positions.append(v)
-    phi = c.number(d.get("overdispersion"), f"{path}.overdispersion", None, lo=1.0)
-    if ratio is None:
-        return None
-    return PinnedBaseline(acceptance_ratio=ratio, position_acceptance=tuple(positions), overdispersion=phi)
+        return ()
+    if not isinstance(raw, list):
+        c.fail(path, "must be a list of ratios")
+        return ()
+    values = [c.number(p, f"{path}[{i}]", None, lo=0.0, hi=1.0) for i, p in enumerate(raw)]
+    return tuple(v for v in values if v is not None)
 
 
-_ESTIMATE_KEYS = {
-    "gpu",
-    "params",
-    "dtype",
-    "layers",
-    "hidden_size",
-    "kv_heads",
-    "head_dim",
-    "hf_config",
-    "context",
-    "draft",
-}
-
-
-def _crossover(c: _Checker, raw: Any, path: str) -> CrossoverConfig | None:
+def _engines(c: _Checker, raw: Any, path: str, default: Any) -> tuple[str, ...]:
     if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.fail(path, "must be a list of engine indexes")
+        return ()
+    engines = []
+    for i, e in enumerate(raw):
+        if isinstance(e, bool) or not isinstance(e, (str, int)):
+            c.fail(f"{path}[{i}]", f"must be an engine index, got {_q(e)}")
+        else:
+            engines.append(str(e))
+    return tuple(engines)
+
+
+def _gpus(c: _Checker, raw: Any, path: str, default: Any) -> tuple[int, ...] | None:
+    if not isinstance(raw, list):
+        c.fail(path, "must be a list of GPU indexes")
         return None
-    d = c.mapping(raw, path, {"sweep", "estimate", "batch_size", "hold"})
-    if d is None:
-        return None
+    values = [c.number(x, f"{path}[{i}]", None, lo=0, hi=MAX_NUMBER, integer=True) for i, x in enumerate(raw)]
+    return tuple(v for v in values if v is not None)
+
+
+def _engine(c: _Checker, raw: Any, path: str, default: str) -> str:
+    return c.string(raw, path, default, ENGINE_KINDS)
+
+
+def _version_url(c: _Checker, raw: Any, path: str, default: str) -> str:
+    return _http_url(c, raw, path) if raw else ""
+
+
+def _check_crossover(c: _Checker, v: dict, d: dict, path: str) -> CrossoverConfig | None:
     present = [k for k in ("sweep", "estimate", "batch_size") if k in d]
     if len(present) != 1:
         c.fail(path, "give exactly one of sweep, estimate, batch_size")
         return None
-    kind = present[0]
-    hold = c.duration(d.get("hold"), f"{path}.hold", CrossoverConfig.hold_seconds, -1)
-    if kind == "sweep":
-        f = c.string(d["sweep"], f"{path}.sweep")
-        return CrossoverConfig(kind="sweep", sweep_file=f, hold_seconds=hold)
-    if kind == "batch_size":
-        b = c.number(d["batch_size"], f"{path}.batch_size", None, lo=0.0, lo_open=True)
-        return CrossoverConfig(kind="batch_size", batch_size=b, hold_seconds=hold)
-    e = c.mapping(d["estimate"], f"{path}.estimate", _ESTIMATE_KEYS)
-    if e is None:
-        return None
-    p = f"{path}.estimate"
-    est = CrossoverEstimateConfig(
-        gpu=c.string(e.get("gpu"), f"{p}.gpu"),
-        params=c.number(e.get("params"), f"{p}.params", None, lo=0.0, lo_open=True),
-        dtype=c.string(
-            e.get("dtype"),
-            f"{p}.dtype",
-            CrossoverEstimateConfig.dtype,
-            choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
-        ),
-        layers=c.number(e.get("layers"), f"{p}.layers", None, lo=1, integer=True),
-        hidden_size=c.number(e.get("hidden_size"), f"{p}.hidden_size", None, lo=1, integer=True),
-        kv_heads=c.number(e.get("kv_heads"), f"{p}.kv_heads", None, lo=1, integer=True),
-        head_dim=c.number(e.get("head_dim"), f"{p}.head_dim", None, lo=1, integer=True),
-        hf_config=c.string(e.get("hf_config"), f"{p}.hf_config"),
-        context=c.number(e.get("context"), f"{p}.context", None, lo=0.0),
-        draft=c.string(e.get("draft"), f"{p}.draft", CrossoverEstimateConfig.draft),
-    )
-    if not re.match(r"^(eagle|eagle3|mtp|ngram|model:\d+(\.\d+)?)$", est.draft):
-        c.fail(f"{p}.draft", f"must be eagle, eagle3, mtp, ngram or model:<billions>, got {est.draft!r}")
-    return CrossoverConfig(kind="estimate", estimate=est, hold_seconds=hold)
+    if present == ["estimate"] and v["estimate"] is None:
+        v["estimate"] = CrossoverEstimateConfig()
+    return CrossoverConfig(kind=present[0], **v)
 
 
-_PROBE_KEYS = {"every", "on_change", "prompts", "max_tokens", "concurrency", "timeout", "api", "model"}
-
-
-def _probe(c: _Checker, raw: Any, path: str) -> ProbeConfig | None:
-    if raw is None:
-        return None
-    d = c.mapping(raw, path, _PROBE_KEYS)
-    if d is None:
-        return None
-    base = ProbeConfig()
-    on_change = d.get("on_change", base.on_change)
-    if not isinstance(on_change, bool):
-        c.fail(f"{path}.on_change", f"must be true or false, got {on_change!r}")
-        on_change = base.on_change
-    every = c.duration(d.get("every"), f"{path}.every", base.every_seconds)
-    if every < 10.0:
-        c.fail(f"{path}.every", f"must be at least 10s (a round sends every prompt), got {d.get('every')!r}")
-        every = base.every_seconds
-    prompts = c.string(d.get("prompts"), f"{path}.prompts", base.prompts)
-    if prompts and "prompts" in d:
+def _check_probe(c: _Checker, v: dict, d: dict, path: str) -> ProbeConfig:
+    if v["prompts"] and "prompts" in d:
         try:
-            load_prompt_set(prompts)
+            load_prompt_set(v["prompts"])
         except PromptSetError as exc:
             c.fail(f"{path}.prompts", str(exc))
-    return ProbeConfig(
-        every_seconds=every,
-        on_change=on_change,
-        prompts=prompts,
-        max_tokens=c.number(d.get("max_tokens"), f"{path}.max_tokens", base.max_tokens, lo=1, hi=4096, integer=True),
-        concurrency=c.number(d.get("concurrency"), f"{path}.concurrency", base.concurrency, lo=1, hi=16, integer=True),
-        timeout_seconds=c.duration(d.get("timeout"), f"{path}.timeout", base.timeout_seconds),
-        api=c.string(d.get("api"), f"{path}.api", base.api, PROBE_APIS),
-        model=c.string(d.get("model"), f"{path}.model", base.model) or base.model,
-    )
+    v["model"] = v["model"] or ProbeConfig.model
+    return ProbeConfig(**v)
 
 
-_ROUTE_KEYS = {
-    "name",
-    "engine",
-    "url",
-    "match",
-    "engines",
-    "gpus",
-    "version_url",
-    "detection",
-    "drop",
-    "baseline",
-    "crossover",
-    "probe",
-} | _HTTP_CLIENT_KEYS
-
-
-def _route(c: _Checker, raw: Any, path: str, detection: DetectionConfig, http: HttpClientConfig) -> RouteConfig | None:
-    d = c.mapping(raw, path, _ROUTE_KEYS, {"name", "url"})
-    if d is None:
-        return None
-    name = c.string(d.get("name"), f"{path}.name")
-    if name and not _ROUTE_NAME_RE.match(name):
-        c.fail(f"{path}.name", f"only letters, digits and _.:- are allowed, got {name!r}")
+def _check_route(c: _Checker, v: dict, d: dict, path: str) -> RouteConfig:
     if d.get("engine") == "sglang_request_log":  # SGLang's per-request files: url is file:///<directory>
-        url = _file_url(c, d.get("url"), f"{path}.url") if "url" in d else ""
+        v["url"] = _file_url(c, d["url"], f"{path}.url")
     else:
-        url = _http_url(c, d.get("url"), f"{path}.url") if "url" in d else ""
-    version_url = _http_url(c, d["version_url"], f"{path}.version_url") if d.get("version_url") else ""
-    engines_raw = d.get("engines") or []
-    engines: list[str] = []
-    if not isinstance(engines_raw, list):
-        c.fail(f"{path}.engines", "must be a list of engine indexes")
-    else:
-        for i, e in enumerate(engines_raw):
-            if isinstance(e, bool) or not isinstance(e, (str, int)):
-                c.fail(f"{path}.engines[{i}]", f"must be an engine index, got {e!r}")
-            else:
-                engines.append(str(e))
-    gpus: tuple[int, ...] | None = None
-    if "gpus" in d:
-        g = d["gpus"]
-        if not isinstance(g, list):
-            c.fail(f"{path}.gpus", "must be a list of GPU indexes")
-        else:
-            vals = [c.number(x, f"{path}.gpus[{i}]", None, lo=0, integer=True) for i, x in enumerate(g)]
-            gpus = tuple(v for v in vals if v is not None)
-    det = _detection(c, d.get("detection"), f"{path}.detection", detection)
+        v["url"] = _http_url(c, d["url"], f"{path}.url")
     if "drop" in d:  # shorthand for detection.drop
-        det = DetectionConfig(
-            **{**det.__dict__, "drop": c.number(d["drop"], f"{path}.drop", det.drop, lo=0.0, hi=0.95, lo_open=True)}
+        det = v["detection"]
+        drop = next(o.spec for o in options(DetectionConfig) if o.name == "drop")
+        v["detection"] = dataclasses.replace(det, drop=c.value(drop, d["drop"], f"{path}.drop", det.drop))
+    return RouteConfig(**v)
+
+
+def _as_given(c: _Checker, raw: Any, path: str, default: Any) -> Any:
+    """Kept as given, for a check that needs the other keys (a route's url and engine)."""
+    return raw
+
+
+_CUSTOM: dict[tuple[type, str], Reader] = {
+    (PinnedBaseline, "position_acceptance"): _position_acceptance,
+    (HttpClientConfig, "headers"): _headers,
+    (RouteConfig, "url"): _as_given,
+    (RouteConfig, "engine"): _engine,
+    (RouteConfig, "engines"): _engines,
+    (RouteConfig, "gpus"): _gpus,
+    (RouteConfig, "version_url"): _version_url,
+    (OtlpConfig, "endpoint"): _http_url,
+    (Config, "routes"): _as_given,
+}
+_SHORTHANDS: dict[type, set[str]] = {RouteConfig: {"drop"}}  # read by the section's check
+_FLAT: dict[type, Reader] = {HttpClientConfig: _http_client}
+_CHECKS: dict[type, Check] = {
+    Authorization: _check_authorization,
+    BasicAuth: _check_basic_auth,
+    TlsConfig: _check_tls,
+    CrossoverConfig: _check_crossover,
+    ProbeConfig: _check_probe,
+    RouteConfig: _check_route,
+}
+
+
+def _check_config(c: _Checker, v: dict, d: dict, path: str) -> Config:
+    scrape: ScrapeConfig = v["scrape"]
+    if (
+        scrape.timeout_seconds >= v["interval_seconds"]
+        and isinstance(d.get("scrape"), dict)
+        and "timeout" in d["scrape"]
+    ):
+        c.fail("scrape.timeout", f"must be shorter than interval ({v['interval_seconds']:g}s)")
+    otlp: OtlpConfig | None = v["otlp"]
+    if otlp is not None and otlp.protocol == "grpc" and not _module_available(OTLP_GRPC_MODULE):
+        c.fail(
+            "otlp.protocol",
+            "grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
+            "installed; install it or use protocol: http/protobuf",
         )
-    return RouteConfig(
-        name=name,
-        url=url,
-        engine=c.string(d.get("engine"), f"{path}.engine", RouteConfig.engine, ENGINE_KINDS),
-        http=_http_client(c, d, path, http),
-        match=c.string_map(d.get("match"), f"{path}.match"),
-        engines=tuple(engines),
-        gpus=gpus,
-        version_url=version_url,
-        detection=det,
-        baseline=_baseline(c, d.get("baseline"), f"{path}.baseline"),
-        crossover=_crossover(c, d.get("crossover"), f"{path}.crossover"),
-        probe=_probe(c, d.get("probe"), f"{path}.probe"),
-    )
+    v["routes"] = _routes(c, v["routes"], RouteConfig(name="", url="", http=scrape.http, detection=v["detection"]))
+    return Config(**v)
 
 
-_TOP_KEYS = {"interval", "state_dir", "scrape", "routes", "gpu", "otlp", "detection"}
-
-
-def parse_config(raw: Any, source: str = "") -> Config:
-    """Validate an already-loaded YAML document. Raises ConfigError listing every problem."""
-    c = _Checker()
-    d = c.mapping(raw, "", _TOP_KEYS)
-    if d is None:
-        raise ConfigError(c.problems, source)
-    interval = c.duration(d.get("interval"), "interval", Config.interval_seconds)
-    state_dir = c.string(d.get("state_dir"), "state_dir", Config.state_dir)
-    scrape = c.mapping(d.get("scrape"), "scrape", {"timeout", "max_body_bytes"} | _HTTP_CLIENT_KEYS) or {}
-    timeout = c.duration(scrape.get("timeout"), "scrape.timeout", Config.scrape_timeout_seconds)
-    if timeout >= interval and "timeout" in scrape:
-        c.fail("scrape.timeout", f"must be shorter than interval ({interval:g}s)")
-    max_body = c.number(
-        scrape.get("max_body_bytes"), "scrape.max_body_bytes", Config.max_body_bytes, lo=1024, integer=True
-    )
-    http = _http_client(c, scrape, "scrape", DEFAULT_HTTP_CLIENT)
-    gpu_raw = c.mapping(d.get("gpu"), "gpu", {"enabled"}) or {}
-    gpu = GpuConfig(enabled=c.string(gpu_raw.get("enabled"), "gpu.enabled", GpuConfig.enabled, GPU_MODES))
-    detection = _detection(c, d.get("detection"), "detection", DetectionConfig())
-
-    otlp = None
-    if d.get("otlp") is not None:
-        o = c.mapping(d["otlp"], "otlp", {"endpoint", "protocol", "interval", "headers"}, {"endpoint"})
-        if o is not None:
-            ep = _http_url(c, o.get("endpoint"), "otlp.endpoint") if "endpoint" in o else ""
-            otlp = OtlpConfig(
-                endpoint=ep,
-                protocol=c.string(o.get("protocol"), "otlp.protocol", OtlpConfig.protocol, OTLP_PROTOCOLS),
-                interval_seconds=c.duration(o.get("interval"), "otlp.interval", OtlpConfig.interval_seconds),
-                headers=c.string_map(o.get("headers"), "otlp.headers"),
-            )
-            if otlp.protocol == "grpc" and not _module_available(OTLP_GRPC_MODULE):
-                c.fail(
-                    "otlp.protocol",
-                    "grpc needs the opentelemetry-exporter-otlp-proto-grpc package, which is not "
-                    "installed; install it or use protocol: http/protobuf",
-                )
-
-    routes: list[RouteConfig] = []
-    raw_routes = d.get("routes")
-    if raw_routes is None:
-        raw_routes = []
-    if not isinstance(raw_routes, list):
+def _routes(c: _Checker, raw: Any, base: RouteConfig) -> tuple[RouteConfig, ...]:
+    if raw is None or raw == ():
+        return ()
+    if not isinstance(raw, list):
         c.fail("routes", "must be a list")
-        raw_routes = []
+        return ()
+    routes: list[RouteConfig] = []
     seen: dict[str, int] = {}
     probed: dict[str, int] = {}  # engine (scheme://host:port) -> the route that probes it
-    for i, r in enumerate(raw_routes):
-        route = _route(c, r, f"routes[{i}]", detection, http)
+    for i, r in enumerate(raw):
+        route = _read(c, RouteConfig, r, f"routes[{i}]", base)
         if route is None:
             continue
         if route.name in seen:
-            c.fail(f"routes[{i}].name", f"duplicate route name {route.name!r} (first at routes[{seen[route.name]}])")
+            c.fail(f"routes[{i}].name", f"duplicate route name {_q(route.name)} (first at routes[{seen[route.name]}])")
         elif route.name:
             seen[route.name] = i
         if route.probe is not None and route.url:
@@ -737,36 +576,154 @@ def parse_config(raw: Any, source: str = "") -> Config:
             else:
                 probed[engine] = i
         routes.append(route)
-    if c.problems:
+    return tuple(routes)
+
+
+_CHECKS[Config] = _check_config
+
+
+def parse_config(raw: Any, source: str = "") -> Config:
+    """Validate an already-loaded YAML document. Raises ConfigError listing every problem."""
+    c = _Checker()
+    cfg = _read(c, Config, raw, "")
+    if c.problems or cfg is None:
         raise ConfigError(c.problems, source)
-    return Config(
-        interval_seconds=interval,
-        state_dir=state_dir,
-        scrape_timeout_seconds=timeout,
-        max_body_bytes=max_body,
-        routes=tuple(routes),
-        gpu=gpu,
-        otlp=otlp,
-        detection=detection,
-    )
+    return cfg
+
+
+class _Refused(yaml.YAMLError):
+    """A document past one of the parsing bounds."""
+
+    def __init__(self, what: str, mark: Any = None) -> None:
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        super().__init__(what + where)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounds: nesting depth and alias uses while composing, then the size of the
+    document with every alias expanded, duplicate keys and number lengths, all before any value is built."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _Refused(f"more than {MAX_ALIASES} aliases", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+def _check_nodes(root: yaml.Node) -> None:
+    """Refuse a composed document that expands past MAX_NODES, repeats a key or holds an over-long number."""
+    sizes: dict[int, int] = {}
+    total = 0
+
+    def size(node: yaml.Node, path: str) -> int:
+        nonlocal total
+        known = sizes.get(id(node))
+        if known is not None:  # an alias: the reader walks it again, so it counts again
+            total += known
+            if total > MAX_NODES:
+                raise _Refused(f"more than {MAX_NODES} values once aliases are expanded", node.start_mark)
+            return known
+        before = total
+        total += 1
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+                raise _Refused(
+                    f"{path or 'document'}: a number longer than {MAX_NUMBER_CHARS} characters", node.start_mark
+                )
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                size(item, f"{path}[{i}]")
+        elif isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if name in seen:
+                        raise _Refused(f"{_join(path, name)}: duplicate key {_q(name)}", key.start_mark)
+                    seen.add(name)
+                size(key, path)
+                size(value, _join(path, name))
+        if total > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES} values once aliases are expanded", node.start_mark)
+        sizes[id(node)] = total - before
+        return total - before
+
+    size(root, "")
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document, within the bounds above. Raises yaml.YAMLError (a `_Refused` past a bound)."""
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_nodes(root)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
 
 
 def read_yaml_file(path: str) -> Any:
-    """A YAML document from a file; unreadable or invalid files raise ConfigError, never a bare OS/YAML error."""
+    """A YAML document from a file; unreadable, oversized or invalid files raise ConfigError, never a bare
+    OS/YAML error."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ConfigError([f"larger than {MAX_FILE_BYTES} bytes"], path)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"cannot read file: {exc}"], path) from exc
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
+    except _Refused as exc:
+        raise ConfigError([f"refused: {exc}"], path) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError([f"not valid YAML: {exc}"], path) from exc
+        raise ConfigError([f"not valid YAML: {_q_yaml(exc)}"], path) from exc
+
+
+def _q_yaml(exc: yaml.YAMLError) -> str:
+    """PyYAML's message (with its line and column) without the quoted source line, which may be huge."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        for mark in (exc.context_mark, exc.problem_mark):
+            if mark is not None:
+                mark.buffer = None  # no snippet
+        return str(exc)
+    return str(exc)[:300]
 
 
 def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config file. Raises ConfigError listing every problem."""
     path = str(path)
     return parse_config(read_yaml_file(path), path)
+
+
+def load_http_client_config(path: str) -> HttpClientConfig:
+    """A route's HTTP client keys (authorization, basic_auth, tls_config, headers) from a YAML file of their
+    own, checked as in the config: for commands that take a URL on the command line (`status`, `sweep`), as
+    promtool's `--http.config.file`. Raises ConfigError listing every problem."""
+    c = _Checker()
+    d = c.mapping(read_yaml_file(path), "", _allowed_keys(HttpClientConfig))
+    client = _http_client(c, d or {}, "", DEFAULT_HTTP_CLIENT)
+    if c.problems:
+        raise ConfigError(c.problems, path)
+    return client
 
 
 def unreadable_files(cfg: Config) -> list[str]:

@@ -237,7 +237,7 @@ class Daemon:
         with self._lock:
             begin = time.perf_counter()
             now = self._clock() if now is None else now
-            deadline = time.monotonic() + DEADLINE_FACTOR * self.config.scrape_timeout_seconds
+            deadline = time.monotonic() + DEADLINE_FACTOR * self.config.scrape.timeout_seconds
             pool = self._executor()
             futures = {id(route): self._submit(pool, route, now) for route in self._routes}
             gpu_future = self._submit_gpu(pool, now)
@@ -273,7 +273,7 @@ class Daemon:
         return route.inflight
 
     def _result(self, future: Future | None, deadline: float) -> ScrapeOutcome:
-        timeout = self.config.scrape_timeout_seconds
+        timeout = self.config.scrape.timeout_seconds
         if future is None:
             return ScrapeOutcome(reason="timeout", message="the previous scrape has still not returned")
         try:
@@ -391,7 +391,7 @@ class Daemon:
         # At most one call per route plus the GPU source is ever in flight, so this many threads never starve.
         needed = len(self._routes) + 2
         # A healthy call takes milliseconds; one still running after a quarter of its timeout is hanging.
-        stall = min(STALL_SECONDS, self.config.scrape_timeout_seconds / 4)
+        stall = min(STALL_SECONDS, self.config.scrape.timeout_seconds / 4)
         if self._pool is None:
             self._pool = ScrapePool(needed, stall_seconds=stall)
         elif (self._pool.max_workers, self._pool.stall_seconds) != (needed, stall):
@@ -435,11 +435,7 @@ class Daemon:
         changed settings rebuild their source and evaluators (which flush and reload their state)."""
         with self._lock:
             old, self.config = self.config, new
-            rebuild_all = (old.scrape_timeout_seconds, old.max_body_bytes, old.state_dir) != (
-                new.scrape_timeout_seconds,
-                new.max_body_bytes,
-                new.state_dir,
-            )
+            rebuild_all = (old.scrape, old.state_dir) != (new.scrape, new.state_dir)
             by_key = {(r.cfg.name, r.cfg.url): r for r in self._routes}
             kept = [by_key.pop((cfg.name, cfg.url), None) for cfg in new.routes]
             for route in by_key.values():

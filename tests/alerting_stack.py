@@ -31,9 +31,9 @@ from specwatch.mixin.settings import DEFAULT
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The real `specwatch run`, with tests/fake_nvml.py standing in for the pynvml module (no GPU here).
+# The real `specwatch run`, with testbed/fake_nvml.py standing in for the pynvml module (no GPU here).
 DAEMON_WITH_FAKE_NVML = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); import fake_nvml; "
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from testbed import fake_nvml; "
     "sys.modules['pynvml'] = fake_nvml.basic_h200(1); "
     "from specwatch.cli import main; sys.exit(main(sys.argv[1:]))"
 )

@@ -1,4 +1,4 @@
-"""Import a script of scripts/ (not a package) as a module, for tests that drive a benchmark or generator."""
+"""Import a benchmark of bench/ (not a package) as a module, for tests that drive its code."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def load_script(name: str) -> ModuleType:
-    """A fresh module from scripts/<name>.py (registered in sys.modules under its name if not there yet)."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    """A fresh module from bench/<name>.py (registered in sys.modules under its name if not there yet)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(name, module)  # dataclasses look their module up while being built
     spec.loader.exec_module(module)

@@ -164,6 +164,7 @@ def _run(ev: AcceptanceDropEvaluator, spec: TraceSpec, builder: ObservationBuild
     return transitions, builder
 
 
+@pytest.mark.slow
 def test_learns_then_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
     assert (
@@ -185,6 +186,7 @@ def test_learns_then_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
     ev.close()
 
 
+@pytest.mark.slow
 def test_small_drop_inside_the_zone_does_not_page(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
     spec = TraceSpec(rate=2.0, duration=2 * DAY, seed=9, drops=(Drop(start=6 * 3600.0, ratio=0.05),))
@@ -194,6 +196,7 @@ def test_small_drop_inside_the_zone_does_not_page(tmp_path: Path) -> None:
     ev.close()
 
 
+@pytest.mark.slow
 def test_model_change_counts_keeps_old_baseline_and_adopts_after_clean_period(tmp_path: Path) -> None:
     detection = dataclasses.replace(FAST, adopt_after_seconds=1800.0)
     ev = build_evaluator(_ctx(tmp_path, detection), _route(detection))
@@ -207,6 +210,7 @@ def test_model_change_counts_keeps_old_baseline_and_adopts_after_clean_period(tm
     ev.close()
 
 
+@pytest.mark.slow
 def test_model_change_with_a_regression_pages_through_the_sprt(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
     spec = TraceSpec(
@@ -303,6 +307,7 @@ def _bench():
     return load_script("bench_detection")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tier", ["2 req/s", "0.2 req/s"])
 def test_small_benchmark_meets_the_acceptance_checks(tier: str) -> None:
     bench = _bench()
@@ -367,6 +372,7 @@ def test_a_reload_reopens_the_store_after_every_evaluator_closed(tmp_path: Path)
 _values = st.floats(min_value=0, max_value=1e7, allow_nan=False) | st.just(0.0)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(

@@ -80,6 +80,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_mid_write_keeps_last_committed(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

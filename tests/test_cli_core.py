@@ -57,6 +57,7 @@ def test_an_offline_command_without_its_extra_says_how_to_install_it(monkeypatch
     assert "pip install 'specwatch[mixin]'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_daemon_imports_no_offline_only_dependency():
     code = (
         "import sys; import specwatch.commands.run, specwatch.commands.check_config, specwatch.commands.status; "
@@ -140,6 +141,7 @@ def test_status_table_shows_optional_columns_only_when_present():
     assert "GPU-h lost/saved" in text and "1.50/0.20" in text
 
 
+@pytest.mark.slow
 def test_status_against_a_live_daemon(capsys):
     snap = Snapshot(timestamp=time.time(), routes=(route("chat", up=True, acceptance_ratio={"1m": 0.7}),))
     server = serve("127.0.0.1:0", lambda: snap)
@@ -150,6 +152,7 @@ def test_status_against_a_live_daemon(capsys):
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_status_unreachable_is_a_clear_message(capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -200,6 +203,7 @@ def wait_for(predicate, timeout: float = WAIT_TIMEOUT):
     raise AssertionError("condition not met in time")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(sys.platform != "linux", reason="needs POSIX signals and AF_UNIX datagrams")
 def test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path):
     config = tmp_path / "specwatch.yml"
@@ -267,6 +271,7 @@ def test_run_refuses_a_bad_config(tmp_path, caplog):
     assert any("routes[0].url: required" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_run_refuses_an_address_in_use(tmp_path, caplog):
     config = tmp_path / "ok.yml"
     write_config(config)

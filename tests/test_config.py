@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import MISSING
 from pathlib import Path
 
 import pytest
 import yaml
 
 from specwatch import config as config_module
-from specwatch.config import Config, ConfigError, load_config, parse_config, parse_duration, summarize
+from specwatch.config import Config, ConfigError, RouteConfig, load_config, parse_config, parse_duration, summarize
+from specwatch.config_schema import Custom, Section, options
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "specwatch.yml"
 ROUTE = {"name": "chat", "url": "http://127.0.0.1:8000/metrics"}
@@ -23,7 +26,7 @@ def problems(raw) -> list[str]:
 def test_minimal_and_empty_configs_use_defaults():
     assert parse_config(None) == Config()
     cfg = parse_config({"routes": [ROUTE]})
-    assert cfg.interval_seconds == 5.0 and cfg.scrape_timeout_seconds == 2.0 and cfg.gpu.enabled == "auto"
+    assert cfg.interval_seconds == 5.0 and cfg.scrape.timeout_seconds == 2.0 and cfg.gpu.enabled == "auto"
     route = cfg.routes[0]
     assert route.engine == "auto" and route.gpus is None and route.detection == cfg.detection
     assert route.detection.drop == 0.15
@@ -39,33 +42,83 @@ def test_example_config_is_valid():
     assert cfg.route("code").detection.min_drafted_tokens == cfg.detection.min_drafted_tokens  # inherited
 
 
-EXCLUSIVE = {"authorization": "basic_auth", "basic_auth": "authorization"}
-
-
-def test_example_config_shows_every_key(monkeypatch):
-    """Each mapping's allowed keys must all appear in the example (schemas shared by several paths, like
-    detection at the top and per route, may be covered by any of them)."""
-    seen: dict[frozenset, set[str]] = {}
-    original = config_module._Checker.mapping
-
-    def recording(self, value, path, allowed, required=frozenset()):
-        if isinstance(value, dict):
-            seen.setdefault(frozenset(allowed), set()).update(value)
-        else:
-            seen.setdefault(frozenset(allowed), set())
-        return original(self, value, path, allowed, required)
-
-    monkeypatch.setattr(config_module._Checker, "mapping", recording)
-    load_config(EXAMPLE)
-    shown_anywhere = set().union(*seen.values())
-    missing = {
-        key
-        for allowed, present in seen.items()
-        for key in allowed - present
-        # keys that exclude each other: one shown here, the other shown elsewhere
-        if not (EXCLUSIVE.get(key) in present and key in shown_anywhere)
+def walk_example(raw: dict, cls: type, path: str, seen: set, shown: list) -> None:
+    """Walk the example along the schema: `seen` gets each (dataclass, YAML key) shown, `shown` each option
+    with its path and raw value."""
+    flat = {
+        sub.yaml: (o, sub)
+        for o in options(cls)
+        if isinstance(o.spec, Section) and o.spec.flat
+        for sub in options(o.spec.of)
     }
-    assert missing == set(), f"examples/specwatch.yml does not show: {sorted(missing)}"
+    by_key = {o.yaml: (cls, o) for o in options(cls) if o.yaml}
+    by_key.update({key: (o.spec.of, sub) for key, (o, sub) in flat.items()})
+    for key, value in raw.items():
+        if key not in by_key:  # a shorthand (a route's drop), read by the section's check
+            continue
+        owner, o = by_key[key]
+        seen.add((owner, key))
+        p = f"{path}.{key}" if path else key
+        if isinstance(o.spec, Section):
+            walk_example(value, o.spec.of, p, seen, shown)
+        elif key == "routes":
+            for i, route in enumerate(value):
+                walk_example(route, RouteConfig, f"routes[{i}]", seen, shown)
+        else:
+            shown.append((p, o, value))
+
+
+def schema_keys(cls: type, out: set) -> set:
+    for o in options(cls):
+        if isinstance(o.spec, Section):
+            if not o.spec.flat:
+                out.add((cls, o.yaml))
+            schema_keys(o.spec.of, out)
+        else:
+            out.add((cls, o.yaml))
+    if cls is Config:
+        schema_keys(RouteConfig, out)
+    return out
+
+
+def example_walk() -> tuple[set, list]:
+    seen: set = set()
+    shown: list = []
+    walk_example(yaml.safe_load(EXAMPLE.read_text()), Config, "", seen, shown)
+    return seen, shown
+
+
+def test_example_config_shows_every_key():
+    """Every option of every section appears in examples/specwatch.yml (a schema shared by several paths, like
+    detection at the top and per route, may be shown at any of them)."""
+    seen, _ = example_walk()
+    missing = sorted(f"{cls.__name__}.{key}" for cls, key in schema_keys(Config, set()) - seen)
+    assert missing == [], f"examples/specwatch.yml does not show: {missing}"
+
+
+# Values the example sets on purpose to show a use, not to state a default.
+ILLUSTRATIVE = re.compile(
+    r"^routes\[\d+\]\.(engine|drop|detection\.|crossover\.estimate\.draft|crossover\.estimate\.dtype$)"
+)
+
+
+def has_default(o) -> bool:
+    return o.default is not MISSING and (isinstance(o.default, bool) or o.default not in (None, "", (), {}))
+
+
+def test_example_config_states_each_default_it_shows():
+    """ "every key, with its default where it has one": each value the example shows (outside the deliberate
+    per-route illustrations) reads as the option's default, so the example cannot drift from the code."""
+    _, shown = example_walk()
+    checked = []
+    for path, o, value in shown:
+        if not has_default(o) or ILLUSTRATIVE.match(path) or isinstance(o.spec, Custom):
+            continue
+        checker = config_module._Checker()
+        assert checker.value(o.spec, value, path, None) == o.default, (path, value, o.default)
+        checked.append(path)
+    for must in ("interval", "scrape.max_series", "detection.cusum_threshold", "routes[1].probe.every"):
+        assert must in checked, checked
 
 
 def test_all_problems_are_reported_together():
@@ -104,7 +157,7 @@ def test_all_problems_are_reported_together():
         ([1, 2], ": must be a mapping, got list"),
         ({"routes": {"name": "x"}}, "routes: must be a list"),
         ({"routes": ["chat"]}, "routes[0]: must be a mapping, got str"),
-        ({"interval": "0s"}, "interval: must be more than 0s"),
+        ({"interval": "0s"}, "interval: must be at least 0.1s"),
         ({"interval": True}, "interval: not a duration"),
         ({"interval": "2s", "scrape": {"timeout": "2s"}}, "scrape.timeout: must be shorter than interval (2s)"),
         ({"scrape": {"max_body_bytes": 2048.5}}, "scrape.max_body_bytes: must be a whole number"),

@@ -88,6 +88,7 @@ def no_evaluators(monkeypatch):
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
 
 
+@pytest.mark.slow
 def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evaluators, caplog):
     hanging = HangingSource()
     sources = {
@@ -143,6 +144,7 @@ def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evalu
         d.close()
 
 
+@pytest.mark.slow
 def test_more_hung_sources_than_core_workers_do_not_hold_up_the_healthy_routes(no_evaluators):
     """The pool keeps a few threads; hung calls queued ahead of healthy ones cost those at most the stall time."""
     hung = {f"hang{i}": HangingSource() for i in range(CORE_WORKERS + 2)}  # submitted first

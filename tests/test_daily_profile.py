@@ -142,6 +142,7 @@ def test_store_without_the_profile_column_gains_it(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.mark.slow
 def test_evaluator_learns_and_fixes_the_profile_of_a_daily_mix(tmp_path: Path) -> None:
     """A busy route with a daily request mix (tracegen's, a second class at 0.85x α for 30% ± 20% of requests)
     gets a usable profile in its first day, fixed once usable, that follows the mix: lowest where the second class

@@ -15,7 +15,7 @@ What is not the production path, and why:
   every second; otherwise the rules are the generated ones.
 - Alertmanager runs `alerts/alertmanager.example.yml` with the receivers' URLs pointed at this test and
   group_wait/group_interval of 1s.
-- The daemon runs with the fake NVML of tests/fake_nvml.py (one H200) in place of the `pynvml` module, so the
+- The daemon runs with the fake NVML of testbed/fake_nvml.py (one H200) in place of the `pynvml` module, so the
   GPU panels have data on a machine without a GPU; everything else in the daemon is the real `specwatch run`.
 - The daemon evaluates every second, with baselines pinned in its config (no warm-up) and short guards
   (`min_duration`, `confirm_window`); the detector itself is the production one.
@@ -194,7 +194,7 @@ def stack(tmp_path_factory):
                 sys.executable,
                 "-c",
                 DAEMON_WITH_FAKE_NVML,
-                str(REPO / "tests"),
+                str(REPO),
                 "run",
                 "--config.file",
                 str(_specwatch_config(workdir, ports)),

@@ -132,6 +132,7 @@ def test_golden_metrics():
     assert text == GOLDEN.read_text(), "rendering changed: review, then SPECWATCH_UPDATE_GOLDEN=1"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH")
 def test_golden_passes_promtool_lint():
     result = subprocess.run(
@@ -215,6 +216,7 @@ def server():
     srv.shutdown()
 
 
+@pytest.mark.slow
 def test_http_endpoints(server):
     url = server.url
     assert requests.get(url + "/-/healthy", timeout=5).status_code == 200
@@ -247,6 +249,7 @@ class FakeWebConfig:
         return headers.get("Authorization") == "Basic dTpw"  # u:p
 
 
+@pytest.mark.slow
 def test_http_basic_auth_refuses_without_detail():
     srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig())
     try:
@@ -259,6 +262,7 @@ def test_http_basic_auth_refuses_without_detail():
         srv.shutdown()
 
 
+@pytest.mark.slow
 def test_http_tls(tmp_path):
     cert, key = self_signed_for_localhost(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -281,6 +285,7 @@ def test_parse_listen_address():
             parse_listen_address(bad)
 
 
+@pytest.mark.slow
 def test_routes_json_is_strict_json(server):
     server.state["snapshot"] = full_snapshot()
     body = requests.get(server.url + "/api/v1/routes", timeout=5).text

@@ -63,7 +63,7 @@ fuzzed exposition bodies (parses or raises one error type, never hangs)
     test_fuzz_exposition.py::test_random_bytes_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_mutated_real_captures_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_the_engine_parse_path_raises_only_source_errors
-soak (no RSS, fd or thread growth; the full runs are scripts/soak.py)
+soak (no RSS, fd or thread growth; the full runs are bench/soak.py)
     test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat
 
 The HTTP-level tests drive the real engine source (`specwatch.sources.engines.make_source`) against loopback
@@ -98,7 +98,7 @@ from specwatch.snapshot import EngineCounters, EngineSample, Snapshot
 from specwatch.sources import nvml as nvml_source
 from specwatch.sources.base import SourceError
 from specwatch.state.store import DB_NAME, StateStore
-import fake_nvml
+from testbed import fake_nvml
 from fakes import FakeClock, vllm_sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -312,6 +312,7 @@ class ExplodedSource:
         pass
 
 
+@pytest.mark.slow
 def test_label_explosion_is_bounded_in_output_and_time(tmp_path):
     """10,000 engines on one route: /metrics stays per route, and the cycle stays cheap."""
     source = ExplodedSource()
@@ -399,8 +400,8 @@ def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_while_it_runs(
 
 # ---------------------------------------------------------------------------- state on a read-only or full disk
 _CHILD = textwrap.dedent("""
-    import json, resource, sys
-    sys.path.insert(0, sys.argv[1])
+    import json, os, resource, sys
+    sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # tests/, and the checkout for testbed/
     from test_faults import START, FakeClock, SimulatedEngine, make_config, run_cycles
     from specwatch.daemon import Daemon
     state_dir, mode = sys.argv[2], sys.argv[3]
@@ -444,6 +445,7 @@ def _run_child(state_dir: str, mode: str, prefix: Sequence[str] = ()) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path):
     report = _run_child(str(tmp_path), "full")
     assert all(all(up) for up in report["during"]), "a full disk must not take routes down"
@@ -475,6 +477,7 @@ def test_full_disk_at_start_is_retried_and_the_file_gets_what_was_learned(tmp_pa
         store.close()
 
 
+@pytest.mark.slow
 def test_read_only_state_dir_keeps_detecting_in_memory(tmp_path):
     state_dir = tmp_path / "state"
     StateStore.in_state_dir(str(state_dir)).close()  # an existing database, as after an upgrade
@@ -656,6 +659,7 @@ def scrape_once(engines: Any, url: str, **scrape: Any) -> tuple[Any, float]:
     return result, time.monotonic() - begin
 
 
+@pytest.mark.slow
 def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_server, monkeypatch):
     result, took = scrape_once(engines, fault_server.url("/hang"))
     assert isinstance(result, SourceError) and result.reason == "timeout"
@@ -677,6 +681,7 @@ def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_serve
     assert ok.up and ok.drafts_total > snapshots[0].route("r1").drafts_total
 
 
+@pytest.mark.slow
 def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
     """Every read makes progress, so only a deadline on the whole response stops it (not a per-read timeout)."""
     result, took = scrape_once(engines, fault_server.url("/drip"))
@@ -684,6 +689,7 @@ def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/huge", "/huge_undeclared"])
 def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, path):
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -694,6 +700,7 @@ def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, 
     assert grown_mib < 32, f"the body must be streamed and cut at the cap, not read whole ({grown_mib:.0f} MiB)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, body, kind",
     [
@@ -718,18 +725,21 @@ def test_http_bad_bodies_are_parse_errors(engines, fault_server, name, body, kin
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 def test_http_response_cut_short_is_a_failed_scrape_not_a_partial_sample(engines, fault_server):
     result, took = scrape_once(engines, fault_server.url("/cut"))
     assert isinstance(result, SourceError) and result.reason in ("connection", "parse"), repr(result)
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 def test_http_html_error_status_is_http_status(engines, fault_server):
     url = fault_server.serve("/html_503", "<html><body>Service Unavailable</body></html>", status=503, kind="text/html")
     result, _ = scrape_once(engines, url)
     assert isinstance(result, SourceError) and result.reason == "http_status" and "503" in str(result)
 
 
+@pytest.mark.slow
 def test_http_duplicate_series_do_not_double_count(engines, fault_server):
     result, _ = scrape_once(engines, fault_server.serve("/dup", vllm_text(1000.0, duplicate=True)))
     if isinstance(result, SourceError):  # refusing the scrape, as Prometheus does, is acceptable
@@ -753,6 +763,7 @@ class ScheduledSource:
             source.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-5.0"])
 def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value, monkeypatch):
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
@@ -778,6 +789,7 @@ def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value,
     assert snapshots[-1].route("r0").up
 
 
+@pytest.mark.slow
 def test_http_label_explosion_10000_series(engines, fault_server):
     engine_labels = [str(i) for i in range(10_000)]
     noise = "".join(f'vllm:unrelated_total{{engine="{i}",model_name="m",x="{i}"}} 1.0\n' for i in range(10_000))
@@ -798,13 +810,13 @@ def test_http_label_explosion_10000_series(engines, fault_server):
         assert sum(e.drafts for e in result.engines) == 10.0 * expected
 
 
-# ============================================================================ soak smoke (the soak is scripts/soak.py)
+# ============================================================================ soak smoke (the soak is bench/soak.py)
 @pytest.mark.slow
 def test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat():
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "soak.py"),
+            str(REPO / "bench" / "soak.py"),
             "accelerated",
             "--routes",
             "8",

@@ -1,4 +1,4 @@
-"""scripts/median_steptimes.py: the shipped Llama-2-7B table is the per-point median of its three recorded runs."""
+"""bench/median_steptimes.py: the shipped Llama-2-7B table is the per-point median of its three recorded runs."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ promtool / amtool accept and test them (skipped, with the reason, only where tho
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -169,6 +170,7 @@ def test_alertmanager_example_routes_and_inhibits(files):
     assert blind["equal"] == ["job", "instance"]
 
 
+@pytest.mark.slow
 @needs_amtool
 def test_amtool_accepts_the_example_and_routes_pages_and_tickets_apart():
     config = str(REPO / render.ALERTMANAGER_PATH)
@@ -262,7 +264,7 @@ def test_dashboard_panels_do_not_overlap(boards):
 
 
 # --------------------------------------------------------------------------- module boundaries
-def test_mixin_imports_only_the_catalog_and_itself():
+def test_mixin_imports_only_the_catalog_the_config_defaults_and_itself():
     for path in sorted((REPO / "specwatch" / "mixin").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -276,18 +278,40 @@ def test_mixin_imports_only_the_catalog_and_itself():
                 if module == "specwatch":  # `from specwatch import catalog`
                     assert [a.name for a in node.names] == ["catalog"], path.name
                 elif module.startswith("specwatch."):
-                    assert module == "specwatch.catalog" or module.startswith("specwatch.mixin"), (path.name, module)
+                    assert module in ("specwatch.catalog", "specwatch.config_schema") or module.startswith(
+                        "specwatch.mixin"
+                    ), (path.name, module)
                 if module.startswith("grafanalib"):
                     assert path.name == "dashboards.py", f"{path.name} imports grafanalib"
 
 
+def test_config_schema_is_a_leaf_the_mixin_can_import_offline():
+    tree = ast.parse((REPO / "specwatch" / "config_schema.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "math", "re", "dataclasses", "typing"}, imported
+
+
+def test_settings_and_dashboard_texts_follow_the_config_defaults():
+    from specwatch.config import Config, DetectionConfig
+
+    assert DEFAULT.evaluation_interval_seconds == Config().interval_seconds
+    assert DEFAULT.default_drop == DetectionConfig().drop
+    assert DEFAULT.default_cusum_threshold == DetectionConfig().cusum_threshold
+    texts = json.dumps(dashboards.route_detail(DEFAULT))
+    assert f"threshold, {DetectionConfig().cusum_threshold:g} by default" in texts
+    assert f"baseline x {1 - DetectionConfig().drop:g}" in texts
+
+
 # --------------------------------------------------------------------------- promtool
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_check_rules():
     result = subprocess.run([PROMTOOL, "check", "rules", str(REPO / render.RULES_PATH)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_rule_unit_tests():
     tests = sorted(str(p) for p in (REPO / "tests" / "alerts").glob("*_test.yaml"))

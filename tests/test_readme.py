@@ -5,19 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from load_script import load_script
+from specwatch.mixin.readme import embed
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _metrics_reference():
-    return load_script("metrics_reference")
-
-
 def test_metric_reference_matches_catalog():
-    ref = _metrics_reference()
-    assert ref.embed(README) == README, "README metric table is stale: run scripts/metrics_reference.py --write"
+    assert embed(README) == README, "README metric table is stale: run tools/metrics_reference.py --write"
 
 
 def test_readme_commands_exist_and_ci_runs_the_test_command():

@@ -1,4 +1,4 @@
-"""specwatch against a real vLLM (the CPU build, specwatch.testbed): what specwatch reports equals what the
+"""specwatch against a real vLLM (the CPU build, testbed): what specwatch reports equals what the
 engine's own /metrics says, for draft-model and n-gram speculation.
 
 The daemon scrapes the engine through a recording proxy, so each cycle's figures are compared with the very
@@ -22,13 +22,13 @@ from specwatch.config import parse_config
 from specwatch.crossover import gpus
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.livecal import LiveCalibration
-from specwatch.crossover.model import Draft, StepModel
+from specwatch.crossover.speedup import Draft, StepModel
 from specwatch.daemon import Daemon
 from specwatch.sources.engines import SharedEndpoint, parse_engine_sample
 from specwatch.sources.http import HttpFetcher
-from specwatch.testbed.load import BackgroundLoad, run_requests
-from specwatch.testbed.models import GOOD_DRAFTER_NOISE
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.load import BackgroundLoad, run_requests
+from testbed.models import GOOD_DRAFTER_NOISE
+from testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import RouteTracker
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
@@ -221,7 +221,7 @@ def test_step_time_histogram_counts_one_observation_per_request_per_step(served,
     greedy requests of `max_tokens` tokens add one per decode step: (max_tokens - 1) each (the first token is
     the prefill's) less the drafts accepted, which save steps; the sum is bounded by the requests' wall time,
     and the source, tracker and live calibration carry those figures through. (Live B* against `specwatch
-    sweep` on the heavy successor pair, which has a CPU crossover: scripts/validate_live_crossover.py,
+    sweep` on the heavy successor pair, which has a CPU crossover: bench/validate_live_crossover.py,
     docs/benchmarks.md.)"""
     method, served = served
     cfg = parse_config({"routes": [{"name": "r", "url": served.metrics_url, "engine": "vllm"}]})

@@ -1,7 +1,7 @@
 """llama.cpp (llama-server --metrics) fixtures -> EngineSample and tracked ratios, against the counters fed in.
 
 The fixtures are transcribed from llama-server's to_metrics() (see their headers and
-scripts/capture/transcribed.py).
+tools/fixtures/capture/transcribed.py).
 """
 
 from __future__ import annotations

@@ -101,3 +101,13 @@ def test_speculation_off_and_missing_families():
     with pytest.raises(SourceError) as info:
         parse_engine_sample("sglang", "# TYPE up gauge\nup 1\n", route(), 1.0)
     assert info.value.reason == "no_spec_metrics"
+
+
+@pytest.mark.parametrize("value", ["chta", "Chat"])
+def test_a_misspelled_match_value_is_no_match_not_a_quiet_route(value):
+    """The scheduler gauges carry no `route` label, so a typo used to leave the route up on them alone."""
+    text, _ = fixture("0.5.23_dp2")
+    with pytest.raises(NoData) as caught:
+        parse_engine_sample("sglang", text, route(match={"route": value}), 2.0)
+    assert caught.value.reason == "no_match"
+    assert f"route={value!r}" in str(caught.value) and "'chat'" in str(caught.value)

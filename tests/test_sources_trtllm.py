@@ -1,6 +1,7 @@
 """TensorRT-LLM (trtllm-serve, Dynamo) fixtures -> EngineSample and tracked ratios, against the counters fed in.
 
-The fixtures are transcribed from TensorRT-LLM's collector (see their headers and scripts/capture/transcribed.py).
+The fixtures are transcribed from TensorRT-LLM's collector (see their headers and
+tools/fixtures/capture/transcribed.py).
 """
 
 from __future__ import annotations

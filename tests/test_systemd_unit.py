@@ -101,8 +101,25 @@ def exec_start_argv() -> list[str]:
     return shlex.split(one("ExecStart"))
 
 
+def expanded_exec_start(environment_file: str = "") -> list[str]:
+    """ExecStart's argv as systemd expands it: the unit's Environment= defaults, overridden by the
+    EnvironmentFile's assignments; `${VAR}` is one word, a lone `$VAR` splits into words."""
+    env: dict[str, str] = {}
+    for assignments in D.get("Environment", []) + [environment_file]:
+        for word in shlex.split(assignments, comments=True):
+            key, _, value = word.partition("=")
+            env[key] = value
+    argv: list[str] = []
+    for word in exec_start_argv():
+        if re.fullmatch(r"\$[A-Za-z_]+", word):
+            argv += shlex.split(env.get(word[1:], ""))
+        else:
+            argv.append(re.sub(r"\$\{([A-Za-z_]+)\}", lambda m: env.get(m.group(1), ""), word))
+    return argv
+
+
 def test_exec_start_flags_parse_with_the_real_cli():
-    argv = exec_start_argv()
+    argv = expanded_exec_start()
     assert argv[0] == INSTALLED_BINARY
     from specwatch.cli import build_parser
 
@@ -112,6 +129,19 @@ def test_exec_start_flags_parse_with_the_real_cli():
     assert args.config_file == "/etc/specwatch/specwatch.yml"
 
 
+def test_the_unit_takes_its_arguments_from_etc_default_specwatch():
+    assert "-/etc/default/specwatch" in D["EnvironmentFile"]  # "-": the file is optional
+    argv = expanded_exec_start(
+        'LISTEN_ADDRESS=0.0.0.0:9448\nARGS="--web.config.file=/etc/specwatch/web.yml --log.level=debug"'
+    )
+    from specwatch.cli import build_parser
+
+    args = build_parser().parse_args(argv[1:])
+    assert args.listen_address == "0.0.0.0:9448"
+    assert args.web_config_file == "/etc/specwatch/web.yml" and args.log_level == "debug"
+
+
+@pytest.mark.slow
 @needs_analyze
 def test_systemd_analyze_verify_is_clean(tmp_path):
     binary = shutil.which("specwatch", path=str(Path(sys.executable).parent)) or sys.executable
@@ -121,6 +151,7 @@ def test_systemd_analyze_verify_is_clean(tmp_path):
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
 
 
+@pytest.mark.slow
 @needs_analyze
 def test_security_exposure_is_at_most_2_5():
     result = subprocess.run(
@@ -143,6 +174,18 @@ def can_build_wheels_offline() -> bool:
     return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
 
 
+OFFLINE_PIP_ARGS = "--no-deps --no-index --no-build-isolation"
+
+
+def offline_venv(prefix: Path) -> None:
+    """Offline stand-in for the dependency download: a venv that sees this environment's site-packages (pip
+    too), where install.sh finds it already made."""
+    python = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([python, "-m", "venv", "--without-pip", str(prefix)], check=True, timeout=60)
+    site = next(prefix.glob("lib/python3*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+
 @pytest.mark.slow
 def test_install_script_staged(tmp_path):
     """A staged install (an upgrade of an existing venv) installs a working specwatch, writes a valid example
@@ -150,17 +193,15 @@ def test_install_script_staged(tmp_path):
     if not can_build_wheels_offline():
         pytest.skip("offline wheel build impossible here: setuptools < 70.1 and no `wheel` package")
     prefix = tmp_path / "opt"
-    # Offline stand-in for the dependency download: a venv that sees this environment's site-packages (pip too).
-    python = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([python, "-m", "venv", "--without-pip", str(prefix)], check=True, timeout=60)
-    site = next(prefix.glob("lib/python3*/site-packages"))
-    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    offline_venv(prefix)
     env = dict(
         os.environ,
         PREFIX=str(prefix),
+        BIN_DIR=str(tmp_path / "bin"),
         CONFIG_DIR=str(tmp_path / "etc"),
+        DEFAULT_FILE=str(tmp_path / "default" / "specwatch"),
         UNIT_DIR=str(tmp_path / "units"),
-        PIP_ARGS="--no-deps --no-index --no-build-isolation",
+        PIP_ARGS=OFFLINE_PIP_ARGS,
     )
     run = lambda: subprocess.run(
         ["bash", str(ROOT / "scripts" / "install.sh"), "--no-system"],
@@ -177,6 +218,8 @@ def test_install_script_staged(tmp_path):
     unit = (tmp_path / "units" / "specwatch.service").read_text()
     assert f"ExecStart={prefix}/bin/specwatch run" in unit
     assert INSTALLED_BINARY not in unit
+    assert f"EnvironmentFile=-{tmp_path}/default/specwatch" in unit
+    assert os.readlink(tmp_path / "bin" / "specwatch") == f"{prefix}/bin/specwatch"
 
     config.write_text(config.read_text() + "# operator edit\n")
     second = run()
@@ -184,8 +227,46 @@ def test_install_script_staged(tmp_path):
     assert config.read_text().endswith("# operator edit\n")
 
 
+@pytest.mark.slow
 def test_install_script_refuses_to_run_unprivileged_without_no_system():
     if os.geteuid() == 0:
         pytest.skip("running as root")
     result = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and "must run as root" in result.stderr
+
+
+@pytest.mark.slow
+def test_install_script_as_root_into_a_staging_root(tmp_path):
+    """The whole install as root into DESTDIR: the service user made there, the config root:specwatch 0640 in
+    a 0750 directory, the CLI linked on PATH, the unit reading /etc/default/specwatch and enabled there."""
+    if os.geteuid() != 0:
+        pytest.skip("installs as root: needs root")
+    if shutil.which("useradd") is None or shutil.which("systemctl") is None:
+        pytest.skip("needs useradd and systemctl (systemd's offline --root mode)")
+    if not can_build_wheels_offline():
+        pytest.skip("offline wheel build impossible here: setuptools < 70.1 and no `wheel` package")
+    root = tmp_path / "root"
+    offline_venv(root / "opt" / "specwatch")
+    env = dict(os.environ, DESTDIR=str(root), PIP_ARGS=OFFLINE_PIP_ARGS)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh")], env=env, capture_output=True, text=True, timeout=170
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    group = next(
+        line.split(":") for line in (root / "etc" / "group").read_text().splitlines() if line.startswith("specwatch:")
+    )
+    config = root / "etc" / "specwatch" / "specwatch.yml"
+    assert oct(config.stat().st_mode & 0o777) == "0o640"
+    assert (config.stat().st_uid, config.stat().st_gid) == (0, int(group[2]))
+    assert oct(config.parent.stat().st_mode & 0o777) == "0o750"
+
+    link = root / "usr" / "local" / "bin" / "specwatch"
+    assert os.readlink(link) == INSTALLED_BINARY
+    version = subprocess.run([str(root) + INSTALLED_BINARY, "--version"], capture_output=True, text=True, timeout=60)
+    assert version.stdout.startswith("specwatch ")
+
+    unit = (root / "etc" / "systemd" / "system" / "specwatch.service").read_text()
+    assert "EnvironmentFile=-/etc/default/specwatch" in unit
+    assert (root / "etc" / "default" / "specwatch").exists()
+    assert (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "specwatch.service").is_symlink()

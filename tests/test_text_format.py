@@ -1,6 +1,6 @@
 """specwatch's own writer (render_text) serves exactly the bytes prometheus_client's encoders write.
 
-Its speed is measured side by side by scripts/bench_overhead.py (figure 4), not asserted here: timed assertions
+Its speed is measured side by side by bench/bench_overhead.py (figure 4), not asserted here: timed assertions
 in unit tests are noise on shared CI boxes."""
 
 from __future__ import annotations

@@ -115,6 +115,7 @@ extra: true
     assert len(err.value.problems) == 6
 
 
+@pytest.mark.slow
 def test_client_ca_and_client_auth_type_must_agree(tmp_path, pki):
     with pytest.raises(ConfigError, match="client_ca_file: required"):
         parse_web_config(
@@ -138,6 +139,7 @@ def test_client_ca_and_client_auth_type_must_agree(tmp_path, pki):
         )
 
 
+@pytest.mark.slow
 def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
     (tmp_path / "garbage.crt").write_text("not a certificate")
     with pytest.raises(ConfigError, match="cannot load certificate"):
@@ -148,6 +150,7 @@ def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
         load_web_config(write(tmp_path, "tls_server_config: {cert_file: missing.crt, key_file: missing.key}"))
 
 
+@pytest.mark.slow
 def test_relative_paths_resolve_against_the_web_config_directory(tmp_path, pki):
     for name in ("server.crt", "server.key"):
         shutil.copy(pki[name], tmp_path / name)
@@ -163,6 +166,7 @@ def test_unreadable_and_invalid_yaml_files(tmp_path):
         load_web_config(write(tmp_path, "tls_server_config: [unclosed"))
 
 
+@pytest.mark.slow
 def test_exporter_toolkit_only_keys_are_accepted(tmp_path, pki):
     cfg = parse_web_config(
         {
@@ -271,6 +275,7 @@ def serve():
         s.server_close()
 
 
+@pytest.mark.slow
 def test_tls_with_basic_auth_answers_401_then_200(tmp_path, pki, serve):
     cfg = load_web_config(
         write(
@@ -289,6 +294,7 @@ basic_auth_users: {{prometheus: '{USER_HASH}'}}
         requests.get(url, verify=True, timeout=5)  # not a public CA: plain clients must not be fooled either
 
 
+@pytest.mark.slow
 def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
     cfg = parse_web_config(
         {
@@ -308,6 +314,7 @@ def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
             client.wrap_socket(raw, server_hostname="127.0.0.1").close()
 
 
+@pytest.mark.slow
 def test_client_certificates_are_required_and_verified(pki, serve):
     cfg = parse_web_config(
         {
@@ -326,6 +333,7 @@ def test_client_certificates_are_required_and_verified(pki, serve):
         requests.get(url, verify=str(pki["ca.crt"]), timeout=5)
 
 
+@pytest.mark.slow
 def test_rotated_certificate_is_picked_up_without_restart(tmp_path, pki, serve):
     for name in ("server.crt", "server.key"):
         shutil.copy(pki[name], tmp_path / name)

@@ -15,7 +15,7 @@ from specwatch.crossover.estimate import (
     params_in_billions,
     validation_warnings,
 )
-from specwatch.crossover.model import LLAMA3_8B, positions_from_alpha
+from specwatch.crossover.speedup import LLAMA3_8B, positions_from_alpha
 from specwatch.crossover.reference import load_reference
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

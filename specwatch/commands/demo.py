@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console, Group
@@ -22,12 +23,13 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.text import Text
 
+import specwatch
 from specwatch.commands.status import render_status_table
 from specwatch.config import ConfigError, parse_config
 from specwatch.daemon import Daemon
 from specwatch.export.http import routes_document, serve
 from specwatch.scheduler import start_scheduler
-from specwatch.simulator.demo import daemon_config, load_demo_plan, simulation_spec
+from specwatch.simulator.demo_plan import daemon_config, load_demo_plan, simulation_spec
 from specwatch.simulator.launch import start_inprocess
 from specwatch.simulator.server import RunningSimulator
 
@@ -138,10 +140,33 @@ def _banner(
     )
 
 
+def testbed_checkout() -> Path | None:
+    """The source checkout this specwatch was imported from, where it holds the testbed; None for a wheel.
+
+    The real engine's testbed (`testbed/` beside `specwatch/`) is not packaged: it builds a 3.5 GB engine venv and
+    models inside the checkout. An editable install (`scripts/bootstrap.sh`) imports specwatch from there.
+    """
+    root = Path(specwatch.__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "testbed" / "real_demo.py").is_file():
+        return root
+    return None
+
+
 def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
-    from specwatch.testbed.demo import run_real_demo
-    from specwatch.testbed.engine_env import EngineEnvError
-    from specwatch.testbed.vllm_server import VllmServerError
+    root = testbed_checkout()
+    if root is None:
+        print(
+            "specwatch demo --real: the real-engine testbed is not part of the installed package; it runs from a "
+            "source checkout only: clone the specwatch repository and run `scripts/demo.sh --real` there "
+            "(plain `specwatch demo` runs the simulated engines from any install)",
+            file=sys.stderr,
+        )
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from testbed.engine_env import EngineEnvError
+    from testbed.real_demo import run_real_demo
+    from testbed.vllm_server import VllmServerError
 
     console = _console()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)

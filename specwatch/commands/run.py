@@ -139,6 +139,7 @@ class Service:
         return 0
 
     def _do_reload(self, daemon: Daemon, scheduler: Any, pet: Any, otlp: Any) -> Any:
+        """Adopt the config file again; a reload that fails for any reason keeps the running config."""
         systemd_notify.reloading()
         try:
             new = load_config(self.config_file)
@@ -147,10 +148,31 @@ class Service:
             daemon.reload_failed()
             systemd_notify.ready()
             return otlp
-        old, self.config = self.config, new
-        daemon.reload(new)
-        if new.interval_seconds != old.interval_seconds:
-            schedule(scheduler, daemon, new.interval_seconds, on_tick=pet)
+        except Exception as exc:  # noqa: BLE001 - whatever a file does to the loader, the daemon keeps running
+            log.error(
+                "reload rejected, the previous configuration keeps running: %s: %s",
+                type(exc).__name__,
+                str(exc)[:200],
+            )
+            daemon.reload_failed()
+            systemd_notify.ready()
+            return otlp
+        old = self.config
+        try:
+            daemon.reload(new)
+            if new.interval_seconds != old.interval_seconds:
+                schedule(scheduler, daemon, new.interval_seconds, on_tick=pet)
+        except Exception:  # noqa: BLE001 - a config that validated but cannot be applied: go back to the old one
+            log.exception("reload failed while applying it; going back to the previous configuration")
+            try:
+                daemon.reload(old)
+                schedule(scheduler, daemon, old.interval_seconds, on_tick=pet)
+            except Exception:  # noqa: BLE001
+                log.exception("restoring the previous configuration failed too")
+            daemon.reload_failed()
+            systemd_notify.ready()
+            return otlp
+        self.config = new
         if new.otlp != old.otlp:
             if otlp is not None:
                 otlp.shutdown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -98,7 +99,7 @@ def build_spec(args: argparse.Namespace, scenario: Scenario) -> SimulationSpec:
         else load_table(args.step_table, context=args.context)
     )
     if args.load is not None:
-        scenario = Scenario(**{**scenario.__dict__, "load": args.load})
+        scenario = dataclasses.replace(scenario, load=args.load)
     return SimulationSpec(
         engine_kind=args.engine,
         model_name=args.model or scenario.model_name or DEFAULT_MODEL,

@@ -1,13 +1,20 @@
 """`specwatch status`: a running daemon's routes as a table (from its /api/v1/routes).
 
+Credentials and TLS come from `--http.config.file` (default `$SPECWATCH_HTTP_CONFIG_FILE`), a YAML file of
+the keys a route takes (`basic_auth` with `password_file`, `tls_config` with `ca_file`, ...), as promtool's
+flag: never from the URL, where a password would be in the shell history and in `ps`.
+
 `render_status_table()` is reusable: the demo renders the same table from the same JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit
 
 import requests
 from rich.console import Console
@@ -15,9 +22,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from specwatch.config import DEFAULT_HTTP_CLIENT, ConfigError, HttpClientConfig, load_http_client_config
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS
+from specwatch.sources.http import client_session
 
 DEFAULT_URL = f"http://{DEFAULT_LISTEN_ADDRESS}"
+HTTP_CONFIG_ENV = "SPECWATCH_HTTP_CONFIG_FILE"
 _DASH = "–"
 
 
@@ -25,7 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         default=DEFAULT_URL,
-        help=f"the daemon's base URL; user:password@ in it for basic auth (default {DEFAULT_URL})",
+        help=f"the daemon's base URL, http or https (default {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--http.config.file",
+        dest="http_config_file",
+        default=os.environ.get(HTTP_CONFIG_ENV, ""),
+        metavar="FILE",
+        help="YAML with basic_auth (username, password_file), authorization, tls_config (ca_file, ...) and "
+        f"headers, as a route's keys, to reach a daemon behind --web.config.file (default ${HTTP_CONFIG_ENV})",
     )
     parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
     parser.add_argument("--interval", type=float, default=2.0, help="refresh interval with --watch, seconds")
@@ -40,13 +58,15 @@ def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | Non
     api = url.rstrip("/") + "/api/v1/routes"
     try:
         response = (session or requests).get(api, timeout=timeout, headers={"Accept": "application/json"})
+    except (requests.exceptions.InvalidHeader, requests.exceptions.SSLError) as exc:
+        raise Unreachable(f"{api}: {exc}; check --http.config.file") from exc  # a secret file, the CA
     except requests.RequestException as exc:
         raise Unreachable(
             f"cannot reach specwatch at {url}: {exc.__class__.__name__}. Is `specwatch run` "
             f"running and listening there (--web.listen-address)?"
         ) from exc
     if response.status_code == 401:
-        raise Unreachable(f"{api}: 401 unauthorized; put user:password@ in --url")
+        raise Unreachable(f"{api}: 401 unauthorized; give basic_auth in a --http.config.file")
     if response.status_code != 200:
         raise Unreachable(f"{api}: HTTP {response.status_code}")
     try:
@@ -159,9 +179,26 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
     return table
 
 
+def http_client(url: str, http_config_file: str) -> HttpClientConfig:
+    """The client config of `--http.config.file`. Raises ConfigError, also for credentials in the URL."""
+    if "@" in urlsplit(url).netloc:  # the message leaves the URL out: it holds a secret
+        raise ConfigError(
+            [
+                "--url: credentials in the URL are refused (they end up in the shell history and `ps`); "
+                "put basic_auth with a password_file in a --http.config.file"
+            ]
+        )
+    return load_http_client_config(http_config_file) if http_config_file else DEFAULT_HTTP_CLIENT
+
+
 def main(args: argparse.Namespace) -> int:
     console = Console()
-    session = requests.Session()
+    try:
+        client = http_client(args.url, args.http_config_file)
+    except ConfigError as exc:
+        print(f"specwatch status: {exc}", file=sys.stderr)
+        return 2
+    session = client_session(client)
     try:
         if not args.watch:
             console.print(render_status_table(fetch_routes(args.url, args.timeout, session)))
@@ -178,3 +215,5 @@ def main(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+    finally:
+        session.close()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
+from specwatch.config import DEFAULT_HTTP_CLIENT, load_http_client_config
 from specwatch.offline.sweep import BUILTIN_PROMPTS, DEFAULT_CONCURRENCY, SweepSettings, load_prompts, run_sweep
 
 
@@ -38,6 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--requests-per-client", type=int, default=3, help="requests each concurrent client sends per level (default 3)"
     )
+    parser.add_argument(
+        "--http.config.file",
+        dest="http_config_file",
+        default="",
+        metavar="FILE",
+        help="YAML with authorization or basic_auth, tls_config and headers for both servers, as a route's keys "
+        "(e.g. the bearer token of a vLLM started with --api-key)",
+    )
     parser.add_argument("--model", default="", help="model name to request (default: each server's first model)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
     parser.add_argument("--output", default="crossover.json", help="result file (default crossover.json)")
@@ -54,6 +64,10 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         prompts = load_prompts(args.prompts) if args.prompts else list(BUILTIN_PROMPTS)
+        http = load_http_client_config(args.http_config_file) if args.http_config_file else DEFAULT_HTTP_CLIENT
+        for flag, url in (("--plain", args.plain), ("--spec", args.spec)):
+            if "@" in urlsplit(url).netloc:  # the message leaves the URL out: it holds a secret
+                raise ValueError(f"{flag}: credentials in the URL are refused; use --http.config.file")
     except ValueError as exc:
         print(f"specwatch sweep: {exc}", file=sys.stderr)
         return 2
@@ -71,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
         model=args.model,
         timeout_s=args.timeout,
         note=args.note,
+        http=http,
     )
     plot_path = args.plot or (args.output[:-5] if args.output.endswith(".json") else args.output) + ".png"
     if args.quiet:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from specwatch.crossover.model import Efficiency, Hardware
+from specwatch.crossover.inputs import Efficiency, Hardware
 
 GB = 1e9
 T = 1e12
@@ -33,7 +33,7 @@ HARDWARE: dict[str, Hardware] = {
 # ... CodeLlama-34B, three of them MHA, and Qwen3-30B-A3B; context 1024: plain, verify q = 3/5/8 and draft steps)
 # together with the attention kernels timed alone (`h200-attention-probe-ctx1024.json`) and the elementwise kernels
 # of a profiled forward (`h200-forward-profile-ctx1024.json`).
-# `scripts/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
+# `bench/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
 CALIBRATED: dict[str, Efficiency] = {
     "H200": Efficiency(
         memory=0.809,

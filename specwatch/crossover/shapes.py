@@ -15,10 +15,9 @@ from typing import Iterable, Mapping, Sequence
 
 from specwatch.crossover import gpus
 from specwatch.crossover.calibrate import ALL_PARAMETERS, StepPoint, fit_models, reference_points
-from specwatch.crossover.model import (
+from specwatch.crossover.inputs import Efficiency, ModelShape
+from specwatch.crossover.speedup import (
     Draft,
-    Efficiency,
-    ModelShape,
     StepModel,
     interpolate_crossover,
     positions_from_alpha,
@@ -97,7 +96,7 @@ FORWARD_PARAMETERS = tuple(
 
 @dataclass(frozen=True)
 class AttentionProbe:
-    """Attention kernels timed alone (`scripts/probe_attention.py`): one head layout, its points."""
+    """Attention kernels timed alone (`bench/probe_attention.py`): one head layout, its points."""
 
     heads: tuple[int, int, int]  # query heads, KV heads, head dim
     points: tuple[StepPoint, ...]
@@ -136,7 +135,7 @@ def heads_of(shape: ModelShape) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class ElementwisePoint:
-    """One profiled target forward (`scripts/profile_steptimes.py`): its elementwise kernels' GPU time."""
+    """One profiled target forward (`bench/profile_steptimes.py`): its elementwise kernels' GPU time."""
 
     shape: str
     layers: int

@@ -25,8 +25,6 @@ import time
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
-import requests
-
 from specwatch.config import Config, RouteConfig
 from specwatch.evaluators.acceptance_drop import STORE_KEY
 from specwatch.evaluators.base import EvaluatorContext
@@ -35,8 +33,8 @@ from specwatch.probe.responses import Acceptance
 from specwatch.probe.runner import OUTCOMES, ProbeRunner, Round
 from specwatch.probe.verdict import Comparison, compare
 from specwatch.snapshot import GpuSample, RouteObservation
-from specwatch.sources.base import SourceError
 from specwatch.sources.engines import parse_bracket
+from specwatch.sources.http import HttpFetcher
 from specwatch.state.baselines import BaselineKey
 from specwatch.state.store import StateStore
 
@@ -79,18 +77,13 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "CanaryEvaluat
 
 
 def bracket_scraper(route: RouteConfig, config: Config) -> Callable[[], Any]:
-    """A full /metrics scrape of the route for counter bracketing, on the probe thread's own session (the
-    daemon's cycle fetches a filtered body without the finished-request counter)."""
-    session = requests.Session()
+    """A full /metrics scrape of the route for counter bracketing, with a fetcher of the probe thread's own
+    built from the route's HTTP client config as the daemon's are (the daemon's cycle fetches a filtered body
+    without the finished-request counter). Raises SourceError."""
+    fetcher = HttpFetcher(config.scrape.timeout_seconds, config.scrape.max_body_bytes, client=route.http)
 
     def scrape() -> Any:
-        try:
-            response = session.get(route.url, timeout=config.scrape_timeout_seconds)
-        except requests.RequestException as exc:
-            raise SourceError("connect", f"{route.url}: {exc}") from exc
-        if response.status_code != 200:
-            raise SourceError("http", f"{route.url}: HTTP {response.status_code}")
-        return parse_bracket(route.engine, response.content, route, time.time())
+        return parse_bracket(route.engine, fetcher.get(route.url), route, time.time())
 
     return scrape
 

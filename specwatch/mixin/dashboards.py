@@ -359,8 +359,8 @@ def route_detail(s: Settings) -> dict[str, Any]:
             (
                 _timeseries(
                     "Drop and detector evidence",
-                    "Relative drop 1 - current / baseline, and the CUSUM evidence "
-                    "statistic (alarms at its threshold, 20 by default).",
+                    "Relative drop 1 - current / baseline, and the CUSUM evidence statistic (alarms at its "
+                    f"threshold, {s.default_cusum_threshold:g} by default on a busy route).",
                     [
                         (f"specwatch_route_acceptance_drop_ratio{{{ROUTE}}}", "{{instance}} {{route}} drop"),
                         (f"specwatch_route_acceptance_cusum{{{ROUTE}}}", "{{instance}} {{route}} CUSUM"),

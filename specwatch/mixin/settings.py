@@ -10,6 +10,8 @@ import dataclasses
 from typing import Any
 from dataclasses import dataclass
 
+from specwatch.config_schema import Config, DetectionConfig, default_of
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -18,8 +20,8 @@ class Settings:
     # Labels that identify one specwatch daemon; route-level joins match on these plus `route`.
     node_labels: tuple[str, ...] = ("job", "instance")
 
-    # The daemon's evaluation interval (config `interval`, default 5s); "stale" = no evaluation for N of them.
-    evaluation_interval_seconds: float = 5.0
+    # The daemon's evaluation interval (config `interval`); "stale" = no evaluation for N of them.
+    evaluation_interval_seconds: float = default_of(Config, "interval_seconds")
     stale_intervals: int = 3
 
     # A degraded route whose model, engine version or k changed this recently pages as "after a model change".
@@ -66,7 +68,9 @@ class Settings:
 
     # Dashboards. The page threshold line is drawn at baseline x (1 - drop) for the detector's default drop
     # (config `detection.drop`); routes with their own `drop` page at their own threshold.
-    default_drop: float = 0.15
+    default_drop: float = default_of(DetectionConfig, "drop")
+    # The CUSUM alarm threshold a busy route uses by default (config `detection.cusum_threshold`).
+    default_cusum_threshold: float = default_of(DetectionConfig, "cusum_threshold")
     dashboard_uid_prefix: str = "specwatch"
     dashboard_tags: tuple[str, ...] = ("specwatch", "speculative-decoding")
     dashboard_refresh: str = "30s"

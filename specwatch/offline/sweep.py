@@ -21,11 +21,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import requests
 
-from specwatch.config import RouteConfig
+from specwatch.config import DEFAULT_HTTP_CLIENT, HttpClientConfig, RouteConfig
 from specwatch.crossover.sweepfile import FORMAT, crossover_concurrency
 from specwatch.snapshot import EngineSample
 from specwatch.sources.base import SourceError
 from specwatch.sources.engines import parse_engine_sample
+from specwatch.sources.http import client_session
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 FAILED_SHARE_LIMIT = 0.1  # a level with more failed requests than this stops the sweep
@@ -90,6 +91,7 @@ class SweepSettings:
     model: str = ""  # "" = each server's first /v1/models entry
     timeout_s: float = 120.0
     note: str = ""  # free text kept in the file and the plot, e.g. what hardware this measured
+    http: HttpClientConfig = DEFAULT_HTTP_CLIENT  # auth, TLS and headers for both servers, as a route's
 
 
 @dataclass
@@ -292,7 +294,7 @@ def run_level(
     counter = iter(range(concurrency * settings.requests_per_client))
 
     def client() -> None:
-        session = requests.Session()
+        session = client_session(settings.http)
         try:
             while not stop.is_set():
                 with lock:
@@ -356,7 +358,7 @@ def run_sweep(
 ) -> SweepOutcome:
     """Measure every level (plain, then spec). Stops at the first failing server or Ctrl-C and still writes
     the file with the levels measured so far; `outcome.failure` says what failed."""
-    session = requests.Session()
+    session = client_session(settings.http)
     doc: dict[str, Any] = {
         "format": FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

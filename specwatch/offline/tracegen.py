@@ -302,7 +302,7 @@ def request_stream(spec: TraceSpec) -> Iterator[RequestDraw]:
     acceptance, daily swing, drops), with Poisson arrivals in continuous time instead of per interval.
 
     For bounds that need what a scrape never shows, e.g. the detection limit of a detector that could see
-    every request on its own (scripts/bench_detection_bound.py). Model changes are ignored.
+    every request on its own (bench/bench_detection_bound.py). Model changes are ignored.
     """
     rng = _Sampler(spec.seed)
     sigma = LENGTH_SIGMA

@@ -36,6 +36,7 @@ from specwatch.probe.prompts import Prompt, PromptSet
 from specwatch.probe.responses import Acceptance, ResponseError
 from specwatch.snapshot import EngineSample
 from specwatch.sources.base import SourceError
+from specwatch.sources.http import client_session
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class ProbeRunner:
         engine_kind: Callable[[], str],
         scrape: Scrape | None = None,
         *,
-        session_factory: Callable[[], requests.Session] = requests.Session,
+        session_factory: Callable[[], requests.Session] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         previous: "ProbeRunner | None" = None,
@@ -114,7 +115,8 @@ class ProbeRunner:
         self.prompt_set = prompt_set
         self.engine_kind = engine_kind  # "vllm" | "sglang" | "" (not known yet), read when a round starts
         self.scrape = scrape  # None: no bracketing fallback
-        self.session_factory = session_factory
+        # The route's HTTP client config (auth, TLS, headers) holds for the probes as for its scrapes.
+        self.session_factory = session_factory or (lambda: client_session(route.http))
         self.clock = clock
         self.sleep = sleep
         self.latest: Round | None = None

@@ -7,7 +7,7 @@ families through a prefix tree of their names. No other line is ever split. Want
 shape (plain `name="value"` labels, then the value) are read inline by one regex match and a cache of
 label sets; any other wanted line goes through a strict character-by-character reader. On a full vLLM
 exposition (95.6 KB, 986 lines) this and the extraction take about 1% of the time of prometheus_client's
-parser (scripts/bench_overhead.py, figure 1; docs/benchmarks.md).
+parser (bench/bench_overhead.py, figure 1; docs/benchmarks.md).
 
 Also accepted: OpenMetrics-style input (`# EOF`, exemplars after ` # `, `# UNIT`), and names whose `:`
 was escaped to `_` by format negotiation (`vllm_spec_decode_…` is read as `vllm:spec_decode_…`).

@@ -20,6 +20,11 @@ request; an `Authorization` header (bearer-style or basic) sent only to the orig
 redirect to another host never carries the secret; secrets in files read on every request, as Prometheus
 does, so a rotated token needs no reload; a TLS context with its own CA, client certificate, server name or
 no verification, rebuilt when one of its files changes.
+
+Canary probes, sweeps and `specwatch status` POST JSON or read a stream, which this GET client does not do:
+`client_session()` builds their `requests.Session` from the same `HttpClientConfig` with the same rules (the
+same Authorization header, files read per request, the same TLS context), so auth and TLS hold on every
+request to an engine, whichever client sends it.
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ import threading
 import time
 import zlib
 from http.client import RemoteDisconnected
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import urljoin, urlsplit
 
 import httptools
+import requests
+from requests.adapters import HTTPAdapter
 
-from specwatch.config import DEFAULT_HTTP_CLIENT, Config, HttpClientConfig, TlsConfig
+from specwatch.config import DEFAULT_HTTP_CLIENT, HttpClientConfig, ScrapeConfig, TlsConfig
 from specwatch.sources.base import SourceError
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
@@ -73,8 +80,8 @@ class HttpFetcher:
 
     def __init__(
         self,
-        timeout_seconds: float = Config.scrape_timeout_seconds,
-        max_body_bytes: int = Config.max_body_bytes,
+        timeout_seconds: float = ScrapeConfig.timeout_seconds,
+        max_body_bytes: int = ScrapeConfig.max_body_bytes,
         clock: Callable[[], float] = time.monotonic,
         client: HttpClientConfig = DEFAULT_HTTP_CLIENT,
     ) -> None:
@@ -572,3 +579,51 @@ def _failure(url: str, exc: BaseException, timeout: float) -> SourceError:
         return SourceError("connection", f"GET {url}: not an HTTP response: {exc}")
     # refused, reset, DNS, TLS, a connection closed before the response, a chunked body cut short
     return SourceError("connection", f"GET {url}: {type(exc).__name__}: {exc}")
+
+
+def client_session(client: HttpClientConfig) -> requests.Session:
+    """A `requests.Session` that follows `client` as `HttpFetcher` does: its headers on every request; its
+    `Authorization` (files read per request) on the URL asked for and redirects on the same host and port,
+    never to another (requests drops it there); its TLS context (CA, client certificate, server name, no
+    verification). Proxies and credentials from the environment or ~/.netrc are not used, as for a scrape.
+    A secret file that cannot be read fails the request with `requests.exceptions.InvalidHeader`."""
+    session = requests.Session()
+    session.trust_env = False
+    session.headers["User-Agent"] = "specwatch"
+    session.headers.update(dict(client.headers))
+    session.auth = _SessionAuth(client)
+    session.verify = not client.tls_config.insecure_skip_verify
+    session.mount("https://", _TlsAdapter(client.tls_config))
+    return session
+
+
+class _SessionAuth(requests.auth.AuthBase):
+    """The Authorization header of `_authorization_header`, computed when each request is prepared."""
+
+    def __init__(self, client: HttpClientConfig) -> None:
+        self.client = client
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        url = request.url or ""
+        try:
+            line = _authorization_header(self.client, url)
+        except SourceError as exc:
+            raise requests.exceptions.InvalidHeader(str(exc).replace("GET ", f"{request.method} ", 1)) from None
+        if line:
+            request.headers["Authorization"] = line[len(b"Authorization: ") : -2].decode("latin-1")
+        return request
+
+
+class _TlsAdapter(HTTPAdapter):
+    """HTTPS through a context built from the `tls_config` (once per session: sessions are short-lived, one
+    per probe round or command), with its server name for SNI and the certificate check."""
+
+    def __init__(self, config: TlsConfig) -> None:
+        self._tls = config
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["ssl_context"] = _new_tls_context(self._tls)
+        if self._tls.server_name:
+            kwargs["server_hostname"] = self._tls.server_name
+        super().init_poolmanager(*args, **kwargs)

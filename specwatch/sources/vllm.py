@@ -234,7 +234,13 @@ def label_sort_key(label: str) -> tuple[int, float | str]:
 
 
 def check_match_labels(families: Mapping[str, Family], match: Mapping[str, str]) -> None:
-    """A `match` label carried by no series at all is a configuration mistake (a typo), not a wildcard."""
-    for key in match:
-        if not any(key in s.labels for fam in families.values() for s in fam.samples):
+    """A `match` label carried by no series at all, or whose value no series carries, is a configuration
+    mistake (a typo, or clients that do not send the label), not a wildcard: series without the label (SGLang's
+    scheduler gauges) would otherwise keep such a route up and quiet forever."""
+    for key, value in match.items():
+        seen = {s.labels[key] for fam in families.values() for s in fam.samples if key in s.labels}
+        if not seen:
             raise NoData(f"match label {key!r} is on no series of this endpoint")
+        if value not in seen:
+            shown = ", ".join(repr(v) for v in sorted(seen)[:5]) + (", ..." if len(seen) > 5 else "")
+            raise NoData(f"no series of this endpoint has {key}={value!r} (it has {shown})")

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, cast
 
 from specwatch.stats.daily import DailyFit, DailyProfile
-from specwatch.tracking.counters import MAX_COUNTER_VALUE
 from specwatch.stats.overdispersion import BLOCK_SECONDS, ClosedBlock, DispersionEstimator, DispersionModel
 
 SOURCES = ("learned", "config", "accepted", "adopted")
+# A learner's sums past 2^53, the largest count a float holds exactly, cannot come from traffic (at a million
+# tokens per second that is 285 years); tracking rejects counter samples past the same bound.
+MAX_LEARNED_COUNT = 2.0**53
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS baselines (
@@ -221,7 +223,7 @@ class BaselineLearner:
         edited): the learner then starts afresh instead of never learning a baseline."""
         d = self.dispersion
         counts = (self.drafts, self.drafted, self.accepted, *self.per_pos, d.sum_drafted, d.sum_accepted)
-        if not all(math.isfinite(x) and 0.0 <= x <= MAX_COUNTER_VALUE for x in counts):
+        if not all(math.isfinite(x) and 0.0 <= x <= MAX_LEARNED_COUNT for x in counts):
             raise ValueError(f"learner sums out of range: {counts}")
         if self.accepted > self.drafted or d.sum_accepted > d.sum_drafted:
             raise ValueError("learner holds more accepted tokens than drafted")

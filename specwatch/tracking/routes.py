@@ -188,18 +188,19 @@ def _vllm_sums(eng: _Engine, e: EngineCounters, ts: float) -> tuple[Sums, Sums |
     return inc, _counter_sums(initials, k), reset, drafted
 
 
-_new_sums = tuple.__new__  # Sums(...) with keywords goes through NamedTuple's Python-level __new__: twice the cost
-
-
 def _counter_sums(values: list[float], k: int) -> Sums:
-    """Sums of (drafts, draft_tokens, accepted, generation, *per_pos, ...) in Sums' field order."""
-    return _new_sums(Sums, (values[0], values[1], values[2], tuple(values[4 : 4 + k]), 0.0, 0.0, 0.0, 0.0, values[3]))
+    """Sums of (drafts, draft_tokens, accepted, generation, *per_pos, ...), the order of `_vllm_keys`."""
+    return Sums(
+        drafts=values[0],
+        draft_tokens=values[1],
+        accepted=values[2],
+        per_pos=tuple(values[4 : 4 + k]),
+        generation_tokens=values[3],
+    )
 
 
-@functools.lru_cache(maxsize=None)
 def _vllm_keys(k: int, drafted_positions: int = 0) -> tuple[str, ...]:
-    """('drafts', 'draft_tokens', 'accepted', 'generation', 'pos:0', ..., 'pos:{k-1}', 'dpos:0', ...), built
-    once per shape rather than formatted per engine and cycle."""
+    """('drafts', 'draft_tokens', 'accepted', 'generation', 'pos:0', ..., 'pos:{k-1}', 'dpos:0', ...)."""
     return _VLLM_KEYS + tuple(f"pos:{j}" for j in range(k)) + tuple(f"dpos:{j}" for j in range(drafted_positions))
 
 
