@@ -59,6 +59,7 @@ def full_snapshot() -> Snapshot:
         kv_usage_ratio=0.41,
         scrape_duration_seconds=0.012,
         errors_total={"connection": 0.0, "timeout": 2.0},
+        rejected_samples_total={"non_finite": 0.0, "too_large": 1.0},
         gpus=(0, 1),
         evaluator_errors_total={"above_crossover": 0.0, "acceptance_drop": 3.0},
         baseline_ratio=0.7,

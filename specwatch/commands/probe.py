@@ -26,7 +26,8 @@ from specwatch.probe.runner import ProbeRunner
 from specwatch.probe.verdict import compare
 from specwatch.sources.base import SourceError
 from specwatch.sources.engines import make_source
-from specwatch.tracking.baselines import BaselineKey, BaselineStore
+from specwatch.state.baselines import BaselineKey
+from specwatch.state.store import StateStore
 
 _DASH = "–"
 
@@ -87,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch probe: round {rnd.outcome} after {rnd.duration_seconds:.1f}s: {rnd.message}", file=sys.stderr)
         return 1
 
-    store = BaselineStore.in_state_dir(config.state_dir)
+    store = StateStore.in_state_dir(config.state_dir, repair=False)  # only the daemon repairs the file
     try:
         reference_key = key
         fingerprint = store.fingerprint(route.name, key, prompt_set.hash)

@@ -151,6 +151,10 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_drafts_total", counting, "drafts_total")
     _per_route(f, "route_draft_tokens_total", counting, "draft_tokens_total")
     _per_route(f, "route_accepted_tokens_total", counting, "accepted_tokens_total")
+    rejected = f("route_rejected_samples_total")
+    for r in routes:
+        for reason, count in sorted(r.rejected_samples_total.items()):
+            rejected.add(count, r.name, reason)
     ratio = f("route_acceptance_ratio")
     for r in routes:
         for window, value in r.acceptance_ratio.items():
