@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
 import threading
 import time
 from typing import Any, Iterator
 
 import pytest
 
+# LiteLLM fetches its model cost map from GitHub at import unless told to use the copy in its wheel.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 litellm = pytest.importorskip("litellm", reason="the litellm extra is not installed: pip install '.[litellm]'")
 
 from specwatch.integrations.litellm import AdviceCache, SpecwatchRouting  # noqa: E402
