@@ -109,6 +109,7 @@ class _Route:
         self.errors_total: dict[str, float] = dict.fromkeys(ERROR_REASONS, 0.0)
         self.last_reason: str | None = None  # None: never scraped; "": up
         self.scrape_duration: float | None = None
+        self.last_ok_ts: float | None = None  # the last successful scrape's sample time
         self.inflight: Future | None = None
         self.failing_evaluators: set[int] = set()
         # evaluator name (or "build") -> failures; kept across reloads, so the counter never goes back
@@ -353,8 +354,12 @@ class Daemon:
             obs = route.tracker.observe_down(now, gpus=gpu_indexes)
             base = route.tracker.state_fields(error_reason="internal")
         # Every field is gathered first and the RouteState built once.
+        if obs.up:
+            route.last_ok_ts = obs.ts
         fields: dict[str, Any] = {
             "scrape_duration_seconds": route.scrape_duration,
+            "engines": len(obs.running_per_engine) if obs.up and obs.running_per_engine else None,
+            "last_scrape_timestamp": route.last_ok_ts,
             "errors_total": dict(route.errors_total),
             "gpus": gpu_indexes,
         }

@@ -121,6 +121,8 @@ class RouteState:
     waiting_requests: float | None = None
     kv_usage_ratio: float | None = None
     scrape_duration_seconds: float | None = None
+    engines: int | None = None  # DP engines seen at the last successful scrape; None while down
+    last_scrape_timestamp: float | None = None  # the last successful scrape's time; None: never scraped
     errors_total: Mapping[str, float] = field(default_factory=dict)  # reason -> count
     evaluator_errors_total: Mapping[str, float] = field(default_factory=dict)  # evaluator -> failures
     gpus: tuple[int, ...] = ()
@@ -146,6 +148,8 @@ class RouteState:
     live_crossover_batch_size: float | None = None
     live_crossover_lower: float | None = None
     live_crossover_upper: float | None = None
+    # True: the flag judges against the live B* (its band pinned it down); False: the source's B*
+    live_crossover_settled: bool | None = None
     # canary probes (evaluators/canary.py)
     probe_acceptance_ratio: float | None = None
     probe_baseline_ratio: float | None = None

@@ -464,3 +464,24 @@ def test_a_serving_route_the_gpu_auto_mapping_finds_nothing_for_is_logged_once(n
     assert len(warnings) == 1 and warnings[0].startswith("route auto:") and "set gpus:" in warnings[0]
     assert snap.route("auto").gpus == () and snap.route("pinned").gpus == (1,)
     d.close()
+
+
+def test_each_route_records_its_engines_and_when_it_was_last_scraped_successfully(no_evaluators):
+    good = CountingSource()
+    failing = {"now": False}
+
+    def sample(now):
+        if failing["now"]:
+            raise SourceError("http_status", "HTTP 503")
+        return good.sample(now)
+
+    source = RaisingSource(Exception())
+    source.sample = sample
+    clock = FakeClock()
+    d = Daemon(make_config("r"), source_factory=lambda r, c: source, clock=clock)
+    ok_at = clock.advance(5)
+    snap = d.tick(ok_at)
+    assert snap.route("r").engines == 1 and snap.route("r").last_scrape_timestamp == ok_at
+    failing["now"] = True
+    snap = d.tick(clock.advance(5))
+    assert snap.route("r").engines is None and snap.route("r").last_scrape_timestamp == ok_at

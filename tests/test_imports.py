@@ -58,6 +58,9 @@ LAYERS: dict[str, set[str]] = {
         "specwatch.state",
     },
     "specwatch.simulator": {"specwatch.crossover"},
+    # Gateway plugins (LiteLLM) and engine config writers: they run inside another program and read the
+    # daemon only over HTTP, so they take the foundation alone, and nothing on the daemon's path imports them.
+    "specwatch.integrations": set(),
 }
 # The mixin generates alerts and dashboards offline: the catalog and the defaults (config) only.
 MIXIN = "specwatch.mixin"

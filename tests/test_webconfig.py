@@ -397,3 +397,32 @@ def test_rotated_certificate_is_picked_up_without_restart(tmp_path, pki, serve):
 
     (tmp_path / "server.crt").write_text("broken rotation")  # a bad rotation keeps the last good certificate
     assert requests.get(url, verify=str(fresh["ca.crt"]), timeout=5).status_code == 200
+
+
+@pytest.mark.slow
+def test_the_daemons_own_server_guards_the_advice_api_with_tls_and_basic_auth(tmp_path, pki):
+    from specwatch.export.http import serve as serve_daemon
+    from specwatch.snapshot import RouteState, Snapshot
+
+    cfg = load_web_config(
+        write(
+            tmp_path,
+            f"""
+tls_server_config: {{cert_file: {pki["server.crt"]}, key_file: {pki["server.key"]}}}
+basic_auth_users: {{prometheus: '{USER_HASH}'}}
+""",
+        )
+    )
+    snapshot = Snapshot(timestamp=time.time(), routes=(RouteState(name="chat", up=True, above_crossover=True),))
+    server = serve_daemon("127.0.0.1:0", lambda: snapshot, cfg)
+    try:
+        url = server.url + "/api/v1/advice"
+        assert url.startswith("https://")
+        anonymous = requests.get(url, verify=str(pki["ca.crt"]), timeout=10)
+        assert anonymous.status_code == 401 and b"chat" not in anonymous.content
+        wrong = requests.get(url, verify=str(pki["ca.crt"]), auth=("prometheus", "wrong"), timeout=10)
+        assert wrong.status_code == 401
+        answer = requests.get(url, verify=str(pki["ca.crt"]), auth=("prometheus", PASSWORD), timeout=10)
+        assert answer.status_code == 200 and answer.json()["routes"][0]["speculate"] is False
+    finally:
+        server.shutdown()

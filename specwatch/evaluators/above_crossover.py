@@ -297,6 +297,7 @@ class AboveCrossoverEvaluator:
                 live_crossover_lower=live_answer.lower,
                 live_crossover_upper=live_answer.upper,
             )
+            update["live_crossover_settled"] = live_answer.settled
             if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
                 threshold = live_answer.batch_size
                 if batch and self.live is not None:

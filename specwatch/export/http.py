@@ -1,4 +1,4 @@
-"""The HTTP endpoint: /metrics, /api/v1/routes, /-/healthy, /-/ready and a tiny index page.
+"""The HTTP endpoint: /metrics, /api/v1/routes, /api/v1/advice, /-/healthy, /-/ready and a tiny index page.
 
 An asyncio server (stdlib) on one background thread, over a private `CollectorRegistry` holding only the
 snapshot collector. Each connection is a coroutine, so an idle, slow or hostile client costs a little memory,
@@ -44,6 +44,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from specwatch import __version__
 from specwatch.export import webconfig
+from specwatch.export.advice import advice_document
 from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
 
@@ -124,6 +125,7 @@ _INDEX = """<!doctype html>
 <ul>
 <li><a href="metrics">/metrics</a>: Prometheus metrics</li>
 <li><a href="api/v1/routes">/api/v1/routes</a>: routes as JSON</li>
+<li><a href="api/v1/advice">/api/v1/advice</a>: routing advice as JSON (docs/routing.md)</li>
 <li><a href="-/healthy">/-/healthy</a>, <a href="-/ready">/-/ready</a></li>
 </ul></body></html>
 """
@@ -594,6 +596,9 @@ class _Server:
         if path == "/api/v1/routes":
             body = await self.loop.run_in_executor(self._workers, self._routes_json)
             return 200, body, "application/json", None
+        if path == "/api/v1/advice":
+            body = await self.loop.run_in_executor(self._workers, self._advice_json)
+            return 200, body, "application/json", None
         if path == "/-/healthy":
             return 200, b"specwatch is healthy.\n", text, None
         if path == "/-/ready":
@@ -606,6 +611,9 @@ class _Server:
 
     def _routes_json(self) -> bytes:
         return json.dumps(routes_document(self._get_snapshot()), allow_nan=False).encode()
+
+    def _advice_json(self) -> bytes:
+        return json.dumps(_finite(advice_document(self._get_snapshot(), time.time())), allow_nan=False).encode()
 
     # -- stopping
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from specwatch import __version__
 from specwatch.catalog import BY_NAME, PREFIX, MetricSpec
+from specwatch.export.advice import route_advice
 from specwatch.export.text_format import TextFamily, text_body
 from specwatch.snapshot import RouteState, Snapshot
 
@@ -139,6 +140,7 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
     for r in routes:
         info.add(1, r.name, r.engine_kind, r.model_name, r.engine_version, r.acceptance_source)
     _per_route(f, "source_scrape_duration_seconds", routes, "scrape_duration_seconds")
+    _per_route(f, "route_last_scrape_timestamp_seconds", routes, "last_scrape_timestamp")
     errors = f("source_errors_total")
     for r in routes:
         for reason, count in sorted(r.errors_total.items()):
@@ -200,6 +202,16 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_speculation_gpu_seconds_lost_total", routes, "speculation_gpu_seconds_lost_total")
     _per_route(f, "route_speculation_gpu_seconds_saved_total", routes, "speculation_gpu_seconds_saved_total")
     _per_route(f, "route_compute_bound", routes, "compute_bound")
+    speculate, headroom, engine_headroom = (
+        f("route_speculate"),
+        f("route_crossover_headroom_requests"),
+        f("route_engine_crossover_headroom_requests"),
+    )
+    for r in routes:
+        a = route_advice(r)
+        speculate.add(a.speculate, r.name)
+        headroom.add(a.headroom_requests, r.name)
+        engine_headroom.add(a.headroom_per_engine, r.name)
 
 
 def _probe_metrics(s: Snapshot, f: Families) -> None:
