@@ -181,6 +181,7 @@ class Config:
     state_dir: str = DEFAULT_STATE_DIR
     scrape_timeout_seconds: float = 2.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_series: int = 100_000
     routes: tuple[RouteConfig, ...] = ()
     gpu: GpuConfig = field(default_factory=GpuConfig)
     otlp: OtlpConfig | None = None
@@ -679,13 +680,14 @@ def parse_config(raw: Any, source: str = "") -> Config:
         raise ConfigError(c.problems, source)
     interval = c.duration(d.get("interval"), "interval", Config.interval_seconds)
     state_dir = c.string(d.get("state_dir"), "state_dir", Config.state_dir)
-    scrape = c.mapping(d.get("scrape"), "scrape", {"timeout", "max_body_bytes"} | _HTTP_CLIENT_KEYS) or {}
+    scrape = c.mapping(d.get("scrape"), "scrape", {"timeout", "max_body_bytes", "max_series"} | _HTTP_CLIENT_KEYS) or {}
     timeout = c.duration(scrape.get("timeout"), "scrape.timeout", Config.scrape_timeout_seconds)
     if timeout >= interval and "timeout" in scrape:
         c.fail("scrape.timeout", f"must be shorter than interval ({interval:g}s)")
     max_body = c.number(
         scrape.get("max_body_bytes"), "scrape.max_body_bytes", Config.max_body_bytes, lo=1024, integer=True
     )
+    max_series = c.number(scrape.get("max_series"), "scrape.max_series", Config.max_series, lo=1, integer=True)
     http = _http_client(c, scrape, "scrape", DEFAULT_HTTP_CLIENT)
     gpu_raw = c.mapping(d.get("gpu"), "gpu", {"enabled"}) or {}
     gpu = GpuConfig(enabled=c.string(gpu_raw.get("enabled"), "gpu.enabled", GpuConfig.enabled, GPU_MODES))
@@ -744,6 +746,7 @@ def parse_config(raw: Any, source: str = "") -> Config:
         state_dir=state_dir,
         scrape_timeout_seconds=timeout,
         max_body_bytes=max_body,
+        max_series=max_series,
         routes=tuple(routes),
         gpu=gpu,
         otlp=otlp,

@@ -435,9 +435,10 @@ class Daemon:
         changed settings rebuild their source and evaluators (which flush and reload their state)."""
         with self._lock:
             old, self.config = self.config, new
-            rebuild_all = (old.scrape_timeout_seconds, old.max_body_bytes, old.state_dir) != (
+            rebuild_all = (old.scrape_timeout_seconds, old.max_body_bytes, old.max_series, old.state_dir) != (
                 new.scrape_timeout_seconds,
                 new.max_body_bytes,
+                new.max_series,
                 new.state_dir,
             )
             by_key = {(r.cfg.name, r.cfg.url): r for r in self._routes}

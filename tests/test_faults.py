@@ -717,6 +717,17 @@ def test_http_duplicate_series_do_not_double_count(engines, fault_server):
     assert engine.drafts == 1000.0 and engine.draft_tokens == 4000.0, "a duplicated series is not summed"
 
 
+def test_http_too_many_series_is_refused_unparsed_with_its_own_reason(engines, fault_server):
+    """A label explosion past scrape.max_series (default 100,000) is refused before its lines are read: the route is
+    down with reason too_many_series, not `timeout` from parsing 200,000 series every cycle."""
+    line = 'vllm:spec_decode_num_drafts_total{{engine="{}",model_name="m"}} 1.0\n'
+    body = "".join(line.format(i) for i in range(200_000))
+    url = fault_server.serve("/explosion", body)
+    result, _ = scrape_once(engines, url, timeout="4.5s")
+    assert isinstance(result, SourceError) and result.reason == "too_many_series", repr(result)
+    assert "100000" in str(result)
+
+
 class ScheduledSource:
     """Scrapes `sources[schedule[i]]` on call i: one route whose engine answers well, then badly, then well."""
 
