@@ -129,9 +129,11 @@ class Timed:
         self.inner = inner
         self.begin = 0.0
         self.ok_done: list[float] = []
+        self.slow_calls = 0  # calls the daemon's own lanes ran on the slow lane
 
     def submit(self, quick: bool, fn: Callable[..., Any], *args: Any) -> Future:
         if hasattr(self.inner, "quick"):  # the daemon's own lanes
+            self.slow_calls += not quick
             future = self.inner.submit(quick, fn, *args)
         else:  # one executor for every call
             future = self.inner.submit(fn, *args)
@@ -202,6 +204,7 @@ def measure_cpu(variants: list[str], turns: int, custom_pool: Path | None) -> No
             shut_down(timed.inner)
         farm.terminate()
         farm.wait(timeout=10)
+    slow_lane = {v: daemons[v][2].slow_calls for v in variants}
     first = variants[0]
     print(f"1. CPU a cycle, {ROUTES} routes on {ROUTES} endpoints, {turns} interleaved turns of {BATCH} cycles:")
     for v in variants:
@@ -210,7 +213,8 @@ def measure_cpu(variants: list[str], turns: int, custom_pool: Path | None) -> No
         print(
             f"   {v:>10}: {mean:6.1f} ms a cycle = {mean / (INTERVAL * 1e3) * 100:.2f}% of one core at "
             f"{INTERVAL:g} s; / {first}: {mean / statistics.mean(per_turn[first]):.3f}x "
-            f"(median turn {statistics.median(ratios):.3f}x)",
+            f"(median turn {statistics.median(ratios):.3f}x)"
+            + (f"; {slow_lane[v]} calls on the slow lane" if v == "daemon" else ""),
             flush=True,
         )
 

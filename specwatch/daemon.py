@@ -304,10 +304,9 @@ class Daemon:
 
     @staticmethod
     def _quick(route: _Route, stall: float) -> bool:
-        """Whether the route's call goes to the quick lane: its last one worked and took under a quarter of `stall`
-        (milliseconds, as a healthy scrape does). A slow engine's calls would queue the healthy ones behind them
-        without ever looking stuck; a route never scraped (just started or added) has not shown it is quick."""
-        return route.last_reason == "" and route.scrape_duration is not None and route.scrape_duration < stall / 4
+        """Whether the route's call goes to the quick lane: its last one worked in less than `stall`. A route never
+        scraped (just started or added) has not shown it is quick."""
+        return route.last_reason == "" and route.scrape_duration is not None and route.scrape_duration < stall
 
     def _submit(self, pool: ScrapeLanes, route: _Route, now: float, quick: bool) -> Future | None:
         if route.inflight is not None and not route.inflight.done():
@@ -339,7 +338,7 @@ class Daemon:
         if self._gpu_source is None:
             return None, ()
         outcome = self._result(future, deadline)
-        self._gpu_quick = outcome.ok and outcome.duration_seconds < self._stall_seconds() / 4
+        self._gpu_quick = outcome.ok and outcome.duration_seconds < self._stall_seconds()
         result: tuple[bool | None, tuple[GpuSample, ...]] = (False, ())
         problem = "" if outcome.ok else f"GPU sampling failed ({outcome.reason}): {outcome.message}"
         if outcome.ok:

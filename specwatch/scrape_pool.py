@@ -11,10 +11,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-# The quick thread busy this long on one call is stuck on an engine that just turned slow or hung: the calls
-# queued behind it move to the slow lane. A call that failed or took a quarter of this (a healthy one takes
-# milliseconds) runs in the slow lane next cycle.
-STALL_SECONDS = 0.1
+# A call that failed or took this long (a healthy one takes milliseconds, tens on a loaded box) runs in the slow
+# lane next cycle; the quick thread busy this long on one call is stuck on an engine that just turned slow or
+# hung, and the calls queued behind it move to the slow lane.
+STALL_SECONDS = 0.25
 
 
 class ScrapeLanes:

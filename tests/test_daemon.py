@@ -195,12 +195,12 @@ class SlowSource(CountingSource):
 
 @pytest.mark.slow
 def test_slow_engines_listed_first_never_queue_a_healthy_route_behind_them(no_evaluators):
-    """200 engines answering in 0.15 s each, listed before the healthy routes, every cycle. Their calls never look
-    hung (each is far inside the 1 s timeout), yet queued in front of a healthy call they hold it back until every
-    one of them has started: with a hostile engine on enough routes, past the cycle's deadline. Once every route
-    has been scraped, healthy calls start before the slow ones are all under way, and every healthy route is up."""
+    """200 engines answering in 0.3 s each (a slow body, inside the 1 s timeout), listed before the healthy routes.
+    Queued in front of a healthy call they hold it back until every one of them has started: with a slow engine
+    on enough routes, past the cycle's deadline. Once every route has been scraped, healthy calls start before the
+    slow ones are all under way, and every healthy route is up."""
     started: list[int] = []
-    slow = {f"slow{i:03d}": SlowSource(0.15, started) for i in range(200)}
+    slow = {f"slow{i:03d}": SlowSource(0.3, started) for i in range(200)}
     slow_started_before: dict[str, int] = {}
 
     def healthy_source(name: str) -> CountingSource:
