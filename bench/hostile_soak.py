@@ -121,19 +121,25 @@ def main(argv: list[str] | None = None) -> int:
         metrics = f"http://127.0.0.1:{port}/metrics"
         end = time.monotonic() + args.minutes * 60
         peak, evaluations, missed, healthy_down, reasons = 0, [], 0, 0, {}
+        begin, window_peak, next_report = time.monotonic(), 0, time.monotonic() + 30
         while time.monotonic() < end:
             time.sleep(1.0)
             if daemon.poll() is not None:
                 print(f"the daemon exited with status {daemon.returncode}")
                 return 1
-            peak = max(peak, rss_bytes(daemon.pid))
+            rss = rss_bytes(daemon.pid)
+            peak, window_peak = max(peak, rss), max(window_peak, rss)
+            if time.monotonic() >= next_report:  # the peak of each 30 s, to tell growth from a plateau
+                print(f"  {time.monotonic() - begin:4.0f} s: peak RSS {window_peak / 2**20:.0f} MiB", flush=True)
+                window_peak, next_report = 0, next_report + 30
             try:
                 last, up, reasons = scrape(metrics)
             except OSError:
                 continue  # still starting
             if last and (not evaluations or last != evaluations[-1]):
-                if evaluations:
-                    missed += max(0, round((last - evaluations[-1]) / INTERVAL) - 1)
+                if evaluations and round((last - evaluations[-1]) / INTERVAL) > 1:
+                    missed += round((last - evaluations[-1]) / INTERVAL) - 1
+                    print(f"  evaluations {evaluations[-1]:.1f} -> {last:.1f}: {missed} missing so far", flush=True)
                 evaluations.append(last)
                 healthy_down += up.get("healthy", 0.0) != 1.0
         arena = f"MALLOC_ARENA_MAX={args.arena_max}" if args.arena_max else "glibc's default arenas"

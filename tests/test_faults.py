@@ -672,6 +672,23 @@ def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, 
     assert grown_mib < 32, f"the body must be streamed and cut at the cap, not read whole ({grown_mib:.0f} MiB)"
 
 
+def test_a_refused_body_is_not_kept_alive_by_the_error_kept_for_the_cycle(engines, fault_server):
+    """Routes of one cycle share their endpoint's outcome, kept until the next cycle. A kept error must not carry
+    its traceback: the failed call's frames would hold what the hostile engine sent (here 1 MiB, up to the
+    16 MiB cap, on every hostile route) for a whole cycle."""
+    config = http_config(fault_server.url("/huge"), max_body_bytes=1 << 20, timeout="2s")
+    source = engines.make_source(config.routes[0], config)
+    try:
+        with pytest.raises(SourceError) as raised:
+            source.sample(START)
+        assert raised.value.reason == "too_large"
+        kept = source.endpoint._body  # noqa: SLF001 - what the endpoint keeps for the cycle's other routes
+        assert isinstance(kept, SourceError)
+        assert kept.__traceback__ is None and kept.__context__ is None
+    finally:
+        source.close()
+
+
 @pytest.mark.parametrize(
     "name, body, kind",
     [

@@ -129,9 +129,12 @@ def _parse_or_raise(body: str | bytes, wanted: frozenset[str], max_series: int |
     try:
         return parse(body, wanted, comments=False, unique=True, max_series=max_series)
     except TooManySeries as exc:
-        raise SourceError("too_many_series", f"refused: {exc}") from None
+        refused = SourceError("too_many_series", f"refused: {exc}")
     except ExpositionError as exc:
-        raise SourceError("parse", f"invalid exposition: {exc}") from None
+        refused = SourceError("parse", f"invalid exposition: {exc}")
+    # Raised here, not inside `except`: as the context of the parser's error it would keep the parser's frames,
+    # and the whole decoded text, alive as long as the error is kept.
+    raise refused
 
 
 class SharedEndpoint:
@@ -167,7 +170,7 @@ class SharedEndpoint:
                 try:
                     self._body = self.name_filter.fetch(self.fetcher.get, now)
                 except SourceError as exc:
-                    self._body = exc
+                    self._body = _copy(exc)
             self._readers.add(id(reader))
             if isinstance(self._body, SourceError):
                 raise _copy(self._body)
@@ -177,7 +180,7 @@ class SharedEndpoint:
                 try:
                     self._parsed[kind] = self._parse(kind, self._body)
                 except SourceError as exc:
-                    self._parsed[kind] = exc
+                    self._parsed[kind] = _copy(exc)
             parsed = self._parsed[kind]
         if isinstance(parsed, SourceError):
             raise _copy(parsed)
@@ -194,7 +197,9 @@ class SharedEndpoint:
 
 
 def _copy(exc: SourceError) -> SourceError:
-    # A fresh exception per route: one object raised in several threads would share its traceback.
+    # A fresh exception per route: one object raised in several threads would share its traceback. Kept until the
+    # next cycle, the original's traceback would also keep the failed call's frames alive, and with them what a
+    # hostile engine sent: a body refused at the cap, the text of a refused exposition.
     return SourceError(exc.reason, str(exc))
 
 
