@@ -17,7 +17,7 @@ from specwatch.config import parse_config
 from specwatch.daemon import Daemon, run_source
 from specwatch.export.http import serve
 from specwatch.export.prometheus import SnapshotCollector
-from specwatch.scrape_pool import CORE_WORKERS, STALL_SECONDS
+from specwatch.scrape_pool import STALL_SECONDS
 from specwatch.scheduler import run_tick, start_scheduler
 from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
 from specwatch.sources.base import NoData, SourceError
@@ -146,9 +146,10 @@ def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evalu
 
 
 @pytest.mark.slow
-def test_more_hung_sources_than_core_workers_do_not_hold_up_the_healthy_routes(no_evaluators):
-    """The pool keeps a few threads; hung calls queued ahead of healthy ones cost those at most the stall time."""
-    hung = {f"hang{i}": HangingSource() for i in range(CORE_WORKERS + 2)}  # submitted first
+def test_hung_sources_listed_first_do_not_hold_up_the_healthy_routes(no_evaluators):
+    """Hung calls never sit in front of healthy ones: a route never scraped, or whose last call failed, runs
+    on a thread of its own, not on the quick routes' thread."""
+    hung = {f"hang{i}": HangingSource() for i in range(3)}  # submitted first
     called_at: dict[str, float] = {}
 
     def timed(name: str, source: CountingSource) -> CountingSource:
@@ -178,6 +179,92 @@ def test_more_hung_sources_than_core_workers_do_not_hold_up_the_healthy_routes(n
     finally:
         for source in hung.values():
             source.release.set()
+        d.close()
+
+
+class SlowSource(CountingSource):
+    """An engine that answers, slowly (a slow body): well within the scrape timeout, far above a healthy call.
+    `started` counts the calls begun, shared by every SlowSource of a test."""
+
+    def __init__(self, seconds: float, started: list[int]) -> None:
+        super().__init__()
+        self.seconds, self.started = seconds, started
+
+    def sample(self, now: float) -> EngineSample:
+        self.started.append(1)  # list.append is atomic under the GIL
+        time.sleep(self.seconds)
+        return super().sample(now)
+
+
+@pytest.mark.slow
+def test_slow_engines_listed_first_never_queue_a_healthy_route_behind_them(no_evaluators):
+    """200 engines answering in 0.3 s each (a slow body, inside the 1 s timeout), listed before the healthy routes.
+    Queued in front of a healthy call they hold it back until every one of them has started: with a slow engine
+    on enough routes, past the cycle's deadline. Once every route has been scraped, healthy calls start before the
+    slow ones are all under way, and every healthy route is up."""
+    started: list[int] = []
+    slow = {f"slow{i:03d}": SlowSource(0.3, started) for i in range(200)}
+    slow_started_before: dict[str, int] = {}
+
+    def healthy_source(name: str) -> CountingSource:
+        source = CountingSource()
+        inner = source.sample
+        source.sample = lambda now: slow_started_before.setdefault(name, len(started)) is not None and inner(now)
+        return source
+
+    healthy = {f"good{i}": healthy_source(f"good{i}") for i in range(4)}
+    sources = {**slow, **healthy}
+    clock = FakeClock()
+    d = Daemon(
+        make_config(*sources, interval="5s", scrape={"timeout": "1s"}),
+        source_factory=lambda r, c: sources[r.name],
+        clock=clock,
+    )
+    try:
+        d.tick(clock.advance(5))  # the first cycle: every route shows whether it is quick
+        for cycle in range(1, 3):
+            started.clear()
+            slow_started_before.clear()
+            snap = d.tick(clock.advance(5))
+            down = {name: snap.route(name).error_reason for name in healthy if not snap.route(name).up}
+            assert not down, f"cycle {cycle}: healthy routes down {down}"
+            queued_behind = {name: n for name, n in slow_started_before.items() if n >= len(slow)}
+            assert not queued_behind, f"cycle {cycle}: healthy calls started after every slow one: {queued_behind}"
+    finally:
+        d.close()
+
+
+def test_a_route_that_hangs_on_the_quick_thread_does_not_hold_up_the_calls_queued_behind_it(no_evaluators):
+    """Every route quick last cycle, then the first one hangs: the calls queued behind it move to the slow lane
+    once the quick thread has spent the stall time on it."""
+    first = CountingSource()
+    release = threading.Event()
+    hang_now = threading.Event()
+
+    def sample(now: float) -> EngineSample:
+        if hang_now.is_set():
+            release.wait(10)
+            raise SourceError("timeout", "released")
+        return CountingSource.sample(first, now)
+
+    first.sample = sample  # type: ignore[method-assign]
+    healthy = {f"good{i}": CountingSource() for i in range(4)}
+    sources = {"first": first, **healthy}
+    clock = FakeClock()
+    d = Daemon(
+        make_config(*sources, interval="5s", scrape={"timeout": "1s"}),
+        source_factory=lambda r, c: sources[r.name],
+        clock=clock,
+    )
+    try:
+        for _ in range(2):  # every route shows it is quick
+            assert all(r.up for r in d.tick(clock.advance(5)).routes)
+        hang_now.set()
+        snap = d.tick(clock.advance(5))
+        assert all(snap.route(name).up for name in healthy)
+        assert snap.route("first").error_reason == "timeout"
+    finally:
+        release.set()
         d.close()
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.sources.exposition import ExpositionError, parse
+from specwatch.sources.exposition import ExpositionError, TooManySeries, parse
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*/*.prom"))
 
@@ -219,3 +219,16 @@ def test_unique_refuses_a_series_twice_in_any_label_order_and_names_it():
         )
     histogram = 'h_bucket{le="1"} 1\nh_bucket{le="2"} 2\nh_count 2\nh_sum 3\n'
     assert len(parse(histogram, {"h"}, unique=True)["h"].samples) == 4, "one label set under several names is fine"
+
+
+def test_max_series_counts_samples_of_every_family_but_not_comments_or_blanks():
+    body = '# HELP a a\n# TYPE a counter\n\na_total 1\n  unrelated{x="1"} 2\n# EOF\n'
+    assert parse(body, {"a_total"}, max_series=2)["a_total"].samples[0].value == 1.0
+    with pytest.raises(TooManySeries, match="more than 1 series"):
+        parse(body, {"a_total"}, max_series=1)
+
+
+def test_max_series_refuses_a_label_explosion_before_reading_it():
+    body = "".join(f'vllm:spec_decode_num_drafts_total{{engine="{i}"}} 1\n' for i in range(200_000))
+    with pytest.raises(TooManySeries):
+        parse(body, {"vllm:spec_decode_num_drafts_total"}, unique=True, max_series=100_000)

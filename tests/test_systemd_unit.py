@@ -73,6 +73,9 @@ def test_identity_directories_and_limits():
     assert one("ConfigurationDirectory") == "specwatch"
     for key in ("MemoryMax", "CPUQuota", "Nice", "LimitNOFILE"):
         assert one(key)
+    # Fewer malloc arenas keep RSS under MemoryMax when scrape threads read large hostile bodies.
+    environment = " ".join(D["Environment"]).split()
+    assert "MALLOC_ARENA_MAX=2" in environment
 
 
 def test_sandbox():

@@ -16,6 +16,7 @@ ERROR_REASONS = (
     "connection",
     "http_status",
     "too_large",
+    "too_many_series",
     "parse",
     "no_spec_metrics",
     "no_match",

@@ -24,7 +24,7 @@ from specwatch.config import Config, HttpClientConfig, RouteConfig
 from specwatch.snapshot import EngineSample
 from specwatch.sources import llamacpp, sglang, trtllm, vllm
 from specwatch.sources.base import SourceError
-from specwatch.sources.exposition import ExpositionError, Family, parse
+from specwatch.sources.exposition import ExpositionError, Family, TooManySeries, parse
 from specwatch.sources.http import HttpFetcher
 from specwatch.engine_kinds import REQUEST_LOG
 from specwatch.sources.name_filter import NameFilter
@@ -94,20 +94,21 @@ def parse_engine_sample(
     return ENGINES[kind].extract(families, route.match, route.engines, now, version)
 
 
-def parse_families(kind: str, body: str | bytes) -> tuple[str, dict[str, Family]]:
+def parse_families(kind: str, body: str | bytes, max_series: int | None = None) -> tuple[str, dict[str, Family]]:
     """(the engine kind, its families) of one /metrics body, whatever route reads it. Raises SourceError only.
 
-    `kind` is an engine kind or "auto" (detected from the body).
+    `kind` is an engine kind or "auto" (detected from the body); a body with more than `max_series` samples is
+    refused (reason too_many_series).
     """
     if kind == "auto":
         detected = detect_kind(body)
         if detected is None:
-            _parse_or_raise(body, frozenset())  # garbage is a parse error, not "no metrics"
+            _parse_or_raise(body, frozenset(), max_series)  # garbage is a parse error, not "no metrics"
             raise SourceError("no_spec_metrics", "no vllm:, sglang:, trtllm_ or llamacpp: families in the exposition")
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
-    return kind, _parse_or_raise(body, ENGINES[kind].wanted)
+    return kind, _parse_or_raise(body, ENGINES[kind].wanted, max_series)
 
 
 def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) -> tuple[EngineSample, float | None]:
@@ -124,12 +125,17 @@ def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) 
     return sample, finished
 
 
-def _parse_or_raise(body: str | bytes, wanted: frozenset[str]) -> dict[str, Family]:
+def _parse_or_raise(body: str | bytes, wanted: frozenset[str], max_series: int | None = None) -> dict[str, Family]:
     # unique: two samples with one name and label set refuse the scrape, as Prometheus does, rather than sum.
     try:
-        return parse(body, wanted, comments=False, unique=True)
+        return parse(body, wanted, comments=False, unique=True, max_series=max_series)
+    except TooManySeries as exc:
+        refused = SourceError("too_many_series", f"refused: {exc}")
     except ExpositionError as exc:
-        raise SourceError("parse", f"invalid exposition: {exc}") from None
+        refused = SourceError("parse", f"invalid exposition: {exc}")
+    # Raised here, not inside `except`: as the context of the parser's error it would keep the parser's frames,
+    # and the whole decoded text, alive as long as the error is kept.
+    raise refused
 
 
 class SharedEndpoint:
@@ -141,10 +147,11 @@ class SharedEndpoint:
     Where the endpoint proves it can, only the wanted series are fetched (`NameFilter`).
     """
 
-    def __init__(self, url: str, fetcher: HttpFetcher) -> None:
+    def __init__(self, url: str, fetcher: HttpFetcher, max_series: int | None = None) -> None:
         self.url = url
         self.fetcher = fetcher
-        self.key: _EndpointKey = (url, fetcher.timeout, fetcher.max_body, fetcher.client)
+        self.max_series = max_series
+        self.key: _EndpointKey = (url, fetcher.timeout, fetcher.max_body, fetcher.client, max_series)
         self.name_filter = NameFilter(url, FILTER_NAMES)
         self.users = 0  # sources holding it (the registry's reference count)
         self._lock = threading.Lock()
@@ -164,7 +171,7 @@ class SharedEndpoint:
                 try:
                     self._body = self.name_filter.fetch(self.fetcher.get, now)
                 except SourceError as exc:
-                    self._body = exc
+                    self._body = _copy(exc)
             self._readers.add(id(reader))
             if isinstance(self._body, SourceError):
                 raise _copy(self._body)
@@ -174,7 +181,7 @@ class SharedEndpoint:
                 try:
                     self._parsed[kind] = self._parse(kind, self._body)
                 except SourceError as exc:
-                    self._parsed[kind] = exc
+                    self._parsed[kind] = _copy(exc)
             parsed = self._parsed[kind]
         if isinstance(parsed, SourceError):
             raise _copy(parsed)
@@ -187,31 +194,35 @@ class SharedEndpoint:
                 self.name_filter.disable()
             self._iteration_totals.add(body)
             return "trtllm", self._iteration_totals.families()
-        return parse_families(kind, body)
+        return parse_families(kind, body, self.max_series)
 
 
 def _copy(exc: SourceError) -> SourceError:
-    # A fresh exception per route: one object raised in several threads would share its traceback.
+    # A fresh exception per route: one object raised in several threads would share its traceback. Kept until the
+    # next cycle, the original's traceback would also keep the failed call's frames alive, and with them what a
+    # hostile engine sent: a body refused at the cap, the text of a refused exposition.
     return SourceError(exc.reason, str(exc))
 
 
-_EndpointKey = tuple[str, float, int, HttpClientConfig]  # URL, timeout, body cap, how to reach it
+_EndpointKey = tuple[str, float, int, HttpClientConfig, "int | None"]  # URL, timeout, caps, how to reach it
 
 
 class _EndpointRegistry:
-    """The SharedEndpoints in use, by URL, timeout, body cap and HTTP client settings (routes that reach one
+    """The SharedEndpoints in use, by URL, timeout, body and series caps and HTTP client settings (routes that reach one
     URL with different credentials fetch it separately); an endpoint closes with its last source."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._endpoints: dict[_EndpointKey, SharedEndpoint] = {}
 
-    def acquire(self, url: str, timeout: float, max_body: int, client: HttpClientConfig) -> SharedEndpoint:
-        key = (url, timeout, max_body, client)
+    def acquire(
+        self, url: str, timeout: float, max_body: int, client: HttpClientConfig, max_series: int | None = None
+    ) -> SharedEndpoint:
+        key = (url, timeout, max_body, client, max_series)
         with self._lock:
             endpoint = self._endpoints.get(key)
             if endpoint is None:
-                endpoint = SharedEndpoint(url, HttpFetcher(timeout, max_body, client=client))
+                endpoint = SharedEndpoint(url, HttpFetcher(timeout, max_body, client=client), max_series)
                 self._endpoints[key] = endpoint
             endpoint.users += 1
             return endpoint
@@ -299,6 +310,8 @@ def make_source(route: RouteConfig, config: Config) -> HttpEngineSource | SGLang
     per-request files for engine `sglang_request_log`."""
     if route.engine == REQUEST_LOG:
         return SGLangRequestLogSource(route)
-    endpoint = ENDPOINTS.acquire(route.url, config.scrape.timeout_seconds, config.scrape.max_body_bytes, route.http)
+    endpoint = ENDPOINTS.acquire(
+        route.url, config.scrape.timeout_seconds, config.scrape.max_body_bytes, route.http, config.scrape.max_series
+    )
     fetcher = HttpFetcher(config.scrape.timeout_seconds, config.scrape.max_body_bytes, client=route.http)
     return HttpEngineSource(route, fetcher, endpoint)

@@ -21,6 +21,7 @@ Names are matched exactly, never by substring. A family is what a `# TYPE` line 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ _PLAIN_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # What follows a wanted name on a sample line of the usual shape: `{labels}` (checked plain by _plain_labels),
 # blanks, a value without `_` (float() takes `1_0`, the format does not) and the end of the line.
 _USUAL_TAIL_RE = re.compile(r"(?:\{([^}\n]*)\})?[ \t]+([^\s_]+)[ \t\r]*(?=\n|\Z)")
+# The start of a sample line (after optional indentation, anything but a comment or a blank): counted against
+# `max_series` at C speed before any line is read.
+_SAMPLE_START_RE = re.compile(r"\n[ \t]*[^\s#]")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = frozenset(
     ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "gaugehistogram", "info", "stateset")
@@ -50,6 +54,10 @@ class ExpositionError(ValueError):
     def __init__(self, line: int, message: str) -> None:
         self.line = line
         super().__init__(f"line {line}: {message}" if line else message)
+
+
+class TooManySeries(ExpositionError):
+    """The exposition holds more samples than the caller's `max_series`."""
 
 
 class Sample(NamedTuple):
@@ -85,13 +93,21 @@ class Family:
         return [s for s in self.samples if all(s.labels.get(k, v) == v for k, v in match.items())]
 
 
-def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, unique: bool = False) -> dict[str, Family]:
+def parse(
+    text: str | bytes,
+    wanted: Iterable[str],
+    comments: bool = True,
+    unique: bool = False,
+    max_series: int | None = None,
+) -> dict[str, Family]:
     """Parse the families named in `wanted` (exact names) out of `text`.
 
     `comments=False` leaves `# TYPE` and `# HELP` lines unread (`Family.type` stays "unknown", `help` ""):
     they are a third of the lines of a body filtered down to the wanted families, and no caller that
     extracts samples needs them. `unique=True` refuses an exposition in which a wanted sample name carries
     the same label set twice, as Prometheus refuses such a scrape (label order does not matter).
+    `max_series` refuses (TooManySeries) an exposition with more sample lines than that, of any family, before
+    reading any of them: counting stops at the cap, so a hostile body costs one scan, not a parse.
 
     Returns {name: Family} for the wanted families that have samples (or, with `comments`, metadata);
     absent ones are simply missing. Raises ExpositionError for invalid UTF-8, a line that cannot start a
@@ -104,6 +120,8 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
         except UnicodeDecodeError as exc:
             raise ExpositionError(0, f"not UTF-8 at byte {exc.start}") from None
     text = "\n" + text  # every line, the first included, now starts after a "\n": one anchor for the scan
+    if max_series is not None and text.count("\n") > max_series:  # fewer lines than the cap: fewer samples
+        _check_series(text, max_series)
     samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), comments)
     families: dict[str, Family] = {}
     seen: set[tuple[str, frozenset]] | None = set() if unique else None
@@ -159,6 +177,12 @@ def parse(text: str | bytes, wanted: Iterable[str], comments: bool = True, uniqu
                 families,
             )
     return families
+
+
+def _check_series(text: str, max_series: int) -> None:
+    counted = sum(1 for _ in itertools.islice(_SAMPLE_START_RE.finditer(text), max_series + 1))
+    if counted > max_series:
+        raise TooManySeries(0, f"more than {max_series} series (scrape.max_series)")
 
 
 @functools.lru_cache(maxsize=64)

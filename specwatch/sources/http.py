@@ -39,7 +39,7 @@ import threading
 import time
 import zlib
 from http.client import RemoteDisconnected
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from urllib.parse import urljoin, urlsplit
 
 import httptools
@@ -220,13 +220,18 @@ class HttpFetcher:
             if len(body) > cap:
                 raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
             return body
-        whole = bytearray()
+        # Pieces, joined once at the end: a growing buffer would hold its old and new copies at each resize, and a
+        # body refused at the cap would cost several times the cap while hostile engines on many routes send one.
+        pieces: list[bytes] = []
+        size = 0
         while True:
             chunks, response.chunks = response.chunks, []
             for chunk in chunks:
-                whole += decoder.decode(chunk, cap + 1 - len(whole)) if decoder else chunk
-                if len(whole) > cap:
-                    raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
+                for piece in decoder.pieces(chunk, cap + 1 - size) if decoder else (chunk,):
+                    size += len(piece)
+                    if size > cap:
+                        raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
+                    pieces.append(piece)
             if response.complete:
                 break
             self._feed(conn, response, url, deadline)
@@ -239,7 +244,7 @@ class HttpFetcher:
                 response.complete = True  # a body delimited by the server closing the connection
         if decoder:
             decoder.check_complete(url)
-        return bytes(whole)
+        return b"".join(pieces)
 
     def _feed(
         self, conn: _Connection, response: _Response, url: str, deadline: float, before_headers: bool = False
@@ -537,6 +542,19 @@ class _Decoder:
         self._raw_fallback = raw_fallback  # "deflate" is zlib-wrapped by the RFC, raw from some servers
         self._inflate = zlib.decompressobj(wbits)
         self._started = False
+
+    def pieces(self, data: bytes, room: int) -> Iterator[bytes]:
+        """`data` decoded, at most `_CHUNK` bytes a piece and `room` in all: a gzip bomb's 64 KB expands a
+        piece at a time, never into one buffer the size of the room."""
+        out = self.decode(data, min(room, _CHUNK))
+        room -= len(out)
+        yield out
+        while room > 0 and self._inflate.unconsumed_tail:
+            out = self.decode(self._inflate.unconsumed_tail, min(room, _CHUNK))
+            if not out:
+                return
+            room -= len(out)
+            yield out
 
     def decode(self, data: bytes, room: int) -> bytes:
         try:
