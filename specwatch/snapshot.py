@@ -132,6 +132,8 @@ class RouteState:
     # crossover
     crossover_batch_size: float | None = None
     crossover_source: str = ""
+    crossover_lower: float | None = None  # the estimate's validated error band (estimate sources)
+    crossover_upper: float | None = None
     batch_size: float | None = None
     above_crossover: bool | None = None
     predicted_speedup_ratio: float | None = None

@@ -263,6 +263,8 @@ class AboveCrossoverEvaluator:
                 **update,
                 "crossover_source": "",
                 "crossover_batch_size": None,
+                "crossover_lower": None,
+                "crossover_upper": None,
                 "above_crossover": None,
                 "predicted_speedup_ratio": None,
             }
@@ -282,15 +284,23 @@ class AboveCrossoverEvaluator:
                 **update,
                 "crossover_source": self.source.name,
                 "crossover_batch_size": None,
+                "crossover_lower": None,
+                "crossover_upper": None,
                 "above_crossover": None,
                 "predicted_speedup_ratio": None,
             }
         update.update(
             crossover_source=self.source.name,
             crossover_batch_size=answer.batch_size,
+            crossover_lower=answer.lower,
+            crossover_upper=answer.upper,
             predicted_speedup_ratio=answer.speedup,
         )
         threshold = answer.batch_size
+        if answer.banded and answer.batch_size is not None:
+            # An estimate flags on its band's conservative side: never advise turning speculation off while the
+            # validated error still puts B* above the batch (no upper bound: never).
+            threshold = answer.upper
         if live_answer is not None:
             update.update(
                 live_crossover_batch_size=live_answer.batch_size,
@@ -354,7 +364,7 @@ def build_source(cfg: CrossoverConfig) -> CrossoverSource:
     if cfg.kind == "sweep":
         return SweptCrossover(load_sweep(cfg.sweep_file))
     if cfg.kind == "estimate" and cfg.estimate is not None:
-        return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context)
+        return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context, cfg.estimate)
     raise ValueError(f"crossover {cfg.kind!r} without its settings")
 
 
