@@ -22,11 +22,15 @@ class StepTimes(NamedTuple):
     request per engine step (the time since that request's previous step), so seconds / observations is the
     mean step time, weighted by the batch. steps: `vllm:iteration_tokens_total`'s count, one per engine step
     that emitted output, so observations / steps is the mean decoding batch of those very steps (None where
-    the engine does not export it)."""
+    the engine does not export it).
+
+    per_token (SGLang): `sglang:inter_token_latency_seconds`' sum and count, where the count counts output
+    tokens, not request-steps: the consumer divides by the tokens per step (tau) of the same cycle."""
 
     seconds: float
     observations: float
     steps: float | None = None
+    per_token: bool = False
 
 
 @dataclass(frozen=True)

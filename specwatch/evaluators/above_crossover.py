@@ -26,6 +26,7 @@ from specwatch.crossover.configured import (
     positions_from_rate,
 )
 from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
+from specwatch.crossover.speedup import tau
 from specwatch.crossover.sweepfile import load_sweep
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation, StepTimes
@@ -236,6 +237,7 @@ class AboveCrossoverEvaluator:
         # Live calibration needs the route's roofline model: `estimate` sources only.
         self.live = LiveCalibration(source.model) if isinstance(source, EstimatedCrossover) else None
         self._context = 1024.0
+        self._live_ts: float | None = None  # the previous cycle fed to live calibration
 
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
         update = self._evaluate(obs, gpus)
@@ -323,7 +325,14 @@ class AboveCrossoverEvaluator:
         assert calibration is not None and isinstance(source, EstimatedCrossover)  # only estimates calibrate live
         if obs.reset:
             calibration.clear()  # a restarted engine may run another draft or configuration
+        dt = None if self._live_ts is None else obs.ts - self._live_ts
+        self._live_ts = obs.ts
         for engine, times in obs.step_time_per_engine.items():
+            if times.per_token:
+                converted = _request_steps(times, live.positions, dt, max(1, len(obs.running_per_engine)))
+                if converted is None:
+                    continue
+                times = converted
             batch = _cycle_batch(times, obs.running_per_engine.get(engine))
             if times.observations > 0 and batch:
                 calibration.add(batch, times.seconds / times.observations, times.observations)
@@ -345,6 +354,18 @@ class AboveCrossoverEvaluator:
 
     def close(self) -> None:
         pass
+
+
+def _request_steps(times: StepTimes, positions: Sequence[float], dt: float | None, engines: int) -> StepTimes | None:
+    """A cycle's per-token latency totals (SGLang) as request-steps: Δcount tokens came tau = 1 + Σ p_j to a
+    step, so Δcount / tau request-steps took Δsum seconds. Δsum is the decoding requests' time summed over
+    requests, so Δsum / dt is the mean number decoding (over the server's engines), and each engine ran
+    a batch of that over `engines`. None without an acceptance, a previous cycle or any decoding."""
+    if not positions or not dt or dt <= 0 or times.seconds <= 0 or times.observations <= 0:
+        return None
+    request_steps = times.observations / tau(positions)
+    batch = times.seconds / dt / engines
+    return StepTimes(times.seconds, request_steps, request_steps / max(1.0, batch))
 
 
 def _cycle_batch(times: StepTimes, running: float | None) -> float | None:
