@@ -148,6 +148,11 @@ class RouteState:
     live_crossover_batch_size: float | None = None
     live_crossover_lower: float | None = None
     live_crossover_upper: float | None = None
+    live_crossover_bins: int | None = None  # batch bins the live calibration has seen
+    # What the flag compares the batch with now: its source (sweep, estimate, batch_size, or live once settled)
+    # and that batch size (an estimate's band's upper side; None: no crossover)
+    crossover_flag_source: str = ""
+    crossover_flag_batch_size: float | None = None
     # canary probes (evaluators/canary.py)
     probe_acceptance_ratio: float | None = None
     probe_baseline_ratio: float | None = None

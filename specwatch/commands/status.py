@@ -167,7 +167,7 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
             if r.get("degraded"):
                 verdict.append("DEGRADED ", style="bold red")
         if crossover:
-            row.append(f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}")
+            row.append(f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}{_flag(r)}")
             if r.get("above_crossover"):
                 verdict.append("ABOVE ", style="bold yellow")
         if ledger:
@@ -217,3 +217,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
     finally:
         session.close()
+
+
+def _flag(r: Mapping[str, Any]) -> str:
+    """What the flag uses when that is not the B* shown: the estimate's band's upper side, or live calibration
+    (with its batch bins)."""
+    source, threshold = r.get("crossover_flag_source"), r.get("crossover_flag_batch_size")
+    if source == "live":
+        return f" live:{_number(threshold, 1)} ({r.get('live_crossover_bins')} bins)"
+    if source == "estimate" and threshold != r.get("crossover_batch_size"):
+        return f" flag>{_number(threshold, 1)}"
+    return ""

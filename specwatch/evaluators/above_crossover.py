@@ -298,7 +298,7 @@ class AboveCrossoverEvaluator:
             crossover_upper=answer.upper,
             predicted_speedup_ratio=answer.speedup,
         )
-        threshold = answer.batch_size
+        threshold, flag_source = answer.batch_size, self.source.name
         if answer.banded and answer.batch_size is not None:
             # An estimate flags on its band's conservative side: never advise turning speculation off while the
             # validated error still puts B* above the batch (no upper bound: never).
@@ -308,11 +308,13 @@ class AboveCrossoverEvaluator:
                 live_crossover_batch_size=live_answer.batch_size,
                 live_crossover_lower=live_answer.lower,
                 live_crossover_upper=live_answer.upper,
+                live_crossover_bins=live_answer.bins,
             )
             if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
-                threshold = live_answer.batch_size
+                threshold, flag_source = live_answer.batch_size, "live"
                 if batch and self.live is not None:
                     update["predicted_speedup_ratio"] = self.live.speedup(live.positions, self._context, batch)
+        update.update(crossover_flag_source=flag_source, crossover_flag_batch_size=threshold)
         if batch is None or not answer.known:
             update["above_crossover"] = None
         else:
