@@ -21,6 +21,8 @@ case " $* " in
     printf 'test: unit tier took %d.%d s\n' $((ms / 1000)) $((ms % 1000 / 100))
     finish $rc ;;
 esac
+# The LiteLLM routing callback's tests drive a real litellm.Router: its extra, once (a few minutes).
+bash scripts/bootstrap.sh litellm || exit 1
 if [ -f scripts/ensure_prometheus.sh ]; then
   bash scripts/ensure_prometheus.sh || echo "test: could not install prometheus/alertmanager; their tests will skip" >&2
 fi

@@ -72,6 +72,12 @@ METRICS: tuple[MetricSpec, ...] = (
         ("route", "engine_kind", "model_name", "engine_version", "acceptance_source"),
     ),
     _m("source_scrape_duration_seconds", "gauge", "Duration of the last scrape of the route's endpoint", ("route",)),
+    _m(
+        "route_last_scrape_timestamp_seconds",
+        "gauge",
+        "Unix time of the last successful scrape of the route's engine endpoint" + AS_OF,
+        ("route",),
+    ),
     _m("source_errors_total", "counter", "Failed scrapes of the route's endpoint by reason", ("route", "reason")),
     # --- tracking
     _m(
@@ -91,6 +97,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         "Accepted draft tokens (bonus token excluded), summed over engines and corrected across engine restarts",
         ("route",),
+    ),
+    _m(
+        "route_rejected_samples_total",
+        "counter",
+        "Engine counter samples rejected as impossible and never stored, by reason: non_finite, negative, "
+        "too_large (past 2^53), too_fast (grew over 1e9/s), accepted_over_drafted",
+        ("route", "reason"),
     ),
     _m(
         "route_acceptance_ratio",
@@ -128,6 +141,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "route_acceptance_baseline_ratio",
         "gauge",
         "Pinned baseline acceptance rate of the route" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
+        "route_acceptance_threshold_ratio",
+        "gauge",
+        "Acceptance the detector alarms below: the baseline x (1 - the route's drop)" + AS_OF,
         ("route",),
         area="detection",
     ),
@@ -200,6 +220,29 @@ METRICS: tuple[MetricSpec, ...] = (
         "route_predicted_speedup_ratio",
         "gauge",
         "Predicted spec / plain throughput at the current batch" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_speculate",
+        "gauge",
+        "Routing advice: speculation pays at the route's batch (1), or the batch is above its crossover (0); "
+        "the above-crossover flag inverted, with its hysteresis" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_crossover_headroom_requests",
+        "gauge",
+        "Routing advice: requests the route takes before its crossover, B* x engines - running requests; "
+        "negative above it" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
+    _m(
+        "route_engine_crossover_headroom_requests",
+        "gauge",
+        "Routing advice: B* - the time-weighted batch per engine; negative above the crossover" + AS_OF,
         ("route",),
         area="crossover",
     ),

@@ -109,10 +109,12 @@ class _Route:
         self.errors_total: dict[str, float] = dict.fromkeys(ERROR_REASONS, 0.0)
         self.last_reason: str | None = None  # None: never scraped; "": up
         self.scrape_duration: float | None = None
+        self.last_ok_ts: float | None = None  # the last successful scrape's sample time
         self.inflight: Future | None = None
         self.failing_evaluators: set[int] = set()
         # evaluator name (or "build") -> failures; kept across reloads, so the counter never goes back
         self.evaluator_errors: dict[str, float] = {}
+        self.warned_no_gpus = False  # the GPU auto-mapping found nothing for a serving engine (logged once)
         self._config = config
         self._source_factory = source_factory
         self._source: EngineSource | None = None
@@ -311,22 +313,34 @@ class Daemon:
         self._gpu_failing = bool(problem)
         return result
 
-    def _route_gpus(self, route: _Route) -> tuple[int, ...]:
+    def _route_gpus(self, route: _Route, serving: bool, gpus_seen: bool) -> tuple[int, ...]:
+        """`gpus:` from the config, else the auto-mapping's answer. A serving engine on a host whose GPUs answer
+        but which maps to none is logged once per route: the mapping reads the processes behind the port, which
+        a dedicated user (the unit's `specwatch`) sees only for engines of its own user, never in containers."""
         if route.cfg.gpus is not None:
             return tuple(route.cfg.gpus)
         if self._gpu_source is None:
             return ()
         try:
-            return tuple(self._gpu_source.route_gpus(route.cfg))
+            gpus = tuple(self._gpu_source.route_gpus(route.cfg))
         except Exception:  # noqa: BLE001
             log.exception("route %s: GPU mapping failed", route.cfg.name)
             return ()
+        if not gpus and serving and gpus_seen and not route.warned_no_gpus:
+            route.warned_no_gpus = True
+            log.warning(
+                "route %s: GPU auto-mapping found no GPU for the engine behind %s (it sees only processes of "
+                "specwatch's own user, and none inside containers); set gpus: on the route",
+                route.cfg.name,
+                route.cfg.url,
+            )
+        return gpus
 
     def _evaluate_route(
         self, route: _Route, outcome: ScrapeOutcome, now: float, gpus_by_index: dict[int, GpuSample]
     ) -> RouteState:
         route.record(outcome)
-        gpu_indexes = self._route_gpus(route)
+        gpu_indexes = self._route_gpus(route, serving=outcome.ok, gpus_seen=bool(gpus_by_index))
         self._exclude_probe_tokens(route)
         try:
             if outcome.ok:
@@ -340,8 +354,12 @@ class Daemon:
             obs = route.tracker.observe_down(now, gpus=gpu_indexes)
             base = route.tracker.state_fields(error_reason="internal")
         # Every field is gathered first and the RouteState built once.
+        if obs.up:
+            route.last_ok_ts = obs.ts
         fields: dict[str, Any] = {
             "scrape_duration_seconds": route.scrape_duration,
+            "engines": len(obs.running_per_engine) if obs.up and obs.running_per_engine else None,
+            "last_scrape_timestamp": route.last_ok_ts,
             "errors_total": dict(route.errors_total),
             "gpus": gpu_indexes,
         }
@@ -367,6 +385,8 @@ class Daemon:
                     log.info("route %s: evaluator %s works again", route.cfg.name, type(evaluator).__name__)
                 route.failing_evaluators.discard(i)
         fields["evaluator_errors_total"] = dict(errors)
+        if fields.get("baseline_ratio") is not None:
+            fields["acceptance_threshold_ratio"] = fields["baseline_ratio"] * (1.0 - route.cfg.detection.drop)
         base.update(fields)
         return RouteState(**base)
 

@@ -112,6 +112,8 @@ class RouteState:
     drafts_total: float = 0.0
     draft_tokens_total: float = 0.0
     accepted_tokens_total: float = 0.0
+    # counter samples rejected as impossible, by reason (tracking/counters.py REJECT_REASONS)
+    rejected_samples_total: Mapping[str, float] = field(default_factory=dict)
     acceptance_ratio: Mapping[str, float] = field(default_factory=dict)  # window -> ratio (absent: no drafts)
     mean_acceptance_length: Mapping[str, float] = field(default_factory=dict)  # window -> tau
     position_acceptance_ratio: tuple[float, ...] = ()  # 5m window, p_j per position
@@ -123,11 +125,15 @@ class RouteState:
     waiting_requests: float | None = None
     kv_usage_ratio: float | None = None
     scrape_duration_seconds: float | None = None
+    engines: int | None = None  # DP engines seen at the last successful scrape; None while down
+    last_scrape_timestamp: float | None = None  # the last successful scrape's time; None: never scraped
     errors_total: Mapping[str, float] = field(default_factory=dict)  # reason -> count
     evaluator_errors_total: Mapping[str, float] = field(default_factory=dict)  # evaluator -> failures
     gpus: tuple[int, ...] = ()
     # detection
     baseline_ratio: float | None = None
+    # baseline x (1 - the route's `drop`): the acceptance the detector pages below
+    acceptance_threshold_ratio: float | None = None
     drop_ratio: float | None = None
     degraded: bool | None = None
     cusum_statistic: float | None = None
@@ -153,6 +159,8 @@ class RouteState:
     # and that batch size (an estimate's band's upper side; None: no crossover)
     crossover_flag_source: str = ""
     crossover_flag_batch_size: float | None = None
+    # True: the flag judges against the live B* (its band pinned it down); False: the source's B*
+    live_crossover_settled: bool | None = None
     # canary probes (evaluators/canary.py)
     probe_acceptance_ratio: float | None = None
     probe_baseline_ratio: float | None = None

@@ -27,7 +27,8 @@ from specwatch.evaluators.base import EvaluatorContext
 from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
 from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
-from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineStore
+from specwatch.state.baselines import Baseline, BaselineKey
+from specwatch.state.store import StateStore
 
 
 # --------------------------------------------------------------------------- statistics
@@ -253,7 +254,7 @@ def test_operator_reset_and_accept_reach_the_evaluator(tmp_path: Path) -> None:
     ev = build_evaluator(ctx, _route())
     _run(ev, TraceSpec(rate=1.0, duration=3 * 3600.0, seed=7))
     assert ev.reference is not None
-    cli = BaselineStore.in_state_dir(str(tmp_path))
+    cli = StateStore.in_state_dir(str(tmp_path))
     cli.delete_route("chat")
     cli.append_command("chat", "reset")
     cli.close()
@@ -274,7 +275,7 @@ def test_configured_baseline_is_used_with_a_learned_overdispersion(tmp_path: Pat
 
 
 def test_unreadable_detector_state_is_counted_not_fatal(tmp_path: Path) -> None:
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     store.register("chat", lambda: {"version": 1, "key": "garbage"})
     store.unregister("chat")
     ctx = _ctx(tmp_path)
@@ -348,7 +349,7 @@ def test_version_one_store_gains_the_dispersion_columns(tmp_path: Path) -> None:
     """)
     conn.commit()
     conn.close()
-    store = BaselineStore(str(path))
+    store = StateStore(str(path))
     old = store.get("chat", BaselineKey("m", "", 4))
     assert old is not None and old.dispersion_model() == DispersionModel(30.0, 0.0)  # a plain φ, as before
     assert old.dispersion_block_seconds == 60.0  # learned on the 1-minute blocks of its time
@@ -507,7 +508,7 @@ def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_lea
 
 def test_a_stored_baseline_learned_on_other_blocks_keeps_r0_and_relearns_phi(tmp_path: Path) -> None:
     key = BaselineKey("m", "", 4)
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     store.put(
         Baseline(
             route="chat",

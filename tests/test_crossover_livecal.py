@@ -118,6 +118,8 @@ def test_live_crossover_converges_on_the_simulated_engine():
     ):
         assert width < first_upper - first_band["live_crossover_lower"]
     assert width <= 0.5 * final["live_crossover_batch_size"]
+    # A band that narrow says so: the flag, and the routing advice, judge against the live B* now.
+    assert final["live_crossover_settled"] is True
 
 
 def test_a_burst_after_idle_is_binned_at_its_own_batch():

@@ -409,7 +409,7 @@ def test_cli_estimate_json(capsys):
             "H200",
             "--params",
             "8",
-            "--gamma",
+            "--draft.length",
             "4",
             "--alpha",
             "0.7",

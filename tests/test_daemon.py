@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -418,3 +419,69 @@ def test_reload_with_the_real_evaluators_keeps_their_shared_state_store_usable(t
         d.close()
     assert [r.getMessage() for r in caplog.records] == []
     assert snap.state_errors_total == 0 and snap.route("r").above_crossover is True
+
+
+def test_the_page_threshold_is_the_baseline_times_one_minus_each_routes_own_drop(monkeypatch):
+    evaluator = RecordingEvaluator({"baseline_ratio": 0.8})
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [evaluator])
+    config = parse_config(
+        {
+            "interval": "1s",
+            "gpu": {"enabled": "false"},
+            "routes": [
+                {"name": "default", "url": "http://127.0.0.1:9/a"},
+                {"name": "loose", "url": "http://127.0.0.1:9/b", "drop": 0.3},
+            ],
+        }
+    )
+    clock = FakeClock()
+    d = Daemon(config, source_factory=lambda r, c: CountingSource(), clock=clock)
+    snap = d.tick(clock.advance(5))
+    assert snap.route("default").acceptance_threshold_ratio == pytest.approx(0.8 * (1 - config.detection.drop))
+    assert snap.route("loose").acceptance_threshold_ratio == pytest.approx(0.8 * 0.7)
+    d.close()
+
+
+class UnmappedGpuSource(FakeGpuSource):
+    def route_gpus(self, route_cfg):
+        return ()
+
+
+def test_a_serving_route_the_gpu_auto_mapping_finds_nothing_for_is_logged_once(no_evaluators, caplog):
+    config = make_config("auto", "pinned")
+    config = replace(config, routes=(config.routes[0], replace(config.routes[1], gpus=(1,))))
+    clock = FakeClock()
+    d = Daemon(
+        config,
+        source_factory=lambda r, c: CountingSource(),
+        gpu_source_factory=lambda g: UnmappedGpuSource(),
+        clock=clock,
+    )
+    with caplog.at_level(logging.WARNING, logger="specwatch.daemon"):
+        for _ in range(3):
+            snap = d.tick(clock.advance(5))
+    warnings = [r.getMessage() for r in caplog.records if "auto-mapping found no GPU" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("route auto:") and "set gpus:" in warnings[0]
+    assert snap.route("auto").gpus == () and snap.route("pinned").gpus == (1,)
+    d.close()
+
+
+def test_each_route_records_its_engines_and_when_it_was_last_scraped_successfully(no_evaluators):
+    good = CountingSource()
+    failing = {"now": False}
+
+    def sample(now):
+        if failing["now"]:
+            raise SourceError("http_status", "HTTP 503")
+        return good.sample(now)
+
+    source = RaisingSource(Exception())
+    source.sample = sample
+    clock = FakeClock()
+    d = Daemon(make_config("r"), source_factory=lambda r, c: source, clock=clock)
+    ok_at = clock.advance(5)
+    snap = d.tick(ok_at)
+    assert snap.route("r").engines == 1 and snap.route("r").last_scrape_timestamp == ok_at
+    failing["now"] = True
+    snap = d.tick(clock.advance(5))
+    assert snap.route("r").engines is None and snap.route("r").last_scrape_timestamp == ok_at

@@ -58,10 +58,14 @@ def full_snapshot() -> Snapshot:
         waiting_requests=2.0,
         kv_usage_ratio=0.41,
         scrape_duration_seconds=0.012,
+        engines=2,
+        last_scrape_timestamp=1764403199.5,
         errors_total={"connection": 0.0, "timeout": 2.0},
+        rejected_samples_total={"non_finite": 0.0, "too_large": 1.0},
         gpus=(0, 1),
         evaluator_errors_total={"above_crossover": 0.0, "acceptance_drop": 3.0},
         baseline_ratio=0.7,
+        acceptance_threshold_ratio=0.595,
         drop_ratio=0.142857,
         degraded=False,
         cusum_statistic=3.5,
@@ -232,8 +236,13 @@ def test_http_endpoints(server):
     doc = requests.get(url + "/api/v1/routes", timeout=5).json()
     assert doc["timestamp"] == 1764403200.0 and [r["name"] for r in doc["routes"]] == ["chat", "code"]
     assert doc["routes"][0]["acceptance_ratio"]["5m"] == 0.6 and doc["routes"][1]["baseline_ratio"] is None
+    advice = requests.get(url + "/api/v1/advice", timeout=5)
+    assert advice.status_code == 200 and advice.headers["Content-Type"] == "application/json"
+    doc = advice.json()
+    assert doc["version"] == 1 and doc["evaluated"] == 1764403200.0
+    assert [(r["route"], r["speculate"]) for r in doc["routes"]] == [("chat", True), ("code", None)]
     index = requests.get(url + "/", timeout=5)
-    assert index.status_code == 200 and 'href="metrics"' in index.text
+    assert index.status_code == 200 and 'href="metrics"' in index.text and 'href="api/v1/advice"' in index.text
     assert requests.get(url + "/nope", timeout=5).status_code == 404
 
 
@@ -247,12 +256,15 @@ class FakeWebConfig:
     def authorize(self, headers) -> bool:
         return headers.get("Authorization") == "Basic dTpw"  # u:p
 
+    def authorize_cached(self, headers) -> bool:
+        return self.authorize(headers)
+
 
 @pytest.mark.slow
 def test_http_basic_auth_refuses_without_detail():
     srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig())
     try:
-        for path in ("/metrics", "/api/v1/routes", "/"):
+        for path in ("/metrics", "/api/v1/routes", "/api/v1/advice", "/"):
             r = requests.get(srv.url + path, timeout=5)
             assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
             assert "specwatch_" not in r.text
@@ -271,6 +283,8 @@ def test_http_tls(tmp_path):
         assert srv.url.startswith("https://")
         r = requests.get(srv.url + "/metrics", auth=("u", "p"), verify=str(cert), timeout=5)
         assert r.status_code == 200 and "specwatch_route_up" in r.text
+        advice = requests.get(srv.url + "/api/v1/advice", auth=("u", "p"), verify=str(cert), timeout=5)
+        assert advice.status_code == 200 and advice.json()["routes"][0]["speculate"] is True
     finally:
         srv.shutdown()
 

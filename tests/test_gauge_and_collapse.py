@@ -9,7 +9,8 @@ import pytest
 
 from specwatch.config import Config, DetectionConfig, RouteConfig
 from specwatch.stats.gauge import GAUGE_MIN_RELATIVE_SD, GaugeLearner, GaugeLlr
-from specwatch.evaluators.acceptance_drop import COLLAPSE_RATIO, AcceptanceDropEvaluator, build_evaluator
+from specwatch.evaluators.acceptance_drop import AcceptanceDropEvaluator, build_evaluator
+from specwatch.evaluators.drop_decision import COLLAPSE_RATIO
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation

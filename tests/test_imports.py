@@ -24,6 +24,7 @@ FOUNDATION = (
     "specwatch.snapshot",
     "specwatch.config",
     "specwatch.config_schema",  # each option's field, default and YAML name, where that table is its own module
+    "specwatch.config_warnings",  # what check-config warns about in a valid config
     "specwatch.engine_kinds",  # the engine names a route's `engine:` may take, keyed by the source registry
     "specwatch.stats",
 )
@@ -57,6 +58,9 @@ LAYERS: dict[str, set[str]] = {
         "specwatch.state",
     },
     "specwatch.simulator": {"specwatch.crossover"},
+    # Gateway plugins (LiteLLM) and engine config writers: they run inside another program and read the
+    # daemon only over HTTP, so they take the foundation alone, and nothing on the daemon's path imports them.
+    "specwatch.integrations": set(),
 }
 # The mixin generates alerts and dashboards offline: the catalog and the defaults (config) only.
 MIXIN = "specwatch.mixin"

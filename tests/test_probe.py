@@ -20,7 +20,8 @@ from specwatch.probe.responses import Acceptance, ResponseError
 from specwatch.probe.runner import ProbeRunner, PromptResult, Round
 from specwatch.probe.verdict import compare
 from specwatch.snapshot import EngineCounters, EngineSample, RouteObservation
-from specwatch.tracking.baselines import BaselineKey, BaselineStore
+from specwatch.state.baselines import BaselineKey
+from specwatch.state.store import StateStore
 from specwatch.tracking.routes import RouteTracker
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -227,7 +228,7 @@ def _evaluator(tmp_path, script, drop=0.15, every="1m", store=None):
             "routes": [{"name": "r", "url": "http://h:8000/metrics", "drop": drop, "probe": {"every": every}}],
         }
     )
-    store = store or BaselineStore(str(tmp_path / "b.db"))
+    store = store or StateStore(str(tmp_path / "b.db"))
     ev = CanaryEvaluator(cfg.routes[0], store, load_prompt_set(BUILTIN), ScriptedRunner(script))
     return ev, store
 

@@ -123,6 +123,12 @@ def test_cli_from_sweep_file(tmp_path, capsys):
     check_sglang_config(out["sglang_adaptive_config"])
     assert out["vllm"]["num_speculative_tokens"] == 3
     assert out["vllm"]["num_speculative_tokens_per_batch_size"][-1][1:] == [128, 0]
+    upper = out["trtllm"]["draft_len_schedule"]["upper"]["speculative_config"]["draft_len_schedule"]
+    lower = out["trtllm"]["draft_len_schedule"]["lower"]["speculative_config"]["draft_len_schedule"]
+    ranges = out["vllm"]["num_speculative_tokens_per_batch_size"]
+    assert lower == {str(start): k for start, _, k in ranges}
+    assert upper == {str(end): k for _, end, k in ranges if k > 0}
+    assert out["trtllm"]["acceptance_gate"] is None  # a sweep alone has no pinned baseline
     assert cli_main(["recommend", "chat", "--sweep", str(path)]) == 0
     text = capsys.readouterr().out
     assert "num_speculative_tokens_per_batch_size" in text and text.count("why:") == 2
@@ -138,6 +144,8 @@ def daemon():
                 "draft_length": 4.0,
                 "batch_size": 24.0,
                 "crossover_batch_size": 80.0,
+                "baseline_ratio": 0.6,
+                "acceptance_threshold_ratio": 0.51,
             },
             {"name": "code", "position_acceptance_ratio": []},
         ]
@@ -170,6 +178,8 @@ def test_cli_from_daemon_with_roofline(daemon, capsys):
     assert rc == 0, capsys.readouterr().err
     out = json.loads(capsys.readouterr().out)
     assert out["batch"] == 24.0 and 1 <= out["k"] <= 4
+    gate = out["trtllm"]["acceptance_gate"]["speculative_config"]
+    assert gate["acceptance_length_threshold"] == pytest.approx(1 + 4 * 0.51)
     check_vllm_schedule(out["vllm"]["num_speculative_tokens_per_batch_size"])
 
 

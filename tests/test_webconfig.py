@@ -221,7 +221,7 @@ def test_unknown_user_costs_a_bcrypt_of_the_configured_cost(monkeypatch):
     assert checked[1] == slow_hash.encode()
 
 
-def test_successful_checks_are_cached_briefly_and_failures_never(monkeypatch):
+def test_outcomes_are_cached_under_an_hmac_and_a_repeated_wrong_password_costs_one_bcrypt(monkeypatch):
     now = [1000.0]
     auth = webconfig._BasicAuth({"prometheus": USER_HASH}, clock=lambda: now[0])
     calls = []
@@ -230,11 +230,56 @@ def test_successful_checks_are_cached_briefly_and_failures_never(monkeypatch):
     assert auth.check("prometheus", PASSWORD) and auth.check("prometheus", PASSWORD)
     assert len(calls) == 1
     assert not auth.check("prometheus", "wrong") and not auth.check("prometheus", "wrong")
-    assert len(calls) == 3
+    assert len(calls) == 2
+    assert auth.cached("prometheus", PASSWORD) is True and auth.cached("prometheus", "wrong") is False
+    assert auth.cached("prometheus", "never tried") is None
     now[0] += webconfig.AUTH_CACHE_SECONDS + 1
-    assert auth.check("prometheus", PASSWORD)
+    assert auth.check("prometheus", PASSWORD) and not auth.check("prometheus", "wrong")
     assert len(calls) == 4
-    assert all(PASSWORD.encode() not in key for key in auth._cache)  # keyed by HMAC, never the password
+    for key in (*auth._passed, *auth._failed):  # keyed by HMAC, never the password
+        assert PASSWORD.encode() not in key and b"wrong" not in key
+
+
+def test_the_failure_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: False)
+    auth = webconfig._BasicAuth({"prometheus": USER_HASH})
+    for i in range(webconfig.AUTH_CACHE_MAX_ENTRIES * 3):
+        assert not auth.check("prometheus", f"guess {i}")
+    assert len(auth._failed) <= webconfig.AUTH_CACHE_MAX_ENTRIES
+
+
+def test_a_cached_right_password_is_not_held_up_by_wrong_ones_being_checked(monkeypatch):
+    """48 clients with wrong passwords once made a right one wait 14 s: the cache was read under bcrypt's lock."""
+    cfg = parse_web_config({"basic_auth_users": {"prometheus": USER_HASH}})
+    assert cfg.authorize(basic("prometheus", PASSWORD))  # now cached
+    inside, gate = threading.Event(), threading.Event()
+    real = bcrypt.checkpw
+
+    def slow_checkpw(password: bytes, hashed: bytes) -> bool:
+        inside.set()
+        gate.wait(30)  # a wrong password's bcrypt, held until the test lets it go
+        return real(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", slow_checkpw)
+    wrong = [
+        threading.Thread(target=cfg.authorize, args=(basic("prometheus", f"wrong {i}"),), daemon=True) for i in range(8)
+    ]
+    answered = threading.Event()
+    right = threading.Thread(
+        target=lambda: cfg.authorize(basic("prometheus", PASSWORD)) and answered.set(), daemon=True
+    )
+    try:
+        for t in wrong:
+            t.start()
+        assert inside.wait(10)
+        right.start()
+        assert answered.wait(10), "a cached right password waited for wrong passwords' bcrypt checks"
+        assert cfg.authorize_cached(basic("prometheus", PASSWORD)) is True
+        assert cfg.authorize_cached(basic("prometheus", "not yet checked")) is None
+    finally:
+        gate.set()
+        for t in (*wrong, right):
+            t.join(10) if t.ident else None
 
 
 # --------------------------------------------------------------------------- a real HTTPS server
@@ -352,3 +397,32 @@ def test_rotated_certificate_is_picked_up_without_restart(tmp_path, pki, serve):
 
     (tmp_path / "server.crt").write_text("broken rotation")  # a bad rotation keeps the last good certificate
     assert requests.get(url, verify=str(fresh["ca.crt"]), timeout=5).status_code == 200
+
+
+@pytest.mark.slow
+def test_the_daemons_own_server_guards_the_advice_api_with_tls_and_basic_auth(tmp_path, pki):
+    from specwatch.export.http import serve as serve_daemon
+    from specwatch.snapshot import RouteState, Snapshot
+
+    cfg = load_web_config(
+        write(
+            tmp_path,
+            f"""
+tls_server_config: {{cert_file: {pki["server.crt"]}, key_file: {pki["server.key"]}}}
+basic_auth_users: {{prometheus: '{USER_HASH}'}}
+""",
+        )
+    )
+    snapshot = Snapshot(timestamp=time.time(), routes=(RouteState(name="chat", up=True, above_crossover=True),))
+    server = serve_daemon("127.0.0.1:0", lambda: snapshot, cfg)
+    try:
+        url = server.url + "/api/v1/advice"
+        assert url.startswith("https://")
+        anonymous = requests.get(url, verify=str(pki["ca.crt"]), timeout=10)
+        assert anonymous.status_code == 401 and b"chat" not in anonymous.content
+        wrong = requests.get(url, verify=str(pki["ca.crt"]), auth=("prometheus", "wrong"), timeout=10)
+        assert wrong.status_code == 401
+        answer = requests.get(url, verify=str(pki["ca.crt"]), auth=("prometheus", PASSWORD), timeout=10)
+        assert answer.status_code == 200 and answer.json()["routes"][0]["speculate"] is False
+    finally:
+        server.shutdown()

@@ -24,6 +24,7 @@ from rich.logging import RichHandler
 from rich.text import Text
 
 import specwatch
+from specwatch.commands import add_state_dir_argument
 from specwatch.commands.status import render_status_table
 from specwatch.config import ConfigError, parse_config
 from specwatch.daemon import Daemon
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the daemon serves /metrics and /api/v1/routes (default: a free loopback port)",
     )
     parser.add_argument("--refresh", type=float, default=1.0, help="status table refresh interval, seconds")
-    parser.add_argument("--state-dir", help="baseline state directory (default: a temporary one, removed at exit)")
+    add_state_dir_argument(parser, "baseline state directory (default: a temporary one, removed at exit)")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the simulated engines (default 1)")
     parser.add_argument(
         "--real",

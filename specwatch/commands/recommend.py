@@ -1,4 +1,5 @@
-"""`specwatch recommend ROUTE`: the throughput-best draft length and a batch-size schedule for vLLM and SGLang.
+"""`specwatch recommend ROUTE`: the throughput-best draft length and a batch-size schedule for vLLM, SGLang and
+TensorRT-LLM (with its acceptance gate from the route's pinned baseline, when a daemon is read).
 
 Acceptance comes from a running daemon's /api/v1/routes (the route's 5m per-position acceptance and batch) or,
 with `--sweep` alone, from the sweep file. Step times come from the sweep (`--sweep`) or the calibrated
@@ -16,6 +17,7 @@ from specwatch.commands.status import DEFAULT_URL, Unreachable, fetch_routes
 from specwatch.crossover.estimate import build_step_model
 from specwatch.crossover.recommend import ModelStepTimes, Recommendation, SweepStepTimes, recommend
 from specwatch.crossover.sweepfile import load_sweep
+from specwatch.integrations.trtllm import acceptance_gate, draft_len_schedules
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        rec, positions = _recommend(args)
+        rec, positions, route = _recommend(args)
     except (ValueError, Unreachable) as exc:
         print(f"specwatch recommend: {exc}", file=sys.stderr)
         return 2
@@ -47,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
         "num_speculative_tokens": len(positions),
         "num_speculative_tokens_per_batch_size": [list(r) for r in rec.ranges],
     }
+    trtllm = _trtllm(rec, positions, route)
     if args.json:
         print(
             json.dumps(
@@ -57,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
                     "predicted_speedup_ratio": round(rec.speedup_now, 3),
                     "vllm": vllm,
                     "sglang_adaptive_config": rec.sglang,
+                    "trtllm": trtllm,
                 },
                 indent=2,
             )
@@ -73,12 +77,37 @@ def main(args: argparse.Namespace) -> int:
     print("SGLang --speculative-adaptive --speculative-adaptive-config FILE, with FILE:")
     print("  " + json.dumps(rec.sglang))
     print(f"  why: {rec.sglang_reason}")
+    print()
+    print("TensorRT-LLM speculative_config (merge into yours; pick the meaning your version has):")
+    for meaning, snippet in trtllm["draft_len_schedule"].items():
+        print(f"  {meaning}: " + json.dumps(snippet["speculative_config"]))
+        print(f"    matches {snippet['source']}")
+    if not trtllm["draft_len_schedule"]:
+        print("  drafting does not pay from batch 1: leave speculation off")
+    gate = trtllm["acceptance_gate"]
+    if gate is not None:
+        print("  acceptance gate: " + json.dumps(gate["speculative_config"]))
+        print(f"    matches {gate['source']}")
     return 0
 
 
-def _recommend(args: argparse.Namespace) -> tuple[Recommendation, tuple[float, ...]]:
+def _trtllm(rec: Recommendation, positions: tuple[float, ...], route: dict | None) -> dict:
+    """TensorRT-LLM's schedule in each key meaning, and the acceptance gate where the route has a pinned
+    baseline and a page threshold."""
+    gate = None
+    baseline, threshold = (route or {}).get("baseline_ratio"), (route or {}).get("acceptance_threshold_ratio")
+    if baseline and threshold:
+        try:
+            gate = acceptance_gate(float(baseline), float(threshold), len(positions))
+        except ValueError:
+            gate = None
+    return {"draft_len_schedule": draft_len_schedules(rec.ranges), "acceptance_gate": gate}
+
+
+def _recommend(args: argparse.Namespace) -> tuple[Recommendation, tuple[float, ...], dict | None]:
     sweep = load_sweep(args.sweep) if args.sweep else None
     batch = args.batch
+    route = None
     if args.url or not sweep:
         route = _daemon_route(args.url or DEFAULT_URL, args.route)
         positions = tuple(float(p) for p in route.get("position_acceptance_ratio") or ())
@@ -101,7 +130,7 @@ def _recommend(args: argparse.Namespace) -> tuple[Recommendation, tuple[float, .
             "step times needed: give --sweep FILE, or the model (--gpu, --params or --hf-config, "
             "--draft) for the calibrated roofline"
         )
-    return recommend(positions, times, float(batch or 1.0), args.max_batch), positions
+    return recommend(positions, times, float(batch or 1.0), args.max_batch), positions, route
 
 
 def _daemon_route(url: str, name: str) -> dict:

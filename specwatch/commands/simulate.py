@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 
+from specwatch.commands import add_deprecated_alias
 from specwatch.simulator.scenario import Scenario, ScenarioError, load_scenario
 from specwatch.simulator.server import RunningSimulator
 from specwatch.simulator.simulation import DEFAULT_MODEL, ENGINE_KINDS, Simulation, SimulationSpec
@@ -30,8 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp", type=int, default=1, help="data-parallel engines (vLLM `engine`, SGLang `dp_rank`)")
     parser.add_argument("--model", help=f"served model name (default: the scenario's, else {DEFAULT_MODEL})")
     parser.add_argument(
-        "--k", type=int, help="draft tokens per step, 0 = speculation off (default: scenario's, else 4)"
+        "--draft.length",
+        dest="k",
+        type=int,
+        metavar="K",
+        help="draft tokens per step, 0 = speculation off (default: scenario's, else 4)",
     )
+    add_deprecated_alias(parser, "--k", "--draft.length", "k", type=int)
     parser.add_argument(
         "--acceptance",
         metavar="ALPHA[,ALPHA...]",

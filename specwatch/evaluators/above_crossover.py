@@ -310,6 +310,7 @@ class AboveCrossoverEvaluator:
                 live_crossover_upper=live_answer.upper,
                 live_crossover_bins=live_answer.bins,
             )
+            update["live_crossover_settled"] = live_answer.settled
             if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
                 threshold, flag_source = live_answer.batch_size, "live"
                 if batch and self.live is not None:

@@ -7,8 +7,7 @@ each section is rendered on its own and a bug in one is logged and costs only th
 
 The sections below are the one description of what is exported. They write either client_python families
 (`render_families`: the collector, hence OTel and any format client_python writes) or, for the formats
-Prometheus and curl ask for, text lines directly (`render_text`: the same bytes, for 64 routes a third of
-client_python's CPU in the 0.0.4 text format and an eighth in OpenMetrics).
+Prometheus and curl ask for, text lines directly (`render_text`: the same bytes; `text_format.py` says why).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from specwatch import __version__
 from specwatch.catalog import BY_NAME, PREFIX, MetricSpec
+from specwatch.export.advice import route_advice
 from specwatch.export.text_format import TextFamily, text_body
 from specwatch.snapshot import RouteState, Snapshot
 
@@ -140,6 +140,7 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
     for r in routes:
         info.add(1, r.name, r.engine_kind, r.model_name, r.engine_version, r.acceptance_source)
     _per_route(f, "source_scrape_duration_seconds", routes, "scrape_duration_seconds")
+    _per_route(f, "route_last_scrape_timestamp_seconds", routes, "last_scrape_timestamp")
     errors = f("source_errors_total")
     for r in routes:
         for reason, count in sorted(r.errors_total.items()):
@@ -152,6 +153,10 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_drafts_total", counting, "drafts_total")
     _per_route(f, "route_draft_tokens_total", counting, "draft_tokens_total")
     _per_route(f, "route_accepted_tokens_total", counting, "accepted_tokens_total")
+    rejected = f("route_rejected_samples_total")
+    for r in routes:
+        for reason, count in sorted(r.rejected_samples_total.items()):
+            rejected.add(count, r.name, reason)
     ratio = f("route_acceptance_ratio")
     for r in routes:
         for window, value in r.acceptance_ratio.items():
@@ -174,6 +179,7 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
 def _detection_metrics(s: Snapshot, f: Families) -> None:
     routes = s.routes
     _per_route(f, "route_acceptance_baseline_ratio", routes, "baseline_ratio")
+    _per_route(f, "route_acceptance_threshold_ratio", routes, "acceptance_threshold_ratio")
     _per_route(f, "route_acceptance_drop_ratio", routes, "drop_ratio")
     _per_route(f, "route_acceptance_degraded", routes, "degraded")
     _per_route(f, "route_acceptance_cusum", routes, "cusum_statistic")
@@ -198,6 +204,16 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_speculation_gpu_seconds_lost_total", routes, "speculation_gpu_seconds_lost_total")
     _per_route(f, "route_speculation_gpu_seconds_saved_total", routes, "speculation_gpu_seconds_saved_total")
     _per_route(f, "route_compute_bound", routes, "compute_bound")
+    speculate, headroom, engine_headroom = (
+        f("route_speculate"),
+        f("route_crossover_headroom_requests"),
+        f("route_engine_crossover_headroom_requests"),
+    )
+    for r in routes:
+        a = route_advice(r)
+        speculate.add(a.speculate, r.name)
+        headroom.add(a.headroom_requests, r.name)
+        engine_headroom.add(a.headroom_per_engine, r.name)
 
 
 def _probe_metrics(s: Snapshot, f: Families) -> None:

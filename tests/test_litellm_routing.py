@@ -1,0 +1,178 @@
+"""The LiteLLM routing callback: a real `litellm.Router` over two loopback OpenAI stubs (one speculative, one
+plain), steered by a fake specwatch advice server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+# LiteLLM fetches its model cost map from GitHub at import unless told to use the copy in its wheel.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+litellm = pytest.importorskip("litellm", reason="the litellm extra is not installed: pip install '.[litellm]'")
+
+from specwatch.integrations.litellm import AdviceCache, SpecwatchRouting  # noqa: E402
+
+pytestmark = pytest.mark.slow  # loopback servers
+
+
+class _Stub(http.server.BaseHTTPRequestHandler):
+    """An OpenAI chat-completions endpoint that names itself in its answer; or, as advice, serves `doc`."""
+
+    name = ""
+    doc: dict[str, Any] | None = None
+    status = 200
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": self.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.name}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+        self._send(200, body)
+
+    def do_GET(self) -> None:
+        self._send(self.status, type(self).doc or {})
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def servers() -> Iterator[dict[str, Any]]:
+    started = {}
+    for name in ("spec", "plain", "advice"):
+        handler = type(name, (_Stub,), {"name": name, "doc": None})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        started[name] = server
+    yield started
+    for server in started.values():
+        server.shutdown()
+        server.server_close()
+
+
+def url(server: Any) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def advice(speculate: bool | None, headroom: float, evaluated: float | None = None) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "generated": time.time(),
+        "evaluated": time.time() if evaluated is None else evaluated,
+        "routes": [{"route": "chat-spec", "up": True, "speculate": speculate, "headroom": {"requests": headroom}}],
+    }
+
+
+def router(servers: dict[str, Any]) -> Any:
+    return litellm.Router(
+        model_list=[
+            {
+                "model_name": "chat",
+                "litellm_params": {"model": "openai/m", "api_base": url(servers[role]) + "/v1", "api_key": "x"},
+                "model_info": {"id": role, "specwatch_route": "chat-spec", "specwatch_role": role},
+            }
+            for role in ("spec", "plain")
+        ],
+        routing_strategy="simple-shuffle",
+    )
+
+
+def served(r: Any, n: int) -> list[str]:
+    async def run() -> list[str]:
+        out = []
+        for _ in range(n):
+            response = await r.acompletion(model="chat", messages=[{"role": "user", "content": "hi"}])
+            out.append(response.choices[0].message.content)
+        return out
+
+    return asyncio.run(run())
+
+
+@pytest.fixture
+def routing(servers, monkeypatch) -> Iterator[SpecwatchRouting]:
+    plugin = SpecwatchRouting(advice=AdviceCache(url(servers["advice"]), timeout=2.0, refresh_seconds=3600.0))
+    monkeypatch.setattr(litellm, "callbacks", [plugin])
+    yield plugin
+
+
+def test_below_the_crossover_every_request_goes_to_the_speculative_deployment(servers, routing):
+    servers["advice"].RequestHandlerClass.doc = advice(True, 100.0)
+    routing.advice.refresh_now()
+    assert served(router(servers), 12) == ["spec"] * 12
+
+
+def test_above_the_crossover_every_request_spills_to_the_plain_deployment(servers, routing):
+    servers["advice"].RequestHandlerClass.doc = advice(False, -4.0)
+    routing.advice.refresh_now()
+    assert served(router(servers), 12) == ["plain"] * 12
+
+
+def test_the_headroom_left_goes_to_speculation_and_the_rest_spills(servers, routing):
+    servers["advice"].RequestHandlerClass.doc = advice(True, 3.0)
+    routing.advice.refresh_now()
+    assert served(router(servers), 8) == ["spec"] * 3 + ["plain"] * 5
+
+
+def test_without_advice_both_deployments_serve(servers, routing):
+    servers["advice"].shutdown()  # specwatch unreachable: fail open
+    servers["advice"].server_close()
+    routing.advice.refresh_now()
+    assert set(served(router(servers), 40)) == {"spec", "plain"}
+
+
+def test_stale_or_unknown_advice_narrows_nothing(servers, routing):
+    servers["advice"].RequestHandlerClass.doc = advice(False, -4.0, evaluated=time.time() - 3600)
+    routing.advice.refresh_now()
+    assert set(served(router(servers), 40)) == {"spec", "plain"}
+    servers["advice"].RequestHandlerClass.doc = advice(None, 0.0)
+    routing.advice.refresh_now()
+    assert set(served(router(servers), 40)) == {"spec", "plain"}
+
+
+def test_a_request_never_waits_for_the_advice_server():
+    hang = threading.Event()
+
+    class Hanging(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hang.wait(30)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cache = AdviceCache(url(server), timeout=0.1)
+        done = threading.Event()
+
+        def ask() -> None:
+            cache.current()
+            done.set()
+
+        threading.Thread(target=ask, daemon=True).start()
+        # current() only starts the refresh; it returns at once with no advice, however long the server hangs
+        assert done.wait(20) and cache.current() is None
+    finally:
+        hang.set()
+        server.shutdown()
+        server.server_close()
