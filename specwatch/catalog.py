@@ -197,7 +197,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _m(
         "route_crossover_band_batch_size",
         "gauge",
-        "Confidence band of the live-calibrated crossover batch size (jackknife over observed batches)" + AS_OF,
+        "Band of the crossover batch size: the estimate's held-out validation error (source estimate) or a "
+        "jackknife over observed batches (source live)" + AS_OF,
         ("route", "source", "bound"),
         area="crossover",
     ),

@@ -22,11 +22,15 @@ class StepTimes(NamedTuple):
     request per engine step (the time since that request's previous step), so seconds / observations is the
     mean step time, weighted by the batch. steps: `vllm:iteration_tokens_total`'s count, one per engine step
     that emitted output, so observations / steps is the mean decoding batch of those very steps (None where
-    the engine does not export it)."""
+    the engine does not export it).
+
+    per_token (SGLang): `sglang:inter_token_latency_seconds`' sum and count, where the count counts output
+    tokens, not request-steps: the consumer divides by the tokens per step (tau) of the same cycle."""
 
     seconds: float
     observations: float
     steps: float | None = None
+    per_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ class RouteState:
     # crossover
     crossover_batch_size: float | None = None
     crossover_source: str = ""
+    crossover_lower: float | None = None  # the estimate's validated error band (estimate sources)
+    crossover_upper: float | None = None
     batch_size: float | None = None
     above_crossover: bool | None = None
     predicted_speedup_ratio: float | None = None
@@ -148,6 +154,11 @@ class RouteState:
     live_crossover_batch_size: float | None = None
     live_crossover_lower: float | None = None
     live_crossover_upper: float | None = None
+    live_crossover_bins: int | None = None  # batch bins the live calibration has seen
+    # What the flag compares the batch with now: its source (sweep, estimate, batch_size, or live once settled)
+    # and that batch size (an estimate's band's upper side; None: no crossover)
+    crossover_flag_source: str = ""
+    crossover_flag_batch_size: float | None = None
     # True: the flag judges against the live B* (its band pinned it down); False: the source's B*
     live_crossover_settled: bool | None = None
     # canary probes (evaluators/canary.py)

@@ -283,7 +283,16 @@ def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
                     "name": "chat",
                     "url": "http://127.0.0.1:9/metrics",
                     "crossover": {
-                        "estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024},
+                        "estimate": {
+                            "gpu": "H200",
+                            "layers": 32,
+                            "hidden_size": 4096,
+                            "kv_heads": 8,
+                            "head_dim": 128,
+                            "params": 8.03,
+                            "draft": "eagle3",
+                            "context": 1024,
+                        },
                         "hold": "2m",
                     },
                 }
@@ -307,6 +316,9 @@ def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
             "batch": get("specwatch_route_batch_size", {"route": "chat"}),
             "bstar": get("specwatch_route_crossover_batch_size", {"route": "chat", "source": "estimate"}),
             "speedup": get("specwatch_route_predicted_speedup_ratio", {"route": "chat"}),
+            "upper": get(
+                "specwatch_route_crossover_band_batch_size", {"route": "chat", "source": "estimate", "bound": "upper"}
+            ),
         }
 
     try:
@@ -315,9 +327,31 @@ def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
         assert low["speedup"] > 1.5
         high = run(120, 200)  # 400 running on the route, 200 per engine
         assert high["above"] == 1 and high["batch"] == pytest.approx(200) and high["speedup"] < 1
-        hover = run(60, low["bstar"] * 0.95)  # between 0.9 B* and B*: stays above
+        assert low["bstar"] < low["upper"] < 200  # the flag's threshold: the band's upper side
+        hover = run(60, low["upper"] * 0.95)  # between 0.9 and 1 x the threshold: stays above
         assert hover["above"] == 1
         back = run(180, 10)
         assert back["above"] == 0
     finally:
         daemon.close()
+
+
+def test_estimate_flags_only_past_its_bands_upper_side():
+    """An estimate's B* carries its validated error band; the flag waits for the batch to pass the band's
+    upper side, never advising speculation off while the estimate could still be below the truth."""
+    spec = {"gpu": "H200", "layers": 32, "hidden_size": 4096, "kv_heads": 8, "head_dim": 128, "params": 8.03}
+    ev = evaluator({"estimate": {**spec, "draft": "eagle3", "context": 4096}, "hold": "1m"})
+    first = ev.evaluate(obs(0, {"0": 1}), ())
+    bstar, upper = first["crossover_batch_size"], first["crossover_upper"]
+    assert bstar is not None and upper is not None and first["crossover_lower"] < bstar < upper
+    assert first["crossover_flag_source"] == "estimate" and first["crossover_flag_batch_size"] == upper
+    from specwatch.commands.status import _flag
+
+    assert _flag({**first, "batch_size": 30.0}) == f" flag>{upper:.1f}"
+    assert _flag({"crossover_flag_source": "live", "crossover_flag_batch_size": 41.0, "live_crossover_bins": 5}) == (
+        " live:41.0 (5 bins)"
+    )
+    between = drive(ev, 5, 300, running=(bstar + upper) / 2)
+    assert between["above_crossover"] is False
+    above = drive(ev, 300, 600, running=upper * 1.1)
+    assert above["above_crossover"] is True

@@ -98,3 +98,23 @@ def test_the_advice_is_exported_as_metrics_too():
     assert value("specwatch_route_crossover_headroom_requests", {"route": "chat"}) == -16.0
     assert value("specwatch_route_engine_crossover_headroom_requests", {"route": "chat"}) == -8.0
     assert value("specwatch_route_last_scrape_timestamp_seconds", {"route": "chat"}) == NOW - 5.0
+
+
+def test_an_estimate_is_judged_on_its_bands_upper_side_like_the_flag():
+    """Before live calibration settles, an estimate's flag compares the batch with its band's upper side: the
+    advice's B*, headroom and band are that one's, so a gateway never sees no headroom while speculation pays."""
+    r = chat(
+        crossover_source="estimate",
+        crossover_batch_size=24.0,
+        crossover_lower=20.0,
+        crossover_upper=29.0,
+        crossover_flag_source="estimate",
+        crossover_flag_batch_size=29.0,
+        live_crossover_settled=False,
+        batch_size=26.0,
+        above_crossover=False,
+    )
+    a = route_advice(r)
+    assert a.crossover_batch_size == 29.0 and a.crossover_source == "estimate"
+    assert (a.crossover_lower, a.crossover_upper) == (20.0, 29.0)
+    assert a.headroom_per_engine == 3.0 and a.speculate is True

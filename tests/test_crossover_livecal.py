@@ -108,12 +108,15 @@ def test_live_crossover_converges_on_the_simulated_engine():
     assert final["live_crossover_lower"] <= final["live_crossover_batch_size"] <= final["live_crossover_upper"]
     # Within 30% of the engine's own crossover once batches 8-128 were seen.
     assert final["live_crossover_batch_size"] == pytest.approx(true_b_star, rel=0.3)
-    # The band narrowed as batches were observed.
+    # The band narrowed as batches were observed, unless the first one was already narrow: with fewer than 3
+    # bins it spans the calibrated GPU's B* and the refit's, which can agree by chance.
     width = final["live_crossover_upper"] - final["live_crossover_lower"]
-    assert (
-        first_band["live_crossover_upper"] is None
-        or width < first_band["live_crossover_upper"] - first_band["live_crossover_lower"]
-    )
+    first_upper = first_band["live_crossover_upper"]
+    if (
+        first_upper is not None
+        and first_upper - first_band["live_crossover_lower"] > 0.25 * final["live_crossover_batch_size"]
+    ):
+        assert width < first_upper - first_band["live_crossover_lower"]
     assert width <= 0.5 * final["live_crossover_batch_size"]
     # A band that narrow says so: the flag, and the routing advice, judge against the live B* now.
     assert final["live_crossover_settled"] is True

@@ -14,6 +14,8 @@ from specwatch.crossover.estimate import (
     assumptions,
     build_step_model,
     params_in_billions,
+    describe_band,
+    estimate_band,
     validation_warnings,
 )
 from specwatch.crossover.speedup import LLAMA3_8B, positions_from_alpha
@@ -152,12 +154,19 @@ def _estimate(args: argparse.Namespace) -> int:
         eff, rms = fit_efficiency(model, points, source="")
         model = model.with_efficiency(replace(eff, source=f"fitted to {args.calibrate_from}, RMS {rms:.0%}"))
     bstar = model.crossover(positions, args.context)
+    band = estimate_band(model, inputs, bstar, args.context, positions)
     speedups = {str(b): round(model.speedup(b, positions, args.context), 3) for b in args.batches}
     if args.json:
         print(
             json.dumps(
                 {
                     "crossover_batch_size": None if bstar is None else round(bstar, 1),
+                    "band": {
+                        "lower": None if band.lower is None else round(band.lower, 1),
+                        "upper": None if band.upper is None else round(band.upper, 1),
+                        "validated": band.validated,
+                        "basis": band.basis,
+                    },
                     "speedup": speedups,
                     "assumptions": assumptions(model, inputs, positions, args.context),
                     "warnings": validation_warnings(model, inputs, args.context),
@@ -174,6 +183,7 @@ def _estimate(args: argparse.Namespace) -> int:
         print("B*: none (speculation wins at every batch up to 4096)")
     else:
         print(f"B*: {bstar:.1f}  (speculation loses throughput above about {bstar:.0f} running requests per engine)")
+    print(f"    {describe_band(bstar, band)}")
     print(f"{'batch':>6}  {'speedup':>7}")
     for b, s in speedups.items():
         print(f"{b:>6}  {s:>7.3f}")

@@ -146,7 +146,7 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
         "run/wait": f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
         "baseline drop": f"{_ratio(r.get('baseline_ratio'))} "
         + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH),
-        "batch/xover": f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}",
+        "batch/xover": f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}{_flag(r)}",
         "GPU-h lost/saved": f"{_hours(lost)}/{_hours(saved)}",
         "verdict": verdict if verdict.plain else Text("ok", style="green") if r.get("up") else Text(_DASH),
     }
@@ -253,3 +253,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
     finally:
         session.close()
+
+
+def _flag(r: Mapping[str, Any]) -> str:
+    """What the flag uses when that is not the B* shown: the estimate's band's upper side, or live calibration
+    (with its batch bins)."""
+    source, threshold = r.get("crossover_flag_source"), r.get("crossover_flag_batch_size")
+    if source == "live":
+        return f" live:{_number(threshold, 1)} ({r.get('live_crossover_bins')} bins)"
+    if source == "estimate" and threshold != r.get("crossover_batch_size"):
+        return f" flag>{_number(threshold, 1)}"
+    return ""

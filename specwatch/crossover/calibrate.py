@@ -28,6 +28,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "decode_attention_flop_s": (0.0, 2e-13),
     "attention_slice_key_s": (0.0, 1e-7),
     "expert_group_s": (0.0, 5e-6),
+    "verify_block_s": (0.0, 2e-5),
     "elementwise": (0.05, 1.0),
 }
 # Everything the per-kernel model has: what a table with plain, verify and draft times of several shapes fits.
@@ -43,6 +44,7 @@ ALL_PARAMETERS = (
     "attention_slice_key_s",
     "expert_group_s",
     "elementwise",
+    "verify_block_s",
 )
 
 
@@ -50,18 +52,24 @@ ALL_PARAMETERS = (
 class StepPoint:
     """One measured step. kind: "target" (one forward with q tokens per sequence), "draft" (one draft
     step), "spec" (a whole speculative step: verify with q = gamma + 1 plus gamma draft steps) or
-    "attention" (one layer's attention kernel alone, q query tokens per sequence)."""
+    "attention" (one layer's attention kernel alone, q query tokens per sequence) or "attention_delta" (how
+    much longer one layer's attention takes at `context` than at `base_context`: the difference of two
+    forwards that differ only in context)."""
 
     batch: float
     q: int
     context: float
     seconds: float
     kind: str = "target"
+    base_context: float = 0.0
 
 
 def predict(model: StepModel, p: StepPoint) -> float:
     if p.kind == "attention":
         return attention_s(p.batch, p.q, p.context, model.shape, model.hardware, model.efficiency, model.hardware.sms)
+    if p.kind == "attention_delta":
+        args = (model.shape, model.hardware, model.efficiency, model.hardware.sms)
+        return attention_s(p.batch, p.q, p.context, *args) - attention_s(p.batch, p.q, p.base_context, *args)
     if p.kind == "draft":
         return model.draft_step_s(p.batch, p.context)
     if p.kind == "spec":

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from specwatch.crossover.band import Band
+from specwatch.crossover.estimate import EstimateInputs, estimate_band
 from specwatch.crossover.speedup import StepModel, interpolate_crossover, tau
 from specwatch.crossover.sweepfile import speedup_points
 
@@ -34,6 +36,11 @@ class CrossoverAnswer:
     batch_size: float | None  # B*; None: no crossover (speculation wins at every batch) or unknown
     speedup: float | None  # predicted spec/plain throughput at the live batch
     known: bool = True  # False: not enough data yet to answer
+    # The estimate's error band from the held-out validation (`band.py`); None on other sources. upper None
+    # with a B*: no upper bound (the truth may be no crossover at all).
+    lower: float | None = None
+    upper: float | None = None
+    banded: bool = False
 
 
 class CrossoverSource(Protocol):
@@ -55,10 +62,11 @@ class FixedCrossover:
 class EstimatedCrossover:
     name = "estimate"
 
-    def __init__(self, model: StepModel, context: float | None) -> None:
+    def __init__(self, model: StepModel, context: float | None, inputs: EstimateInputs | None = None) -> None:
         self.model = model
         self.context = context
-        self._cache: dict[tuple, float | None] = {}
+        self.inputs = inputs if inputs is not None else EstimateInputs()
+        self._cache: dict[tuple, tuple[float | None, Band]] = {}
 
     def live_context(self, live: LiveInputs) -> float:
         """Configured context, else KV usage x KV capacity / running requests (§8), else 1024."""
@@ -85,9 +93,11 @@ class EstimatedCrossover:
         if key not in self._cache:
             if len(self._cache) > 256:
                 self._cache.clear()
-            self._cache[key] = self.model.crossover(positions, key[1])
+            bstar = self.model.crossover(positions, key[1])
+            self._cache[key] = (bstar, estimate_band(self.model, self.inputs, bstar, key[1], positions))
         speedup = self.model.speedup(live.batch, positions, context) if live.batch else None
-        return CrossoverAnswer(self._cache[key], speedup)
+        bstar, band = self._cache[key]
+        return CrossoverAnswer(bstar, speedup, lower=band.lower, upper=band.upper, banded=True)
 
 
 class SweptCrossover:

@@ -6,8 +6,11 @@ answer the same question the same way.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from specwatch.config import CrossoverEstimateConfig
 from specwatch.crossover import gpus
+from specwatch.crossover.band import Band, error_band
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.inputs import ModelShape
 from specwatch.crossover.speedup import BYTES_PER_WEIGHT, Draft, StepModel
@@ -140,11 +143,8 @@ def validation_warnings(model: StepModel, inp: EstimateInputs, context: float) -
     if not lo <= model.shape.gqa_ratio <= hi:
         warnings.append(f"GQA ratio {model.shape.gqa_ratio:g} is outside the validated {lo:g}-{hi:g}")
     lo, hi = rng["context"]
-    if not lo * 0.5 <= context <= hi * 2:
-        warnings.append(
-            f"context {context:g} is outside the validated {lo:g}-{hi:g} tokens (long-context verify "
-            "attention is not validated)"
-        )
+    if not lo <= context <= hi:
+        warnings.append(f"context {context:g} is outside the validated {lo:g}-{hi:g} tokens")
     if model.dtype != "bf16":
         warnings.append(f"{model.dtype} weights: only bf16 was measured")
     if model.shape.experts:
@@ -152,3 +152,24 @@ def validation_warnings(model: StepModel, inp: EstimateInputs, context: float) -
     if inp.params and not inp.hf_config and inp.layers is None:
         warnings.append("shape guessed from the parameter count: GQA, width and depth are Llama-like guesses")
     return warnings
+
+
+def estimate_band(
+    model: StepModel, inp: EstimateInputs, bstar: float | None, context: float, positions: Sequence[float]
+) -> Band:
+    """B*'s error band from the held-out validation (`band.py`): validated where no warning applies."""
+    return error_band(
+        bstar,
+        model.shape,
+        context,
+        validated=not validation_warnings(model, inp, context),
+        speedup_at_one=model.speedup(1.0, positions, context),
+    )
+
+
+def describe_band(bstar: float | None, band: Band) -> str:
+    """One line: the band and what it rests on."""
+    if bstar is None:
+        return f"no crossover predicted ({band.basis})"
+    upper = "no upper bound" if band.upper is None else f"{band.upper:.0f}"
+    return f"band {band.lower:.0f}-{upper}: {band.basis}"

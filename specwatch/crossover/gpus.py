@@ -36,21 +36,22 @@ HARDWARE: dict[str, Hardware] = {
 # `bench/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
 CALIBRATED: dict[str, Efficiency] = {
     "H200": Efficiency(
-        memory=0.809,
-        compute=0.681,
-        verify_attention=0.954,
-        step_overhead_s=15.6e-6,
-        decode_attention=0.954,
-        layer_overhead_s=59.4e-6,
-        verify_key_s=7.81e-11,
+        memory=0.784,
+        compute=0.737,
+        verify_attention=0.989,
+        step_overhead_s=19.5e-6,
+        decode_attention=0.950,
+        layer_overhead_s=63.3e-6,
+        verify_key_s=4.61e-11,
         decode_attention_flop_s=0.0,
-        attention_slice_key_s=9.38e-9,
-        expert_group_s=0.371e-6,
+        attention_slice_key_s=0.781e-9,
+        expert_group_s=0.332e-6,
+        verify_block_s=5.23e-6,
         verify_reads_per_query_head=True,
         elementwise=0.389,
-        source="fitted: attention terms on an H200 attention-kernel probe, the elementwise rate on a profiled "
-        "forward, the rest on nine H200 step-time tables (1.5-34B, GQA 1-8, one MoE), torch 2.11 CUDA graphs, "
-        "ctx 1024",
+        source="fitted: attention terms on an H200 attention-kernel probe and the tables' context deltas, the "
+        "elementwise rate on a profiled forward, the rest on 25 H200 step-time tables (nine shapes 1.5-34B, GQA "
+        "1-8, one MoE, at context 1024; four of them also at 2048-16384), torch 2.11 CUDA graphs",
     ),
 }
 

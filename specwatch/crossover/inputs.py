@@ -148,6 +148,9 @@ class Efficiency:
     # Fixed seconds per touched expert of a grouped (MoE) GEMM launch: each expert's group of rows is its own
     # small GEMM inside the launch, with its own setup and pipeline fill (`stepcost.grouped_gemm_s`).
     expert_group_s: float = 0.0
+    # Fixed seconds per wave of verify-kernel blocks (a block's setup, query-tile load and output write):
+    # the part of a verify call that does not grow with the context (`stepcost.attention_s`).
+    verify_block_s: float = 0.0
     # True: the verify pass reads KV once per query head (attention kernels without GQA packing, e.g. the
     # SDPA kernel of the H200 tables); False: once per KV head, like decode.
     verify_reads_per_query_head: bool = False

@@ -1,7 +1,9 @@
 """Live calibration: the crossover re-fitted to the route's own engine step times, with a confidence band.
 
 A speculating vLLM engine reports its step period (`vllm:inter_token_latency_seconds`: one observation per
-decoding request per step, so Δsum / Δcount over a cycle is the mean step time) beside its running batch.
+decoding request per step, so Δsum / Δcount over a cycle is the mean step time) beside its running batch; SGLang
+reports time per output token (its histogram's count counts tokens), which the evaluator turns into steps with
+the live tokens per step (`above_crossover._request_steps`).
 Those are *speculative* step times, T_spec(B) = T(B, k+1) + k·T_draft(B), at the batches the route actually
 runs. They are binned by batch; the route's roofline model (`estimate:` config) has its memory, compute,
 verify-attention efficiencies, the verify kernel's per-key cost and one fixed cost (per layer or per forward,

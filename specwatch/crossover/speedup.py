@@ -21,6 +21,8 @@ from specwatch.crossover.stepcost import forward_s
 BYTES_PER_WEIGHT = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5, "fp32": 4.0}
 EAGLE3_DRAFT_VOCAB = 32_000
 MAX_BATCH = 4096.0  # beyond this no engine schedules a batch; "no crossover" above it
+# The measured tables' batches, extended geometrically to MAX_BATCH.
+BATCH_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
 LLAMA3_8B = ModelShape(
@@ -129,6 +131,11 @@ class StepModel:
         return tau(positions) * self.target_step_s(batch, 1, context) / self.spec_step_s(batch, gamma, context)
 
     def crossover(self, positions: Sequence[float], context: float, max_batch: float = MAX_BATCH) -> float | None:
+        """B*. On the tables' verify kernel (whole waves of blocks) the speedup curve has steps between batches,
+        so B* is read the way a measured one is: linearly between the points of `BATCH_GRID` that bracket 1."""
+        if self.efficiency.verify_reads_per_query_head:
+            grid = [b for b in BATCH_GRID if b <= max_batch]
+            return interpolate_crossover([(b, self.speedup(b, positions, context)) for b in grid])
         return crossover_batch(lambda b: self.speedup(b, positions, context), max_batch)
 
     def with_efficiency(self, efficiency: Efficiency) -> "StepModel":

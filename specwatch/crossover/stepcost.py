@@ -133,20 +133,28 @@ def attention_s(
     batch: float, q: int, context: float, shape: ModelShape, hw: Hardware, eff: Efficiency, sms: int
 ) -> float:
     """One layer's attention over the KV cache (context + q positions per sequence)."""
-    per_head = batch * (context + q) * shape.head_dim * 2 * KV_BYTES  # K and V of one head
-    one_slice = (context + q) * eff.attention_slice_key_s  # a call's critical path: one block's key loop
+    per_key = shape.head_dim * 2 * KV_BYTES  # K and V of one head, one position
+    keys = context + q
     if q == 1:
-        scores = batch * (context + q) * shape.attention_heads * 4 * shape.head_dim  # QK and PV FLOPs
+        # Split-KV (flash-decoding): a call with fewer (sequence, KV head) blocks than SMs splits each slice of
+        # the cache so the blocks fill the GPU, so its critical path is a 1/splits share of one slice.
+        splits = max(1, sms // max(1, int(batch * shape.kv_heads)))
+        scores = batch * keys * shape.attention_heads * 4 * shape.head_dim  # QK and PV FLOPs
         return (
-            per_head * shape.kv_heads / (eff.decode_attention * hw.bandwidth)
+            batch * keys * per_key * shape.kv_heads / (eff.decode_attention * hw.bandwidth)
             + scores * eff.decode_attention_flop_s
-            + one_slice
+            + keys / splits * eff.attention_slice_key_s
         )
+    # The verify kernel runs one block per (sequence, work head) over its whole slice, no split: each wave of
+    # blocks lasts one block's loop over its keys (its KV bytes at an SM's share of the rate, plus the per-key
+    # work of its query tile) and its fixed setup and epilogue. The tables' kernel (one block per query head,
+    # every slice the same length) runs whole waves: 192 blocks on 132 SMs cost two. A GQA-packed serving
+    # kernel splits long slices and balances its last wave (fractional waves past the first).
     heads = shape.attention_heads if eff.verify_reads_per_query_head else shape.kv_heads
-    keys = batch * (context + q) * heads
-    streaming = per_head * heads / (eff.verify_attention * hw.bandwidth) + keys * eff.verify_key_s
-    fill = min(1.0, batch * heads / sms)  # (sequence, head) work items of the verify kernel vs SMs
-    return streaming / fill + one_slice
+    blocks = batch * heads / sms
+    rounds = max(1.0, math.ceil(blocks) if eff.verify_reads_per_query_head else blocks)
+    per_block_key = sms * (per_key / (eff.verify_attention * hw.bandwidth) + eff.verify_key_s)
+    return rounds * (keys * per_block_key + eff.verify_block_s)
 
 
 def forward_s(

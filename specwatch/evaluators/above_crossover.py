@@ -26,6 +26,7 @@ from specwatch.crossover.configured import (
     positions_from_rate,
 )
 from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
+from specwatch.crossover.speedup import tau
 from specwatch.crossover.sweepfile import load_sweep
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import GpuSample, RouteObservation, StepTimes
@@ -236,6 +237,7 @@ class AboveCrossoverEvaluator:
         # Live calibration needs the route's roofline model: `estimate` sources only.
         self.live = LiveCalibration(source.model) if isinstance(source, EstimatedCrossover) else None
         self._context = 1024.0
+        self._live_ts: float | None = None  # the previous cycle fed to live calibration
 
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample]) -> Mapping[str, Any]:
         update = self._evaluate(obs, gpus)
@@ -263,6 +265,8 @@ class AboveCrossoverEvaluator:
                 **update,
                 "crossover_source": "",
                 "crossover_batch_size": None,
+                "crossover_lower": None,
+                "crossover_upper": None,
                 "above_crossover": None,
                 "predicted_speedup_ratio": None,
             }
@@ -282,26 +286,36 @@ class AboveCrossoverEvaluator:
                 **update,
                 "crossover_source": self.source.name,
                 "crossover_batch_size": None,
+                "crossover_lower": None,
+                "crossover_upper": None,
                 "above_crossover": None,
                 "predicted_speedup_ratio": None,
             }
         update.update(
             crossover_source=self.source.name,
             crossover_batch_size=answer.batch_size,
+            crossover_lower=answer.lower,
+            crossover_upper=answer.upper,
             predicted_speedup_ratio=answer.speedup,
         )
-        threshold = answer.batch_size
+        threshold, flag_source = answer.batch_size, self.source.name
+        if answer.banded and answer.batch_size is not None:
+            # An estimate flags on its band's conservative side: never advise turning speculation off while the
+            # validated error still puts B* above the batch (no upper bound: never).
+            threshold = answer.upper
         if live_answer is not None:
             update.update(
                 live_crossover_batch_size=live_answer.batch_size,
                 live_crossover_lower=live_answer.lower,
                 live_crossover_upper=live_answer.upper,
+                live_crossover_bins=live_answer.bins,
             )
             update["live_crossover_settled"] = live_answer.settled
             if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
-                threshold = live_answer.batch_size
+                threshold, flag_source = live_answer.batch_size, "live"
                 if batch and self.live is not None:
                     update["predicted_speedup_ratio"] = self.live.speedup(live.positions, self._context, batch)
+        update.update(crossover_flag_source=flag_source, crossover_flag_batch_size=threshold)
         if batch is None or not answer.known:
             update["above_crossover"] = None
         else:
@@ -314,7 +328,14 @@ class AboveCrossoverEvaluator:
         assert calibration is not None and isinstance(source, EstimatedCrossover)  # only estimates calibrate live
         if obs.reset:
             calibration.clear()  # a restarted engine may run another draft or configuration
+        dt = None if self._live_ts is None else obs.ts - self._live_ts
+        self._live_ts = obs.ts
         for engine, times in obs.step_time_per_engine.items():
+            if times.per_token:
+                converted = _request_steps(times, live.positions, dt, max(1, len(obs.running_per_engine)))
+                if converted is None:
+                    continue
+                times = converted
             batch = _cycle_batch(times, obs.running_per_engine.get(engine))
             if times.observations > 0 and batch:
                 calibration.add(batch, times.seconds / times.observations, times.observations)
@@ -338,6 +359,18 @@ class AboveCrossoverEvaluator:
         pass
 
 
+def _request_steps(times: StepTimes, positions: Sequence[float], dt: float | None, engines: int) -> StepTimes | None:
+    """A cycle's per-token latency totals (SGLang) as request-steps: Δcount tokens came tau = 1 + Σ p_j to a
+    step, so Δcount / tau request-steps took Δsum seconds. Δsum is the decoding requests' time summed over
+    requests, so Δsum / dt is the mean number decoding (over the server's engines), and each engine ran
+    a batch of that over `engines`. None without an acceptance, a previous cycle or any decoding."""
+    if not positions or not dt or dt <= 0 or times.seconds <= 0 or times.observations <= 0:
+        return None
+    request_steps = times.observations / tau(positions)
+    batch = times.seconds / dt / engines
+    return StepTimes(times.seconds, request_steps, request_steps / max(1.0, batch))
+
+
 def _cycle_batch(times: StepTimes, running: float | None) -> float | None:
     """The decoding batch of the steps timed this cycle: step-time observations per engine step (one per
     decoding request per step), at least 1 (a request's prefill step times no decode and counts as a step).
@@ -355,7 +388,7 @@ def build_source(cfg: CrossoverConfig) -> CrossoverSource:
     if cfg.kind == "sweep":
         return SweptCrossover(load_sweep(cfg.sweep_file))
     if cfg.kind == "estimate" and cfg.estimate is not None:
-        return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context)
+        return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context, cfg.estimate)
     raise ValueError(f"crossover {cfg.kind!r} without its settings")
 
 

@@ -33,7 +33,7 @@ class RouteAdvice:
     engines: int | None
     running_requests: float | None  # summed over the route's engines, at the last scrape
     crossover_batch_size: float | None  # B* the flag judges against
-    crossover_lower: float | None  # the live calibration's band, when there is one
+    crossover_lower: float | None  # the live calibration's band, or an estimate's validated band
     crossover_upper: float | None
     crossover_source: str  # "live" once the live calibration settled, else the configured source
     headroom_per_engine: float | None  # B* - batch per engine; negative above the crossover
@@ -46,6 +46,11 @@ def route_advice(r: RouteState) -> RouteAdvice:
     settled = bool(r.live_crossover_settled) and r.live_crossover_batch_size is not None
     b_star = r.live_crossover_batch_size if settled else r.crossover_batch_size
     source = "live" if settled else r.crossover_source
+    lower, upper = (
+        (r.live_crossover_lower, r.live_crossover_upper) if settled else (r.crossover_lower, r.crossover_upper)
+    )
+    if not settled and r.crossover_flag_source == "estimate":
+        b_star = r.crossover_flag_batch_size  # an estimate's flag judges against its band's upper side
     b_star = _finite(b_star)
     batch = _finite(r.batch_size)
     running = _finite(r.running_requests)
@@ -62,8 +67,8 @@ def route_advice(r: RouteState) -> RouteAdvice:
         engines=r.engines,
         running_requests=running,
         crossover_batch_size=b_star,
-        crossover_lower=_finite(r.live_crossover_lower),
-        crossover_upper=_finite(r.live_crossover_upper),
+        crossover_lower=_finite(lower),
+        crossover_upper=_finite(upper),
         crossover_source=source if b_star is not None else "",
         headroom_per_engine=per_engine,
         headroom_requests=route_headroom,

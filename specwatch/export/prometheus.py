@@ -194,6 +194,8 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
     for r in routes:
         crossover.add(r.crossover_batch_size, r.name, r.crossover_source)
         crossover.add(r.live_crossover_batch_size, r.name, "live")
+        band.add(r.crossover_lower, r.name, r.crossover_source, "lower")
+        band.add(r.crossover_upper, r.name, r.crossover_source, "upper")
         band.add(r.live_crossover_lower, r.name, "live", "lower")
         band.add(r.live_crossover_upper, r.name, "live", "upper")
     _per_route(f, "route_batch_size", routes, "batch_size")

@@ -62,7 +62,7 @@ ENGINES: Mapping[str, EngineKind] = {
 }
 # What an endpoint is asked to filter its /metrics down to (name_filter.py): every engine kind's families, so
 # one request serves routes of any kind and `auto` detection still sees the engine's prefix.
-FILTER_NAMES = frozenset().union(*(kind.wanted for kind in ENGINES.values())) | vllm.FILTER_EXTRA
+FILTER_NAMES = frozenset().union(*(kind.wanted for kind in ENGINES.values())) | vllm.FILTER_EXTRA | sglang.FILTER_EXTRA
 # The first engine-prefixed line names the engine. vLLM and SGLang also appear as `vllm_`/`sglang_`
 # (OpenMetrics escaping, SGLang's gRPC sidecar); Dynamo once documented `trtllm:`.
 _KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(?:(vllm|sglang)[:_]|(trtllm)[_:]|(llamacpp):)", re.M)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from specwatch.snapshot import EngineCounters, EngineSample
+from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
 from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into, sum_samples
@@ -30,13 +30,21 @@ TOKENIZER_COUNTERS: Mapping[str, str] = {
     "sglang:spec_verify_calls_total": "spec_verify_calls",  # 0.5.11-0.5.13+; grows at request completion
     "sglang:generation_tokens_total": "generation_tokens",  # 0.4.0+; `is_streaming` label (0.5.23)
 }
+# Per-token decode latency (tokenizer side, server-wide, 0.4.0+). In 0.5.23 `TokenizerManager.collect_metrics`
+# (srt/managers/tokenizer_manager.py:3249-3258) passes, per request and output batch, the time since that
+# request's previous output and the tokens it brought; `observe_inter_token_latency`
+# (srt/observability/metrics_collector.py:2161-2182) adds the interval to `_sum` once and `num_new_tokens` to the
+# buckets, so `_count` counts tokens. Δ_sum / Δ_count is the time per output token; a speculative step yields tau
+# tokens per request, so one step lasts Δ_sum x tau / Δ_count (docs/engines.md §2).
+STEP_TIME = "sglang:inter_token_latency_seconds"
+FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count"))
 # Finished requests, server-wide (tokenizer side, 0.4.0+; split by is_streaming and custom labels): canary
 # probes' counter bracketing (probe/runner.py) reads it; the daemon's cycle does not fetch it.
 FINISHED_REQUESTS = "sglang:num_requests_total"
 SPEC_GAUGES = ("spec_accept_length", "spec_accept_rate", "spec_num_draft_tokens", "spec_num_steps")
 # Labels that split one scheduler's gauge into copies or breakdowns rather than into other engines.
 _PRIORITY, _TP_RANK, _PID = "priority", "tp_rank", "pid"
-WANTED = frozenset(SCHEDULER_GAUGES) | frozenset(TOKENIZER_COUNTERS)
+WANTED = frozenset(SCHEDULER_GAUGES) | frozenset(TOKENIZER_COUNTERS) | {STEP_TIME}
 
 
 def extract(
@@ -75,6 +83,11 @@ def extract(
     per_rank[ranks[0]].update(server_wide)
     counters = tuple(EngineCounters(engine=rank, **per_rank[rank]) for rank in ranks)
 
+    step_times = {}
+    itl = _per_token_latency(selected.get(STEP_TIME, ()))
+    if itl is not None:
+        step_times[ranks[0]] = itl  # server-wide, like the tokenizer counters
+
     has_counters = "sglang:spec_verify_calls_total" in families or "sglang:spec_num_steps" in families
     draft_tokens = [c.spec_num_draft_tokens for c in counters if c.spec_num_draft_tokens]
     steps = [c.spec_num_steps for c in counters if c.spec_num_steps]
@@ -91,7 +104,23 @@ def extract(
         speculation_enabled=enabled,
         num_speculative_tokens=k if enabled else None,
         engines=counters,
+        step_time_totals=step_times,
     )
+
+
+def _per_token_latency(samples) -> StepTimes | None:
+    """The ITL histogram's `_sum` and `_count` summed over its label sets (each observation lands in one), or
+    None when absent or unusable."""
+    fields: dict = {}
+    for sample in samples:
+        if sample.name.endswith("_sum"):
+            sum_into(fields, "sum", sample)
+        elif sample.name.endswith("_count"):
+            sum_into(fields, "count", sample)
+    seconds, tokens = fields.get("sum"), fields.get("count")
+    if seconds is None or tokens is None:
+        return None
+    return StepTimes(seconds, tokens, None, per_token=True)
 
 
 def finished_requests(

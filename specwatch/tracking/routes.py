@@ -210,7 +210,7 @@ _STEP_TIME_KEYS = ("itl_sum", "itl_count", "steps")
 def _step_time(eng: _Engine, totals: StepTimes, ts: float) -> StepTimes:
     """What the engine's step-time totals grew by since the last cycle (steps None where it has none)."""
     (seconds, count, steps), _, _ = eng.update(_STEP_TIME_KEYS, totals, None, ts)
-    return StepTimes(seconds, count, None if totals.steps is None else steps)
+    return StepTimes(seconds, count, None if totals.steps is None else steps, totals.per_token)
 
 
 _SGLANG_KEYS = ("verify_calls", "generation_tokens")

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Leave-one-context-out and leave-one-shape-out validation of the crossover estimator, together.
+
+For each measured (shape, context) cell of the shipped H200 step-time tables: fit the GPU efficiencies without
+any table of that shape and without any table at that context (`shapes.leave_cell_out`), predict the cell's B*
+for gamma 2 and 4, alpha 0.6-0.8, and compare with the B* interpolated from its measured speedups. Prints the
+markdown table used in docs/benchmarks.md and writes the per-cell errors as JSON with `--json FILE`: the file
+`specwatch crossover estimate` reads its error band from (about 3 minutes on one core).
+
+    .venv/bin/python bench/crossover_contexts.py --json specwatch/data/h200-crossover-validation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+from specwatch.crossover.band import shape_class
+from specwatch.crossover.shapes import SCORED_ALPHAS, SCORED_GAMMAS, leave_cell_out, leave_shape_out, load_tables
+
+TARGET = 0.20
+
+
+def cell(measured: float | None, predicted: float | None, error: float | None, largest: int) -> str:
+    meas = f">{largest}" if measured is None else f"{measured:.0f}"
+    pred = "none" if predicted is None else f"{predicted:.0f}"
+    err = "miss" if error is None else f"{error:+.0%}"
+    return f"{meas} / {pred} ({err})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write every cell's measured and predicted B* here")
+    args = parser.parse_args()
+    tables = load_tables()
+    header = [f"γ{g} α{a}" for g in SCORED_GAMMAS for a in SCORED_ALPHAS]
+    print("| Held-out cell | GQA | " + " | ".join(header) + " | worst | fit RMS |")
+    print("|---|---:|" + "---:|" * len(header) + "---:|---:|")
+    records = []
+    worst_all = 0.0
+    over = []
+    loso = {cell: {(c.gamma, c.alpha): c for c in cells} for cell, (_, _, cells) in leave_shape_out(tables).items()}
+    for (name, context), (_, rms, cells) in sorted(leave_cell_out(tables).items(), key=lambda kv: kv[0]):
+        shape = next(t.shape for t in tables if t.name == name)
+        errors = [c.error for c in cells]
+        worst = None if any(e is None for e in errors) else max(abs(e) for e in errors)
+        worst_all = max(worst_all, 9.99 if worst is None else worst)
+        if worst is None or worst > TARGET:
+            over.append(f"{name} ctx {context}")
+        print(
+            f"| {name}, ctx {context} | {shape.gqa_ratio:g} | "
+            + " | ".join(cell(c.measured, c.predicted, c.error, c.largest) for c in cells)
+            + f" | {'miss' if worst is None else f'{worst:.0%}'} | {rms:.1%} |"
+        )
+        records += [
+            {
+                "shape": name,
+                "class": shape_class(shape),
+                "gqa_ratio": shape.gqa_ratio,
+                "params_billions": round(shape.params / 1e9, 2),
+                "context": context,
+                "gamma": c.gamma,
+                "alpha": c.alpha,
+                "measured": c.measured,
+                "predicted": c.predicted,
+                "largest": c.largest,
+                "error": c.error,
+                "predicted_shape_out": loso[(name, context)][(c.gamma, c.alpha)].predicted,
+                "error_shape_out": loso[(name, context)][(c.gamma, c.alpha)].error,
+            }
+            for c in cells
+        ]
+    print(f"\nWorst cell error {worst_all:.0%}; cells over the {TARGET:.0%} target: {', '.join(over) or 'none'}")
+    print("\nLeave-one-shape-out only (every other shape at every context fitted on), worst error per cell:")
+    for (name, context), by_key in sorted(loso.items()):
+        errors = [c.error for c in by_key.values()]
+        worst = "miss" if any(e is None for e in errors) else f"{max(abs(e) for e in errors if e is not None):.0%}"
+        cells_text = " | ".join(cell(c.measured, c.predicted, c.error, c.largest) for c in by_key.values())
+        print(f"| {name}, ctx {context} | {cells_text} | {worst} |")
+    if args.json:
+        provenance = {
+            "command": "bench/crossover_contexts.py --json " + args.json,
+            "date": datetime.date.today().isoformat(),
+            "method": "error: each (shape, context) cell fitted without its shape and without its context; "
+            "error_shape_out: fitted without its shape only",
+            "gpu": "H200",
+        }
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"provenance": provenance, "cells": records}, fh, indent=1)
+            fh.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
