@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.evaluators.baseline_selection import BaselineSelection
-from specwatch.evaluators.drop_decision import CollapseCheck, DropDecision
+from specwatch.evaluators.drop_decision import HORIZON_TRAFFIC_SECONDS, CollapseCheck, DropDecision
 from specwatch.evaluators.gauge_drop import GAUGE_SOURCES, GaugeDrop
 from specwatch.snapshot import GpuSample, RouteObservation
 from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
@@ -266,6 +266,7 @@ class AcceptanceDropEvaluator:
             "change_ts": selection.change_ts,
             "degraded": self.decision.degraded,
             "traffic": self.decision.traffic.to_json(),
+            "recent_traffic": self.decision.recent_traffic.to_json(),
             "model_changes_total": self.model_changes_total,
             "last_model_change": self.last_model_change,
             "gauge": self.gauge.to_json(),
@@ -289,6 +290,9 @@ class AcceptanceDropEvaluator:
             traffic = TrafficRate()
             if state.get("traffic") is not None:  # absent in state saved before h adapted to traffic
                 traffic.restore(state["traffic"])
+            recent = TrafficRate(HORIZON_TRAFFIC_SECONDS)
+            if state.get("recent_traffic") is not None:  # absent in state saved before the horizon was exported
+                recent.restore(state["recent_traffic"])
             gauge = GaugeDrop(self.route, self.cfg)
             if state.get("gauge") is not None:  # absent in state saved before gauge routes were judged
                 gauge.restore(state["gauge"])
@@ -297,7 +301,7 @@ class AcceptanceDropEvaluator:
             log.error("route %s: unreadable detector state (%r); starting afresh", self.route, exc)
             return
         self.model_changes_total, self.last_model_change = changes, last_change
-        self.decision.traffic, self.gauge = traffic, gauge
+        self.decision.traffic, self.decision.recent_traffic, self.gauge = traffic, recent, gauge
         self.collapse.collapsed = bool(state.get("collapsed", False))
         self._use(self.selection.restore(key, ref_key, learner, change_ts))
         decision = self.decision

@@ -1,0 +1,74 @@
+"""Detection horizon: the expected time to page a 20% drop, from a route's evidence rate (stats/horizon.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from specwatch.config import Config, DetectionConfig, RouteConfig
+from specwatch.evaluators.acceptance_drop import build_evaluator
+from specwatch.evaluators.base import EvaluatorContext
+from specwatch.offline.replay import ObservationBuilder
+from specwatch.offline.tracegen import TraceSpec, generate
+from specwatch.stats.horizon import drift_per_token, probe_horizon, traffic_horizon
+from specwatch.stats.overdispersion import DispersionModel
+
+QUIET = dict(
+    r0=0.49,
+    r0_tested=0.48,
+    drop=0.15,
+    dispersion=DispersionModel(30.0),
+    threshold=10.0,
+    block_seconds=60.0,
+    min_duration_seconds=180.0,
+    confirm_window_seconds=300.0,
+)
+
+
+def test_drift_is_positive_under_the_drop_and_negative_at_the_baseline() -> None:
+    r_ok, r_bad = 0.95 * 0.49, 0.85 * 0.49
+    assert drift_per_token(0.8 * 0.49, r_ok, r_bad) > 0 > drift_per_token(0.49, r_ok, r_bad)
+    # the drift at r_bad is KL(r_bad || r_ok) of one Bernoulli token
+    kl = r_bad * math.log(r_bad / r_ok) + (1 - r_bad) * math.log((1 - r_bad) / (1 - r_ok))
+    assert drift_per_token(r_bad, r_ok, r_bad) == pytest.approx(kl)
+
+
+def test_cusum_term_is_h_phi_over_drift_times_rate() -> None:
+    rate = 10.0  # drafted tokens/s: slow enough that the CUSUM, not min_duration, sets the horizon
+    g = drift_per_token(0.8 * 0.49, 0.95 * 0.48, 0.85 * 0.48)
+    expected = 10.0 * 30.0 / (g * rate) + 60.0
+    assert traffic_horizon(**QUIET, drafted_per_second=rate) == pytest.approx(expected)
+    # ten times the traffic: a tenth of the time
+    assert traffic_horizon(**QUIET, drafted_per_second=10 * rate) == pytest.approx((expected - 60) / 10 + 60)
+
+
+def test_busy_route_is_bounded_by_min_duration_and_the_confirmation_window() -> None:
+    assert traffic_horizon(**QUIET, drafted_per_second=1e6) == pytest.approx(300.0 + 60.0)
+
+
+def test_no_traffic_or_a_drop_inside_the_zone_never_pages() -> None:
+    assert traffic_horizon(**QUIET, drafted_per_second=0.0) == math.inf
+    wide = {**QUIET, "drop": 0.5}  # r_ok 0.83 r0': a 20% drop does not leave the zone
+    assert traffic_horizon(**wide, drafted_per_second=100.0) == math.inf
+
+
+def test_probe_horizon_is_two_rounds() -> None:
+    assert probe_horizon(900.0) == 1800.0
+
+
+@pytest.mark.slow
+def test_evaluator_exports_a_horizon_that_shrinks_with_traffic(tmp_path: Path) -> None:
+    detection = DetectionConfig(warmup_drafted_tokens=20_000, warmup_seconds=1800.0)
+    horizons = {}
+    for rate in (2.0, 0.05):
+        config = Config(state_dir=str(tmp_path / str(rate)), detection=detection)
+        route = RouteConfig(name="chat", url="http://127.0.0.1:8000/metrics", detection=detection)
+        ev = build_evaluator(EvaluatorContext(config=config, clock=lambda: 0.0), route)
+        builder, fields = ObservationBuilder("chat"), {}
+        for sample in generate(TraceSpec(rate=rate, duration=3 * 3600.0, seed=4)):
+            fields = dict(ev.evaluate(builder.observe(sample), ()))
+        horizons[rate] = fields["traffic_horizon_seconds"]
+        ev.close()
+    assert 0 < horizons[2.0] < 15 * 60 < horizons[0.05] < 86400.0
