@@ -27,11 +27,11 @@ from rich.text import Text
 from specwatch.config import DEFAULT_HTTP_CLIENT, ConfigError, HttpClientConfig, load_http_client_config
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS
 from specwatch.sources.http import client_session
+from specwatch.stats.horizon import human_seconds
 
 DEFAULT_URL = f"http://{DEFAULT_LISTEN_ADDRESS}"
 HTTP_CONFIG_ENV = "SPECWATCH_HTTP_CONFIG_FILE"
 _DASH = "–"
-HORIZON_NEVER_SECONDS = 365 * 86400.0  # the exported horizon's cap (evaluators/drop_decision.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,17 +94,6 @@ def _hours(seconds: Any) -> str:
     return f"{seconds / 3600:.2f}" if isinstance(seconds, (int, float)) else _DASH
 
 
-def _duration(seconds: float) -> str:
-    """A horizon as an operator reads it: 45s, 3m, 2.5h, 4d, or ∞ (a year or more: no traffic to speak of)."""
-    if seconds >= HORIZON_NEVER_SECONDS:
-        return "∞"
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
-        if seconds >= size:
-            value = seconds / size
-            return f"{value:.0f}{unit}" if value >= 10 or value == round(value) else f"{value:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
 def _watch(r: Mapping[str, Any]) -> Text:
     """The shorter of the traffic and probe horizons; `(probe)` when the probes are the faster path, red past the
     route's horizon budget."""
@@ -116,7 +105,7 @@ def _watch(r: Mapping[str, Any]) -> Text:
     seconds, path = min(paths)
     budget = r.get("horizon_budget_seconds")
     over = isinstance(budget, (int, float)) and seconds > budget
-    return Text(_duration(seconds) + (" probe" if path == "probe" else ""), style="bold yellow" if over else "")
+    return Text(human_seconds(seconds) + (" probe" if path == "probe" else ""), style="bold yellow" if over else "")
 
 
 def _cell(text: str) -> Text:

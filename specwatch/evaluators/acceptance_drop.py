@@ -267,6 +267,7 @@ class AcceptanceDropEvaluator:
             "degraded": self.decision.degraded,
             "traffic": self.decision.traffic.to_json(),
             "recent_traffic": self.decision.recent_traffic.to_json(),
+            "recent_evidence": self.decision.recent_evidence.to_json(),
             "model_changes_total": self.model_changes_total,
             "last_model_change": self.last_model_change,
             "gauge": self.gauge.to_json(),
@@ -293,6 +294,9 @@ class AcceptanceDropEvaluator:
             recent = TrafficRate(HORIZON_TRAFFIC_SECONDS)
             if state.get("recent_traffic") is not None:  # absent in state saved before the horizon was exported
                 recent.restore(state["recent_traffic"])
+            evidence = TrafficRate(HORIZON_TRAFFIC_SECONDS)
+            if state.get("recent_evidence") is not None:
+                evidence.restore(state["recent_evidence"])
             gauge = GaugeDrop(self.route, self.cfg)
             if state.get("gauge") is not None:  # absent in state saved before gauge routes were judged
                 gauge.restore(state["gauge"])
@@ -302,6 +306,7 @@ class AcceptanceDropEvaluator:
             return
         self.model_changes_total, self.last_model_change = changes, last_change
         self.decision.traffic, self.decision.recent_traffic, self.gauge = traffic, recent, gauge
+        self.decision.recent_evidence = evidence
         self.collapse.collapsed = bool(state.get("collapsed", False))
         self._use(self.selection.restore(key, ref_key, learner, change_ts))
         decision = self.decision
@@ -315,6 +320,31 @@ def _idle(obs: RouteObservation) -> bool:
     """Nothing running or waiting at this scrape (False when the source does not say)."""
     running = obs.running_per_engine
     return bool(running) and sum(running.values()) <= 0 and not obs.waiting_requests
+
+
+def stored_horizon(store: StateStore, route: RouteConfig) -> tuple[float, float] | None:
+    """(traffic horizon, drafted tokens/s) of `route` as its daemon last saved it, from a read-only `store`; None
+    when the state holds no baseline or no recent traffic for it. For `specwatch check-config`'s advice."""
+    state = store.route_state(route.name)
+    if not state or state.get("version") != STATE_VERSION or state.get("recent_traffic") is None:
+        return None
+    try:
+        ref_key = _key_from(state["reference_key"])
+        decision = DropDecision(route.name, route.detection)
+        decision.recent_traffic.restore(state["recent_traffic"])
+        if state.get("recent_evidence") is not None:
+            decision.recent_evidence.restore(state["recent_evidence"])
+        if state.get("traffic") is not None:
+            decision.traffic.restore(state["traffic"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    baseline = store.get(route.name, ref_key) if ref_key is not None else None
+    now = decision.recent_traffic.last
+    if baseline is None or now is None:
+        return None
+    decision.use(baseline)
+    horizon, rate = decision.horizon(now), decision.recent_traffic.per_second(now, 0.0)
+    return None if horizon is None or rate is None else (horizon, rate)
 
 
 def _key_json(key: BaselineKey | None) -> list[Any] | None:
