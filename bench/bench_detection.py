@@ -436,10 +436,10 @@ def _command(args: argparse.Namespace) -> str:
     if args.quick:
         parts.append("--quick")
     parts += [f'--tier "{t}"' for t in args.tier or ()] + [f"--kappa {k:g}" for k in args.kappa or ()]
-    if not args.quick and (args.route_days, args.drops) != (30.0, 50):
-        parts.append(f"--route-days {args.route_days:g} --drops {args.drops}")
     if getattr(args, "horizon", False):
-        parts.append("--horizon")
+        parts.append(f"--horizon --drops {args.drops}")
+    elif not args.quick and (args.route_days, args.drops) != (30.0, 50):
+        parts.append(f"--route-days {args.route_days:g} --drops {args.drops}")
     if args.false_page_sets:
         parts.append(f"--false-page-sets {args.false_page_sets}")
     if args.no_mix:

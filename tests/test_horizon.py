@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from load_script import load_script
 
 from specwatch.config import Config, DetectionConfig, RouteConfig
 from specwatch.cli import main as cli_main
@@ -115,3 +116,12 @@ def test_check_config_advises_a_probe_for_a_quiet_route_without_one(tmp_path: Pa
     advice = [line for line in out.splitlines() if line.startswith("ADVICE:")]
     assert len(advice) == 1 and "route quiet:" in advice[0] and "probe: {every: 15m}" in advice[0]
     assert (state_dir / "baselines.db").stat().st_mtime_ns == before  # read-only
+
+
+@pytest.mark.slow
+def test_benchmark_horizon_mode_predicts_a_busy_route_within_one_and_a_half() -> None:
+    bench = load_script("bench_detection")
+    rows = bench.horizon_cell(2.0, drops=2, seed=11, config=Config(), kappa=30.0)
+    assert len(rows) == 2 and all(h is not None and m is not None for h, m in rows)
+    for predicted, measured in rows:
+        assert predicted / 1.5 <= measured <= 1.5 * predicted
