@@ -198,7 +198,9 @@ def render_status_table(
 
     The baseline column appears when any route has a baseline or a verdict, batch/crossover when any has a
     crossover or a batch size, GPU-hours lost/saved by speculation (since the daemon started) when any route's
-    crossover source predicts a speedup, and then a verdict column (DEGRADED, ABOVE the crossover, or ok).
+    crossover source predicts a speedup, "watch" (the shorter detection horizon, traffic or probe: how soon a 20%
+    drop would page; yellow past the route's budget) when any route has one, and then a verdict column (DEGRADED,
+    ABOVE the crossover, or ok).
     With `width` (the terminal's), nothing is cut silently: engine and model are shortened with an ellipsis,
     then columns are dropped in `DROP_ORDER` until the table fits, and the caption names the hidden ones.
     """
