@@ -169,6 +169,11 @@ class DetectionConfig:
     pin_seconds: float = option(
         "pin_duration", Duration(inclusive=True), "... or this long, then it is pinned", 86400.0
     )
+    # A route whose traffic detector would take longer than this to page a 20% drop, with no canary probe that
+    # pages sooner, is under-watched (alert SpecwatchRouteUnderWatched, `specwatch check-config` advice).
+    horizon_budget_seconds: float = option(
+        "horizon_budget", Duration(), "longest acceptable expected time to page a 20% drop", 3600.0
+    )
 
 
 @dataclass(frozen=True)
