@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -235,3 +236,56 @@ PROMPTS = (
 def drive(server: LlamaServer, requests: int, n_predict: int = 32) -> list[dict[str, Any]]:
     """`requests` greedy completions one after another, cycling through PROMPTS; their answers."""
     return [server.complete(PROMPTS[j % len(PROMPTS)], n_predict) for j in range(requests)]
+
+
+def measure_baseline(server: LlamaServer, requests: int = 12, n_predict: int = 32) -> tuple[float, float]:
+    """(acceptance, design effect) of greedy requests, from each answer's own `timings` (draft_n,
+    draft_n_accepted): the pooled rate and the Pearson dispersion of each request's accepted count around it."""
+    pairs = []
+    for answer in drive(server, requests, n_predict):
+        timings = answer.get("timings", {})
+        if timings.get("draft_n", 0) > 0:
+            pairs.append((timings["draft_n"], timings["draft_n_accepted"]))
+    if len(pairs) < 2:
+        raise RuntimeError("fewer than two requests drafted: is the server started with a drafter?")
+    drafted = sum(d for d, _ in pairs)
+    rate = sum(a for _, a in pairs) / drafted
+    if not 0.0 < rate < 1.0:
+        return rate, 1.0
+    chi2 = sum((a - d * rate) ** 2 / (d * rate * (1.0 - rate)) for d, a in pairs)
+    return rate, max(1.0, chi2 / (len(pairs) - 1))
+
+
+class Load:
+    """Greedy requests one after another on a thread, riding out the engine's restarts; `ok` counts answers."""
+
+    def __init__(self, server: LlamaServer, n_predict: int = 32) -> None:
+        self.server = server
+        self.n_predict = n_predict
+        self.ok = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="llamacpp-load")
+
+    def _run(self) -> None:
+        j = 0
+        while not self._stop.is_set():
+            try:
+                self.server.complete(PROMPTS[j % len(PROMPTS)], self.n_predict, timeout=30)
+                self.ok += 1
+            except (OSError, ValueError):  # restarting, or a cut answer: try again shortly
+                self._stop.wait(0.2)
+            j += 1
+
+    def start(self) -> "Load":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def __enter__(self) -> "Load":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

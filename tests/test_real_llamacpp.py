@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from specwatch.export.prometheus import render_text
 from specwatch.probe.prompts import load_prompt_set
 from specwatch.probe.runner import ProbeRunner
 from testbed import llamacpp_build, llamacpp_models
-from testbed.llamacpp_server import PROMPTS, LlamaServer, LlamaServerSpec, drive
+from testbed.llamacpp_server import PROMPTS, LlamaServer, LlamaServerSpec, Load, drive, measure_baseline
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 
@@ -248,44 +247,8 @@ def test_an_idle_route_after_a_restart_shows_consistent_series(server, tmp_path)
     assert after.get("specwatch_route_acceptance_ratio") == before.get("specwatch_route_acceptance_ratio")
 
 
-def _measure(server: LlamaServer, requests: int) -> tuple[float, float]:
-    """(acceptance, design effect) from the answers' own timings."""
-    pairs = [(a["timings"]["draft_n"], a["timings"]["draft_n_accepted"]) for a in drive(server, requests, N_PREDICT)]
-    pairs = [(d, a) for d, a in pairs if d > 0]
-    drafted = sum(d for d, _ in pairs)
-    rate = sum(a for _, a in pairs) / drafted
-    chi2 = sum((a - d * rate) ** 2 / (d * rate * (1 - rate)) for d, a in pairs) if 0 < rate < 1 else 0.0
-    return rate, max(1.0, chi2 / max(1, len(pairs) - 1))
-
-
-class _Load:
-    """Greedy requests one after another on a thread, riding out the engine's restarts."""
-
-    def __init__(self, server: LlamaServer) -> None:
-        self.server = server
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        j = 0
-        while not self.stop.is_set():
-            try:
-                self.server.complete(PROMPTS[j % len(PROMPTS)], N_PREDICT, timeout=30)
-            except OSError:
-                self.stop.wait(0.2)
-            j += 1
-
-    def __enter__(self) -> "_Load":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(60)
-
-
 def test_a_drafter_swap_pages_through_the_drop_detector(server, gguf, tmp_path):
-    rate, phi = _measure(server, 12)
+    rate, phi = measure_baseline(server, 12, N_PREDICT)
     config = parse_config(
         {
             "interval": "1s",
@@ -306,7 +269,7 @@ def test_a_drafter_swap_pages_through_the_drop_detector(server, gguf, tmp_path):
     daemon = Daemon(config)
     flagged_after = None
     try:
-        with _Load(server):
+        with Load(server, N_PREDICT):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 assert not _state(daemon).degraded, "the drafter the baseline was measured on was flagged"

@@ -9,12 +9,14 @@ config (state in a temporary directory), prints the URLs, and refreshes the stat
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console, Group
@@ -52,9 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="random seed of the simulated engines (default 1)")
     parser.add_argument(
         "--real",
-        action="store_true",
-        help="a REAL vLLM (CPU build, installed into .venv-vllm on first use) instead of the "
-        "simulators: its drafter is swapped for a worse one and the route turns degraded",
+        nargs="?",
+        const="vllm",
+        choices=("vllm", "llamacpp"),
+        help="a REAL engine instead of the simulators: vLLM (the default; CPU build, installed into .venv-vllm on "
+        "first use) or llamacpp (llama-server, built once into ~/.cache/specwatch; needs a source checkout): its "
+        "drafter is swapped for a worse one and the route turns degraded",
     )
     parser.add_argument(
         "--bump-after", type=float, default=90.0, help="with --real: seconds before the drafter is swapped (default 90)"
@@ -145,6 +150,11 @@ def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
 
     console = _console()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    if args.real == "llamacpp":
+        run_real_demo = _llamacpp_demo()
+        if run_real_demo is None:
+            print("specwatch demo --real llamacpp: needs a source checkout (its testbed/ directory)", file=sys.stderr)
+            return 1
     try:
         return run_real_demo(
             console,
@@ -158,6 +168,16 @@ def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
     except (EngineEnvError, VllmServerError, RuntimeError, OSError) as exc:
         print(f"specwatch demo --real: {exc}", file=sys.stderr)
         return 1
+
+
+def _llamacpp_demo() -> Any:
+    """The llama.cpp story of the checkout's testbed/ (not part of the installed package), or None."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "testbed" / "llamacpp_demo.py").is_file():
+        return None
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("testbed.llamacpp_demo").run_real_demo
 
 
 def _console() -> Console:
