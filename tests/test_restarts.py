@@ -8,6 +8,7 @@ old server's, or at 0.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,15 @@ def test_llamacpp_model_name_comes_from_props_once_per_start():
     source, endpoint = make_source("llamacpp", load("llamacpp"))
     sample = source.sample(0.0)
     assert (sample.model_name, sample.engine_version) == ("tiny.gguf", "b11434-0000000")
+
+
+def test_a_sample_without_counters_shows_no_windowed_series_at_all():
+    tracker = RouteTracker("r")
+    tracker.observe(llamacpp_sample(0.0, 100, 400, 300, (90, 80, 70, 60)))
+    tracker.observe(llamacpp_sample(10.0, 110, 440, 330, (99, 88, 77, 66)))
+    state = tracker.state()
+    assert state.acceptance_ratio and state.position_acceptance_ratio and state.draft_length
+    off = replace(llamacpp_sample(20.0, 0, 0, 0), acceptance_source="none")
+    tracker.observe(off)
+    state = tracker.state()
+    assert (state.acceptance_ratio, state.position_acceptance_ratio, state.draft_length) == ({}, (), None)
