@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from specwatch.crossover import gpus
 from specwatch.crossover.calibrate import fit_efficiency, loss, reference_points
-from specwatch.crossover.model import (
+from specwatch.crossover.speedup import (
     LLAMA3_8B,
     Draft,
     Efficiency,

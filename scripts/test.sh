@@ -1,9 +1,26 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh machine: venv + deps, Prometheus/promtool/Alertmanager, ruff (lint, format) and mypy,
 # generated-file check, the real vLLM engine's venv, then pytest. Extra arguments go to pytest (e.g. scripts/test.sh -k tracking).
+# With --fast: the venv, then the unit tier only (pytest --fast, see tests/tiers.py) and the seconds it took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh || exit 1
+finish() {  # pytest's exit status, where "no tests collected" (5) is a failure too
+  if [ "$1" -eq 5 ]; then
+    echo "test: pytest collected no tests" >&2
+    exit 1
+  fi
+  exit "$1"
+}
+case " $* " in
+  *" --fast "*)
+    start=$(date +%s%N)
+    .venv/bin/python -m pytest -q "$@"
+    rc=$?
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    printf 'test: unit tier took %d.%d s\n' $((ms / 1000)) $((ms % 1000 / 100))
+    finish $rc ;;
+esac
 if [ -f scripts/ensure_prometheus.sh ]; then
   bash scripts/ensure_prometheus.sh || echo "test: could not install prometheus/alertmanager; their tests will skip" >&2
 fi
@@ -17,15 +34,10 @@ fi
 # and llama.cpp's llama-server, built once per machine into ~/.cache/specwatch (15-30 minutes on 2 cores).
 case " $* " in
   *"not real_engine"*|*"not e2e"*) ;;  # the real-engine tests are deselected: no need for the engines
-  *) .venv/bin/python -m specwatch.testbed.engine_env \
+  *) .venv/bin/python -m testbed \
        || echo "test: the real vLLM engine could not be installed; its tests will fail and say why" >&2
      .venv/bin/python -m testbed.llamacpp_build \
        || echo "test: llama-server could not be built; its tests will build it again or say why" >&2 ;;
 esac
 .venv/bin/python -m pytest -q "$@"
-rc=$?
-if [ $rc -eq 5 ]; then
-  echo "test: pytest collected no tests" >&2
-  exit 1
-fi
-exit $rc
+finish $?

@@ -93,6 +93,13 @@ METRICS: tuple[MetricSpec, ...] = (
         ("route",),
     ),
     _m(
+        "route_rejected_samples_total",
+        "counter",
+        "Engine counter samples rejected as impossible and never stored, by reason: non_finite, negative, "
+        "too_large (past 2^53), too_fast (grew over 1e9/s), accepted_over_drafted",
+        ("route", "reason"),
+    ),
+    _m(
         "route_acceptance_ratio",
         "gauge",
         "Draft token acceptance rate, accepted / drafted tokens over the window" + AS_OF,
@@ -128,6 +135,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "route_acceptance_baseline_ratio",
         "gauge",
         "Pinned baseline acceptance rate of the route" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
+        "route_acceptance_threshold_ratio",
+        "gauge",
+        "Acceptance the detector alarms below: the baseline x (1 - the route's drop)" + AS_OF,
         ("route",),
         area="detection",
     ),

@@ -53,8 +53,8 @@ from specwatch.config_schema import (
     parse_duration,
 )
 from specwatch.probe.prompts import PromptSetError, load_prompt_set  # a leaf module: json and PyYAML only
+from specwatch.engine_kinds import ENGINE_KINDS  # a leaf module: the names engines.py keys its registry by
 
-ENGINE_KINDS = ("vllm", "sglang", "trtllm", "llamacpp", "auto", "sglang_request_log")  # the last reads files
 DEFAULT_CONFIG_PATH = "/etc/specwatch/specwatch.yml"
 OTLP_GRPC_MODULE = "opentelemetry.exporter.otlp.proto.grpc"  # optional dependency, only for protocol: grpc
 

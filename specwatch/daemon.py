@@ -113,6 +113,7 @@ class _Route:
         self.failing_evaluators: set[int] = set()
         # evaluator name (or "build") -> failures; kept across reloads, so the counter never goes back
         self.evaluator_errors: dict[str, float] = {}
+        self.warned_no_gpus = False  # the GPU auto-mapping found nothing for a serving engine (logged once)
         self._config = config
         self._source_factory = source_factory
         self._source: EngineSource | None = None
@@ -311,22 +312,34 @@ class Daemon:
         self._gpu_failing = bool(problem)
         return result
 
-    def _route_gpus(self, route: _Route) -> tuple[int, ...]:
+    def _route_gpus(self, route: _Route, serving: bool, gpus_seen: bool) -> tuple[int, ...]:
+        """`gpus:` from the config, else the auto-mapping's answer. A serving engine on a host whose GPUs answer
+        but which maps to none is logged once per route: the mapping reads the processes behind the port, which
+        a dedicated user (the unit's `specwatch`) sees only for engines of its own user, never in containers."""
         if route.cfg.gpus is not None:
             return tuple(route.cfg.gpus)
         if self._gpu_source is None:
             return ()
         try:
-            return tuple(self._gpu_source.route_gpus(route.cfg))
+            gpus = tuple(self._gpu_source.route_gpus(route.cfg))
         except Exception:  # noqa: BLE001
             log.exception("route %s: GPU mapping failed", route.cfg.name)
             return ()
+        if not gpus and serving and gpus_seen and not route.warned_no_gpus:
+            route.warned_no_gpus = True
+            log.warning(
+                "route %s: GPU auto-mapping found no GPU for the engine behind %s (it sees only processes of "
+                "specwatch's own user, and none inside containers); set gpus: on the route",
+                route.cfg.name,
+                route.cfg.url,
+            )
+        return gpus
 
     def _evaluate_route(
         self, route: _Route, outcome: ScrapeOutcome, now: float, gpus_by_index: dict[int, GpuSample]
     ) -> RouteState:
         route.record(outcome)
-        gpu_indexes = self._route_gpus(route)
+        gpu_indexes = self._route_gpus(route, serving=outcome.ok, gpus_seen=bool(gpus_by_index))
         self._exclude_probe_tokens(route)
         try:
             if outcome.ok:
@@ -367,6 +380,8 @@ class Daemon:
                     log.info("route %s: evaluator %s works again", route.cfg.name, type(evaluator).__name__)
                 route.failing_evaluators.discard(i)
         fields["evaluator_errors_total"] = dict(errors)
+        if fields.get("baseline_ratio") is not None:
+            fields["acceptance_threshold_ratio"] = fields["baseline_ratio"] * (1.0 - route.cfg.detection.drop)
         base.update(fields)
         return RouteState(**base)
 

@@ -93,6 +93,8 @@ def configure(args: argparse.Namespace) -> None:
     handler.set_name(_HANDLER_NAME)
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
-        root.removeHandler(old)  # ours from an earlier call in this process; other handlers (pytest's) stay
+        root.removeHandler(old)  # ours from an earlier call in this process
+    if root.handlers:  # as logging.basicConfig: a host that set up logging (pytest, an embedder) keeps its own
+        return
     root.addHandler(handler)
     root.setLevel({"warn": "WARNING"}.get(level_name, level_name.upper()))

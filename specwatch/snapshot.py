@@ -108,6 +108,8 @@ class RouteState:
     drafts_total: float = 0.0
     draft_tokens_total: float = 0.0
     accepted_tokens_total: float = 0.0
+    # counter samples rejected as impossible, by reason (tracking/counters.py REJECT_REASONS)
+    rejected_samples_total: Mapping[str, float] = field(default_factory=dict)
     acceptance_ratio: Mapping[str, float] = field(default_factory=dict)  # window -> ratio (absent: no drafts)
     mean_acceptance_length: Mapping[str, float] = field(default_factory=dict)  # window -> tau
     position_acceptance_ratio: tuple[float, ...] = ()  # 5m window, p_j per position
@@ -124,6 +126,8 @@ class RouteState:
     gpus: tuple[int, ...] = ()
     # detection
     baseline_ratio: float | None = None
+    # baseline x (1 - the route's `drop`): the acceptance the detector pages below
+    acceptance_threshold_ratio: float | None = None
     drop_ratio: float | None = None
     degraded: bool | None = None
     cusum_statistic: float | None = None

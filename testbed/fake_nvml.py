@@ -272,6 +272,7 @@ class FakeNvml:
         assert request.version == NVML_GPM_METRICS_GET_VERSION
         assert s1 is not None and s2 is not None and not s1.freed and not s2.freed
         assert s1.device == s2.device and s1.seq < s2.seq, "samples must be of one GPU, oldest first"
+        assert s2.device is not None, "GPM sample never filled by nvmlGpmSampleGet"
         gpu = self.gpus[s2.device]
         for m in request.metrics[: request.numMetrics]:
             m.nvmlReturn = gpu.gpm_errors.get(m.metricId, NVML_SUCCESS)

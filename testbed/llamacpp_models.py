@@ -39,7 +39,7 @@ def _gguf() -> Any:
         llamacpp_build.unpack(llamacpp_build.fetch_sdist())
     if path not in sys.path:
         sys.path.insert(0, path)
-    import gguf
+    import gguf  # type: ignore[import-not-found]  # gguf-py of the unpacked tree, put on sys.path above
 
     return gguf
 

@@ -143,8 +143,13 @@ class Webhook:
 def prometheus_config(
     workdir: Path, daemon_port: int, am_port: int, evaluation_interval_seconds: float = 1.0, alert_for: str = "5s"
 ) -> Path:
-    """Our generated rules with every `for:` shortened, scraping and evaluating every second."""
-    settings = replace(DEFAULT.with_all_for(alert_for), evaluation_interval_seconds=evaluation_interval_seconds)
+    """Our generated rules with every `for:` shortened, scraping and evaluating every second, generated as a site
+    that pages on acceptance drops does (`--severity.drop=critical`), so the page path is the one under test."""
+    settings = replace(
+        DEFAULT.with_all_for(alert_for),
+        evaluation_interval_seconds=evaluation_interval_seconds,
+        severity_drop="critical",
+    )
     rules = workdir / "specwatch-rules.yaml"
     rules.write_text(render.to_yaml(render.rules_document(settings)))
     config = {

@@ -1,4 +1,4 @@
-"""Fixtures shared across test modules: the real vLLM engine of specwatch.testbed.
+"""Fixtures shared across test modules: the real vLLM engine of testbed.
 
 The engine venv is built on first use (a few minutes, once per checkout) and its tests carry the
 `real_engine` marker. Where the processor cannot run vLLM's CPU build, they skip and say why; where it can,
@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from specwatch.testbed.engine_env import cpu_support, ensure_engine_env
-from specwatch.testbed.models import TinyModels, build_tiny_models
+from testbed.engine_env import cpu_support, ensure_engine_env
+from testbed.models import TinyModels, build_tiny_models
+
+# tiers: the --fast option and the unit tier's guard; pytester: tests/test_tiers.py runs pytest on made-up tests
+pytest_plugins = ("tiers", "pytester")
 
 
 @pytest.fixture(scope="session")

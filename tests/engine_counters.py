@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.testbed import successor
+from testbed import successor
 
 SUMMED = (
     "vllm:spec_decode_num_drafts_total",

@@ -27,7 +27,8 @@ from specwatch.evaluators.base import EvaluatorContext
 from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
 from specwatch.offline.tracegen import DAY, Drop, ModelChange, TraceSpec, generate
-from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineStore
+from specwatch.state.baselines import Baseline, BaselineKey
+from specwatch.state.store import StateStore
 
 
 # --------------------------------------------------------------------------- statistics
@@ -163,6 +164,7 @@ def _run(ev: AcceptanceDropEvaluator, spec: TraceSpec, builder: ObservationBuild
     return transitions, builder
 
 
+@pytest.mark.slow
 def test_learns_then_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
     assert (
@@ -184,6 +186,7 @@ def test_learns_then_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
     ev.close()
 
 
+@pytest.mark.slow
 def test_small_drop_inside_the_zone_does_not_page(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
     spec = TraceSpec(rate=2.0, duration=2 * DAY, seed=9, drops=(Drop(start=6 * 3600.0, ratio=0.05),))
@@ -193,6 +196,7 @@ def test_small_drop_inside_the_zone_does_not_page(tmp_path: Path) -> None:
     ev.close()
 
 
+@pytest.mark.slow
 def test_model_change_counts_keeps_old_baseline_and_adopts_after_clean_period(tmp_path: Path) -> None:
     detection = dataclasses.replace(FAST, adopt_after_seconds=1800.0)
     ev = build_evaluator(_ctx(tmp_path, detection), _route(detection))
@@ -206,6 +210,7 @@ def test_model_change_counts_keeps_old_baseline_and_adopts_after_clean_period(tm
     ev.close()
 
 
+@pytest.mark.slow
 def test_model_change_with_a_regression_pages_through_the_sprt(tmp_path: Path) -> None:
     ev = build_evaluator(_ctx(tmp_path), _route())
     spec = TraceSpec(
@@ -249,7 +254,7 @@ def test_operator_reset_and_accept_reach_the_evaluator(tmp_path: Path) -> None:
     ev = build_evaluator(ctx, _route())
     _run(ev, TraceSpec(rate=1.0, duration=3 * 3600.0, seed=7))
     assert ev.reference is not None
-    cli = BaselineStore.in_state_dir(str(tmp_path))
+    cli = StateStore.in_state_dir(str(tmp_path))
     cli.delete_route("chat")
     cli.append_command("chat", "reset")
     cli.close()
@@ -270,7 +275,7 @@ def test_configured_baseline_is_used_with_a_learned_overdispersion(tmp_path: Pat
 
 
 def test_unreadable_detector_state_is_counted_not_fatal(tmp_path: Path) -> None:
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     store.register("chat", lambda: {"version": 1, "key": "garbage"})
     store.unregister("chat")
     ctx = _ctx(tmp_path)
@@ -302,6 +307,7 @@ def _bench():
     return load_script("bench_detection")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tier", ["2 req/s", "0.2 req/s"])
 def test_small_benchmark_meets_the_acceptance_checks(tier: str) -> None:
     bench = _bench()
@@ -343,7 +349,7 @@ def test_version_one_store_gains_the_dispersion_columns(tmp_path: Path) -> None:
     """)
     conn.commit()
     conn.close()
-    store = BaselineStore(str(path))
+    store = StateStore(str(path))
     old = store.get("chat", BaselineKey("m", "", 4))
     assert old is not None and old.dispersion_model() == DispersionModel(30.0, 0.0)  # a plain φ, as before
     assert old.dispersion_block_seconds == 60.0  # learned on the 1-minute blocks of its time
@@ -366,6 +372,7 @@ def test_a_reload_reopens_the_store_after_every_evaluator_closed(tmp_path: Path)
 _values = st.floats(min_value=0, max_value=1e7, allow_nan=False) | st.just(0.0)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(
@@ -501,7 +508,7 @@ def test_blocks_span_the_configured_seconds_for_the_cusum_and_the_dispersion_lea
 
 def test_a_stored_baseline_learned_on_other_blocks_keeps_r0_and_relearns_phi(tmp_path: Path) -> None:
     key = BaselineKey("m", "", 4)
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     store.put(
         Baseline(
             route="chat",

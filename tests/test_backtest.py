@@ -133,6 +133,7 @@ def test_backtest_against_a_real_prometheus(tmp_path: Path, capsys: pytest.Captu
     assert got[0]["baseline"] == pytest.approx(expected[0]["baseline"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_backtest_reports_an_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
     port = _free_port()  # nothing listens there
     assert (

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from specwatch.stats.overdispersion import DispersionEstimator
-from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
+from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
+from specwatch.state.store import DB_NAME, StateStore
 
 KEY = BaselineKey("llama", "0.11.0", 4)
 
@@ -34,10 +35,10 @@ def _baseline(ratio: float = 0.5, tokens: float = 50_000.0, route: str = "chat")
 
 
 def test_round_trip_survives_reopen(tmp_path: Path) -> None:
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     assert store.put(_baseline())
     store.close()
-    again = BaselineStore.in_state_dir(str(tmp_path))
+    again = StateStore.in_state_dir(str(tmp_path))
     assert again.get("chat", KEY) == _baseline()
     assert again.get("chat", BaselineKey("llama", "0.11.0", 5)) is None
     assert [b.route for b in again.baselines()] == ["chat"]
@@ -64,8 +65,9 @@ def test_learner_json_round_trip() -> None:
 
 _WRITER = textwrap.dedent("""
     import sys
-    from specwatch.tracking.baselines import Baseline, BaselineKey, BaselineStore
-    store = BaselineStore.in_state_dir(sys.argv[1])
+    from specwatch.state.baselines import Baseline, BaselineKey
+    from specwatch.state.store import StateStore
+    store = StateStore.in_state_dir(sys.argv[1])
     key = BaselineKey("llama", "0.11.0", 4)
     i = 0
     while True:
@@ -78,6 +80,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_mid_write_keeps_last_committed(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -91,7 +94,7 @@ def test_kill_minus_nine_mid_write_keeps_last_committed(tmp_path: Path) -> None:
         proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
     errors: list[str] = []
-    store = BaselineStore.in_state_dir(str(tmp_path), errors)
+    store = StateStore.in_state_dir(str(tmp_path), errors)
     b = store.get("chat", KEY)
     assert errors == []
     assert b is not None and b.drafted_tokens >= committed  # every printed (committed) write is there
@@ -103,16 +106,16 @@ def test_corrupt_file_is_moved_aside_and_counted(tmp_path: Path) -> None:
     db = tmp_path / DB_NAME
     db.write_bytes(b"this is not sqlite at all \x00\x01\x02" * 200)
     errors: list[str] = []
-    store = BaselineStore.in_state_dir(str(tmp_path), errors, clock=lambda: 1234.0)
+    store = StateStore.in_state_dir(str(tmp_path), errors, clock=lambda: 1234.0)
     assert len(errors) == 1 and "corrupt" in errors[0] and "moved aside" in errors[0]
     assert (tmp_path / f"{DB_NAME}.corrupt-1234").exists()
     assert store.put(_baseline()) and store.get("chat", KEY) is not None  # the fresh store works
     store.close()
-    assert BaselineStore.in_state_dir(str(tmp_path)).get("chat", KEY) is not None
+    assert StateStore.in_state_dir(str(tmp_path)).get("chat", KEY) is not None
 
 
 def test_truncated_database_is_recovered(tmp_path: Path) -> None:
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     for i in range(50):
         store.put(_baseline(route=f"r{i}"))
     store.close()
@@ -122,7 +125,7 @@ def test_truncated_database_is_recovered(tmp_path: Path) -> None:
     for suffix in ("-wal", "-shm"):
         Path(str(db) + suffix).unlink(missing_ok=True)
     errors: list[str] = []
-    fresh = BaselineStore.in_state_dir(str(tmp_path), errors)
+    fresh = StateStore.in_state_dir(str(tmp_path), errors)
     assert errors and fresh.put(_baseline()) and fresh.get("chat", KEY) is not None
     fresh.close()
 
@@ -131,15 +134,15 @@ def test_unwritable_state_dir_keeps_working_in_memory(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the state directory should be")
     errors: list[str] = []
-    store = BaselineStore.in_state_dir(str(blocker / "state"), errors)
+    store = StateStore.in_state_dir(str(blocker / "state"), errors)
     assert len(errors) == 1 and "in memory" in errors[0]
     assert store.put(_baseline()) and store.get("chat", KEY) is not None
 
 
 def test_commands_reach_a_running_store(tmp_path: Path) -> None:
-    daemon = BaselineStore.in_state_dir(str(tmp_path))
+    daemon = StateStore.in_state_dir(str(tmp_path))
     daemon.tick(0.0)
-    cli = BaselineStore.in_state_dir(str(tmp_path))
+    cli = StateStore.in_state_dir(str(tmp_path))
     cli.append_command("chat", "accept")
     cli.append_command("other", "reset")
     cli.close()
@@ -153,13 +156,13 @@ def test_commands_reach_a_running_store(tmp_path: Path) -> None:
 
 
 def test_route_state_is_flushed_periodically_and_on_unregister(tmp_path: Path) -> None:
-    store = BaselineStore.in_state_dir(str(tmp_path), persist_seconds=60.0)
+    store = StateStore.in_state_dir(str(tmp_path), persist_seconds=60.0)
     state = {"n": 0}
     store.register("chat", lambda: dict(state))
     store.tick(0.0)
     state["n"] = 1
     store.tick(30.0)
-    reader = BaselineStore.in_state_dir(str(tmp_path))
+    reader = StateStore.in_state_dir(str(tmp_path))
     assert reader.route_state("chat") is None
     store.tick(61.0)
     assert reader.route_state("chat") == {"n": 1}
@@ -220,7 +223,7 @@ def test_cli_reset_on_a_stopped_daemon(tmp_path: Path, capsys: pytest.CaptureFix
     ev.close()
     assert cli_main(["baseline", "--state-dir", str(tmp_path), "reset", "chat"]) == 0
     assert "relearns" in capsys.readouterr().out
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     assert store.baselines("chat") == [] and store.route_state("chat") is None
     store.close()
     assert cli_main(["baseline", "--state-dir", str(tmp_path), "show", "chat"]) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -46,6 +47,59 @@ def test_check_config_missing_file(tmp_path, capsys):
     assert "cannot read file" in capsys.readouterr().err
 
 
+def test_check_config_warns_but_passes_on_inline_secrets(tmp_path, capsys):
+    path = tmp_path / "secrets.yml"
+    path.write_text(
+        "scrape:\n  basic_auth: {username: u, password: hunter2}\n"
+        "routes:\n"
+        "  - {name: inherits, url: 'http://127.0.0.1:8000/metrics'}\n"
+        "  - {name: token, url: 'http://127.0.0.1:8001/metrics', authorization: {credentials: s3cret}}\n"
+        "  - {name: filed, url: 'http://127.0.0.1:8002/metrics', authorization: {credentials_file: /dev/null}}\n"
+    )
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING:")]
+    assert warnings == [
+        "WARNING: scrape.basic_auth.password: an inline secret, readable by whoever reads the config; "
+        "put it in a file readable only by the service user and give password_file",
+        "WARNING: routes[1] (token).authorization.credentials: an inline secret, readable by whoever reads the "
+        "config; put it in a file readable only by the service user and give credentials_file",
+    ]
+    assert "hunter2" not in str(warnings) and "s3cret" not in str(warnings)
+
+
+def test_check_config_warns_on_routes_without_gpus_under_a_dedicated_user(tmp_path, capsys):
+    path = tmp_path / "gpus.yml"
+    routes = "routes:\n  - {name: auto, url: 'http://127.0.0.1:8000/metrics'}\n"
+    path.write_text(routes + "  - {name: pinned, url: 'http://127.0.0.1:8001/metrics', gpus: [0]}\n")
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", "specwatch"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: routes[0] (auto): no gpus: while specwatch runs as user specwatch" in err
+    assert "set gpus:" in err and "(pinned)" not in err
+    # Not under a dedicated user, or NVML off: the auto-mapping is not the problem.
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    assert "no gpus:" not in capsys.readouterr().err
+    path.write_text("gpu: {enabled: 'false'}\n" + routes)
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", "specwatch"]) == 0
+    assert "no gpus:" not in capsys.readouterr().err
+
+
+def test_the_dedicated_user_is_the_units_account_where_it_exists(monkeypatch):
+    import pwd
+
+    from specwatch import config_warnings
+
+    unit = (Path(__file__).resolve().parent.parent / "systemd" / "specwatch.service").read_text()
+    assert f"User={config_warnings.SERVICE_USER}\n" in unit
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: pwd.struct_passwd((name, "x", 990, 990, "", "/", "/bin/false")))
+    assert config_warnings.dedicated_user() == "specwatch"
+
+    def missing(name):
+        raise KeyError(name)
+
+    monkeypatch.setattr(pwd, "getpwnam", missing)
+    assert config_warnings.dedicated_user() == ""
+
+
 # ---------------------------------------------------------------------------------------------- extras
 def test_an_offline_command_without_its_extra_says_how_to_install_it(monkeypatch, capsys):
     """grafanalib is not a daemon dependency: `generate` without it names the extra to install."""
@@ -57,6 +111,7 @@ def test_an_offline_command_without_its_extra_says_how_to_install_it(monkeypatch
     assert "pip install 'specwatch[mixin]'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_daemon_imports_no_offline_only_dependency():
     code = (
         "import sys; import specwatch.commands.run, specwatch.commands.check_config, specwatch.commands.status; "
@@ -140,6 +195,54 @@ def test_status_table_shows_optional_columns_only_when_present():
     assert "GPU-h lost/saved" in text and "1.50/0.20" in text
 
 
+def _every_column_snapshot() -> Snapshot:
+    return Snapshot(
+        timestamp=1.0,
+        routes=(
+            route(
+                "chat-long-route-name",
+                up=True,
+                engine_kind="vllm",
+                engine_version="0.33.0rc1.dev42",
+                model_name="meta-llama/Llama-3.1-70B-Instruct-FP8-dynamic",
+                acceptance_source="counter",
+                acceptance_ratio={"1m": 0.61, "5m": 0.6, "1h": 0.62},
+                draft_length=3.0,
+                mean_acceptance_length={"5m": 2.8},
+                running_requests=120.0,
+                waiting_requests=14.0,
+                baseline_ratio=0.7,
+                drop_ratio=0.2857,
+                degraded=True,
+                batch_size=40.0,
+                crossover_batch_size=32.0,
+                above_crossover=True,
+                speculation_gpu_seconds_lost_total=5400.0,
+                speculation_gpu_seconds_saved_total=720.0,
+            ),
+        ),
+    )
+
+
+def test_status_fits_an_80_column_terminal_by_dropping_named_columns_never_cutting_numbers():
+    doc = routes_document(_every_column_snapshot())
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(render_status_table(doc, width=80))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "0.61 0.60 0.62" in text and "DEGRADED" in text and "ABOVE" in text  # acceptance and verdict stay
+    assert "hidden to fit 80 columns: GPU-h lost/saved" in " ".join(text.split())
+    # Every column kept shows whole values: no number ends in an ellipsis.
+    assert not re.search(r"\d…", text)
+    # A wide terminal hides nothing.
+    wide = Console(width=250, record=True, file=open(os.devnull, "w"))
+    wide.print(render_status_table(doc, width=250))
+    wide_text = wide.export_text()
+    assert "hidden" not in wide_text and "1.50/0.20" in wide_text and "120/14" in wide_text
+
+
+@pytest.mark.slow
 def test_status_against_a_live_daemon(capsys):
     snap = Snapshot(timestamp=time.time(), routes=(route("chat", up=True, acceptance_ratio={"1m": 0.7}),))
     server = serve("127.0.0.1:0", lambda: snap)
@@ -150,6 +253,7 @@ def test_status_against_a_live_daemon(capsys):
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_status_unreachable_is_a_clear_message(capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -200,6 +304,7 @@ def wait_for(predicate, timeout: float = WAIT_TIMEOUT):
     raise AssertionError("condition not met in time")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(sys.platform != "linux", reason="needs POSIX signals and AF_UNIX datagrams")
 def test_run_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path):
     config = tmp_path / "specwatch.yml"
@@ -267,6 +372,7 @@ def test_run_refuses_a_bad_config(tmp_path, caplog):
     assert any("routes[0].url: required" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_run_refuses_an_address_in_use(tmp_path, caplog):
     config = tmp_path / "ok.yml"
     write_config(config)
@@ -280,3 +386,29 @@ def test_run_refuses_an_address_in_use(tmp_path, caplog):
 
 def test_empty_snapshot_document():
     assert routes_document(EMPTY_SNAPSHOT)["routes"] == []
+
+
+# ---------------------------------------------------------------------------------------------- flag names
+def test_one_dotted_flag_per_concept_and_the_old_names_still_work_with_a_warning(capsys):
+    from specwatch.cli import build_parser
+
+    parser = build_parser()
+    cases = [
+        (["crossover", "estimate"], "--gamma", "--draft.length", "draft_length", "6"),
+        (["simulate"], "--k", "--draft.length", "k", "6"),
+        (["simulate-trace"], "--k", "--draft.length", "k", "6"),
+        (["baseline"], "--state-dir", "--state.dir", "state_dir", "/tmp/x"),
+        (["demo"], "--state-dir", "--state.dir", "state_dir", "/tmp/x"),
+    ]
+    for command, old, new, dest, value in cases:
+        tail = ["list"] if command == ["baseline"] else []
+        args = parser.parse_args([*command, new, value, *tail])
+        assert str(getattr(args, dest)) == value and "deprecated" not in capsys.readouterr().err
+        args = parser.parse_args([*command, old, value, *tail])
+        assert str(getattr(args, dest)) == value, (command, old)
+        assert f"{old} is deprecated, use {new}" in capsys.readouterr().err
+        sub = build_parser(only=command[0])._subparsers._group_actions[0].choices[command[0]]
+        if len(command) > 1:
+            sub = sub._subparsers._group_actions[0].choices[command[1]]
+        help_text = sub.format_help()
+        assert new in help_text and old + " " not in help_text and old + "\n" not in help_text, command

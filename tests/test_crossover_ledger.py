@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from specwatch.crossover.live import SweptCrossover
+from specwatch.crossover.configured import SweptCrossover
 from specwatch.evaluators.above_crossover import AboveCrossoverEvaluator, GpuTimeLedger
 from specwatch.simulator.clock import SimClock
-from specwatch.simulator.demo import engine_sweep, load_demo_plan, route_crossover, simulation_spec
+from specwatch.simulator.demo_plan import engine_sweep, load_demo_plan, route_crossover, simulation_spec
 from specwatch.simulator.engine import EngineSettings, SimEngine, StepRecord
 from specwatch.simulator.speculation import parse_profile
 from specwatch.snapshot import RouteObservation
@@ -46,6 +46,7 @@ def test_ledger_arithmetic():
     assert ledger.lost_seconds == pytest.approx(4.0)
 
 
+@pytest.mark.slow
 def test_demo_ramp_lost_above_saved_below_matches_the_engines():
     plan = load_demo_plan()
     route = next(r for r in plan.routes if r.name == "code")

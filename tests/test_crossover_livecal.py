@@ -16,8 +16,8 @@ import pytest
 from specwatch.config import parse_config
 from specwatch.crossover import gpus
 from specwatch.crossover.livecal import LiveCalibration
-from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel, positions_from_alpha, tau
-from specwatch.crossover.live import EstimatedCrossover
+from specwatch.crossover.speedup import LLAMA3_8B, Draft, StepModel, positions_from_alpha, tau
+from specwatch.crossover.configured import EstimatedCrossover
 from specwatch.evaluators.above_crossover import AboveCrossoverEvaluator, build_evaluator
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.simulator.clock import SimClock
@@ -55,6 +55,7 @@ def test_band_is_wide_until_batches_separate_the_efficiencies():
     assert live.answer(positions, 1024, 3.0).bins == 0
 
 
+@pytest.mark.slow
 def test_live_crossover_converges_on_the_simulated_engine():
     table = load_table()
     profile = AcceptanceProfile.iid(ALPHA, K)
@@ -156,6 +157,7 @@ def test_a_burst_after_idle_is_binned_at_its_own_batch():
     assert observations > 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fixed_cost, prior, alpha",
     [
@@ -179,7 +181,7 @@ def test_a_slow_engine_with_large_fixed_costs_is_fitted_too(fixed_cost, prior, a
     forward, past any GPU's, so the search reaches up to the fastest observed step. Spec steps alone cannot
     split the fixed cost between per layer and per forward; the prior's split is kept (a prior with a
     per-forward cost refits that one) and, when it is the engine's, the live B* matches the engine's own."""
-    from specwatch.crossover.model import Efficiency, Hardware, ModelShape
+    from specwatch.crossover.speedup import Efficiency, Hardware, ModelShape
 
     cpu = Hardware("CPU", 20e9, 100e9, None, 24e9, sms=2, gemm_padding=(1, 1), flops_fp32=100e9)
     shape = ModelShape(

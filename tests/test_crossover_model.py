@@ -10,7 +10,7 @@ from specwatch.cli import main as cli_main
 from specwatch.crossover import gpus, shapes
 from specwatch.crossover.calibrate import fit_efficiency, reference_points
 from specwatch.crossover.hfconfig import shape_from_hf_config
-from specwatch.crossover.model import (
+from specwatch.crossover.speedup import (
     LLAMA3_8B,
     Draft,
     Efficiency,
@@ -115,6 +115,7 @@ def test_calibrated_estimate_within_25_percent_of_shape_tables(shape_tables, nam
         assert cell.error is not None and abs(cell.error) <= 0.25, cell
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama3.2-1b", "llama2-7b", "llama2-13b", "qwen3-30b-a3b", "codellama-34b"])
 def test_held_out_shape_predicted_within_25_percent(shape_tables, name):
     """Fit without the only head-dim-64 shape, an MHA shape, the only MoE or the largest shape (and without
@@ -126,6 +127,7 @@ def test_held_out_shape_predicted_within_25_percent(shape_tables, name):
         assert cell.error is not None and abs(cell.error) <= 0.25, cell
 
 
+@pytest.mark.slow
 def test_held_out_mha_shape_crosses(shape_tables):
     """Fitted on GQA shapes and the other MHA shapes, Llama-2-7B's crossovers are predicted within 25%; the
     old model, fitted on GQA only, predicted none. Its gamma 2, alpha 0.6 curve stays within 3% of 1 over more
@@ -141,6 +143,7 @@ def test_held_out_mha_shape_crosses(shape_tables):
         assert cells[key].error is not None and abs(cells[key].error) <= 0.25, cells[key]
 
 
+@pytest.mark.slow
 def test_refit_reproduces_shipped_h200_efficiency(shape_tables):
     fitted, rms = shapes.fit(list(shape_tables.values()))
     shipped = gpus.CALIBRATED["H200"]
@@ -364,7 +367,7 @@ def test_cli_estimate_json(capsys):
             "H200",
             "--params",
             "8",
-            "--gamma",
+            "--draft.length",
             "4",
             "--alpha",
             "0.7",

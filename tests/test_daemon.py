@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -88,6 +89,7 @@ def no_evaluators(monkeypatch):
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
 
 
+@pytest.mark.slow
 def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evaluators, caplog):
     hanging = HangingSource()
     sources = {
@@ -143,6 +145,7 @@ def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evalu
         d.close()
 
 
+@pytest.mark.slow
 def test_more_hung_sources_than_core_workers_do_not_hold_up_the_healthy_routes(no_evaluators):
     """The pool keeps a few threads; hung calls queued ahead of healthy ones cost those at most the stall time."""
     hung = {f"hang{i}": HangingSource() for i in range(CORE_WORKERS + 2)}  # submitted first
@@ -416,3 +419,48 @@ def test_reload_with_the_real_evaluators_keeps_their_shared_state_store_usable(t
         d.close()
     assert [r.getMessage() for r in caplog.records] == []
     assert snap.state_errors_total == 0 and snap.route("r").above_crossover is True
+
+
+def test_the_page_threshold_is_the_baseline_times_one_minus_each_routes_own_drop(monkeypatch):
+    evaluator = RecordingEvaluator({"baseline_ratio": 0.8})
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [evaluator])
+    config = parse_config(
+        {
+            "interval": "1s",
+            "gpu": {"enabled": "false"},
+            "routes": [
+                {"name": "default", "url": "http://127.0.0.1:9/a"},
+                {"name": "loose", "url": "http://127.0.0.1:9/b", "drop": 0.3},
+            ],
+        }
+    )
+    clock = FakeClock()
+    d = Daemon(config, source_factory=lambda r, c: CountingSource(), clock=clock)
+    snap = d.tick(clock.advance(5))
+    assert snap.route("default").acceptance_threshold_ratio == pytest.approx(0.8 * (1 - config.detection.drop))
+    assert snap.route("loose").acceptance_threshold_ratio == pytest.approx(0.8 * 0.7)
+    d.close()
+
+
+class UnmappedGpuSource(FakeGpuSource):
+    def route_gpus(self, route_cfg):
+        return ()
+
+
+def test_a_serving_route_the_gpu_auto_mapping_finds_nothing_for_is_logged_once(no_evaluators, caplog):
+    config = make_config("auto", "pinned")
+    config = replace(config, routes=(config.routes[0], replace(config.routes[1], gpus=(1,))))
+    clock = FakeClock()
+    d = Daemon(
+        config,
+        source_factory=lambda r, c: CountingSource(),
+        gpu_source_factory=lambda g: UnmappedGpuSource(),
+        clock=clock,
+    )
+    with caplog.at_level(logging.WARNING, logger="specwatch.daemon"):
+        for _ in range(3):
+            snap = d.tick(clock.advance(5))
+    warnings = [r.getMessage() for r in caplog.records if "auto-mapping found no GPU" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("route auto:") and "set gpus:" in warnings[0]
+    assert snap.route("auto").gpus == () and snap.route("pinned").gpus == (1,)
+    d.close()

@@ -12,7 +12,8 @@ import pytest
 
 from specwatch.stats.daily import DAY_SECONDS, DailyFit, DailyProfile
 from specwatch.stats.overdispersion import ClosedBlock, DispersionEstimator
-from specwatch.tracking.baselines import BaselineKey, BaselineLearner, BaselineStore
+from specwatch.state.baselines import BaselineKey, BaselineLearner
+from specwatch.state.store import StateStore
 
 
 def _binomial(rng: random.Random, n: int, p: float) -> float:
@@ -129,7 +130,7 @@ def test_store_without_the_profile_column_gains_it(tmp_path: Path) -> None:
     """)
     conn.commit()
     conn.close()
-    store = BaselineStore(str(path))
+    store = StateStore(str(path))
     key = BaselineKey("m", "", 4)
     old = store.get("chat", key)
     assert old is not None and old.daily is None and old.dispersion_block_seconds == 15.0
@@ -141,6 +142,7 @@ def test_store_without_the_profile_column_gains_it(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.mark.slow
 def test_evaluator_learns_and_fixes_the_profile_of_a_daily_mix(tmp_path: Path) -> None:
     """A busy route with a daily request mix (tracegen's, a second class at 0.85x α for 30% ± 20% of requests)
     gets a usable profile in its first day, fixed once usable, that follows the mix: lowest where the second class
@@ -169,7 +171,7 @@ def test_evaluator_learns_and_fixes_the_profile_of_a_daily_mix(tmp_path: Path) -
     assert ev.fields()["baseline_ratio"] == pytest.approx(ref.daily.at(ev._last_scrape), rel=1e-9)
     # the test weighs blocks by their design effect about the profile, which holds a short block's weight to a long
     # one's within the spread of request counts (a busy route's blocks hold many requests whatever their length)
-    assert ev._test is not None and ev._test.dispersion == ref.daily.dispersion
+    assert ev.decision.hypotheses is not None and ev.decision.hypotheses.dispersion == ref.daily.dispersion
     assert ref.daily.dispersion.at(5000) > 0.5 * ref.daily.dispersion.at(45000)
     stored = ev.store.get("chat", ref.key)
     assert stored is not None and stored.daily == ref.daily

@@ -14,9 +14,9 @@ import urllib.request
 import pytest
 
 from specwatch.config import parse_config
-from specwatch.crossover.live import LiveInputs, SweptCrossover
+from specwatch.crossover.configured import LiveInputs, SweptCrossover
 from specwatch.crossover.sweepfile import load_sweep
-from specwatch.simulator.demo import daemon_config, load_demo_plan, route_crossover, simulation_spec
+from specwatch.simulator.demo_plan import daemon_config, load_demo_plan, route_crossover, simulation_spec
 from specwatch.simulator.launch import free_port
 from specwatch.simulator.scenario import ScenarioError
 from specwatch.simulator.speculation import parse_profile

@@ -19,6 +19,7 @@ def _bound():
     return load_script("bench_detection_bound")
 
 
+@pytest.mark.slow
 def test_vectorised_requests_follow_the_request_stream_model() -> None:
     bound = _bound()
     spec = TraceSpec(rate=0.2, duration=2 * DAY, seed=21, **bound.MIX)
@@ -32,6 +33,7 @@ def test_vectorised_requests_follow_the_request_stream_model() -> None:
     assert 0.1 - 1e-9 <= share.min() and share.max() <= 0.5 + 1e-9
 
 
+@pytest.mark.slow
 def test_likelihood_ratio_is_exact_under_the_zone_edge() -> None:
     """Under the hypothesis it is the ratio against (a 5% drift), E[e^ℓ] = 1: Wald's identity, which a wrong
     integral over the Beta spread breaks (one request then looks like strong evidence)."""
@@ -78,6 +80,7 @@ def test_a_baseline_error_moves_each_routes_acceptance_and_nothing_else() -> Non
     assert ratio(0.9) < 0.95 * ratio(1.0)  # the route really accepts less than the baseline says
 
 
+@pytest.mark.slow
 def test_one_class_reading_has_the_mixtures_spread() -> None:
     """--one-class: one Beta with the mixture's mean and variance of the per-request scale, every request read alike."""
     bound = _bound()
@@ -107,6 +110,7 @@ def test_vectorised_cusum_is_the_recursion() -> None:
     assert bound.cusum(np.array(values)) == pytest.approx(loop, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_quick_run_writes_its_section_and_json(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# B\n\n## Detection limit (oracle)\nold\n\n## Next\nkept\n", encoding="utf-8")

@@ -21,6 +21,8 @@ from specwatch.export.prometheus import SnapshotCollector
 
 from fakes import FakeClock
 
+pytestmark = pytest.mark.slow  # loopback HTTP servers
+
 FIXTURES = Path(__file__).parent / "fixtures"
 # route -> (URL path, fixture of the first and second scrape); every route uses `engine: auto`
 ROUTES = {

@@ -59,9 +59,11 @@ def full_snapshot() -> Snapshot:
         kv_usage_ratio=0.41,
         scrape_duration_seconds=0.012,
         errors_total={"connection": 0.0, "timeout": 2.0},
+        rejected_samples_total={"non_finite": 0.0, "too_large": 1.0},
         gpus=(0, 1),
         evaluator_errors_total={"above_crossover": 0.0, "acceptance_drop": 3.0},
         baseline_ratio=0.7,
+        acceptance_threshold_ratio=0.595,
         drop_ratio=0.142857,
         degraded=False,
         cusum_statistic=3.5,
@@ -131,6 +133,7 @@ def test_golden_metrics():
     assert text == GOLDEN.read_text(), "rendering changed: review, then SPECWATCH_UPDATE_GOLDEN=1"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH")
 def test_golden_passes_promtool_lint():
     result = subprocess.run(
@@ -214,6 +217,7 @@ def server():
     srv.shutdown()
 
 
+@pytest.mark.slow
 def test_http_endpoints(server):
     url = server.url
     assert requests.get(url + "/-/healthy", timeout=5).status_code == 200
@@ -245,7 +249,11 @@ class FakeWebConfig:
     def authorize(self, headers) -> bool:
         return headers.get("Authorization") == "Basic dTpw"  # u:p
 
+    def authorize_cached(self, headers) -> bool:
+        return self.authorize(headers)
 
+
+@pytest.mark.slow
 def test_http_basic_auth_refuses_without_detail():
     srv = serve("127.0.0.1:0", lambda: full_snapshot(), FakeWebConfig())
     try:
@@ -258,6 +266,7 @@ def test_http_basic_auth_refuses_without_detail():
         srv.shutdown()
 
 
+@pytest.mark.slow
 def test_http_tls(tmp_path):
     cert, key = self_signed_for_localhost(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -280,6 +289,7 @@ def test_parse_listen_address():
             parse_listen_address(bad)
 
 
+@pytest.mark.slow
 def test_routes_json_is_strict_json(server):
     server.state["snapshot"] = full_snapshot()
     body = requests.get(server.url + "/api/v1/routes", timeout=5).text

@@ -26,6 +26,9 @@ NaN / Inf / negative counter values
     test_non_finite_and_negative_counters_never_poison_totals
     test_http_nan_inf_negative_values_are_survived
     test_tracking.py::test_nan_and_infinite_values_never_poison_the_sums
+one impossible counter sample (2^64, a jump no engine makes, more accepted than drafted)
+    test_rejected_samples.py::test_one_bogus_counter_sample_is_rejected_and_tracking_resumes
+    test_rejected_samples.py::test_a_bogus_persisted_learner_starts_afresh_on_restart
 label explosion (10,000 series)
     test_label_explosion_is_bounded_in_output_and_time
     test_http_label_explosion_10000_series
@@ -33,14 +36,21 @@ NVML GPU lost mid-run
     test_gpu_lost_mid_run_costs_only_that_gpu
     test_nvml.py::test_lost_gpu_is_down_while_the_others_continue_and_comes_back
 state database corrupted
-    test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_start
+    test_state_db_corrupted_under_a_running_daemon_is_moved_aside_while_it_runs
     test_baselines.py::test_corrupt_file_is_moved_aside_and_counted
+    test_state_store.py::test_corruption_while_running_is_noticed_and_nothing_is_lost
+    test_state_store.py::test_commands_leave_a_corrupt_file_to_the_daemon
+    test_state_store.py::test_the_daemon_writes_a_new_file_when_its_file_is_moved_and_sees_later_commands
     test_baselines.py::test_truncated_database_is_recovered
 state directory read-only
     test_read_only_state_dir_keeps_detecting_in_memory
     test_baselines.py::test_unwritable_state_dir_keeps_working_in_memory
+    test_state_store.py::test_a_read_only_state_dir_is_still_read_and_writes_are_counted
 state on a full disk
     test_full_disk_counts_state_errors_and_recovers_without_corruption
+    test_state_store.py::test_a_full_disk_logs_recovery_only_after_a_write_succeeds
+    test_full_disk_at_start_is_retried_and_the_file_gets_what_was_learned
+    test_state_store.py::test_a_state_dir_unusable_at_start_is_retried_and_gets_what_was_learned
 kill -9 during a baseline write, then restart (baseline intact)
     test_baselines.py::test_kill_minus_nine_mid_write_keeps_last_committed
 SIGHUP with a broken config (old config keeps running, reload metric 0)
@@ -53,6 +63,16 @@ fuzzed exposition bodies (parses or raises one error type, never hangs)
     test_fuzz_exposition.py::test_random_bytes_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_mutated_real_captures_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_the_engine_parse_path_raises_only_source_errors
+hostile clients of specwatch's own HTTP server (bench/http_load.py measures the p99 under load)
+    test_http_server.py::test_the_listen_backlog_is_the_kernels_maximum_not_five
+    test_http_server.py::test_idle_connections_cost_no_thread_and_a_scrape_is_still_answered
+    test_http_server.py::test_a_client_that_sends_its_request_slowly_is_cut_at_the_head_timeout
+    test_http_server.py::test_at_the_cap_the_connection_slowest_to_send_its_request_makes_room
+    test_http_server.py::test_oversized_or_too_many_header_fields_get_431
+    test_http_server.py::test_a_body_sent_with_a_get_is_read_and_dropped_not_taken_for_a_second_request
+    test_http_server.py::test_plain_http_to_the_tls_port_gets_a_400_saying_so
+    test_http_server.py::test_scrapes_are_answered_while_hostile_clients_hold_connections
+    test_webconfig.py::test_a_cached_right_password_is_not_held_up_by_wrong_ones_being_checked
 soak (no RSS, fd or thread growth; the full runs are bench/soak.py)
     test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat
 
@@ -87,7 +107,7 @@ from specwatch.export.prometheus import render_families
 from specwatch.snapshot import EngineCounters, EngineSample, Snapshot
 from specwatch.sources import nvml as nvml_source
 from specwatch.sources.base import SourceError
-from specwatch.tracking.baselines import DB_NAME, BaselineStore
+from specwatch.state.store import DB_NAME, StateStore
 from testbed import fake_nvml
 from fakes import FakeClock, vllm_sample
 
@@ -244,7 +264,7 @@ def test_wall_clock_jumping_backwards_never_rewinds_totals_or_pages(tmp_path, ca
     assert "1m" in after[-1].route("r0").acceptance_ratio and "1m" in later[-1].route("r0").acceptance_ratio
     assert after[-1].timestamp == pytest.approx(before[-1].timestamp - 3600 + 40 * INTERVAL)
     # Detector state was still persisted after the jump (the flush timer did not wait an hour to catch up).
-    store = BaselineStore.in_state_dir(str(tmp_path))
+    store = StateStore.in_state_dir(str(tmp_path))
     try:
         state = store.route_state("r0")
         assert state is not None
@@ -302,6 +322,7 @@ class ExplodedSource:
         pass
 
 
+@pytest.mark.slow
 def test_label_explosion_is_bounded_in_output_and_time(tmp_path):
     """10,000 engines on one route: /metrics stays per route, and the cycle stays cheap."""
     source = ExplodedSource()
@@ -360,7 +381,7 @@ def test_gpu_lost_mid_run_costs_only_that_gpu(tmp_path):
     assert {s.index: s.up for s in back.gpus} == {0: True, 1: True}
 
 
-def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_start(tmp_path):
+def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_while_it_runs(tmp_path):
     engine = SimulatedEngine(seed=6)
     clock = FakeClock(START)
     daemon = Daemon(make_config(tmp_path), source_factory=lambda r, c: engine, clock=clock)
@@ -369,28 +390,22 @@ def test_state_db_corrupted_under_a_running_daemon_is_moved_aside_at_the_next_st
         for name in (DB_NAME, f"{DB_NAME}-wal"):  # scribble over the live files in place, as a bad disk would
             path = tmp_path / name
             path.write_bytes(random.Random(0).randbytes(path.stat().st_size))
-        running = run_cycles(daemon, clock, 30)  # past the 60 s persist period: the store writes again
+        running = run_cycles(daemon, clock, 30)  # past the 60 s persist period: the store checks its file
     finally:
         daemon.close()
-    # SQLite works from its cache and WAL index: the running daemon carries on with what it knows.
     assert learned is not None
     assert all(s.route("r0").up and s.route("r0").baseline_ratio is not None for s in running)
     assert not any(s.route("r0").degraded for s in running)
+    assert running[-1].state_errors_total == 1, "the corrupt file is reported once, while running"
+    assert list(tmp_path.glob(f"{DB_NAME}.corrupt-*")), "and kept aside for a post-mortem"
 
     restarted = Daemon(make_config(tmp_path), source_factory=lambda r, c: engine, clock=clock)
     try:
-        after = run_cycles(restarted, clock, 60)
+        after = run_cycles(restarted, clock, 5)
     finally:
         restarted.close()
-    assert after[-1].state_errors_total == 1, "the corrupt file is reported once"
-    assert list(tmp_path.glob(f"{DB_NAME}.corrupt-*")), "and kept aside for a post-mortem"
-    assert all(s.route("r0").up for s in after) and after[-1].route("r0").baseline_ratio is not None  # relearned
-    errors: list[str] = []
-    reopened = BaselineStore.in_state_dir(str(tmp_path), errors)
-    try:
-        assert errors == [] and reopened.route_state("r0") is not None  # the fresh file is healthy and in use
-    finally:
-        reopened.close()
+    assert after[-1].state_errors_total == 0, "the fresh file is healthy"
+    assert all(s.route("r0").baseline_ratio is not None for s in after), "and it held the baseline: not relearned"
 
 
 # ---------------------------------------------------------------------------- state on a read-only or full disk
@@ -402,6 +417,9 @@ _CHILD = textwrap.dedent("""
     state_dir, mode = sys.argv[2], sys.argv[3]
     engines = {}
     clock = FakeClock(START)
+    if mode == "full_at_start":  # the daemon cannot even write its new state file's header
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
     daemon = Daemon(make_config(state_dir, routes=8), clock=clock,
                     source_factory=lambda r, c: engines.setdefault(r.name, SimulatedEngine(seed=len(engines))))
     report = {}
@@ -415,7 +433,7 @@ _CHILD = textwrap.dedent("""
     report["degraded"] = any(s.route(f"r{i}").degraded for s in snaps for i in range(8))
     report["baselines"] = sum(s.route(f"r{i}").baseline_ratio is not None for s in snaps[-1:] for i in range(8))
     report["errors_during"] = snaps[-1].state_errors_total
-    if mode == "full":
+    if mode in ("full", "full_at_start"):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         snaps = run_cycles(daemon, clock, 30)
         report["errors_after"] = snaps[-1].state_errors_total
@@ -437,6 +455,7 @@ def _run_child(state_dir: str, mode: str, prefix: Sequence[str] = ()) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path):
     report = _run_child(str(tmp_path), "full")
     assert all(all(up) for up in report["during"]), "a full disk must not take routes down"
@@ -445,7 +464,7 @@ def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path)
     # Space back: the store writes again, so the error counter stops climbing.
     assert report["errors_later"] == report["errors_after"]
     errors: list[str] = []
-    store = BaselineStore.in_state_dir(str(tmp_path), errors)
+    store = StateStore.in_state_dir(str(tmp_path), errors)
     try:
         assert errors == [], "the file the failed writes left behind is a valid database"
         assert set(store.routes()) >= {f"r{i}" for i in range(8)}
@@ -453,9 +472,25 @@ def test_full_disk_counts_state_errors_and_recovers_without_corruption(tmp_path)
         store.close()
 
 
+@pytest.mark.slow
+def test_full_disk_at_start_is_retried_and_the_file_gets_what_was_learned(tmp_path):
+    report = _run_child(str(tmp_path), "full_at_start")
+    assert all(all(up) for up in report["during"]) and not report["degraded"]
+    assert report["baselines"] == 8 and report["errors_during"] >= 1, "learned in memory, the failures counted"
+    assert report["errors_later"] == report["errors_after"], "space back: opened again, errors stop climbing"
+    errors: list[str] = []
+    store = StateStore.in_state_dir(str(tmp_path), errors)
+    try:
+        assert errors == [] and set(store.routes()) == {f"r{i}" for i in range(8)}
+        assert len(store.baselines()) == 8, "the baselines learned while the disk was full reached the file"
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
 def test_read_only_state_dir_keeps_detecting_in_memory(tmp_path):
     state_dir = tmp_path / "state"
-    BaselineStore.in_state_dir(str(state_dir)).close()  # an existing database, as after an upgrade
+    StateStore.in_state_dir(str(state_dir)).close()  # an existing database, as after an upgrade
     state_dir.chmod(0o555)
     (state_dir / DB_NAME).chmod(0o444)
     # Root ignores file modes: as root the child runs without the DAC-override capabilities.
@@ -634,6 +669,7 @@ def scrape_once(engines: Any, url: str, **scrape: Any) -> tuple[Any, float]:
     return result, time.monotonic() - begin
 
 
+@pytest.mark.slow
 def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_server, monkeypatch):
     result, took = scrape_once(engines, fault_server.url("/hang"))
     assert isinstance(result, SourceError) and result.reason == "timeout"
@@ -655,6 +691,7 @@ def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_serve
     assert ok.up and ok.drafts_total > snapshots[0].route("r1").drafts_total
 
 
+@pytest.mark.slow
 def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
     """Every read makes progress, so only a deadline on the whole response stops it (not a per-read timeout)."""
     result, took = scrape_once(engines, fault_server.url("/drip"))
@@ -662,6 +699,7 @@ def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/huge", "/huge_undeclared"])
 def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, path):
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -672,6 +710,7 @@ def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, 
     assert grown_mib < 32, f"the body must be streamed and cut at the cap, not read whole ({grown_mib:.0f} MiB)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, body, kind",
     [
@@ -696,18 +735,21 @@ def test_http_bad_bodies_are_parse_errors(engines, fault_server, name, body, kin
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 def test_http_response_cut_short_is_a_failed_scrape_not_a_partial_sample(engines, fault_server):
     result, took = scrape_once(engines, fault_server.url("/cut"))
     assert isinstance(result, SourceError) and result.reason in ("connection", "parse"), repr(result)
     assert took < HTTP_TIMEOUT + 1.0
 
 
+@pytest.mark.slow
 def test_http_html_error_status_is_http_status(engines, fault_server):
     url = fault_server.serve("/html_503", "<html><body>Service Unavailable</body></html>", status=503, kind="text/html")
     result, _ = scrape_once(engines, url)
     assert isinstance(result, SourceError) and result.reason == "http_status" and "503" in str(result)
 
 
+@pytest.mark.slow
 def test_http_duplicate_series_do_not_double_count(engines, fault_server):
     result, _ = scrape_once(engines, fault_server.serve("/dup", vllm_text(1000.0, duplicate=True)))
     if isinstance(result, SourceError):  # refusing the scrape, as Prometheus does, is acceptable
@@ -731,6 +773,7 @@ class ScheduledSource:
             source.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-5.0"])
 def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value, monkeypatch):
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
@@ -756,6 +799,7 @@ def test_http_nan_inf_negative_values_are_survived(engines, fault_server, value,
     assert snapshots[-1].route("r0").up
 
 
+@pytest.mark.slow
 def test_http_label_explosion_10000_series(engines, fault_server):
     engine_labels = [str(i) for i in range(10_000)]
     noise = "".join(f'vllm:unrelated_total{{engine="{i}",model_name="m",x="{i}"}} 1.0\n' for i in range(10_000))

@@ -151,6 +151,7 @@ def test_random_bytes_parse_or_raise_the_one_error(data):
     parse_or_clear_error(data)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(exposition_like_line(), max_size=40).map("\n".join))
 def test_exposition_like_noise_parses_or_raises_the_one_error(text):
@@ -158,6 +159,7 @@ def test_exposition_like_noise_parses_or_raises_the_one_error(text):
     parse_or_clear_error(text.encode())
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated_capture())
 def test_mutated_real_captures_parse_or_raise_the_one_error(data):
@@ -240,6 +242,7 @@ def _comparable(samples: Any) -> list[tuple[str, tuple, str]]:
     return sorted((s.name, tuple(sorted(s.labels.items())), repr(s.value)) for s in samples)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(well_formed_exposition())
 def test_well_formed_expositions_parse_like_prometheus_client(case):
@@ -288,6 +291,7 @@ def _strictly(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(exposition, "_USUAL_TAIL_RE", exposition.re.compile("(?!)"))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(sample_line(), min_size=1, max_size=6).map("\n".join), st.booleans())
 def test_usual_lines_read_inline_agree_with_the_strict_reader(text, comments):

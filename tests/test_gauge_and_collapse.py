@@ -9,7 +9,8 @@ import pytest
 
 from specwatch.config import Config, DetectionConfig, RouteConfig
 from specwatch.stats.gauge import GAUGE_MIN_RELATIVE_SD, GaugeLearner, GaugeLlr
-from specwatch.evaluators.acceptance_drop import COLLAPSE_RATIO, AcceptanceDropEvaluator, build_evaluator
+from specwatch.evaluators.acceptance_drop import AcceptanceDropEvaluator, build_evaluator
+from specwatch.evaluators.drop_decision import COLLAPSE_RATIO
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
@@ -82,6 +83,7 @@ def _lifetime_gauge(spec: TraceSpec) -> Iterator[RouteObservation]:
 
 
 # --------------------------------------------------------------------------- a broken drafter
+@pytest.mark.slow
 @pytest.mark.parametrize("rate", [2.0, 0.2])
 def test_broken_drafter_pages_within_one_confirmation_window_before_any_baseline(tmp_path: Path, rate: float) -> None:
     ev = _evaluator(tmp_path)
@@ -103,6 +105,7 @@ def test_broken_drafter_clears_when_acceptance_comes_back(tmp_path: Path) -> Non
     ev.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate,kappa", [(1 / 60, 10.0), (2.0, 10.0)])
 def test_working_drafter_never_looks_broken(tmp_path: Path, rate: float, kappa: float) -> None:
     """The most heterogeneous requests of the shared note's range (κ 10), quiet and busy: far from 5%."""
@@ -136,6 +139,7 @@ def test_gauge_statistics() -> None:
     assert llr(0.45) == pytest.approx(0.0, abs=1e-9) and llr(0.40) > 0 > llr(0.475)
 
 
+@pytest.mark.slow
 def test_interval_gauge_route_learns_pages_on_a_drop_and_resolves(tmp_path: Path) -> None:
     ev = _evaluator(tmp_path)
     spec = TraceSpec(
@@ -150,6 +154,7 @@ def test_interval_gauge_route_learns_pages_on_a_drop_and_resolves(tmp_path: Path
     ev.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [8, 9])
 def test_interval_gauge_route_ignores_a_five_percent_drift(tmp_path: Path, seed: int) -> None:
     ev = _evaluator(tmp_path)
@@ -158,6 +163,7 @@ def test_interval_gauge_route_ignores_a_five_percent_drift(tmp_path: Path, seed:
     ev.close()
 
 
+@pytest.mark.slow
 def test_lifetime_gauge_route_pages_on_a_regressed_restart_and_not_on_a_clean_one(tmp_path: Path) -> None:
     """vLLM V0: the model bump restarts the engine, so its lifetime ratio shows the new model alone."""
     detection = FAST

@@ -135,12 +135,14 @@ def fetcher():
     fetcher.close()
 
 
+@pytest.mark.slow
 def test_scrapes_reuse_one_kept_alive_connection(server, fetcher):
     before = server.connections
     assert all(fetcher.get(f"{server.url}/metrics") == BODY for _ in range(5))
     assert server.connections == before + 1
 
 
+@pytest.mark.slow
 def test_a_kept_alive_connection_sets_no_socket_timeout_request_after_request(server, fetcher, monkeypatch):
     """settimeout() is an ioctl each time; once the kept socket's timeout matches the scrape timeout (within
     the slack) further GETs leave it alone, and the deadline still holds (the slow-drip tests)."""
@@ -154,18 +156,21 @@ def test_a_kept_alive_connection_sets_no_socket_timeout_request_after_request(se
     assert calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hops", [1, 4])
 def test_redirects_are_followed(server, fetcher, hops):
     assert fetcher.get(f"{server.url}/hop/{hops}") == BODY
     assert fetcher.get(f"{server.url}/hop/{hops}") == BODY, "and again on the next scrape"
 
 
+@pytest.mark.slow
 def test_a_redirect_to_the_slashed_path_is_followed_on_the_same_kept_alive_connection(server, fetcher):
     before = server.connections
     assert all(fetcher.get(f"{server.url}/slash/metrics") == BODY for _ in range(3))
     assert server.connections == before + 1, "the redirect's body is read, so its connection stays alive"
 
 
+@pytest.mark.slow
 def test_a_redirect_to_another_host_is_followed(server, fetcher):
     other = start(QuietServer, Handler)
     try:
@@ -175,6 +180,7 @@ def test_a_redirect_to_another_host_is_followed(server, fetcher):
         stop(other)
 
 
+@pytest.mark.slow
 def test_a_redirect_loop_is_a_connection_failure(server, fetcher):
     with pytest.raises(SourceError) as info:
         fetcher.get(f"{server.url}/loop")
@@ -182,12 +188,14 @@ def test_a_redirect_loop_is_a_connection_failure(server, fetcher):
     assert fetcher.get(f"{server.url}/metrics") == BODY, "the fetcher is still usable"
 
 
+@pytest.mark.slow
 def test_too_many_redirects_are_a_connection_failure(server, fetcher):
     with pytest.raises(SourceError) as info:
         fetcher.get(f"{server.url}/hop/6")
     assert info.value.reason == "connection" and "more than 5 redirects" in str(info.value)
 
 
+@pytest.mark.slow
 def test_not_found_is_an_http_status_and_a_refused_port_a_connection_failure(server, fetcher):
     with pytest.raises(SourceError) as info:
         fetcher.get(f"{server.url}/nothing")
@@ -206,6 +214,7 @@ def test_a_url_it_cannot_use_is_a_connection_failure(fetcher, url):
     assert info.value.reason == "connection" and "invalid URL" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently():
     closing = start(ClosingServer, ClosingHandler)
     fetcher = HttpFetcher(timeout_seconds=2.0)
@@ -221,6 +230,7 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently():
         stop(closing)
 
 
+@pytest.mark.slow
 def test_a_new_connection_dropped_before_the_response_is_a_failure_not_retried():
     closing = start(ClosingServer, ClosingHandler)
     fetcher = HttpFetcher(timeout_seconds=2.0)
@@ -234,17 +244,20 @@ def test_a_new_connection_dropped_before_the_response_is_a_failure_not_retried()
         stop(closing)
 
 
+@pytest.mark.slow
 def test_a_chunked_body_is_read_whole(server, fetcher):
     before = server.connections
     assert fetcher.get(f"{server.url}/chunked") == BODY
     assert fetcher.get(f"{server.url}/chunked") == BODY and server.connections == before + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/gzip", "/gzip_two_members", "/raw_deflate"])
 def test_a_compressed_body_sent_unasked_is_decoded(server, fetcher, path):
     assert fetcher.get(f"{server.url}{path}") == BODY
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_hits_the_cap_on_its_decoded_size(server):
     # A deadline far beyond what decoding to the cap takes, even on a loaded machine: the cap must stop it.
     fetcher = HttpFetcher(timeout_seconds=30.0, max_body_bytes=2**20)
@@ -256,12 +269,14 @@ def test_a_gzip_bomb_hits_the_cap_on_its_decoded_size(server):
         fetcher.close()
 
 
+@pytest.mark.slow
 def test_a_gzip_body_cut_short_is_a_connection_failure(server, fetcher):
     with pytest.raises(SourceError) as info:
         fetcher.get(f"{server.url}/gzip_cut")
     assert info.value.reason == "connection" and "cut short" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_busy_connection_does_not_hold_up_another_thread(server, fetcher):
     """Thread A's request hangs on the host's connection; thread B's request to the same host goes through on
     a second connection, and only one connection is kept afterwards."""
@@ -281,6 +296,7 @@ def test_a_busy_connection_does_not_hold_up_another_thread(server, fetcher):
     assert fetcher.get(f"{server.url}/metrics") == BODY and server.connections == before
 
 
+@pytest.mark.slow
 def test_a_connection_in_use_when_the_fetcher_closes_is_not_kept(server, fetcher):
     server.waiting.clear()
     server.proceed.clear()
@@ -307,12 +323,14 @@ def tls_server(tmp_path_factory):
     stop(httpd)
 
 
+@pytest.mark.slow
 def test_https_verifies_the_certificate_against_the_system_cas(tls_server, fetcher):
     with pytest.raises(SourceError) as info:
         fetcher.get(f"{tls_server.url}/metrics")
     assert info.value.reason == "connection" and "CERTIFICATE_VERIFY_FAILED" in str(info.value)
 
 
+@pytest.mark.slow
 def test_https_with_a_trusted_certificate_is_kept_alive(tls_server, fetcher, monkeypatch):
     trusting = ssl.create_default_context(cafile=str(tls_server.ca_file))
     monkeypatch.setattr(http_module, "_tls_context", lambda: trusting)
@@ -371,12 +389,14 @@ def canned():
         s.close()
 
 
+@pytest.mark.slow
 def test_a_body_delimited_by_the_server_closing_is_read_whole(canned, fetcher):
     server = canned(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + BODY)
     assert fetcher.get(f"{server.url}/metrics") == BODY
     assert fetcher.get(f"{server.url}/metrics") == BODY and server.connections == 2, "not kept: it closed"
 
 
+@pytest.mark.slow
 def test_connection_close_is_honoured_and_the_next_scrape_connects_afresh(canned, fetcher):
     ok = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 4\r\n\r\nm 1\n"
     server = canned(ok, ok)
@@ -384,6 +404,7 @@ def test_connection_close_is_honoured_and_the_next_scrape_connects_afresh(canned
     assert fetcher.get(f"{server.url}/metrics") == b"m 1\n" and server.connections == 2
 
 
+@pytest.mark.slow
 def test_bytes_after_the_response_keep_the_connection_from_being_reused(canned, fetcher):
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 1\n"
     server = canned(ok + b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 9\n", ok)
@@ -392,6 +413,7 @@ def test_bytes_after_the_response_keep_the_connection_from_being_reused(canned, 
     assert server.connections == 2
 
 
+@pytest.mark.slow
 def test_a_header_line_that_never_ends_is_cut_at_the_header_cap_not_the_deadline(canned):
     import time
 
@@ -407,11 +429,13 @@ def test_a_header_line_that_never_ends_is_cut_at_the_header_cap_not_the_deadline
     assert time.monotonic() - started < 2.5, "stopped by the cap, long before the 5 s deadline"
 
 
+@pytest.mark.slow
 def test_an_interim_100_continue_is_skipped(canned, fetcher):
     server = canned(b"HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 1\n")
     assert fetcher.get(f"{server.url}/metrics") == b"m 1\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "answer, words",
     [
@@ -432,6 +456,7 @@ def test_a_malformed_or_cut_response_is_a_connection_failure(canned, fetcher, an
     assert info.value.reason == "connection" and words in str(info.value), str(info.value)
 
 
+@pytest.mark.slow
 def test_the_request_names_the_host_and_asks_for_the_text_format_uncompressed(canned, fetcher):
     import socket
 
@@ -462,6 +487,7 @@ def test_a_path_that_needs_percent_encoding_is_refused_before_sending(fetcher):
     assert info.value.reason == "connection" and "percent-encoding" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_get_leaves_no_garbage_for_the_cycle_collector(server, fetcher):
     """httptools' parser holds its protocol object: were the response to keep the parser, every GET would
     leave a reference cycle for the collector (64 endpoints: a gen-0 collection about every cycle)."""

@@ -62,8 +62,9 @@ def test_configure_leaves_out_the_time_under_the_journal(monkeypatch):
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
+        root.handlers[:] = []
         logsetup.configure(cli.build_parser(only="status").parse_args(["status", "--log.format=logfmt"]))
-        assert not root.handlers[-1].formatter.with_time
+        assert len(root.handlers) == 1 and not root.handlers[0].formatter.with_time
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])

@@ -4,6 +4,7 @@ promtool / amtool accept and test them (skipped, with the reason, only where tho
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ import yaml
 from specwatch import catalog
 from specwatch.cli import main as cli_main
 from specwatch.mixin import alerts, dashboards, render, rules
-from specwatch.mixin.settings import DEFAULT
+from specwatch.mixin.settings import ALERT_CLASSES, DEFAULT
 
 REPO = Path(__file__).resolve().parents[1]
 RUNBOOK = REPO / "docs" / "runbook.md"
@@ -109,15 +110,17 @@ def test_alerts_follow_the_conventions(rule_groups):
         assert a["labels"]["severity"] in ("critical", "warning"), name
         assert re.fullmatch(r"\d+[smh]", a["for"]), f"{name}: explicit for"
         annotations = a["annotations"]
-        assert set(annotations) == {"summary", "description", "runbook_url"}, name
+        assert set(annotations) == {"summary", "description", "runbook_url"}, name  # no dashboard_url by default
         assert "{{" not in annotations["summary"], f"{name}: summary is static"
         assert "{{ $labels.instance }}" in annotations["description"], f"{name}: description is templated"
         assert annotations["runbook_url"] == f"{DEFAULT.runbook_url}#{name.lower()}"
         assert name in runbook_headings, f"docs/runbook.md lacks '## {name}'"
 
 
-def test_pages_are_only_acceptance_regressions(rule_groups):
-    pages = {a["alert"] for a in all_alerts(rule_groups) if a["labels"]["severity"] == "critical"}
+def test_nothing_pages_by_default_and_a_setting_makes_the_drop_alerts_page(rule_groups):
+    assert {a["labels"]["severity"] for a in all_alerts(rule_groups)} == {"warning"}
+    paging = dataclasses.replace(DEFAULT, severity_drop="critical")
+    pages = {a["alert"] for a in all_alerts(alerts.alert_groups(paging)) if a["labels"]["severity"] == "critical"}
     assert pages == {
         "SpecwatchAcceptanceDegraded",
         "SpecwatchAcceptanceDegradedAfterModelChange",
@@ -133,6 +136,93 @@ def test_pages_are_only_acceptance_regressions(rule_groups):
         "SpecwatchGpuThrottling",
         "SpecwatchStateStoreErrors",
     } <= names
+
+
+def test_every_alert_class_has_its_own_severity_setting():
+    for cls in ALERT_CLASSES:
+        shaped = dataclasses.replace(DEFAULT, **{f"severity_{cls}": "critical"})
+        critical = [a for a in all_alerts(alerts.alert_groups(shaped)) if a["labels"]["severity"] == "critical"]
+        assert critical, cls
+    with pytest.raises(ValueError, match="severity_drop: 'page' is not one of critical, warning, info"):
+        dataclasses.replace(DEFAULT, severity_drop="page")
+
+
+def test_generate_flags_shape_selector_runbook_severity_interval_and_dashboard_links(tmp_path):
+    argv = [
+        "generate",
+        "--out-dir",
+        str(tmp_path),
+        "--selector",
+        'job="gpu-nodes"',
+        "--runbook-url",
+        "https://wiki.example/specwatch",
+        "--severity.drop=critical",
+        "--interval",
+        "15s",
+        "--dashboard-url",
+        "https://grafana.example/",
+    ]
+    assert cli_main(argv) == 0
+    text = (tmp_path / render.RULES_PATH).read_text()
+    assert 'job="specwatch"' not in text and 'up{job="gpu-nodes"} == 0' in text
+    by_name = {a["alert"]: a for a in all_alerts(yaml.safe_load(text)["groups"])}
+    degraded = by_name["SpecwatchAcceptanceDegraded"]
+    assert degraded["labels"]["severity"] == "critical"
+    assert degraded["annotations"]["runbook_url"] == "https://wiki.example/specwatch#specwatchacceptancedegraded"
+    assert degraded["annotations"]["dashboard_url"] == (
+        "https://grafana.example/d/specwatch-route?var-job={{ $labels.job | urlquery }}"
+        "&var-instance={{ $labels.instance | urlquery }}&var-route={{ $labels.route | urlquery }}"
+    )
+    assert by_name["SpecwatchGpuLost"]["annotations"]["dashboard_url"].startswith(
+        "https://grafana.example/d/specwatch-gpus?"
+    )
+    assert "var-route" not in by_name["SpecwatchStale"]["annotations"]["dashboard_url"]
+    # Three 15 s intervals, not three of the default 5 s.
+    assert by_name["SpecwatchStale"]["expr"].endswith("\n> 45\n")
+    assert "intervals of 15s" in by_name["SpecwatchStale"]["annotations"]["description"]
+    assert by_name["SpecwatchRouteAboveCrossover"]["labels"]["severity"] == "warning"
+
+
+def test_generate_reads_a_settings_file_and_flags_override_it(tmp_path, capsys):
+    settings = tmp_path / "mixin.yml"
+    settings.write_text('selector: job="llm"\nseverity_drop: critical\nevaluation_interval_seconds: 10s\n')
+    out = tmp_path / "out"
+    assert cli_main(["generate", "--out-dir", str(out), "--settings", str(settings), "--severity.drop", "info"]) == 0
+    by_name = {a["alert"]: a for a in all_alerts(yaml.safe_load((out / render.RULES_PATH).read_text())["groups"])}
+    assert by_name["SpecwatchTargetDown"]["expr"] == 'up{job="llm"} == 0'
+    assert by_name["SpecwatchAcceptanceDegraded"]["labels"]["severity"] == "info"
+    assert by_name["SpecwatchStale"]["expr"].endswith("\n> 30\n")
+    settings.write_text("selectr: x\nstale_intervals: many\n")
+    assert cli_main(["generate", "--out-dir", str(out), "--settings", str(settings)]) == 2
+    err = capsys.readouterr().err
+    assert "selectr: unknown setting" in err and "stale_intervals: expected an integer" in err
+
+
+@pytest.mark.slow
+@needs_promtool
+def test_rules_for_a_custom_selector_and_runbook_pass_the_promtool_unit_tests(tmp_path):
+    """The committed unit tests, moved to job="gpu-nodes" and the site's runbook, pass on rules generated for
+    them: the selector and the runbook address reach every rule and annotation."""
+    argv = ["generate", "--out-dir", str(tmp_path), "--selector", 'job="gpu-nodes"']
+    assert cli_main([*argv, "--runbook-url", "https://wiki.example/specwatch"]) == 0
+    rules_file = tmp_path / render.RULES_PATH
+    assert 'job="specwatch"' not in rules_file.read_text()
+    tests = []
+    for path in sorted((REPO / "tests" / "alerts").glob("*_test.yaml")):
+        text = path.read_text()
+        text = text.replace("../../" + render.RULES_PATH, str(rules_file))
+        text = text.replace('job="specwatch"', 'job="gpu-nodes"').replace("job: specwatch", "job: gpu-nodes")
+        text = text.replace(DEFAULT.runbook_url, "https://wiki.example/specwatch")
+        assert 'job="specwatch"' not in text and "job: specwatch" not in text, path.name
+        moved = tmp_path / path.name
+        moved.write_text(text)
+        tests.append(str(moved))
+    result = subprocess.run([PROMTOOL, "test", "rules", *tests], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Not vacuous: the default rules select job="specwatch" and fail the moved tests.
+    assert cli_main(["generate", "--out-dir", str(tmp_path)]) == 0
+    result = subprocess.run([PROMTOOL, "test", "rules", *tests], capture_output=True, text=True)
+    assert result.returncode != 0
 
 
 def test_self_monitoring_expressions(rule_groups):
@@ -170,6 +260,7 @@ def test_alertmanager_example_routes_and_inhibits(files):
     assert blind["equal"] == ["job", "instance"]
 
 
+@pytest.mark.slow
 @needs_amtool
 def test_amtool_accepts_the_example_and_routes_pages_and_tickets_apart():
     config = str(REPO / render.ALERTMANAGER_PATH)
@@ -226,12 +317,12 @@ def test_dashboards_cover_the_required_views(boards):
 
     fleet, route, gpu = exprs("specwatch-fleet"), exprs("specwatch-route"), exprs("specwatch-gpus")
     for needed in (
-        rules.ACCEPTANCE.format(w="5m"),
-        rules.BASELINE,
-        rules.ACCEPTANCE_DROP.format(w="1h"),
-        rules.NODES_ABOVE_CROSSOVER,
-        rules.BATCH_MAX,
-        rules.CROSSOVER_MIN,
+        dashboards.fleet_acceptance("5m"),
+        dashboards.FLEET_BASELINE,
+        dashboards.fleet_drop("1h"),
+        "sum by (route) (specwatch_route_above_crossover{",
+        "max by (route) (specwatch_route_batch_size{",
+        "min by (route) (specwatch_route_crossover_batch_size{",
     ):
         assert needed in fleet
     for needed in (
@@ -249,6 +340,35 @@ def test_dashboards_cover_the_required_views(boards):
     ):
         assert needed in route
     assert "specwatch_gpu_up" in gpu and "specwatch_gpu_clock_throttle_reasons" in gpu
+
+
+def test_every_dashboard_query_honours_the_job_and_instance_variables(boards):
+    """Recorded fleet series are summed over every node, so no panel may use them: a fleet panel would ignore
+    the job and instance the viewer selected."""
+    for name, board in boards.items():
+        for title, expr in dashboards.iter_queries(board):
+            assert not re.search(r"\broute:specwatch_", expr), (name, title, expr)
+            assert 'job=~"$job"' in expr and 'instance=~"$instance"' in expr, (name, title, expr)
+
+
+def test_the_fleet_view_links_each_route_to_its_route_dashboard(boards):
+    fleet = boards["specwatch-fleet"]
+    route_uid = boards["specwatch-route"]["uid"]
+    table = next(p for p in fleet["panels"] if p["type"] == "table")
+    (override,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "Route"]
+    (link,) = override["properties"][0]["value"]
+    assert link["url"].startswith(f"/d/{route_uid}?var-route=${{__value.raw}}&")
+    assert "${job:queryparam}" in link["url"] and "${instance:queryparam}" in link["url"]
+    for panel in (p for p in fleet["panels"] if p["type"] == "timeseries"):
+        (link,) = panel["fieldConfig"]["defaults"]["links"]
+        assert link["url"].startswith(f"/d/{route_uid}?var-route=${{__field.labels.route}}&"), panel["title"]
+
+
+def test_the_threshold_line_is_the_exported_per_route_threshold(boards):
+    panel = next(p for p in boards["specwatch-route"]["panels"] if p["title"].startswith("Acceptance per window"))
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any(e.startswith("specwatch_route_acceptance_threshold_ratio{") for e in exprs)
+    assert not any("*" in e for e in exprs), "no fixed multiple of the baseline"
 
 
 def test_dashboard_panels_do_not_overlap(boards):
@@ -299,16 +419,19 @@ def test_settings_and_dashboard_texts_follow_the_config_defaults():
     assert DEFAULT.default_cusum_threshold == DetectionConfig().cusum_threshold
     texts = json.dumps(dashboards.route_detail(DEFAULT))
     assert f"threshold, {DetectionConfig().cusum_threshold:g} by default" in texts
-    assert f"baseline x {1 - DetectionConfig().drop:g}" in texts
+    assert f"drop; {DetectionConfig().drop:g} by default" in texts
+    assert f"the default drop, {DetectionConfig().drop:.0%}" in json.dumps(dashboards.fleet_overview(DEFAULT))
 
 
 # --------------------------------------------------------------------------- promtool
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_check_rules():
     result = subprocess.run([PROMTOOL, "check", "rules", str(REPO / render.RULES_PATH)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_rule_unit_tests():
     tests = sorted(str(p) for p in (REPO / "tests" / "alerts").glob("*_test.yaml"))

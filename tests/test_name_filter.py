@@ -62,6 +62,7 @@ def _route(url: str, engine: str = "vllm") -> RouteConfig:
     return RouteConfig(name="r", url=url, engine=engine)
 
 
+@pytest.mark.slow
 def test_a_vllm_endpoint_is_checked_once_then_scraped_filtered(vllm_sim):
     fetcher = RecordingFetcher()
     endpoint = SharedEndpoint(vllm_sim.url + "/metrics", fetcher)
@@ -88,6 +89,7 @@ def test_a_vllm_endpoint_is_checked_once_then_scraped_filtered(vllm_sim):
     fetcher.close()
 
 
+@pytest.mark.slow
 def test_an_sglang_endpoint_keeps_the_whole_exposition(sglang_sim):
     fetcher = RecordingFetcher()
     endpoint = SharedEndpoint(sglang_sim.url + "/metrics", fetcher)
@@ -103,6 +105,7 @@ def test_an_sglang_endpoint_keeps_the_whole_exposition(sglang_sim):
     fetcher.close()
 
 
+@pytest.mark.slow
 def test_a_filter_that_stops_working_falls_back_within_the_same_cycle(vllm_sim):
     """vLLM restarted with several API servers (a multiprocess registry): filtered answers turn empty."""
     fetcher = RecordingFetcher()
@@ -161,6 +164,7 @@ def proxy():
     httpd.server_close()
 
 
+@pytest.mark.slow
 def test_a_refused_filter_is_dropped_and_the_scrape_goes_on(proxy):
     fetcher = RecordingFetcher()
     endpoint = SharedEndpoint(proxy.url, fetcher)
@@ -171,6 +175,7 @@ def test_a_refused_filter_is_dropped_and_the_scrape_goes_on(proxy):
     fetcher.close()
 
 
+@pytest.mark.slow
 def test_a_server_that_ignores_the_parameters_is_scraped_whole_and_says_so(proxy, caplog):
     """Parameters ignored (vLLM's CPU build 0.32 does this): the "filtered" answer is the whole exposition, so
     the filter is off, the log says why, and nothing is lost."""
@@ -187,6 +192,7 @@ def test_a_server_that_ignores_the_parameters_is_scraped_whole_and_says_so(proxy
     fetcher.close()
 
 
+@pytest.mark.slow
 def test_a_dead_endpoint_fails_with_a_readable_message_while_filtered(proxy):
     proxy.refuse = False
     fetcher = RecordingFetcher()
@@ -218,6 +224,7 @@ def test_every_family_an_extractor_reads_is_asked_for():
         assert kind.wanted <= FILTER_NAMES
 
 
+@pytest.mark.slow
 def test_a_route_reads_the_same_sample_from_the_filtered_answer(vllm_sim):
     """End to end through the HTTP source's parse: filtered and whole bodies of one moment give one sample."""
     metrics = vllm_sim.simulation.metrics

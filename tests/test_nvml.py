@@ -396,6 +396,7 @@ def test_pids_serving_follows_ancestors_but_never_pid_1(tmp_path):
     assert procmap.pids_serving(set(), [101], root) == set()
 
 
+@pytest.mark.slow
 def test_is_local_host():
     assert procmap.is_local_host("localhost") and procmap.is_local_host("127.0.0.1")
     assert procmap.is_local_host("[::1]") and procmap.is_local_host(socket.gethostname())
@@ -403,6 +404,7 @@ def test_is_local_host():
     assert not procmap.is_local_host("inference.example.com")
 
 
+@pytest.mark.slow
 def test_real_proc_finds_this_process_listening():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -420,6 +422,7 @@ def test_route_gpus_from_config_win_over_auto_mapping():
     assert src.route_gpus(RouteConfig(name="r", url="http://127.0.0.1:8000/metrics", gpus=())) == ()
 
 
+@pytest.mark.slow
 def test_route_gpus_auto_maps_through_the_engine_process_tree_and_caches(tmp_path):
     nvml = fake_nvml.basic_h200(3)
     nvml.gpus[0].processes, nvml.gpus[1].processes, nvml.gpus[2].processes = (300,), (101,), (102,)

@@ -110,6 +110,7 @@ def points(request: ExportMetricsServiceRequest) -> dict[str, list[tuple[float, 
     return out
 
 
+@pytest.mark.slow
 def test_export_delivers_route_metrics_to_an_otlp_http_receiver(receiver):
     base, received = receiver
     cfg = OtlpConfig(endpoint=base, headers={"x-tenant": "inference"}, interval_seconds=3600)
@@ -151,6 +152,7 @@ def test_attributes_follow_the_catalog_labels():
             assert sorted(attrs) == sorted(catalog.BY_NAME[name].labels), name
 
 
+@pytest.mark.slow
 def test_otlp_carries_exactly_the_prometheus_exposition(receiver):
     """Same snapshot, two wire formats: every /metrics sample is in the OTLP export and nothing else is."""
     registry = CollectorRegistry(auto_describe=False)
@@ -203,6 +205,7 @@ def test_each_snapshot_is_rendered_once_per_collection(monkeypatch):
         export.shutdown()
 
 
+@pytest.mark.slow
 def test_unreachable_collector_neither_raises_nor_hangs_shutdown_and_is_counted_on_metrics():
     """The exporter's timeout follows the interval, so a dead collector cannot stall SIGTERM handling; the
     failure reaches /metrics through the ExportErrors the two exports share."""

@@ -20,7 +20,8 @@ from specwatch.probe.responses import Acceptance, ResponseError
 from specwatch.probe.runner import ProbeRunner, PromptResult, Round
 from specwatch.probe.verdict import compare
 from specwatch.snapshot import EngineCounters, EngineSample, RouteObservation
-from specwatch.tracking.baselines import BaselineKey, BaselineStore
+from specwatch.state.baselines import BaselineKey
+from specwatch.state.store import StateStore
 from specwatch.tracking.routes import RouteTracker
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -227,7 +228,7 @@ def _evaluator(tmp_path, script, drop=0.15, every="1m", store=None):
             "routes": [{"name": "r", "url": "http://h:8000/metrics", "drop": drop, "probe": {"every": every}}],
         }
     )
-    store = store or BaselineStore(str(tmp_path / "b.db"))
+    store = store or StateStore(str(tmp_path / "b.db"))
     ev = CanaryEvaluator(cfg.routes[0], store, load_prompt_set(BUILTIN), ScriptedRunner(script))
     return ev, store
 
@@ -417,6 +418,7 @@ def _runner(sim, kind, api="auto", prompts=None):
     return ProbeRunner(route, route.probe, ps, engine_kind=lambda: kind, scrape=bracket_scraper(route, cfg))
 
 
+@pytest.mark.slow
 def test_vllm_rounds_read_per_request_metrics_and_repeat_prompt_by_prompt(simulator):
     sim = simulator()
     runner = _runner(sim, "vllm")
@@ -427,6 +429,7 @@ def test_vllm_rounds_read_per_request_metrics_and_repeat_prompt_by_prompt(simula
     assert len(taken) == 64 and sum(a.drafted for a in taken) == 2 * first.totals().drafted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api, method", [("auto", "sglang_generate"), ("openai", "sglang_openai")])
 def test_sglang_rounds_read_generate_meta_info_or_sglext(simulator, api, method):
     sim = simulator("sglang")
@@ -434,6 +437,7 @@ def test_sglang_rounds_read_generate_meta_info_or_sglext(simulator, api, method)
     assert rnd.outcome == "ok" and rnd.method == method and len(rnd.read()) == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, api, method, field",
     [
@@ -466,6 +470,7 @@ def test_token_id_prompts_are_sent_as_ids(simulator, kind, api, method, field):
     assert all("text" not in body for body in sent)
 
 
+@pytest.mark.slow
 def test_bracketing_reads_the_same_acceptance_as_the_per_request_metrics(simulator):
     per_request = _runner(simulator(), "vllm", prompts=6).run_now()
     bracketed = _runner(simulator(per_request="none"), "vllm", prompts=6).run_now()
@@ -475,6 +480,7 @@ def test_bracketing_reads_the_same_acceptance_as_the_per_request_metrics(simulat
     }
 
 
+@pytest.mark.slow
 def test_bracketing_discards_prompts_that_shared_the_engine_with_organic_requests(simulator):
     reference = _runner(simulator(), "vllm", prompts=12).run_now().read()
     sim = simulator(per_request="none")
@@ -499,6 +505,7 @@ def test_bracketing_discards_prompts_that_shared_the_engine_with_organic_request
         assert (a.drafted, a.accepted) == (reference[pid].drafted, reference[pid].accepted)
 
 
+@pytest.mark.slow
 def test_rounds_never_overlap_and_run_off_the_calling_thread(simulator):
     sim = simulator()
     runner = _runner(sim, "vllm", prompts=4)
@@ -508,6 +515,7 @@ def test_rounds_never_overlap_and_run_off_the_calling_thread(simulator):
     assert runner.latest is not None and runner.latest.outcome == "ok"
 
 
+@pytest.mark.slow
 def test_a_dead_engine_makes_an_error_round_not_an_exception(simulator):
     sim = simulator()
     runner = _runner(sim, "vllm", prompts=4)
@@ -516,6 +524,7 @@ def test_a_dead_engine_makes_an_error_round_not_an_exception(simulator):
     assert rnd.outcome == "error" and rnd.message
 
 
+@pytest.mark.slow
 def test_daemon_pages_a_drafter_bump_on_a_quiet_route_within_two_rounds(simulator, tmp_path):
     from specwatch.daemon import Daemon
 
@@ -589,6 +598,7 @@ def test_a_reloaded_runner_waits_for_the_round_its_predecessor_still_runs():
     assert not new.running and old.latest.outcome == "error"
 
 
+@pytest.mark.slow
 def test_probe_command_prints_a_per_prompt_table_and_adopts_a_fingerprint(simulator, tmp_path, capsys):
     from specwatch.cli import main
 

@@ -22,6 +22,8 @@ from specwatch.probe.runner import ProbeRunner
 from specwatch.sources.base import SourceError
 from specwatch.sources.http import client_session
 
+pytestmark = pytest.mark.slow  # loopback servers (guarded engines, the daemon's own server)
+
 TOKEN = "sk-probe-token"
 USER, PASSWORD = "prober", "pr0be-pass"
 GUARDS = ("bearer", "basic", "client_certificate")

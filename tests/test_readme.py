@@ -34,3 +34,14 @@ def test_every_documented_flag_is_a_real_cli_flag():
     known = " ".join(help_texts)
     for flag in set(re.findall(r"(--(?:config|web)\.[a-z-]+(?:\.[a-z-]+)?)", README)):
         assert flag in known, f"README mentions {flag}, which no command accepts"
+
+
+def test_alert_table_lists_every_alert_with_the_severity_the_rules_give():
+    from specwatch.mixin import alerts
+    from specwatch.mixin.settings import DEFAULT
+
+    table = README[README.index("<!-- alerts-reference:begin -->") : README.index("<!-- alerts-reference:end -->")]
+    for group in alerts.alert_groups(DEFAULT):
+        for a in group["rules"]:
+            row = next(line for line in table.splitlines() if f"[`{a['alert']}`]" in line)
+            assert f"| {a['labels']['severity']} |" in row, row

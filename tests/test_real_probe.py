@@ -1,6 +1,6 @@
-"""Canary probes against a real vLLM (the CPU build of specwatch.testbed) serving the successor models.
+"""Canary probes against a real vLLM (the CPU build of testbed) serving the successor models.
 
-The successor target and drafters (specwatch/testbed/successor.py) make every probe's acceptance known in
+The successor target and drafters (testbed/successor.py) make every probe's acceptance known in
 advance: greedy verification accepts a draft token iff it is the successor of the last one, so
 `successor.simulate` predicts each token-id prompt's drafted, accepted and verify steps exactly. The probe set is
 those token-id prompts, in a prompt file, sent as `prompt: [ids]`.
@@ -32,10 +32,10 @@ from specwatch.evaluators.canary import CanaryEvaluator, bracket_scraper
 from specwatch.probe.prompts import load_prompt_set
 from specwatch.probe.runner import ProbeRunner, Round
 from specwatch.snapshot import RouteState
-from specwatch.testbed import successor
-from specwatch.testbed.load import run_requests
-from specwatch.testbed.models import SUCCESSOR_BASE, SUCCESSOR_DROP_20
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed import successor
+from testbed.load import run_requests
+from testbed.models import SUCCESSOR_BASE, SUCCESSOR_DROP_20
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 

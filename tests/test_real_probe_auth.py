@@ -1,4 +1,4 @@
-"""Canary probes against a real vLLM (the CPU build of specwatch.testbed) started with `--api-key`.
+"""Canary probes against a real vLLM (the CPU build of testbed/) started with `--api-key`.
 
 vLLM's `--api-key` guards its /v1 endpoints with a bearer token (its AuthenticationMiddleware; /metrics and
 /health stay open). A route whose config carries that token as `authorization` probes the engine as any other;
@@ -16,9 +16,9 @@ from specwatch.config import Config, parse_config
 from specwatch.evaluators.canary import bracket_scraper
 from specwatch.probe.prompts import load_prompt_set
 from specwatch.probe.runner import ProbeRunner
-from specwatch.testbed import successor
-from specwatch.testbed.models import SUCCESSOR_BASE
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed import successor
+from testbed.models import SUCCESSOR_BASE
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 

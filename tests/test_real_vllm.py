@@ -1,4 +1,4 @@
-"""specwatch against a real vLLM (the CPU build, specwatch.testbed): what specwatch reports equals what the
+"""specwatch against a real vLLM (the CPU build, testbed): what specwatch reports equals what the
 engine's own /metrics says, for draft-model and n-gram speculation.
 
 The daemon scrapes the engine through a recording proxy, so each cycle's figures are compared with the very
@@ -22,13 +22,13 @@ from specwatch.config import parse_config
 from specwatch.crossover import gpus
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.livecal import LiveCalibration
-from specwatch.crossover.model import Draft, StepModel
+from specwatch.crossover.speedup import Draft, StepModel
 from specwatch.daemon import Daemon
 from specwatch.sources.engines import SharedEndpoint, parse_engine_sample
 from specwatch.sources.http import HttpFetcher
-from specwatch.testbed.load import BackgroundLoad, run_requests
-from specwatch.testbed.models import GOOD_DRAFTER_NOISE
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.load import BackgroundLoad, run_requests
+from testbed.models import GOOD_DRAFTER_NOISE
+from testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import RouteTracker
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]

@@ -28,10 +28,10 @@ import pytest
 import yaml
 
 from alerting_stack import Processes, Webhook, answers, free_port, query, start_alerting, wait_until
-from specwatch.testbed.baseline import measure as measure_baseline
-from specwatch.testbed.load import BackgroundLoad
-from specwatch.testbed.models import GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.baseline import measure as measure_baseline
+from testbed.load import BackgroundLoad
+from testbed.models import GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 

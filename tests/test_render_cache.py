@@ -61,3 +61,17 @@ def test_a_prometheus_scrape_gets_gzipped_openmetrics_rendered_once_for_both_of_
     assert content_type.startswith(OPENMETRICS) and gzipped
     assert gzip.decompress(packed).endswith(b"# EOF\n")
     assert cache.body(prometheus_accept, "gzip") == first and cache.renders == 1
+
+
+def test_rendered_body_answers_only_what_is_rendered_and_never_waits_or_renders():
+    current = {"snap": snapshot(1.0)}
+    cache = RenderCache(lambda: current["snap"])
+    assert cache.rendered_body(TEXT, "gzip") is None and cache.renders == 0
+    assert cache.rendered_body(TEXT, "gzip") is None  # still nothing: it never renders
+    answer = cache.body(TEXT, "gzip")
+    assert cache.rendered_body(TEXT, "gzip") == answer and cache.renders == 1
+    assert cache.rendered_body(OPENMETRICS, "gzip") is None  # another format is not rendered yet
+    with cache._lock:  # a render under way
+        assert cache.rendered_body(TEXT, "gzip") is None
+    current["snap"] = snapshot(2.0)
+    assert cache.rendered_body(TEXT, "gzip") is None and cache.renders == 1

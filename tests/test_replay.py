@@ -90,6 +90,7 @@ def test_replay_emits_firing_then_resolved() -> None:
     assert 6 * 3600 < transitions[0].ts - spec.start < 6 * 3600 + 300
 
 
+@pytest.mark.slow
 def test_replay_keeps_routes_apart() -> None:
     a = list(
         generate(TraceSpec(route="a", rate=2.0, duration=DAY / 3, seed=1, drops=(Drop(start=5 * 3600.0, ratio=0.3),)))

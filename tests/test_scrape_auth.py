@@ -138,6 +138,7 @@ def sample(config, now: float = 1000.0):
 
 
 # ---------------------------------------------------------------------------------------------- TLS
+@pytest.mark.slow
 def test_a_route_behind_tls_with_a_client_certificate_is_scraped(mtls_server, pki):
     config = config_for(f"""
   - name: chat
@@ -149,6 +150,7 @@ def test_a_route_behind_tls_with_a_client_certificate_is_scraped(mtls_server, pk
     assert sum(e.accepted_tokens for e in result.engines) == 360  # the fixture's truth file
 
 
+@pytest.mark.slow
 def test_the_same_route_without_its_client_certificate_is_refused(mtls_server, pki):
     config = config_for(f"""
   - name: chat
@@ -160,6 +162,7 @@ def test_the_same_route_without_its_client_certificate_is_refused(mtls_server, p
     assert info.value.reason == "connection"
 
 
+@pytest.mark.slow
 def test_the_tls_config_under_scrape_is_every_routes_default(mtls_server, pki):
     config = config_for(
         f"  - {{name: chat, url: '{mtls_server.url}/metrics'}}\n",
@@ -168,6 +171,7 @@ def test_the_tls_config_under_scrape_is_every_routes_default(mtls_server, pki):
     assert sample(config).engines
 
 
+@pytest.mark.slow
 def test_server_name_verifies_the_certificate_under_another_name(mtls_server, pki):
     tls = f"ca_file: {pki}/ca.pem, cert_file: {pki}/client.pem, key_file: {pki}/client.key"
     good = config_for(
@@ -182,6 +186,7 @@ def test_server_name_verifies_the_certificate_under_another_name(mtls_server, pk
     assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
 
 
+@pytest.mark.slow
 def test_insecure_skip_verify_accepts_a_certificate_no_ca_vouches_for(mtls_server, pki):
     client = f"cert_file: {pki}/client.pem, key_file: {pki}/client.key"
     verified = config_for(f"  - {{name: chat, url: '{mtls_server.url}/metrics', tls_config: {{{client}}}}}\n")
@@ -194,6 +199,7 @@ def test_insecure_skip_verify_accepts_a_certificate_no_ca_vouches_for(mtls_serve
 
 
 # ---------------------------------------------------------------------------------------------- credentials
+@pytest.mark.slow
 def test_a_route_behind_a_bearer_token_is_scraped_with_the_token_from_its_file(bearer_server, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")  # the trailing newline an editor leaves is not part of the token
@@ -206,6 +212,7 @@ def test_a_route_behind_a_bearer_token_is_scraped_with_the_token_from_its_file(b
     assert bearer_server.seen[-1]["Authorization"] == f"Bearer {TOKEN}"
 
 
+@pytest.mark.slow
 def test_a_rotated_token_file_is_read_on_the_next_scrape_without_a_reload(bearer_server, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("old-token")
@@ -223,6 +230,7 @@ def test_a_rotated_token_file_is_read_on_the_next_scrape_without_a_reload(bearer
         source.close()
 
 
+@pytest.mark.slow
 def test_inline_credentials_and_a_missing_token_file_at_scrape_time(bearer_server, tmp_path):
     inline = config_for(
         f"  - {{name: chat, url: '{bearer_server.url}/metrics', authorization: {{credentials: {TOKEN}}}}}\n"
@@ -240,6 +248,7 @@ def test_inline_credentials_and_a_missing_token_file_at_scrape_time(bearer_serve
     assert TOKEN not in str(info.value)
 
 
+@pytest.mark.slow
 def test_basic_auth_with_a_password_file(tmp_path):
     expected = "Basic " + base64.b64encode(b"scraper:pa55").decode()
     httpd = start(authorization=expected)
@@ -254,6 +263,7 @@ def test_basic_auth_with_a_password_file(tmp_path):
         stop(httpd)
 
 
+@pytest.mark.slow
 def test_headers_are_sent_and_the_token_never_follows_a_redirect_to_another_origin(bearer_server):
     other = start()
     try:

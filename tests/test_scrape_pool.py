@@ -60,6 +60,7 @@ def test_hung_calls_in_front_do_not_delay_healthy_ones_past_the_stall_time(gate)
         pool.shutdown()
 
 
+@pytest.mark.slow
 def test_slow_calls_that_are_not_hung_get_more_threads_once_calls_wait_the_stall_time():
     # Twenty 0.3 s calls (an engine answering /metrics slowly, each call below the stall time of 0.5 s) take
     # 6 s on the one core worker; once the oldest waits 0.5 s the working threads double every 0.5 s.

@@ -186,6 +186,17 @@ def test_sigterm_finishes_the_cycle_and_exits_0(tmp_path, daemons):
     assert not any("Traceback" in line for line in d.log), "\n".join(d.log)
 
 
+def test_sigterms_repeated_until_it_has_exited_still_end_in_exit_0(tmp_path, daemons):
+    """Python restores default handlers while it tears down; a SIGTERM landing then was death by signal."""
+    d = daemons(write_config(tmp_path / "specwatch.yml", ["chat"]))
+    wait_until(lambda: requests.get(d.url + "/-/ready", timeout=5).ok, what="/-/ready")  # handlers installed
+    deadline = time.monotonic() + WAIT_TIMEOUT
+    while d.proc.poll() is None and time.monotonic() < deadline:
+        d.signal(signal.SIGTERM)
+        time.sleep(0.002)
+    assert d.proc.wait(timeout=5) == 0, "\n".join(d.log)
+
+
 def test_a_bad_config_at_start_exits_1_with_every_problem(tmp_path):
     config = tmp_path / "specwatch.yml"
     config.write_text("routes: [{name: 'bad name'}]\nbogus: 1\n")
@@ -225,8 +236,8 @@ def test_tls_and_basic_auth_on_a_running_daemon(tmp_path, daemons):
 
     metrics = scrape(d.url, verify=ca, auth=("prometheus", password))
     assert routes_in(metrics) == {"chat"}
-    with pytest.raises(requests.exceptions.ConnectionError):
-        requests.get(d.url.replace("https://", "http://") + "/metrics", timeout=5)  # no plaintext fallback
+    plain = requests.get(d.url.replace("https://", "http://") + "/metrics", timeout=5)  # no plaintext fallback
+    assert plain.status_code == 400 and plain.text == "Client sent an HTTP request to an HTTPS server.\n"
 
 
 def test_a_bad_web_config_stops_the_start(tmp_path):

@@ -12,6 +12,8 @@ from specwatch.config import parse_config
 from specwatch.daemon import Daemon
 from specwatch.sources import engines
 
+pytestmark = pytest.mark.slow  # loopback HTTP servers
+
 BODY = (Path(__file__).parent / "fixtures" / "vllm" / "v1_k4_2engines.prom").read_bytes()
 
 

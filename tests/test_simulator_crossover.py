@@ -106,8 +106,8 @@ def test_spec_and_plain_throughput_cross_where_the_h200_table_says():
     ports = {"spec": free_port(), "plain": free_port()}
     common = ["--engine", "vllm", "--time-scale", str(TIME_SCALE), "--context", "1024", "--seed", "7"]
     procs = {
-        "spec": spawn(ports["spec"], *common, "--k", "4", "--acceptance", "0.7"),
-        "plain": spawn(ports["plain"], *common, "--k", "0"),
+        "spec": spawn(ports["spec"], *common, "--draft.length", "4", "--acceptance", "0.7"),
+        "plain": spawn(ports["plain"], *common, "--draft.length", "0"),
     }
     try:
         for name, port in ports.items():

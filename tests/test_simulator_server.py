@@ -17,6 +17,8 @@ from specwatch.simulator.launch import free_port, spawn, start_inprocess, wait_r
 from specwatch.simulator.scenario import Event
 from specwatch.simulator.simulation import SimulationSpec
 
+pytestmark = pytest.mark.slow  # simulator servers and processes
+
 FAST = 50.0  # time scale: a 100-token request takes ~10 ms of real time
 
 

@@ -255,6 +255,7 @@ def scrape(url, **scrape_cfg):
         source.close()
 
 
+@pytest.mark.slow
 def test_http_good_scrape_fetches_the_version_once_and_again_after_a_restart(server):
     source = http_source(f"{server.url}/metrics")
     try:
@@ -270,16 +271,19 @@ def test_http_good_scrape_fetches_the_version_once_and_again_after_a_restart(ser
         source.close()
 
 
+@pytest.mark.slow
 def test_http_sglang_is_detected_and_its_version_read_from_server_info(server):
     result, _ = scrape(f"{server.url}/sglang/metrics")
     assert (result.engine_kind, result.engine_version, len(result.engines)) == ("sglang", "0.5.23", 2)
 
 
+@pytest.mark.slow
 def test_http_gzip_body_is_decoded(server):
     result, _ = scrape(f"{server.url}/gzip/metrics")
     assert not isinstance(result, SourceError) and result.engines[0].drafts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path, reason",
     [
@@ -297,6 +301,7 @@ def test_http_failures_fail_fast_with_their_reason(server, path, reason):
     assert took < TIMEOUT + 1.0, f"{path} took {took:.2f}s"  # the engine would hang for 10 s
 
 
+@pytest.mark.slow
 def test_http_oversized_body_is_cut_at_the_cap(server):
     result, took = scrape(f"{server.url}/huge/metrics", max_body_bytes=1 << 20)
     assert isinstance(result, SourceError) and result.reason == "too_large"

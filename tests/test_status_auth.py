@@ -16,6 +16,8 @@ from specwatch.export.http import serve
 from specwatch.export.webconfig import parse_web_config
 from specwatch.snapshot import RouteState, Snapshot
 
+pytestmark = pytest.mark.slow  # loopback servers (guarded engines, the daemon's own server)
+
 USER, PASSWORD = "operator", "st4tus-pass"
 
 

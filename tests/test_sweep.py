@@ -141,6 +141,7 @@ def pair():
     spec.close()
 
 
+@pytest.mark.slow
 def test_sweep_finds_stub_crossover_and_writes_json_and_png(pair, tmp_path, capsys):
     plain, spec = pair
     out = tmp_path / "crossover.json"
@@ -187,6 +188,7 @@ def test_sweep_finds_stub_crossover_and_writes_json_and_png(pair, tmp_path, caps
     assert "crossover: ~" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_server_failure_keeps_measured_levels(tmp_path):
     plain, spec = StubEngine(spec=False), StubEngine(spec=True, fail_after=3)
     try:
@@ -203,6 +205,7 @@ def test_server_failure_keeps_measured_levels(tmp_path):
     assert "HTTP 500" in outcome.failure
 
 
+@pytest.mark.slow
 def test_unreachable_server_reports_cleanly(tmp_path, capsys):
     out = tmp_path / "c.json"
     rc = cli_main(

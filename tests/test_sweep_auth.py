@@ -10,6 +10,8 @@ from guarded import GuardedEngine
 from specwatch.cli import main as cli_main
 from specwatch.crossover.sweepfile import load_sweep
 
+pytestmark = pytest.mark.slow  # loopback servers (guarded engines, the daemon's own server)
+
 TOKEN = "sk-sweep-token"
 
 

@@ -70,6 +70,7 @@ def notify_socket(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- the module
+@pytest.mark.slow
 def test_messages_reach_the_socket(notify_socket):
     assert systemd_notify.ready() and systemd_notify.watchdog() and systemd_notify.stopping()
     assert systemd_notify.reloading()
@@ -81,6 +82,7 @@ def test_messages_reach_the_socket(notify_socket):
     assert abs(int(monotonic.split("=")[1]) - time.monotonic() * 1e6) < 5e6  # CLOCK_MONOTONIC, in µs
 
 
+@pytest.mark.slow
 def test_abstract_namespace_socket(monkeypatch):
     name = f"specwatch-test-{os.getpid()}-{time.monotonic_ns()}"
     receiver = NotifySocket("\0" + name)

@@ -141,6 +141,7 @@ def test_the_unit_takes_its_arguments_from_etc_default_specwatch():
     assert args.web_config_file == "/etc/specwatch/web.yml" and args.log_level == "debug"
 
 
+@pytest.mark.slow
 @needs_analyze
 def test_systemd_analyze_verify_is_clean(tmp_path):
     binary = shutil.which("specwatch", path=str(Path(sys.executable).parent)) or sys.executable
@@ -150,6 +151,7 @@ def test_systemd_analyze_verify_is_clean(tmp_path):
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
 
 
+@pytest.mark.slow
 @needs_analyze
 def test_security_exposure_is_at_most_2_5():
     result = subprocess.run(
@@ -225,6 +227,7 @@ def test_install_script_staged(tmp_path):
     assert config.read_text().endswith("# operator edit\n")
 
 
+@pytest.mark.slow
 def test_install_script_refuses_to_run_unprivileged_without_no_system():
     if os.geteuid() == 0:
         pytest.skip("running as root")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.testbed import engine_env, successor
-from specwatch.testbed.baseline import from_request_metrics
-from specwatch.testbed.vllm_server import VllmServerSpec
+from testbed import engine_env, successor
+from testbed.baseline import from_request_metrics
+from testbed.vllm_server import VllmServerSpec
 
 
 def _request(drafted: int, accepted: int) -> dict:
@@ -130,7 +130,7 @@ def test_successor_wrong_sets_are_nested_so_acceptance_falls_with_the_fraction()
 
 _LAUNCHING_PARENT = """
 import sys, threading, time
-from specwatch.testbed.vllm_server import launch
+from testbed.vllm_server import launch
 children = []
 thread = threading.Thread(target=lambda: children.append(launch(["sleep", "600"])))
 thread.start(); thread.join()  # launched from a thread that is gone before the parent dies
@@ -140,6 +140,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_launched_server_outlives_its_launching_thread_but_not_its_process():
     parent = subprocess.Popen([sys.executable, "-c", _LAUNCHING_PARENT], stdout=subprocess.PIPE, text=True)
@@ -164,3 +165,24 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def test_the_checkout_holds_the_testbed_that_demo_real_imports():
+    from specwatch.commands.demo import testbed_checkout
+
+    assert testbed_checkout() == Path(__file__).resolve().parent.parent
+
+
+def test_demo_real_from_an_install_without_the_checkout_says_so(monkeypatch, tmp_path, capsys):
+    # specwatch as a wheel installs it: a site-packages folder with no testbed beside it.
+    import specwatch
+    from specwatch import cli
+
+    installed = tmp_path / "site-packages" / "specwatch" / "__init__.py"
+    installed.parent.mkdir(parents=True)
+    installed.write_text("")
+    monkeypatch.setattr(specwatch, "__file__", str(installed))
+    assert cli.main(["demo", "--real", "--duration", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "specwatch demo --real: the real-engine testbed is not part of the installed package" in err
+    assert "source checkout" in err

@@ -44,6 +44,7 @@ def test_counters_are_cumulative_and_consistent() -> None:
     assert list(last.accepted_per_pos) == sorted(last.accepted_per_pos, reverse=True)  # prefix acceptance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate", [2.0, 0.2, 1 / 60])
 def test_mean_ratio_matches_the_model_at_every_tier(rate: float) -> None:
     samples = list(generate(TraceSpec(rate=rate, duration=2 * DAY, seed=2)))
@@ -80,6 +81,7 @@ def test_traces_are_overdispersed_like_real_traffic() -> None:
     assert est.estimate() > 10  # request heterogeneity, far from a binomial's 1
 
 
+@pytest.mark.slow
 def test_request_stream_is_the_model_of_the_traces() -> None:
     spec = TraceSpec(rate=0.2, duration=DAY, seed=6)
     draws = list(request_stream(spec))
@@ -94,6 +96,7 @@ def test_request_stream_is_the_model_of_the_traces() -> None:
     assert sum(d.t < DAY / 2 for d in draws) > 1.25 * sum(d.t >= DAY / 2 for d in draws)
 
 
+@pytest.mark.slow
 def test_request_stream_applies_drops() -> None:
     draws = list(
         request_stream(TraceSpec(rate=2.0, duration=4 * 3600.0, seed=8, drops=(Drop(start=2 * 3600.0, ratio=0.20),)))

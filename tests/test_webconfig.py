@@ -115,6 +115,7 @@ extra: true
     assert len(err.value.problems) == 6
 
 
+@pytest.mark.slow
 def test_client_ca_and_client_auth_type_must_agree(tmp_path, pki):
     with pytest.raises(ConfigError, match="client_ca_file: required"):
         parse_web_config(
@@ -138,6 +139,7 @@ def test_client_ca_and_client_auth_type_must_agree(tmp_path, pki):
         )
 
 
+@pytest.mark.slow
 def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
     (tmp_path / "garbage.crt").write_text("not a certificate")
     with pytest.raises(ConfigError, match="cannot load certificate"):
@@ -148,6 +150,7 @@ def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
         load_web_config(write(tmp_path, "tls_server_config: {cert_file: missing.crt, key_file: missing.key}"))
 
 
+@pytest.mark.slow
 def test_relative_paths_resolve_against_the_web_config_directory(tmp_path, pki):
     for name in ("server.crt", "server.key"):
         shutil.copy(pki[name], tmp_path / name)
@@ -163,6 +166,7 @@ def test_unreadable_and_invalid_yaml_files(tmp_path):
         load_web_config(write(tmp_path, "tls_server_config: [unclosed"))
 
 
+@pytest.mark.slow
 def test_exporter_toolkit_only_keys_are_accepted(tmp_path, pki):
     cfg = parse_web_config(
         {
@@ -217,7 +221,7 @@ def test_unknown_user_costs_a_bcrypt_of_the_configured_cost(monkeypatch):
     assert checked[1] == slow_hash.encode()
 
 
-def test_successful_checks_are_cached_briefly_and_failures_never(monkeypatch):
+def test_outcomes_are_cached_under_an_hmac_and_a_repeated_wrong_password_costs_one_bcrypt(monkeypatch):
     now = [1000.0]
     auth = webconfig._BasicAuth({"prometheus": USER_HASH}, clock=lambda: now[0])
     calls = []
@@ -226,11 +230,56 @@ def test_successful_checks_are_cached_briefly_and_failures_never(monkeypatch):
     assert auth.check("prometheus", PASSWORD) and auth.check("prometheus", PASSWORD)
     assert len(calls) == 1
     assert not auth.check("prometheus", "wrong") and not auth.check("prometheus", "wrong")
-    assert len(calls) == 3
+    assert len(calls) == 2
+    assert auth.cached("prometheus", PASSWORD) is True and auth.cached("prometheus", "wrong") is False
+    assert auth.cached("prometheus", "never tried") is None
     now[0] += webconfig.AUTH_CACHE_SECONDS + 1
-    assert auth.check("prometheus", PASSWORD)
+    assert auth.check("prometheus", PASSWORD) and not auth.check("prometheus", "wrong")
     assert len(calls) == 4
-    assert all(PASSWORD.encode() not in key for key in auth._cache)  # keyed by HMAC, never the password
+    for key in (*auth._passed, *auth._failed):  # keyed by HMAC, never the password
+        assert PASSWORD.encode() not in key and b"wrong" not in key
+
+
+def test_the_failure_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: False)
+    auth = webconfig._BasicAuth({"prometheus": USER_HASH})
+    for i in range(webconfig.AUTH_CACHE_MAX_ENTRIES * 3):
+        assert not auth.check("prometheus", f"guess {i}")
+    assert len(auth._failed) <= webconfig.AUTH_CACHE_MAX_ENTRIES
+
+
+def test_a_cached_right_password_is_not_held_up_by_wrong_ones_being_checked(monkeypatch):
+    """48 clients with wrong passwords once made a right one wait 14 s: the cache was read under bcrypt's lock."""
+    cfg = parse_web_config({"basic_auth_users": {"prometheus": USER_HASH}})
+    assert cfg.authorize(basic("prometheus", PASSWORD))  # now cached
+    inside, gate = threading.Event(), threading.Event()
+    real = bcrypt.checkpw
+
+    def slow_checkpw(password: bytes, hashed: bytes) -> bool:
+        inside.set()
+        gate.wait(30)  # a wrong password's bcrypt, held until the test lets it go
+        return real(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", slow_checkpw)
+    wrong = [
+        threading.Thread(target=cfg.authorize, args=(basic("prometheus", f"wrong {i}"),), daemon=True) for i in range(8)
+    ]
+    answered = threading.Event()
+    right = threading.Thread(
+        target=lambda: cfg.authorize(basic("prometheus", PASSWORD)) and answered.set(), daemon=True
+    )
+    try:
+        for t in wrong:
+            t.start()
+        assert inside.wait(10)
+        right.start()
+        assert answered.wait(10), "a cached right password waited for wrong passwords' bcrypt checks"
+        assert cfg.authorize_cached(basic("prometheus", PASSWORD)) is True
+        assert cfg.authorize_cached(basic("prometheus", "not yet checked")) is None
+    finally:
+        gate.set()
+        for t in (*wrong, right):
+            t.join(10) if t.ident else None
 
 
 # --------------------------------------------------------------------------- a real HTTPS server
@@ -271,6 +320,7 @@ def serve():
         s.server_close()
 
 
+@pytest.mark.slow
 def test_tls_with_basic_auth_answers_401_then_200(tmp_path, pki, serve):
     cfg = load_web_config(
         write(
@@ -289,6 +339,7 @@ basic_auth_users: {{prometheus: '{USER_HASH}'}}
         requests.get(url, verify=True, timeout=5)  # not a public CA: plain clients must not be fooled either
 
 
+@pytest.mark.slow
 def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
     cfg = parse_web_config(
         {
@@ -308,6 +359,7 @@ def test_minimum_tls_version_is_enforced(tmp_path, pki, serve):
             client.wrap_socket(raw, server_hostname="127.0.0.1").close()
 
 
+@pytest.mark.slow
 def test_client_certificates_are_required_and_verified(pki, serve):
     cfg = parse_web_config(
         {
@@ -326,6 +378,7 @@ def test_client_certificates_are_required_and_verified(pki, serve):
         requests.get(url, verify=str(pki["ca.crt"]), timeout=5)
 
 
+@pytest.mark.slow
 def test_rotated_certificate_is_picked_up_without_restart(tmp_path, pki, serve):
     for name in ("server.crt", "server.key"):
         shutil.copy(pki[name], tmp_path / name)

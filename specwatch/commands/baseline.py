@@ -1,8 +1,9 @@
 """`specwatch baseline list | show ROUTE | reset ROUTE | accept ROUTE`: operate on the baseline state file.
 
-Works on the SQLite file directly, beside a running daemon (WAL) or with the daemon stopped. `reset` and
-`accept` also queue a command that a running daemon picks up within ~10 s (`COMMAND_POLL_SECONDS`); a
-stopped daemon applies the written state when it starts.
+Works on the SQLite file directly, beside a running daemon (WAL) or with the daemon stopped. `list` and `show`
+open it read-only (a read-only state directory works); no command moves or repairs a bad file, the daemon does.
+`reset` and `accept` also queue a command that a running daemon picks up within ~10 s (`COMMAND_POLL_SECONDS`);
+a stopped daemon applies the written state when it starts.
 
 - reset ROUTE: forget every baseline and the detector state of ROUTE; it learns again from scratch.
 - accept ROUTE: adopt the current model's acceptance after a deliberate change. When the model changed
@@ -17,8 +18,11 @@ import datetime as dt
 import sys
 from pathlib import Path
 
+from specwatch.commands import add_state_dir_argument
+from specwatch.commands._owner import baseline_argv, refuse_unless_owner
 from specwatch.config import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR, ConfigError, DetectionConfig, load_config
-from specwatch.tracking.baselines import DB_NAME, Baseline, BaselineKey, BaselineLearner, BaselineStore
+from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
+from specwatch.state.store import DB_NAME, StateStore
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"config file whose state_dir to use (default {DEFAULT_CONFIG_PATH} when it exists)",
     )
-    parser.add_argument(
-        "--state-dir", default=None, help=f"state directory (default: the config's state_dir, else {DEFAULT_STATE_DIR})"
-    )
+    add_state_dir_argument(parser, f"state directory (default: the config's state_dir, else {DEFAULT_STATE_DIR})")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     sub.add_parser("list", help="list every route's baselines")
     for name, help_ in (
@@ -48,11 +50,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch baseline: {exc}", file=sys.stderr)
         return 2
     path = Path(state_dir) / DB_NAME
+    if args.action in ("reset", "accept") and refuse_unless_owner("specwatch baseline", state_dir, baseline_argv(args)):
+        return 1
     if args.action in ("list", "show") and not path.exists():
-        print(f"specwatch baseline: no state file at {path} (is --state-dir right?)", file=sys.stderr)
+        print(f"specwatch baseline: no state file at {path} (is --state.dir right?)", file=sys.stderr)
         return 1
     errors: list[str] = []
-    store = BaselineStore(str(path), errors)
+    # only the daemon repairs the file (moves a corrupt one aside): a command must not pull it from under it
+    store = StateStore(str(path), errors, readonly=args.action in ("list", "show"), repair=False)
     try:
         if args.action == "list":
             rc = _list(store)
@@ -114,7 +119,7 @@ def _baseline_row(b: Baseline) -> list[str]:
 _HEADER = ["ROUTE", "MODEL", "VERSION", "K", "RATIO", "TAU", "PHI", "TOKENS", "SOURCE", "STATE", "UPDATED"]
 
 
-def _list(store: BaselineStore) -> int:
+def _list(store: StateStore) -> int:
     rows = [_HEADER]
     with_baseline = set()
     for b in store.baselines():
@@ -124,13 +129,14 @@ def _list(store: BaselineStore) -> int:
         if route not in with_baseline:
             rows.append([route] + ["-"] * 8 + ["learning", "-"])
     if len(rows) == 1:
-        print("no baselines yet")
+        if not store.errors:  # an unreadable file is not an empty one
+            print("no baselines yet")
         return 0
     print(_table(rows))
     return 0
 
 
-def _show(store: BaselineStore, route: str) -> int:
+def _show(store: StateStore, route: str) -> int:
     baselines = store.baselines(route)
     state = store.route_state(route)
     if not baselines and state is None:
@@ -169,7 +175,7 @@ def _key_label(raw) -> str:
         return "?"
 
 
-def _reset(store: BaselineStore, route: str) -> int:
+def _reset(store: StateStore, route: str) -> int:
     if not store.delete_route(route) or not store.append_command(route, "reset"):
         return 1
     print(
@@ -178,7 +184,7 @@ def _reset(store: BaselineStore, route: str) -> int:
     return 0
 
 
-def _accept(store: BaselineStore, route: str, detection: DetectionConfig) -> int:
+def _accept(store: StateStore, route: str, detection: DetectionConfig) -> int:
     state = store.route_state(route)
     if state is None or not state.get("key"):
         print(

@@ -1,7 +1,8 @@
 """`specwatch check-config`: validate a config (and optionally a web config) and list every problem.
 
 Exit status 0 with a summary when valid, 1 with every problem (each with its path) when not, like
-`promtool check config`.
+`promtool check config`. A valid config may still get warnings (specwatch/config_warnings.py): files it cannot
+read, inline secrets, routes whose GPUs the auto-mapping cannot find under the service's user.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import sys
 
 from specwatch.commands import add_config_file_argument
+from specwatch import config_warnings
 from specwatch.config import ConfigError, load_config, summarize, unreadable_files
 from specwatch.export.http import load_web_config
 
@@ -22,6 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="FILE",
         help="also check this TLS / basic auth file",
+    )
+    parser.add_argument(
+        "--service.user",
+        dest="service_user",
+        default=None,
+        metavar="USER",
+        help="the account the daemon runs as, for the GPU auto-mapping warning (default: "
+        f"{config_warnings.SERVICE_USER} where that account exists, as the shipped unit runs as it; '' for none)",
     )
 
 
@@ -37,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
         print(summarize(config))
         for problem in unreadable_files(config):  # read at scrape time, so not an error: the scrapes fail
             print(f"WARNING: {problem}", file=sys.stderr)
+        for warning in config_warnings.warnings(config, args.service_user):
+            print(f"WARNING: {warning}", file=sys.stderr)
     if args.web_config_file:
         try:
             load_web_config(args.web_config_file)

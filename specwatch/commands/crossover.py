@@ -7,6 +7,7 @@ import json
 import sys
 from dataclasses import replace
 
+from specwatch.commands import add_deprecated_alias
 from specwatch.crossover.calibrate import fit_efficiency, reference_points, sweep_points
 from specwatch.crossover.estimate import (
     EstimateInputs,
@@ -15,7 +16,7 @@ from specwatch.crossover.estimate import (
     params_in_billions,
     validation_warnings,
 )
-from specwatch.crossover.model import LLAMA3_8B, positions_from_alpha
+from specwatch.crossover.speedup import LLAMA3_8B, positions_from_alpha
 from specwatch.crossover.reference import load_reference
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -25,14 +26,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="crossover_command", metavar="ACTION")
     est = sub.add_parser("estimate", help="predict B* and the speedup per batch from a calibrated roofline")
     add_model_arguments(est)
-    est.add_argument("--gamma", type=int, default=4, help="draft tokens per step, k (default 4)")
+    est.add_argument(
+        "--draft.length",
+        dest="draft_length",
+        type=int,
+        default=4,
+        metavar="K",
+        help="draft tokens per step, k (default 4)",
+    )
+    add_deprecated_alias(est, "--gamma", "--draft.length", "draft_length", type=int)
     rates = est.add_mutually_exclusive_group()
     rates.add_argument("--alpha", type=float, default=0.7, help="iid per-token acceptance (default 0.7)")
     rates.add_argument(
         "--positions",
         type=_ratios,
         metavar="P1,P2,...",
-        help="measured per-position acceptance p_j (share of drafts accepted at position j); sets gamma to their count",
+        help="measured per-position acceptance p_j (share of drafts accepted at position j); sets the draft length "
+        "to their count",
     )
     est.add_argument("--context", type=float, default=1024.0, help="mean tokens in the KV cache per sequence")
     est.add_argument(
@@ -128,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
 def _estimate(args: argparse.Namespace) -> int:
     inputs = estimate_inputs(args)
     model = build_step_model(inputs)
-    positions = args.positions or positions_from_alpha(args.alpha, args.gamma)
+    positions = args.positions or positions_from_alpha(args.alpha, args.draft_length)
     gamma = len(positions)
     if args.calibrate_from:
         from specwatch.crossover.sweepfile import load_sweep

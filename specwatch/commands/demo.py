@@ -9,7 +9,6 @@ config (state in a temporary directory), prints the URLs, and refreshes the stat
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import signal
 import sys
@@ -24,12 +23,14 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.text import Text
 
+import specwatch
+from specwatch.commands import add_state_dir_argument
 from specwatch.commands.status import render_status_table
 from specwatch.config import ConfigError, parse_config
 from specwatch.daemon import Daemon
 from specwatch.export.http import routes_document, serve
 from specwatch.scheduler import start_scheduler
-from specwatch.simulator.demo import daemon_config, load_demo_plan, simulation_spec
+from specwatch.simulator.demo_plan import daemon_config, load_demo_plan, simulation_spec
 from specwatch.simulator.launch import start_inprocess
 from specwatch.simulator.server import RunningSimulator
 
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the daemon serves /metrics and /api/v1/routes (default: a free loopback port)",
     )
     parser.add_argument("--refresh", type=float, default=1.0, help="status table refresh interval, seconds")
-    parser.add_argument("--state-dir", help="baseline state directory (default: a temporary one, removed at exit)")
+    add_state_dir_argument(parser, "baseline state directory (default: a temporary one, removed at exit)")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the simulated engines (default 1)")
     parser.add_argument(
         "--real",
@@ -143,18 +144,40 @@ def _banner(
     )
 
 
+def testbed_checkout() -> Path | None:
+    """The source checkout this specwatch was imported from, where it holds the testbed; None for a wheel.
+
+    The real engine's testbed (`testbed/` beside `specwatch/`) is not packaged: it builds a 3.5 GB engine venv and
+    models inside the checkout. An editable install (`scripts/bootstrap.sh`) imports specwatch from there.
+    """
+    root = Path(specwatch.__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "testbed" / "real_demo.py").is_file():
+        return root
+    return None
+
+
 def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
-    from specwatch.testbed.demo import run_real_demo
-    from specwatch.testbed.engine_env import EngineEnvError
-    from specwatch.testbed.vllm_server import VllmServerError
+    root = testbed_checkout()
+    if root is None:
+        print(
+            "specwatch demo --real: the real-engine testbed is not part of the installed package; it runs from a "
+            "source checkout only: clone the specwatch repository and run `scripts/demo.sh --real` there "
+            "(plain `specwatch demo` runs the simulated engines from any install)",
+            file=sys.stderr,
+        )
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from testbed.engine_env import EngineEnvError
+    from testbed.vllm_server import VllmServerError
+
+    if args.real == "llamacpp":
+        from testbed.llamacpp_demo import run_real_demo
+    else:
+        from testbed.real_demo import run_real_demo
 
     console = _console()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    if args.real == "llamacpp":
-        run_real_demo = _llamacpp_demo()
-        if run_real_demo is None:
-            print("specwatch demo --real llamacpp: needs a source checkout (its testbed/ directory)", file=sys.stderr)
-            return 1
     try:
         return run_real_demo(
             console,
@@ -168,16 +191,6 @@ def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
     except (EngineEnvError, VllmServerError, RuntimeError, OSError) as exc:
         print(f"specwatch demo --real: {exc}", file=sys.stderr)
         return 1
-
-
-def _llamacpp_demo() -> Any:
-    """The llama.cpp story of the checkout's testbed/ (not part of the installed package), or None."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "testbed" / "llamacpp_demo.py").is_file():
-        return None
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module("testbed.llamacpp_demo").run_real_demo
 
 
 def _console() -> Console:

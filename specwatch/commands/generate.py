@@ -1,14 +1,30 @@
-"""`specwatch generate [--out-dir DIR] [--check]`: write, or verify, the alert rules, the Alertmanager example
-and the Grafana dashboards rendered by `specwatch.mixin`. Runs offline: no config, NVML or network."""
+"""`specwatch generate [--out-dir DIR] [--check] [--settings FILE] [--selector ...] ...`: write, or verify, the
+alert rules, the Alertmanager example and the Grafana dashboards rendered by `specwatch.mixin`, shaped by the
+site's settings. Runs offline: no config, NVML or network.
+
+With no settings the output is the repository's committed alerts/ and dashboards/. A settings file holds
+`specwatch/mixin/settings.py` field names as YAML keys; flags given on the command line override it."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
+from specwatch.config import ConfigError, read_yaml_file
+from specwatch.config_schema import parse_duration
 from specwatch.mixin import render
-from specwatch.mixin.settings import DEFAULT
+from specwatch.mixin.alerts import CLASS_OF
+from specwatch.mixin.settings import ALERT_CLASSES, DEFAULT, SEVERITIES, Settings, from_mapping
+
+
+def _interval(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds is None or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive duration like 5s or 1m: {text!r}")
+    return seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,10 +39,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write nothing; exit 1 if any generated file is missing or differs (for CI)",
     )
+    parser.add_argument(
+        "--settings",
+        metavar="FILE",
+        help="YAML mapping of specwatch/mixin/settings.py fields (selector, runbook_url, severity_drop, ...)",
+    )
+    parser.add_argument(
+        "--selector",
+        help=f"PromQL matchers selecting specwatch's scrape targets, no braces (default {DEFAULT.selector})",
+    )
+    parser.add_argument(
+        "--runbook-url",
+        metavar="URL",
+        help="base of every alert's runbook_url; `#<alertname>` is appended (default: the project's runbook)",
+    )
+    parser.add_argument(
+        "--dashboard-url",
+        metavar="URL",
+        help="Grafana's base URL: adds a dashboard_url annotation to every alert (default: none)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_interval,
+        metavar="DURATION",
+        help="the daemons' evaluation interval (config `interval`), which the staleness alert is derived "
+        f"from (default {DEFAULT.evaluation_interval_seconds:g}s)",
+    )
+    for cls in ALERT_CLASSES:
+        parser.add_argument(
+            f"--severity.{cls}",
+            dest=f"severity_{cls}",
+            choices=SEVERITIES,
+            help=f"severity of {', '.join(n.removeprefix('Specwatch') for n, c in CLASS_OF.items() if c == cls)} "
+            f"(default {DEFAULT.severity(cls)}; critical pages)",
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The settings file (if any), then the flags given, over the defaults. ValueError on a bad file or value."""
+    settings = DEFAULT
+    if getattr(args, "settings", None):
+        settings = from_mapping(read_yaml_file(args.settings))
+    flags: dict[str, Any] = {
+        "selector": args.selector,
+        "runbook_url": args.runbook_url,
+        "dashboard_url": args.dashboard_url,
+        "evaluation_interval_seconds": args.interval,
+        **{f"severity_{cls}": getattr(args, f"severity_{cls}") for cls in ALERT_CLASSES},
+    }
+    return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
 
 
 def main(args: argparse.Namespace) -> int:
-    files = render.render_all(DEFAULT)
+    try:
+        settings = settings_from_args(args)
+    except (ValueError, ConfigError) as exc:
+        print(f"specwatch generate: {args.settings or 'settings'}: {exc}", file=sys.stderr)
+        return 2
+    files = render.render_all(settings)
     out_dir: Path = args.out_dir
     if args.check:
         problems = render.check(out_dir, files)

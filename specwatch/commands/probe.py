@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specwatch.commands import add_config_file_argument
+from specwatch.commands._owner import refuse_unless_owner
 from specwatch.config import ConfigError, ProbeConfig, load_config
 from specwatch.evaluators.canary import bracket_scraper
 from specwatch.probe.prompts import PromptSetError, load_prompt_set
@@ -25,7 +26,8 @@ from specwatch.probe.runner import ProbeRunner
 from specwatch.probe.verdict import compare
 from specwatch.sources.base import SourceError
 from specwatch.sources.engines import make_source
-from specwatch.tracking.baselines import BaselineKey, BaselineStore
+from specwatch.state.baselines import BaselineKey
+from specwatch.state.store import StateStore
 
 _DASH = "–"
 
@@ -51,6 +53,9 @@ def main(args: argparse.Namespace) -> int:
         names = ", ".join(r.name for r in config.routes) or "none"
         print(f"specwatch probe: no route {args.route!r} in {args.config_file} (routes: {names})", file=sys.stderr)
         return 2
+    argv = ["probe", route.name, "--config.file", args.config_file, "--adopt"]
+    if args.adopt and refuse_unless_owner("specwatch probe", config.state_dir, argv):
+        return 1
     probe = route.probe or ProbeConfig()
     try:
         prompt_set = load_prompt_set(probe.prompts)
@@ -83,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch probe: round {rnd.outcome} after {rnd.duration_seconds:.1f}s: {rnd.message}", file=sys.stderr)
         return 1
 
-    store = BaselineStore.in_state_dir(config.state_dir)
+    store = StateStore.in_state_dir(config.state_dir, repair=False)  # only the daemon repairs the file
     try:
         reference_key = key
         fingerprint = store.fingerprint(route.name, key, prompt_set.hash)

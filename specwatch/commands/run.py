@@ -136,6 +136,10 @@ class Service:
         daemon.close()
         server.shutdown()
         log.info("stopped")
+        # All is flushed. Python resets handlers to the default during its teardown, where a second SIGTERM (an
+        # impatient operator, a test's stop()) would turn this exit 0 into death by signal.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         return 0
 
     def _do_reload(self, daemon: Daemon, scheduler: Any, pet: Any, otlp: Any) -> Any:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
 import threading
 
+from specwatch.commands import add_deprecated_alias
 from specwatch.simulator.scenario import Scenario, ScenarioError, load_scenario
 from specwatch.simulator.server import RunningSimulator
 from specwatch.simulator.simulation import DEFAULT_MODEL, ENGINE_KINDS, Simulation, SimulationSpec
@@ -29,8 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp", type=int, default=1, help="data-parallel engines (vLLM `engine`, SGLang `dp_rank`)")
     parser.add_argument("--model", help=f"served model name (default: the scenario's, else {DEFAULT_MODEL})")
     parser.add_argument(
-        "--k", type=int, help="draft tokens per step, 0 = speculation off (default: scenario's, else 4)"
+        "--draft.length",
+        dest="k",
+        type=int,
+        metavar="K",
+        help="draft tokens per step, 0 = speculation off (default: scenario's, else 4)",
     )
+    add_deprecated_alias(parser, "--k", "--draft.length", "k", type=int)
     parser.add_argument(
         "--acceptance",
         metavar="ALPHA[,ALPHA...]",
@@ -98,7 +105,7 @@ def build_spec(args: argparse.Namespace, scenario: Scenario) -> SimulationSpec:
         else load_table(args.step_table, context=args.context)
     )
     if args.load is not None:
-        scenario = Scenario(**{**scenario.__dict__, "load": args.load})
+        scenario = dataclasses.replace(scenario, load=args.load)
     return SimulationSpec(
         engine_kind=args.engine,
         model_name=args.model or scenario.model_name or DEFAULT_MODEL,

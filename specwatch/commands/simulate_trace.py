@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specwatch.commands import add_deprecated_alias
 from specwatch.config import parse_duration
 from specwatch.offline.tracegen import PROFILES, Drop, ModelChange, TraceSpec, generate
 
@@ -45,7 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--route", default=d.route)
     parser.add_argument("--model", dest="model_name", default=d.model_name)
     parser.add_argument("--profile", choices=sorted(PROFILES), default=d.profile, help="per-position acceptance")
-    parser.add_argument("--k", type=int, default=d.k, help="draft length (num_speculative_tokens)")
+    parser.add_argument(
+        "--draft.length", dest="k", type=int, default=d.k, metavar="K", help="draft length (num_speculative_tokens)"
+    )
+    add_deprecated_alias(parser, "--k", "--draft.length", "k", type=int)
     parser.add_argument("--rate", type=float, default=d.rate, help="requests per second, daily mean (1/60 = 1 req/min)")
     parser.add_argument("--duration", type=_duration, default=d.duration, help="trace length (default 1d)")
     parser.add_argument("--interval", type=_duration, default=d.interval, help="scrape interval (default 15s)")

@@ -10,6 +10,7 @@ flag: never from the URL, where a password would be in the shell history and in 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 import requests
 from rich.console import Console
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -99,12 +101,87 @@ def _any(routes: Sequence[Mapping[str, Any]], *keys: str) -> bool:
     return any(r.get(k) is not None for r in routes for k in keys)
 
 
-def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Table:
+# Columns dropped, first to last, when the table does not fit the terminal: route, up, acceptance and the
+# verdict always stay (the verdict still says DEGRADED or ABOVE when baseline or batch columns are gone).
+DROP_ORDER = ("GPU-h lost/saved", "run/wait", "len", "k", "engine", "model", "batch/xover", "baseline drop")
+# Engine and model may be shortened with an ellipsis down to these widths before anything is dropped.
+_SHRINKABLE = {"engine": (22, 10), "model": (32, 12)}
+
+
+def _columns(routes: Sequence[Mapping[str, Any]]) -> list[str]:
+    detection = _any(routes, "baseline_ratio", "drop_ratio", "degraded")
+    crossover = _any(routes, "crossover_batch_size", "batch_size", "above_crossover")
+    ledger = _any(routes, "speculation_gpu_seconds_lost_total", "speculation_gpu_seconds_saved_total")
+    columns = ["route", "up", "engine", "model", "accept 1m 5m 1h", "len", "k", "run/wait"]
+    columns += ["baseline drop"] * detection + ["batch/xover"] * crossover + ["GPU-h lost/saved"] * ledger
+    return columns + ["verdict"] * (detection or crossover)
+
+
+def _row(r: Mapping[str, Any]) -> dict[str, Any]:
+    """Every cell of a route's row, by column header."""
+    ratios = r.get("acceptance_ratio") or {}
+    lengths = r.get("mean_acceptance_length") or {}
+    up = (
+        Text("up", style="green")
+        if r.get("up")
+        else Text(f"DOWN {r.get('error_reason') or ''}".strip(), style="bold red")
+    )
+    engine = " ".join(x for x in (r.get("engine_kind"), r.get("engine_version")) if x) or _DASH
+    mark = "*" if r.get("acceptance_source") in ("gauge", "lifetime_gauge") else ""  # * = from gauges
+    drop = r.get("drop_ratio")
+    lost, saved = r.get("speculation_gpu_seconds_lost_total"), r.get("speculation_gpu_seconds_saved_total")
+    verdict = Text()
+    if r.get("degraded"):
+        verdict.append("DEGRADED ", style="bold red")
+    if r.get("above_crossover"):
+        verdict.append("ABOVE ", style="bold yellow")
+    return {
+        "route": str(r.get("name", "?")),
+        "up": up,
+        "engine": _cell(engine),
+        "model": _cell(r.get("model_name") or _DASH),
+        "accept 1m 5m 1h": " ".join(_ratio(ratios[w]) + mark if w in ratios else _DASH for w in ("1m", "5m", "1h")),
+        "len": _number(lengths.get("5m", lengths.get("1m")), 2),
+        "k": _number(r.get("draft_length"), 1),
+        "run/wait": f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
+        "baseline drop": f"{_ratio(r.get('baseline_ratio'))} "
+        + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH),
+        "batch/xover": f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}",
+        "GPU-h lost/saved": f"{_hours(lost)}/{_hours(saved)}",
+        "verdict": verdict if verdict.plain else Text("ok", style="green") if r.get("up") else Text(_DASH),
+    }
+
+
+def _table(columns: list[str], rows: list[dict[str, Any]], caption: str, narrowest: bool = False) -> Table:
+    table = Table(title="specwatch routes", caption=caption, header_style="bold")
+    for header in columns:
+        if header in _SHRINKABLE:
+            widest, narrow = _SHRINKABLE[header]
+            table.add_column(header, max_width=narrow if narrowest else widest)
+        elif header in ("route", "up", "verdict"):
+            table.add_column(header, style="bold" if header == "route" else None, no_wrap=True)
+        else:
+            table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[header] for header in columns))
+    return table
+
+
+def _width_needed(table: Table) -> int:
+    console = Console(width=10_000, file=io.StringIO())
+    return Measurement.get(console, console.options, table).maximum
+
+
+def render_status_table(
+    routes_json: Mapping[str, Any] | Sequence[Mapping[str, Any]], width: int | None = None
+) -> Table:
     """A rich Table of routes, from the /api/v1/routes document (or its `routes` list).
 
     The baseline column appears when any route has a baseline or a verdict, batch/crossover when any has a
     crossover or a batch size, GPU-hours lost/saved by speculation (since the daemon started) when any route's
     crossover source predicts a speedup, and then a verdict column (DEGRADED, ABOVE the crossover, or ok).
+    With `width` (the terminal's), nothing is cut silently: engine and model are shortened with an ellipsis,
+    then columns are dropped in `DROP_ORDER` until the table fits, and the caption names the hidden ones.
     """
     doc = routes_json if isinstance(routes_json, Mapping) else {"routes": list(routes_json)}
     routes: list[Mapping[str, Any]] = [r for r in doc.get("routes", []) if isinstance(r, Mapping)]
@@ -114,69 +191,27 @@ def render_status_table(routes_json: Mapping[str, Any] | Sequence[Mapping[str, A
         if isinstance(ts, (int, float)) and ts > 0
         else "no evaluation yet"
     )
-    detection = _any(routes, "baseline_ratio", "drop_ratio", "degraded")
-    crossover = _any(routes, "crossover_batch_size", "batch_size", "above_crossover")
-    ledger = _any(routes, "speculation_gpu_seconds_lost_total", "speculation_gpu_seconds_saved_total")
+    every = _columns(routes)
+    rows = [_row(r) for r in routes]
+    hidden: list[str] = []
 
-    table = Table(title="specwatch routes", caption=caption, header_style="bold")
-    # One line per route. Numbers never shrink; when the terminal is narrow, engine and model are cut short.
-    table.add_column("route", style="bold", no_wrap=True)
-    table.add_column("up", no_wrap=True)
-    table.add_column("engine", max_width=22)
-    table.add_column("model", max_width=32)
-    numbers = ["accept 1m 5m 1h", "len", "k", "run/wait"]
-    if detection:
-        numbers.append("baseline drop")
-    if crossover:
-        numbers.append("batch/xover")
-    if ledger:
-        numbers.append("GPU-h lost/saved")
-    for header in numbers:
-        table.add_column(header, justify="right", no_wrap=True)
-    if detection or crossover:
-        table.add_column("verdict", no_wrap=True)
+    def fits(without: list[str]) -> bool:
+        shown = [c for c in every if c not in without]
+        return width is None or _width_needed(_table(shown, rows, "", narrowest=True)) <= width
 
-    for r in routes:
-        ratios = r.get("acceptance_ratio") or {}
-        lengths = r.get("mean_acceptance_length") or {}
-        up = (
-            Text("up", style="green")
-            if r.get("up")
-            else Text(f"DOWN {r.get('error_reason') or ''}".strip(), style="bold red")
-        )
-        engine = " ".join(x for x in (r.get("engine_kind"), r.get("engine_version")) if x) or _DASH
-        mark = "*" if r.get("acceptance_source") in ("gauge", "lifetime_gauge") else ""  # * = from gauges
-        accept = " ".join(_ratio(ratios[w]) + mark if w in ratios else _DASH for w in ("1m", "5m", "1h"))
-        row: list[Any] = [
-            str(r.get("name", "?")),
-            up,
-            _cell(engine),
-            _cell(r.get("model_name") or _DASH),
-            accept,
-            _number(lengths.get("5m", lengths.get("1m")), 2),
-            _number(r.get("draft_length"), 1),
-            f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
-        ]
-        verdict = Text()
-        if detection:
-            drop = r.get("drop_ratio")
-            row.append(
-                f"{_ratio(r.get('baseline_ratio'))} "
-                + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH)
-            )
-            if r.get("degraded"):
-                verdict.append("DEGRADED ", style="bold red")
-        if crossover:
-            row.append(f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}")
-            if r.get("above_crossover"):
-                verdict.append("ABOVE ", style="bold yellow")
-        if ledger:
-            lost, saved = r.get("speculation_gpu_seconds_lost_total"), r.get("speculation_gpu_seconds_saved_total")
-            row.append(f"{_hours(lost)}/{_hours(saved)}")
-        if detection or crossover:
-            row.append(verdict if verdict.plain else Text("ok", style="green") if r.get("up") else Text(_DASH))
-        table.add_row(*row)
-    return table
+    # Drop in order until the table fits, then take back, most important first, any dropped column that
+    # still fits (a narrow `k` after a wide `baseline drop` had to go).
+    for column in (c for c in DROP_ORDER if c in every):
+        if fits(hidden):
+            break
+        hidden.append(column)
+    for column in reversed(list(hidden)):
+        if fits([c for c in hidden if c != column]):
+            hidden.remove(column)
+    columns = [c for c in every if c not in hidden]
+    if hidden:
+        caption += f"; hidden to fit {width} columns: {', '.join(hidden)} (widen the terminal to see them)"
+    return _table(columns, rows, caption)
 
 
 def http_client(url: str, http_config_file: str) -> HttpClientConfig:
@@ -201,12 +236,13 @@ def main(args: argparse.Namespace) -> int:
     session = client_session(client)
     try:
         if not args.watch:
-            console.print(render_status_table(fetch_routes(args.url, args.timeout, session)))
+            console.print(render_status_table(fetch_routes(args.url, args.timeout, session), console.width))
             return 0
         with Live(console=console, auto_refresh=False) as live:
             while True:
                 try:
-                    live.update(render_status_table(fetch_routes(args.url, args.timeout, session)), refresh=True)
+                    doc = fetch_routes(args.url, args.timeout, session)
+                    live.update(render_status_table(doc, console.width), refresh=True)
                 except Unreachable as exc:
                     live.update(Text(str(exc), style="bold red"), refresh=True)
                 time.sleep(max(0.2, args.interval))

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
-from specwatch.crossover.model import Efficiency, StepModel
+from specwatch.crossover.inputs import Efficiency
+from specwatch.crossover.speedup import StepModel
 from specwatch.crossover.stepcost import attention_s
 
 # (lower, upper) bounds per parameter; overheads in seconds.

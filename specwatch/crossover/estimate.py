@@ -9,7 +9,8 @@ from __future__ import annotations
 from specwatch.config import CrossoverEstimateConfig
 from specwatch.crossover import gpus
 from specwatch.crossover.hfconfig import load_hf_config
-from specwatch.crossover.model import BYTES_PER_WEIGHT, Draft, ModelShape, StepModel
+from specwatch.crossover.inputs import ModelShape
+from specwatch.crossover.speedup import BYTES_PER_WEIGHT, Draft, StepModel
 
 DEFAULT_VOCAB = 128_256
 

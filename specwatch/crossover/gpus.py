@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from specwatch.crossover.model import Efficiency, Hardware
+from specwatch.crossover.inputs import Efficiency, Hardware
 
 GB = 1e9
 T = 1e12

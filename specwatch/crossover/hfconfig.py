@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from specwatch.crossover.model import ModelShape
+from specwatch.crossover.inputs import ModelShape
 
 
 def shape_from_hf_config(raw: Mapping[str, Any]) -> ModelShape:

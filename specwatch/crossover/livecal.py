@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from specwatch.crossover.calibrate import BOUNDS, StepPoint, fit_models
-from specwatch.crossover.model import StepModel
+from specwatch.crossover.speedup import StepModel
 
 BINS_PER_DOUBLING = 4  # batch bins: 2^(i/4), so neighbouring bins differ by ~19%
 MAX_BIN_WEIGHT = 5000.0  # observations; older weight is scaled down past this

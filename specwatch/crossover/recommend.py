@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from specwatch.crossover.model import StepModel
+from specwatch.crossover.speedup import StepModel
 
 NEAR_OPTIMAL = 0.95  # SGLang candidates: draft lengths within 5% of the best throughput at the slot's batch
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from specwatch.crossover.model import expected_tokens, interpolate_crossover
+from specwatch.crossover.speedup import expected_tokens, interpolate_crossover
 
 FILE_NAME = "h200-crossover-llama3-8b.json"
 _PACKAGED = Path(__file__).resolve().parent.parent / "data" / FILE_NAME

@@ -15,10 +15,9 @@ from typing import Iterable, Mapping, Sequence
 
 from specwatch.crossover import gpus
 from specwatch.crossover.calibrate import ALL_PARAMETERS, StepPoint, fit_models, reference_points
-from specwatch.crossover.model import (
+from specwatch.crossover.inputs import Efficiency, ModelShape
+from specwatch.crossover.speedup import (
     Draft,
-    Efficiency,
-    ModelShape,
     StepModel,
     interpolate_crossover,
     positions_from_alpha,

@@ -41,13 +41,10 @@ Efficiencies are fitted per GPU (`calibrate.py`); tile sizes are the common cuBL
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from specwatch.crossover.model import Efficiency, Hardware, ModelShape
+from specwatch.crossover.inputs import KV_BYTES, Efficiency, Hardware, ModelShape
 
 TILE_N = 128
-KV_BYTES = 2.0
 
 
 def tile_m(m: float) -> int:
@@ -56,7 +53,7 @@ def tile_m(m: float) -> int:
 
 
 def gemm_s(
-    m: float, n: float, k: float, weight_bytes: float, hw: "Hardware", eff: "Efficiency", dtype_flops: float
+    m: float, n: float, k: float, weight_bytes: float, hw: Hardware, eff: Efficiency, dtype_flops: float
 ) -> float:
     """One GEMM of m x k activations by a k x n weight: max(memory roof, tile-quantized compute roof)."""
     if m <= 0:
@@ -91,8 +88,8 @@ def grouped_gemm_s(
     n: float,
     k: float,
     weight_bytes: float,
-    hw: "Hardware",
-    eff: "Efficiency",
+    hw: Hardware,
+    eff: Efficiency,
     dtype_flops: float,
     sms: int,
 ) -> float:
@@ -110,7 +107,7 @@ def grouped_gemm_s(
     return max(memory, compute) + touched * eff.expert_group_s
 
 
-def activation_bytes_per_token(shape: "ModelShape") -> float:
+def activation_bytes_per_token(shape: ModelShape) -> float:
     """Bytes the elementwise kernels of one layer move per token (bf16), counted kernel by kernel as the
     measured forward runs them: two RMSNorms (read and write d each), two residual adds (read 2d, write d),
     RoPE on q and k as five kernels (multiply, negate half, concatenate, multiply, add: 10 element passes),
@@ -133,7 +130,7 @@ MOE_LAYER_KERNELS = 30
 
 
 def attention_s(
-    batch: float, q: int, context: float, shape: "ModelShape", hw: "Hardware", eff: "Efficiency", sms: int
+    batch: float, q: int, context: float, shape: ModelShape, hw: Hardware, eff: Efficiency, sms: int
 ) -> float:
     """One layer's attention over the KV cache (context + q positions per sequence)."""
     per_head = batch * (context + q) * shape.head_dim * 2 * KV_BYTES  # K and V of one head
@@ -153,12 +150,12 @@ def attention_s(
 
 
 def forward_s(
-    shape: "ModelShape",
+    shape: ModelShape,
     batch: float,
     q: int,
     context: float,
-    hw: "Hardware",
-    eff: "Efficiency",
+    hw: Hardware,
+    eff: Efficiency,
     dtype: str,
     weight_bytes: float,
     sms: int,

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specwatch.crossover.model import interpolate_crossover
+from specwatch.crossover.speedup import interpolate_crossover
 
 FORMAT = "specwatch-crossover/1"
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from specwatch.config import CrossoverConfig, RouteConfig
 from specwatch.crossover.estimate import build_step_model
-from specwatch.crossover.live import (
+from specwatch.crossover.configured import (
     CrossoverSource,
     EstimatedCrossover,
     FixedCrossover,

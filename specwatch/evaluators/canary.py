@@ -35,7 +35,8 @@ from specwatch.probe.verdict import Comparison, compare
 from specwatch.snapshot import GpuSample, RouteObservation
 from specwatch.sources.engines import parse_bracket
 from specwatch.sources.http import HttpFetcher
-from specwatch.tracking.baselines import BaselineKey, BaselineStore
+from specwatch.state.baselines import BaselineKey
+from specwatch.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def build_evaluator(ctx: EvaluatorContext, route: RouteConfig) -> "CanaryEvaluat
         return None
     store = ctx.shared.get(STORE_KEY)
     if store is None or store.closed:
-        store = BaselineStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
+        store = StateStore.in_state_dir(ctx.config.state_dir, ctx.state_errors, clock=ctx.clock)
         ctx.shared[STORE_KEY] = store
     evaluator = CanaryEvaluator(route, store, prompt_set)
     evaluator.runner = _RUNNERS[route.name] = ProbeRunner(
@@ -93,7 +94,7 @@ class CanaryEvaluator:
     name = "canary"
 
     def __init__(
-        self, route: RouteConfig, store: BaselineStore, prompt_set: PromptSet, runner: ProbeRunner | None = None
+        self, route: RouteConfig, store: StateStore, prompt_set: PromptSet, runner: ProbeRunner | None = None
     ) -> None:
         assert route.probe is not None
         self.route = route.name

@@ -7,8 +7,7 @@ each section is rendered on its own and a bug in one is logged and costs only th
 
 The sections below are the one description of what is exported. They write either client_python families
 (`render_families`: the collector, hence OTel and any format client_python writes) or, for the formats
-Prometheus and curl ask for, text lines directly (`render_text`: the same bytes, for 64 routes a third of
-client_python's CPU in the 0.0.4 text format and an eighth in OpenMetrics).
+Prometheus and curl ask for, text lines directly (`render_text`: the same bytes; `text_format.py` says why).
 """
 
 from __future__ import annotations
@@ -152,6 +151,10 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_drafts_total", counting, "drafts_total")
     _per_route(f, "route_draft_tokens_total", counting, "draft_tokens_total")
     _per_route(f, "route_accepted_tokens_total", counting, "accepted_tokens_total")
+    rejected = f("route_rejected_samples_total")
+    for r in routes:
+        for reason, count in sorted(r.rejected_samples_total.items()):
+            rejected.add(count, r.name, reason)
     ratio = f("route_acceptance_ratio")
     for r in routes:
         for window, value in r.acceptance_ratio.items():
@@ -174,6 +177,7 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
 def _detection_metrics(s: Snapshot, f: Families) -> None:
     routes = s.routes
     _per_route(f, "route_acceptance_baseline_ratio", routes, "baseline_ratio")
+    _per_route(f, "route_acceptance_threshold_ratio", routes, "acceptance_threshold_ratio")
     _per_route(f, "route_acceptance_drop_ratio", routes, "drop_ratio")
     _per_route(f, "route_acceptance_degraded", routes, "degraded")
     _per_route(f, "route_acceptance_cusum", routes, "cusum_statistic")

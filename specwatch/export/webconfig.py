@@ -60,7 +60,8 @@ _HTTP_SERVER_KEYS = {"http2"}  # accepted and ignored: the server speaks HTTP/1.
 
 _BCRYPT_RE = re.compile(r"^\$2[aby]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
 AUTH_CACHE_SECONDS = 60.0
-AUTH_CACHE_MAX_ENTRIES = 128
+AUTH_CACHE_MAX_ENTRIES = 128  # per outcome: successes and failures each
+BCRYPT_CONCURRENCY = 2
 
 
 @dataclass(frozen=True)
@@ -125,13 +126,15 @@ class _ReloadingContext:
 
 
 class _BasicAuth:
-    """bcrypt basic auth that does not reveal which users exist and does not cost a bcrypt per scrape.
+    """bcrypt basic auth that does not reveal which users exist, does not cost a bcrypt per scrape, and never
+    makes a right password wait behind wrong ones.
 
     An unknown user is checked against a dummy hash of the configured cost, so it takes as long as a wrong
-    password. bcrypt runs under one lock (a flood of bad requests burns one core, not all of them, as in
-    exporter-toolkit). Successful checks are remembered for AUTH_CACHE_SECONDS under an HMAC of
-    (user, hash, password) with a per-process random key: the cache never holds a password, and a changed
-    hash invalidates it.
+    password. Outcomes are remembered under an HMAC of (user, hash, password) with a per-process random key (the
+    cache never holds a password, and a changed hash invalidates it): a success for AUTH_CACHE_SECONDS from its
+    last use, a failure for as long, in a bounded cache, so a repeated wrong password costs one bcrypt. The
+    caches are read before any waiting; at most BCRYPT_CONCURRENCY checks run at a time (a flood of new wrong
+    passwords burns that many cores, not all of them).
     """
 
     def __init__(self, users: Mapping[str, str], clock: Callable[[], float] = time.monotonic) -> None:
@@ -142,30 +145,53 @@ class _BasicAuth:
         cost = max(int(m.group(1)) for m in map(_BCRYPT_RE.match, users.values()) if m)  # validated at load
         self._dummy_hash = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(cost))
         self._cache_key = secrets.token_bytes(32)
-        self._cache: dict[bytes, float] = {}  # digest -> expiry (monotonic)
-        self._lock = threading.Lock()
+        self._passed: dict[bytes, float] = {}  # digest -> expiry (monotonic)
+        self._failed: dict[bytes, float] = {}
+        self._cache_lock = threading.Lock()  # held only for dictionary updates, never across a bcrypt
+        self._bcrypt_slots = threading.BoundedSemaphore(BCRYPT_CONCURRENCY)
         self._clock = clock
 
-    def check(self, user: str, password: str) -> bool:
-        known = user in self._users
+    def _digest(self, user: str, password: str) -> tuple[bytes, bytes]:
         hashed = self._users.get(user, self._dummy_hash)
         # length-prefixed parts, so no (user, password) pair can collide with another's encoding
         parts = (user.encode(), hashed, password.encode())
-        digest = hmac.new(
-            self._cache_key, b"".join(len(p).to_bytes(4, "big") + p for p in parts), hashlib.sha256
-        ).digest()
-        with self._lock:
-            now = self._clock()
-            if known and self._cache.get(digest, 0.0) > now:
+        digest = hmac.new(self._cache_key, b"".join(len(p).to_bytes(4, "big") + p for p in parts), hashlib.sha256)
+        return digest.digest(), hashed
+
+    def cached(self, user: str, password: str) -> bool | None:
+        """The remembered outcome for this pair, or None when only a bcrypt check can tell."""
+        return self._lookup(self._digest(user, password)[0])
+
+    def _lookup(self, digest: bytes) -> bool | None:
+        now = self._clock()
+        with self._cache_lock:
+            if self._passed.get(digest, 0.0) > now:
+                self._passed[digest] = now + AUTH_CACHE_SECONDS
                 return True
-            ok = self._bcrypt.checkpw(password.encode(), hashed) and known
-            if ok:
-                if len(self._cache) >= AUTH_CACHE_MAX_ENTRIES:
-                    self._cache = {k: t for k, t in self._cache.items() if t > now}
-                    if len(self._cache) >= AUTH_CACHE_MAX_ENTRIES:
-                        self._cache.clear()
-                self._cache[digest] = now + AUTH_CACHE_SECONDS
-            return ok
+            if self._failed.get(digest, 0.0) > now:
+                return False
+        return None
+
+    def check(self, user: str, password: str) -> bool:
+        digest, hashed = self._digest(user, password)
+        remembered = self._lookup(digest)
+        if remembered is not None:
+            return remembered
+        with self._bcrypt_slots:
+            remembered = self._lookup(digest)  # the same pair may have been checked while this one waited
+            if remembered is not None:
+                return remembered
+            ok = self._bcrypt.checkpw(password.encode(), hashed) and user in self._users
+        with self._cache_lock:
+            cache = self._passed if ok else self._failed
+            now = self._clock()
+            if len(cache) >= AUTH_CACHE_MAX_ENTRIES:
+                for key in [k for k, t in cache.items() if t <= now]:
+                    del cache[key]
+                if len(cache) >= AUTH_CACHE_MAX_ENTRIES:
+                    cache.pop(next(iter(cache)))  # the oldest entry
+            cache[digest] = now + AUTH_CACHE_SECONDS
+        return ok
 
 
 @dataclass(frozen=True)
@@ -194,6 +220,16 @@ class WebConfig:
         if credentials is None:
             return False
         return self._auth.check(*credentials)
+
+    def authorize_cached(self, headers: Any) -> bool | None:
+        """`authorize`'s answer when it needs no bcrypt check (no users, no or a malformed header, a pair
+        checked recently), else None. Never waits, so the HTTP server can ask it on its event loop."""
+        if self._auth is None:
+            return True
+        credentials = parse_basic_authorization(headers.get("Authorization"))
+        if credentials is None:
+            return False
+        return self._auth.cached(*credentials)
 
 
 def parse_basic_authorization(value: str | None) -> tuple[str, str] | None:

@@ -1,8 +1,11 @@
 """Alerting rules: what pages, what opens a ticket, and what tells you specwatch itself is blind.
 
-Severity `critical` pages and is kept for acceptance regressions; everything else is `warning` (a ticket).
-Each alert has a static `summary`, a templated `description` and a `runbook_url` pointing at its own anchor in
-docs/runbook.md, added by one transform (`_with_runbook`) so no alert can lack one.
+Each alert belongs to a class (drop, crossover, source, self, gpu) whose severity is a setting: `critical`
+pages, `warning` opens a ticket. Every class is `warning` by default: an acceptance drop costs throughput, it
+is not an outage, and a site that wants it to page says so (`specwatch generate --severity.drop=critical`).
+Each alert has a static `summary`, a templated `description`, a `runbook_url` pointing at its own anchor in
+docs/runbook.md and, where a Grafana address is set, a `dashboard_url` to its dashboard with the alert's node
+and route selected, all added by one transform (`_with_links`) so no alert can lack them.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 
 from specwatch.mixin.settings import Settings, prom_duration
 
+# Alertmanager example: `critical` goes to the page receiver, anything else to the ticket receiver.
 PAGE = "critical"
 TICKET = "warning"
 
@@ -31,12 +35,30 @@ def _lookup(s: Settings, query: str, render: str, fallback: str) -> str:
     )
 
 
-def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+# The class of every alert, whose setting (`Settings.severity_<class>`) gives its severity.
+CLASS_OF: dict[str, str] = {
+    "SpecwatchAcceptanceDegraded": "drop",
+    "SpecwatchAcceptanceDegradedAfterModelChange": "drop",
+    "SpecwatchCanaryAcceptanceDropped": "drop",
+    "SpecwatchRouteAboveCrossover": "crossover",
+    "SpecwatchSpeculationInactive": "crossover",
+    "SpecwatchSourceDown": "source",
+    "SpecwatchTargetDown": "self",
+    "SpecwatchStale": "self",
+    "SpecwatchStateStoreErrors": "self",
+    "SpecwatchInternalErrors": "self",
+    "SpecwatchConfigReloadFailed": "self",
+    "SpecwatchGpuLost": "gpu",
+    "SpecwatchGpuThrottling": "gpu",
+}
+
+
+def _alert(s: Settings, name: str, expr: str, for_: str, summary: str, description: str) -> dict[str, Any]:
     return {
         "alert": name,
         "expr": expr,
         "for": for_,
-        "labels": {"severity": severity},
+        "labels": {"severity": s.severity(CLASS_OF[name])},
         "annotations": {"summary": summary, "description": description},
     }
 
@@ -46,8 +68,22 @@ def runbook_anchor(alert_name: str) -> str:
     return alert_name.lower()
 
 
-def _with_runbook(s: Settings, alert: dict[str, Any]) -> dict[str, Any]:
+# The dashboard a self alert links to (a slug of dashboards.py); route alerts link to the route dashboard.
+def _self_dashboard(alert_name: str) -> str:
+    return "gpus" if alert_name.startswith("SpecwatchGpu") else "fleet"
+
+
+def dashboard_link(s: Settings, slug: str, with_route: bool) -> str:
+    """Grafana's URL of dashboard `slug` with the alert's job, instance (and route) selected."""
+    labels = ["job", "instance", *(["route"] if with_route else [])]
+    query = "&".join(f"var-{label}={{{{ $labels.{label} | urlquery }}}}" for label in labels)
+    return f"{s.dashboard_url.rstrip('/')}/d/{s.dashboard_uid_prefix}-{slug}?{query}"
+
+
+def _with_links(s: Settings, alert: dict[str, Any], slug: str, with_route: bool) -> dict[str, Any]:
     annotations = {**alert["annotations"], "runbook_url": f"{s.runbook_url}#{runbook_anchor(alert['alert'])}"}
+    if s.dashboard_url:
+        annotations["dashboard_url"] = dashboard_link(s, slug, with_route)
     return {**alert, "annotations": annotations}
 
 
@@ -63,22 +99,22 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
     current = _lookup(s, 'specwatch_route_acceptance_ratio{window="5m",SEL}', 'value | printf "%.2f"', "unknown")
     return [
         _alert(
+            s,
             "SpecwatchAcceptanceDegraded",
             f"specwatch_route_acceptance_degraded{sel} == 1\nunless on({s.on_route})\n  {recent_change}\n",
             s.acceptance_degraded_for,
-            PAGE,
             "Speculative-decoding draft acceptance dropped below the route's baseline.",
             f"Draft acceptance on route {{{{ $labels.route }}}} ({{{{ $labels.instance }}}}) is {drop} below its "
             f"pinned baseline (now {current} vs {baseline}) with no model change in the last {change_window}. "
             "Speculation buys less per step: throughput and latency are worse than planned.",
         ),
         _alert(
+            s,
             "SpecwatchAcceptanceDegradedAfterModelChange",
             f"(\n  specwatch_route_acceptance_degraded{sel} == 1\n"
             f"  and on({s.on_route})\n  {recent_change}\n)\n"
             f"* on({s.on_route}) group_left(model_name, engine_version)\n  specwatch_route_info{sel}\n",
             s.acceptance_degraded_for,
-            PAGE,
             "Draft acceptance dropped after a model, engine or draft-length change.",
             "Route {{ $labels.route }} ({{ $labels.instance }}) now serves model {{ $labels.model_name }} on "
             "engine {{ $labels.engine_version }}, changed "
@@ -92,11 +128,11 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             f"{baseline}). Roll back, or if the new acceptance is expected, accept it as the new baseline.",
         ),
         _alert(
+            s,
             "SpecwatchCanaryAcceptanceDropped",
             f"(specwatch_route_probe_degraded{sel} == 1)\n"
             f"* on({s.on_route}) group_left(model_name, engine_version)\n  specwatch_route_info{sel}\n",
             s.canary_dropped_for,
-            PAGE,
             "Canary probes accept fewer draft tokens than the route's fingerprint.",
             "Two canary rounds in a row on route {{ $labels.route }} ({{ $labels.instance }}, model "
             "{{ $labels.model_name }}, engine {{ $labels.engine_version }}) accepted "
@@ -108,10 +144,10 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             "{{ $labels.route }} --adopt`.",
         ),
         _alert(
+            s,
             "SpecwatchRouteAboveCrossover",
             f"specwatch_route_above_crossover{sel} == 1",
             s.above_crossover_for,
-            TICKET,
             "The route's batch runs above its speculative-decoding crossover.",
             "Route {{ $labels.route }} ({{ $labels.instance }}) runs at batch "
             + _lookup(s, "specwatch_route_batch_size{SEL}", 'value | printf "%.0f"', "unknown")
@@ -122,10 +158,10 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             + "). Use a batch-size schedule that drafts less at high batch.",
         ),
         _alert(
+            s,
             "SpecwatchSpeculationInactive",
             f"specwatch_route_speculation_active{sel} == 0",
             s.speculation_inactive_for,
-            TICKET,
             "A route generates tokens without speculative decoding although it is configured.",
             "Route {{ $labels.route }} ({{ $labels.instance }}) has generated tokens for "
             f"{s.speculation_inactive_for} without proposing a single draft token, while its engine has "
@@ -133,10 +169,10 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             "engine's own acceptance gate switched the drafter off. Every request now pays full decode cost.",
         ),
         _alert(
+            s,
             "SpecwatchSourceDown",
             f"specwatch_route_up{sel} == 0",
             s.source_down_for,
-            TICKET,
             "specwatch cannot scrape a route's engine endpoint.",
             "specwatch on {{ $labels.instance }} has failed to scrape route {{ $labels.route }} for "
             f"{s.source_down_for} (last error reason: "
@@ -156,57 +192,58 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
     throttle_names = ", ".join(f"{name} (0x{bit:x})" for name, bit in s.gpu_throttle_bits)
     return [
         _alert(
+            s,
             "SpecwatchTargetDown",
             f"up{sel} == 0",
             s.target_down_for,
-            TICKET,
             "Prometheus cannot scrape specwatch.",
             "Prometheus has failed to scrape specwatch on {{ $labels.instance }} for "
             f"{s.target_down_for}: acceptance regressions on this node cannot page.",
         ),
         _alert(
+            s,
             "SpecwatchStale",
             # Age of the last evaluation when Prometheus scraped it: independent of the scrape interval, and
             # true only while the process serves /metrics but its loop has stopped.
             f"timestamp(specwatch_last_evaluation_timestamp_seconds{sel})\n"
             f"  - specwatch_last_evaluation_timestamp_seconds{sel}\n> {stale_after:g}\n",
             s.stale_for,
-            TICKET,
             "specwatch serves metrics but has stopped evaluating.",
             "specwatch on {{ $labels.instance }} last completed an evaluation {{ $value | humanizeDuration }} "
             f"before its latest scrape (more than {s.stale_intervals} intervals of "
             f"{s.evaluation_interval_seconds:g}s): every value it exports is frozen.",
         ),
         _alert(
+            s,
             "SpecwatchGpuLost",
             f"specwatch_gpu_up{sel} == 0",
             s.gpu_lost_for,
-            TICKET,
             "A GPU stopped answering NVML.",
             "GPU {{ $labels.gpu }} on {{ $labels.instance }} has not answered NVML for "
             f"{s.gpu_lost_for}; engines on it are likely dead or hung (check `dmesg` for Xid errors).",
         ),
         _alert(
+            s,
             "SpecwatchGpuThrottling",
             f"{mask}\nand (\n  {throttle_bits}\n)\n",
             s.gpu_throttling_for,
-            TICKET,
             "A GPU is slowed down by heat or a hardware slowdown.",
             "GPU {{ $labels.gpu }} on {{ $labels.instance }} has been throttled for "
             f'{s.gpu_throttling_for} (clock event reasons mask {{{{ $value | printf "%.0f" }}}}; any of '
             f"{throttle_names}): step times, and with them the crossover, are off.",
         ),
         _alert(
+            s,
             "SpecwatchStateStoreErrors",
             f"increase(specwatch_state_errors_total{sel}[{s.state_errors_window}]) > 0",
             s.state_errors_for,
-            TICKET,
             "specwatch's baseline store failed.",
             "specwatch on {{ $labels.instance }} failed to read or write its baseline state store in the last "
             f"{s.state_errors_window}: a corrupt store is moved aside and rebuilt, so learned baselines may be "
             "gone and routes back in warm-up.",
         ),
         _alert(
+            s,
             "SpecwatchInternalErrors",
             "\nor ".join(
                 f"sum by ({', '.join(s.node_labels)}) "
@@ -215,7 +252,6 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
             )
             + "\n",
             s.internal_errors_for,
-            TICKET,
             "specwatch keeps failing internally: an evaluator, a /metrics section or the OTLP export.",
             "specwatch on {{ $labels.instance }} has kept failing for "
             f"{s.internal_errors_for}: an evaluator, a /metrics section or the OTLP export failed "
@@ -224,10 +260,10 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
             "specwatch_otlp_export_errors_total say which part; the journal has the error.",
         ),
         _alert(
+            s,
             "SpecwatchConfigReloadFailed",
             f"specwatch_config_last_reload_successful{sel} == 0",
             s.config_reload_failed_for,
-            TICKET,
             "specwatch rejected its new configuration.",
             "specwatch on {{ $labels.instance }} rejected its configuration on reload and keeps running the "
             "previous one; `specwatch check-config` lists every problem.",
@@ -237,6 +273,9 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
 
 def alert_groups(s: Settings) -> list[dict[str, Any]]:
     return [
-        {"name": "specwatch-route.alerts", "rules": [_with_runbook(s, a) for a in route_alerts(s)]},
-        {"name": "specwatch-self.alerts", "rules": [_with_runbook(s, a) for a in self_alerts(s)]},
+        {"name": "specwatch-route.alerts", "rules": [_with_links(s, a, "route", True) for a in route_alerts(s)]},
+        {
+            "name": "specwatch-self.alerts",
+            "rules": [_with_links(s, a, _self_dashboard(a["alert"]), False) for a in self_alerts(s)],
+        },
     ]

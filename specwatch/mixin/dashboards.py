@@ -1,9 +1,12 @@
 """Grafana dashboards as code (grafanalib; the only module that imports it).
 
-Three dashboards: Fleet overview (every route, judged across nodes through the fleet recording rules), Route
-detail (one route on its nodes: acceptance per window against the baseline band, per-position acceptance, k,
-batch against the crossover, the route's GPUs) and GPUs. All share the datasource, job, instance and route
-variables. `all_dashboards()` returns plain JSON-ready dicts; `render.py` serialises them.
+Three dashboards: Fleet overview (every route, judged across the selected nodes), Route detail (one route on
+its nodes: acceptance per window against the baseline and the route's own page threshold, per-position
+acceptance, k, batch against the crossover, the route's GPUs) and GPUs. All share the datasource, job,
+instance and route variables, and every panel honours them: the fleet panels compute the fleet rules' formulas
+(ratios of summed rates, never averages of ratios) from the selected nodes' raw series, since the recorded
+series are summed over every node. A route in the fleet view links to its Route detail with the same
+selection. `all_dashboards()` returns plain JSON-ready dicts; `render.py` serialises them.
 """
 
 from __future__ import annotations
@@ -13,14 +16,44 @@ from typing import Any, Iterator
 
 from grafanalib import core as g
 
-from specwatch.mixin import rules
 from specwatch.mixin.settings import Settings
 
 DATASOURCE = "${datasource}"
 NODE = 'job=~"$job",instance=~"$instance"'
 ROUTE = NODE + ',route=~"$route"'
-FLEET_ROUTE = '{route=~"$route"}'
 FULL_WIDTH = 24
+
+
+def _route_link(s: Settings, route: str) -> list[dict[str, Any]]:
+    """A data link to the Route detail dashboard for `route` (a Grafana field or value macro), keeping the
+    data source, job and instance selection and the time range."""
+    url = (
+        f"/d/{s.dashboard_uid_prefix}-route?var-route={route}"
+        "&${datasource:queryparam}&${job:queryparam}&${instance:queryparam}&${__url_time_range}"
+    )
+    return [{"title": "Route detail for " + route, "url": url}]
+
+
+def _sum_rate(metric: str, w: str) -> str:
+    return f"sum by (route) (rate({metric}{{{ROUTE}}}[{w}]))"
+
+
+def fleet_acceptance(w: str) -> str:
+    """Accepted over drafted tokens of each route, summed over the selected nodes (rules.ACCEPTANCE's formula)."""
+    accepted = _sum_rate("specwatch_route_accepted_tokens_total", w)
+    drafted = _sum_rate("specwatch_route_draft_tokens_total", w)
+    return f"{accepted}\n/ ({drafted} > 0)"
+
+
+FLEET_BASELINE = f"avg by (route) (specwatch_route_acceptance_baseline_ratio{{{ROUTE}}})"
+
+
+def fleet_drop(w: str) -> str:
+    return f"1 - (\n{fleet_acceptance(w)}\n) / {FLEET_BASELINE}"
+
+
+def _fleet(aggregation: str, metric: str) -> str:
+    return f"{aggregation} by (route) ({metric}{{{ROUTE}}})"
 
 
 def _target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> g.Target:
@@ -41,10 +74,14 @@ def _timeseries(
     overrides: list[dict[str, Any]] | None = None,
     thresholds: list[dict[str, Any]] | None = None,
     minimum: float | None = None,
+    links: list[dict[str, Any]] | None = None,
 ) -> g.TimeSeries:
-    extra: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
     if thresholds:
-        extra = {"fieldConfig": {"defaults": {"thresholds": {"mode": "absolute", "steps": thresholds}}}}
+        defaults["thresholds"] = {"mode": "absolute", "steps": thresholds}
+    if links:
+        defaults["links"] = links
+    extra = {"fieldConfig": {"defaults": defaults}} if defaults else {}
     return g.TimeSeries(
         title=title,
         description=description,
@@ -78,8 +115,15 @@ def _stat(
     )
 
 
-def _table(title: str, description: str, columns: list[tuple[str, str]], rename: dict[str, str]) -> g.Table:
-    """One row per route: instant queries merged on their labels, each value column renamed."""
+def _table(
+    title: str,
+    description: str,
+    columns: list[tuple[str, str]],
+    rename: dict[str, str],
+    column_links: dict[str, list[dict[str, Any]]] | None = None,
+) -> g.Table:
+    """One row per route: instant queries merged on their labels, each value column renamed; `column_links`
+    puts data links on columns, by their displayed name."""
     targets = [_target(expr, "", chr(ord("A") + i), instant=True) for i, (expr, _) in enumerate(columns)]
     renames = {f"Value #{chr(ord('A') + i)}": name for i, (_, name) in enumerate(columns)}
     renames.update(rename)
@@ -88,6 +132,10 @@ def _table(title: str, description: str, columns: list[tuple[str, str]], rename:
         description=description,
         dataSource=DATASOURCE,
         targets=targets,
+        overrides=[
+            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "links", "value": links}]}
+            for name, links in (column_links or {}).items()
+        ],
         transformations=[
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": renames}},
@@ -186,10 +234,11 @@ def _json_data(obj: Any) -> Any:
 # --------------------------------------------------------------------------- Fleet overview
 def fleet_overview(s: Settings) -> dict[str, Any]:
     short, long_ = s.fleet_windows[0], s.fleet_windows[-1]
-    acceptance = rules.ACCEPTANCE.format(w=short) + FLEET_ROUTE
-    acceptance_long = rules.ACCEPTANCE.format(w=long_) + FLEET_ROUTE
-    baseline = rules.BASELINE + FLEET_ROUTE
-    drop_long = rules.ACCEPTANCE_DROP.format(w=long_) + FLEET_ROUTE
+    acceptance = fleet_acceptance(short)
+    acceptance_long = fleet_acceptance(long_)
+    baseline = FLEET_BASELINE
+    drop_long = fleet_drop(long_)
+    link = _route_link(s, "${__field.labels.route}")
     red_at: list[dict[str, Any]] = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
     rows = [
         [
@@ -225,7 +274,7 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
             (
                 _stat(
                     "Engine endpoints down",
-                    "Route endpoints specwatch cannot scrape, over all nodes.",
+                    "Route endpoints specwatch cannot scrape, over the selected nodes.",
                     f"count(specwatch_route_up{{{ROUTE}}} == 0) or vector(0)",
                     thresholds=red_at,
                 ),
@@ -237,19 +286,21 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
             (
                 _table(
                     "Routes",
-                    f"Fleet view of every route: acceptance over {long_} summed over nodes, its pinned "
-                    "baseline and drop, and how many nodes are up, degraded or above the crossover.",
+                    "Fleet view of every route (click a route for its detail): acceptance over "
+                    f"{long_} summed over the selected nodes, its pinned baseline and drop, and how many nodes "
+                    "are up, degraded or above the crossover.",
                     [
                         (acceptance_long, f"Acceptance {long_}"),
                         (baseline, "Baseline"),
                         (drop_long, f"Drop {long_}"),
-                        (rules.NODES_UP + FLEET_ROUTE, "Nodes up"),
-                        (rules.NODES_DEGRADED + FLEET_ROUTE, "Nodes degraded"),
-                        (rules.NODES_ABOVE_CROSSOVER + FLEET_ROUTE, "Nodes above crossover"),
-                        (rules.BATCH_MAX + FLEET_ROUTE, "Max batch"),
-                        (rules.CROSSOVER_MIN + FLEET_ROUTE, "Crossover"),
+                        (_fleet("sum", "specwatch_route_up"), "Nodes up"),
+                        (_fleet("sum", "specwatch_route_acceptance_degraded"), "Nodes degraded"),
+                        (_fleet("sum", "specwatch_route_above_crossover"), "Nodes above crossover"),
+                        (_fleet("max", "specwatch_route_batch_size"), "Max batch"),
+                        (_fleet("min", "specwatch_route_crossover_batch_size"), "Crossover"),
                     ],
                     {"route": "Route"},
+                    column_links={"Route": _route_link(s, "${__value.raw}")},
                 ),
                 FULL_WIDTH,
                 8,
@@ -265,6 +316,7 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
                     "percentunit",
                     overrides=[_dashed(".* baseline")],
                     minimum=0,
+                    links=link,
                 ),
                 12,
                 9,
@@ -273,13 +325,14 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
                 _timeseries(
                     "Acceptance drop",
                     f"1 - acceptance / baseline over {long_} and {short}; the detector "
-                    f"pages near the red line (default drop {s.default_drop:.0%}).",
+                    f"alarms near the red line (the default drop, {s.default_drop:.0%}; a route may set its own).",
                     [
                         (drop_long, "{{route}} " + long_),
-                        (rules.ACCEPTANCE_DROP.format(w=short) + FLEET_ROUTE, "{{route}} " + short),
+                        (fleet_drop(short), "{{route}} " + short),
                     ],
                     "percentunit",
                     thresholds=[{"color": "green", "value": None}, {"color": "red", "value": s.default_drop}],
+                    links=link,
                 ),
                 12,
                 9,
@@ -292,11 +345,12 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
                     "Largest per-engine batch of the route over its nodes, and the "
                     "lowest crossover: above it speculation costs throughput.",
                     [
-                        (rules.BATCH_MAX + FLEET_ROUTE, "{{route}} batch"),
-                        (rules.CROSSOVER_MIN + FLEET_ROUTE, "{{route}} crossover"),
+                        (_fleet("max", "specwatch_route_batch_size"), "{{route}} batch"),
+                        (_fleet("min", "specwatch_route_crossover_batch_size"), "{{route}} crossover"),
                     ],
                     "none",
                     minimum=0,
+                    links=link,
                 ),
                 12,
                 9,
@@ -305,9 +359,10 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
                 _timeseries(
                     "Nodes above crossover",
                     "Nodes of each route whose batch runs above the crossover (with hysteresis).",
-                    [(rules.NODES_ABOVE_CROSSOVER + FLEET_ROUTE, "{{route}}")],
+                    [(_fleet("sum", "specwatch_route_above_crossover"), "{{route}}")],
                     "none",
                     minimum=0,
+                    links=link,
                 ),
                 12,
                 9,
@@ -339,19 +394,19 @@ def route_detail(s: Settings) -> dict[str, Any]:
                 _timeseries(
                     "Acceptance per window and baseline band",
                     "Draft-token acceptance per window (solid) inside the baseline band (dashed): the pinned "
-                    f"baseline and the page threshold below it, baseline x {1 - s.default_drop:g} for the "
-                    "default drop.",
+                    "baseline and the threshold the detector alarms below, baseline x (1 - the route's own "
+                    f"drop; {s.default_drop:g} by default).",
                     [
                         (f"specwatch_route_acceptance_ratio{{{ROUTE}}}", "{{instance}} {{route}} {{window}}"),
                         (f"specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}", "{{instance}} {{route}} baseline"),
                         (
-                            f"{1 - s.default_drop:g} * specwatch_route_acceptance_baseline_ratio{{{ROUTE}}}",
-                            "{{instance}} {{route}} page threshold",
+                            f"specwatch_route_acceptance_threshold_ratio{{{ROUTE}}}",
+                            "{{instance}} {{route}} alarm threshold",
                         ),
                     ],
                     "percentunit",
                     minimum=0,
-                    overrides=[_dashed(".* baseline"), _dashed(".* page threshold", color="red")],
+                    overrides=[_dashed(".* baseline"), _dashed(".* alarm threshold", color="red")],
                 ),
                 16,
                 9,

@@ -1,7 +1,8 @@
-"""The README's metric reference: one Markdown table per area, rendered from the catalog.
+"""The README's generated parts: the metric reference (one Markdown table per area, from the catalog) and the
+alert table (from the generated alert rules, with their default severities).
 
-The README embeds it between the `metrics-reference` markers; tools/metrics_reference.py writes it there and
-tests/test_readme.py fails when the two drift apart.
+The README embeds each between its markers; tools/metrics_reference.py writes them there and
+tests/test_readme.py fails when they drift apart.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import re
 
 from specwatch import catalog
+from specwatch.mixin import alerts
+from specwatch.mixin.settings import DEFAULT
 
 AREAS = (
     ("core", "Sources, tracking and self-monitoring"),
@@ -19,6 +22,7 @@ AREAS = (
     ("gpu", "GPUs (NVML, GPM)"),
 )
 BEGIN, END = "<!-- metrics-reference:begin -->", "<!-- metrics-reference:end -->"
+ALERTS_BEGIN, ALERTS_END = "<!-- alerts-reference:begin -->", "<!-- alerts-reference:end -->"
 
 
 def render() -> str:
@@ -37,9 +41,36 @@ def render() -> str:
     return "\n".join(out)
 
 
+def render_alerts() -> str:
+    """The alert table, markers included: every alert of the default rules with its severity and `for`."""
+    out = [
+        ALERTS_BEGIN,
+        "_Generated from `specwatch/mixin/alerts.py` by `tools/metrics_reference.py`; severities are the defaults "
+        "(`specwatch generate --severity.<class>=...` changes them)._",
+        "",
+        "| Alert | Class | Severity | For | Summary |",
+        "|---|---|---|---|---|",
+    ]
+    for group in alerts.alert_groups(DEFAULT):
+        for a in group["rules"]:
+            name, anchor = a["alert"], alerts.runbook_anchor(a["alert"])
+            summary = a["annotations"]["summary"].replace("|", "/")
+            out.append(
+                f"| [`{name}`](docs/runbook.md#{anchor}) | {alerts.CLASS_OF[name]} | {a['labels']['severity']} "
+                f"| {a['for']} | {summary} |"
+            )
+    out.append(ALERTS_END)
+    return "\n".join(out)
+
+
+def _replace(text: str, begin: str, end: str, content: str) -> str:
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"markers {begin} ... {end} not found")
+    return pattern.sub(lambda _: content, text)
+
+
 def embed(readme_text: str) -> str:
-    """`readme_text` with the part between the markers replaced by `render()`; ValueError without markers."""
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(readme_text):
-        raise ValueError(f"markers {BEGIN} ... {END} not found")
-    return pattern.sub(lambda _: render(), readme_text)
+    """`readme_text` with the metric reference and the alert table between their markers replaced by
+    `render()` and `render_alerts()`; ValueError when markers are missing."""
+    return _replace(_replace(readme_text, BEGIN, END, render()), ALERTS_BEGIN, ALERTS_END, render_alerts())

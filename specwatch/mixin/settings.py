@@ -1,7 +1,9 @@
 """The one place for the mixin's selectors, thresholds and `for:` durations (kubernetes-mixin's `_config`).
 
 Everything the generated rules, alerts, Alertmanager example and dashboards depend on is a field here, so a
-site adapts them by `dataclasses.replace(DEFAULT, ...)` and regenerating, never by editing the output.
+site adapts them by `specwatch generate --selector ... --runbook-url ...`, a settings file (`--settings FILE`,
+these field names as YAML keys) or `dataclasses.replace(DEFAULT, ...)`, and regenerating, never by editing the
+output.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ import dataclasses
 from typing import Any
 from dataclasses import dataclass
 
-from specwatch.config_schema import Config, DetectionConfig, default_of
+from specwatch.config_schema import Config, DetectionConfig, default_of, parse_duration
+
+SEVERITIES = ("critical", "warning", "info")
+# Alert classes, each with its own `severity_<class>` field.
+ALERT_CLASSES = ("drop", "crossover", "source", "self", "gpu")
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,20 @@ class Settings:
     # Fleet recording-rule windows: a short one for dashboards and a long one that rides out task-mix noise.
     fleet_windows: tuple[str, ...] = ("5m", "1h")
 
+    # Base of every alert's `runbook_url`; each alert appends `#<alertname in lower case>`.
     runbook_url: str = "https://github.com/specwatch/specwatch/blob/main/docs/runbook.md"
+    # Grafana's base URL (https://grafana.example): each alert gets a `dashboard_url` annotation linking to its
+    # dashboard with the alert's job, instance and route selected. Empty: no such annotation.
+    dashboard_url: str = ""
+
+    # Severity per alert class: `critical` pages (the Alertmanager example routes it to `page_receiver`),
+    # `warning` opens a ticket, `info` only shows. An acceptance drop is a performance regression, not an
+    # outage: a ticket unless the site wants it to page.
+    severity_drop: str = "warning"  # AcceptanceDegraded, ...AfterModelChange, CanaryAcceptanceDropped
+    severity_crossover: str = "warning"  # RouteAboveCrossover, SpeculationInactive
+    severity_source: str = "warning"  # SourceDown
+    severity_self: str = "warning"  # TargetDown, Stale, StateStoreErrors, InternalErrors, ConfigReloadFailed
+    severity_gpu: str = "warning"  # GpuLost, GpuThrottling
 
     # Alertmanager example: who gets pages and who gets tickets.
     page_receiver: str = "specwatch-page"
@@ -74,6 +93,20 @@ class Settings:
     dashboard_uid_prefix: str = "specwatch"
     dashboard_tags: tuple[str, ...] = ("specwatch", "speculative-decoding")
     dashboard_refresh: str = "30s"
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"severity_{cls}: {getattr(self, f'severity_{cls}')!r} is not one of {', '.join(SEVERITIES)}"
+            for cls in ALERT_CLASSES
+            if getattr(self, f"severity_{cls}") not in SEVERITIES
+        ]
+        if not self.evaluation_interval_seconds > 0:
+            problems.append(f"evaluation_interval_seconds: {self.evaluation_interval_seconds!r} is not positive")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def severity(self, alert_class: str) -> str:
+        return str(getattr(self, f"severity_{alert_class}"))
 
     def sel(self) -> str:
         """The selector in braces, `{job="specwatch"}`, to append to a metric name."""
@@ -91,6 +124,46 @@ class Settings:
 
 
 DEFAULT = Settings()
+
+
+def from_mapping(raw: Any, base: Settings = DEFAULT) -> Settings:
+    """`base` with the fields a settings file gives (field names as keys); ValueError lists every problem.
+
+    Durations such as `evaluation_interval_seconds` also take `15s`; tuple fields take YAML lists."""
+    if raw is None:
+        return base
+    if not isinstance(raw, dict):
+        raise ValueError("a settings file is a mapping of Settings field names to values")
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    changes: dict[str, Any] = {}
+    problems = []
+    for key, value in raw.items():
+        current = getattr(base, str(key), None)
+        if key not in fields:
+            problems.append(f"{key}: unknown setting")
+        elif isinstance(current, tuple):
+            if not isinstance(value, list):
+                problems.append(f"{key}: expected a list")
+            else:
+                changes[key] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        elif isinstance(current, float):
+            seconds = parse_duration(value)
+            if seconds is None:
+                problems.append(f"{key}: expected a number or a duration like 15s")
+            else:
+                changes[key] = seconds
+        elif isinstance(current, int) and not isinstance(current, bool):
+            if isinstance(value, bool) or not isinstance(value, int):
+                problems.append(f"{key}: expected an integer")
+            else:
+                changes[key] = value
+        elif not isinstance(value, str):
+            problems.append(f"{key}: expected a string")
+        else:
+            changes[key] = value
+    if problems:
+        raise ValueError("; ".join(problems))
+    return dataclasses.replace(base, **changes)
 
 
 def prom_duration(seconds: float) -> str:

@@ -21,7 +21,7 @@ from specwatch.config import Config, RouteConfig
 from specwatch.evaluators.acceptance_drop import STORE_KEY, AcceptanceDropEvaluator, build_evaluator
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.snapshot import RouteObservation
-from specwatch.tracking.baselines import BaselineStore
+from specwatch.state.store import StateStore
 from specwatch.tracking.counters import ResetSafeCounter
 
 ALERT = "acceptance_degraded"
@@ -158,11 +158,11 @@ class ObservationBuilder:
 class Replayer:
     """Feeds samples of any number of routes through one evaluator per route; yields alert transitions."""
 
-    def __init__(self, config: Config, store: BaselineStore | None = None) -> None:
+    def __init__(self, config: Config, store: StateStore | None = None) -> None:
         self.config = config
         self.now = 0.0
         self.ctx = EvaluatorContext(config=config, clock=lambda: self.now)
-        self.ctx.shared[STORE_KEY] = store or BaselineStore(None, self.ctx.state_errors, clock=lambda: self.now)
+        self.ctx.shared[STORE_KEY] = store or StateStore(None, self.ctx.state_errors, clock=lambda: self.now)
         self._builders: dict[str, ObservationBuilder] = {}
         self._evaluators: dict[str, AcceptanceDropEvaluator] = {}
         self._degraded: dict[str, bool] = {}

@@ -26,8 +26,8 @@ from specwatch.sources import llamacpp, sglang, trtllm, vllm
 from specwatch.sources.base import SourceError
 from specwatch.sources.exposition import ExpositionError, Family, parse
 from specwatch.sources.http import HttpFetcher
+from specwatch.engine_kinds import REQUEST_LOG
 from specwatch.sources.name_filter import NameFilter
-from specwatch.sources.sglang_request_log import ENGINE_KIND as REQUEST_LOG_KIND
 from specwatch.sources.sglang_request_log import SGLangRequestLogSource
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class EngineKind:
     observed_start: bool = False
 
 
+# One entry per name in kinds.SCRAPED, the names a route's `engine:` is checked against.
 ENGINES: Mapping[str, EngineKind] = {
     "vllm": EngineKind(
         vllm.WANTED,
@@ -360,7 +361,7 @@ def make_source(route: RouteConfig, config: Config) -> HttpEngineSource | SGLang
     """The daemon's factory: an HTTP source with the configured scrape timeout, body cap and HTTP client
     settings, sharing its /metrics fetch with every other route on the same URL reached the same way; SGLang's
     per-request files for engine `sglang_request_log`."""
-    if route.engine == REQUEST_LOG_KIND:
+    if route.engine == REQUEST_LOG:
         return SGLangRequestLogSource(route)
     endpoint = ENDPOINTS.acquire(route.url, config.scrape.timeout_seconds, config.scrape.max_body_bytes, route.http)
     fetcher = HttpFetcher(config.scrape.timeout_seconds, config.scrape.max_body_bytes, client=route.http)

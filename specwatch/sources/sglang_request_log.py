@@ -40,8 +40,8 @@ from urllib.parse import unquote, urlsplit
 from specwatch.config import RouteConfig
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
+from specwatch.engine_kinds import REQUEST_LOG
 
-ENGINE_KIND = "sglang_request_log"
 FILE_RE = re.compile(r"^sglang-request-metrics-(\d{8}_\d{2})\.log$")
 _LABELS_KEY = '"custom_labels": '
 MAX_READ_BYTES = 64 << 20  # per cycle: a backlog is read over several cycles, memory stays bounded
@@ -204,7 +204,7 @@ class SGLangRequestLogSource:
             raise NoData(f"no sglang-request-metrics-*.log in {self.tail.directory} yet")
         return EngineSample(
             ts=now,
-            engine_kind=ENGINE_KIND,
+            engine_kind=REQUEST_LOG,
             acceptance_source="counter",
             model_name=self.match.get("model_name", ""),
             speculation_enabled=True,

@@ -35,7 +35,7 @@ from specwatch.snapshot import (
     RouteState,
     StepTimes,
 )
-from specwatch.tracking.counters import ResetSafeCounter
+from specwatch.tracking.counters import REJECT_REASONS, ResetSafeCounter
 from specwatch.tracking.windows import Sums, WindowRing
 
 # Windows in which per-position ratios and the effective draft length are reported (catalog: over 5m).
@@ -96,37 +96,61 @@ class _Engine:
 
     counters: dict[str, ResetSafeCounter] = field(default_factory=dict)
     seen: bool = False  # sampled in an earlier cycle
+    rejected: dict[str, float] = field(default_factory=dict)  # reason -> samples rejected (the route's, shared)
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0.0) + 1.0
 
     def update(
-        self, keys: tuple[str, ...], values: tuple[float | None, ...], created: float | None, main: bool = True
+        self,
+        keys: tuple[str, ...],
+        values: tuple[float | None, ...],
+        created: float | None,
+        ts: float | None = None,
+        inconsistent: str | None = None,
+        main: bool = True,
     ) -> tuple[list[float], list[float] | None, bool]:
         """Several counters in one call (a vLLM engine has 4 + k each cycle): their increases, the values
         adopted at first sight (None when no counter was new, the steady state) and whether any was reset.
-        A missing, NaN or infinite value counts as no increase.
+        A missing value counts as no increase. A sample with any value that cannot be true
+        (`ResetSafeCounter.check`) is rejected whole and counted: no counter moves, so that the next good
+        sample's increases span both intervals and the counters stay consistent with each other.
 
         A counter that appears on an engine already being sampled started from 0 in between: the engines
         create a labelled series on its first increment (TensorRT-LLM's and llama.cpp's per-position
         counters, any counter before the first request), so its whole value is new. Only the counters of an
         engine seen for the first time are adopted as history that predates us.
 
+        `inconsistent`: the reason the caller found the values impossible together, rejected after their own.
         `main` marks the engine's speculative counters, whose restart also restarts the engine's counters
         absent from this call; a side set (step times) read after them passes False."""
         counters = self.counters
-        increases: list[float] = []
-        initials: list[float] | None = None
-        known, self.seen = self.seen, True
         # A restart is engine-wide: one counter going back (or a new start marker) means every counter of the
         # engine started again from 0, those that came back higher included.
         reset = any(
             (counter := counters.get(key)) is not None and value is not None and counter.went_back(value, created)
             for key, value in zip(keys, values)
         )
+        for key, value in zip(keys, values):
+            if (
+                value is not None
+                and (reason := counters.get(key, _UNSEEN).check(value, created, ts, reset)) is not None
+            ):
+                break
+        else:
+            reason = inconsistent
+        if reason is not None:
+            self.reject(reason)
+            return [0.0] * len(keys), None, False
+        increases: list[float] = []
+        initials: list[float] | None = None
+        known, self.seen = self.seen, True
         if reset and main:
             for key, counter in counters.items():
                 if key not in keys and counter.last_value is not None:
                     counter.last_value, counter.last_created = 0.0, created  # absent now: it restarts from 0
         for j, (key, value) in enumerate(zip(keys, values)):
-            if value is None or not math.isfinite(value):
+            if value is None:
                 increases.append(0.0)
                 continue
             counter = counters.get(key)
@@ -135,20 +159,30 @@ class _Engine:
                 if known:
                     counter.update(0.0, created)
             if counter.last_value is None:
-                increases.append(counter.update(value, created))
+                increases.append(counter.update(value, created, ts))
                 if counter.last_value is not None:  # adopted: its history predates us
                     if initials is None:
                         initials = [0.0] * len(keys)
                     initials[j] = counter.total
                 continue
-            increases.append(counter.update(value, created, restarted=reset))
+            increases.append(counter.update(value, created, ts, restarted=reset))
         return increases, initials, reset
+
+
+_UNSEEN = ResetSafeCounter()  # checks a counter's first value (never updated)
+
+
+def _accepted_over_drafted(e: EngineCounters) -> bool:
+    """More draft tokens accepted than drafted, in the engine's own totals: an engine counts drafted tokens
+    before it verifies them, so no true sample shows this."""
+    accepted, drafted = e.accepted_tokens, e.draft_tokens
+    return accepted is not None and drafted is not None and accepted > drafted
 
 
 _VLLM_KEYS = ("drafts", "draft_tokens", "accepted", "generation")
 
 
-def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool, tuple[float, ...]]:
+def _vllm_sums(eng: _Engine, e: EngineCounters, ts: float) -> tuple[Sums, Sums | None, bool, tuple[float, ...]]:
     """(increases, values adopted at first sight or None, reset seen, drafted-per-position increases) of one
     engine's counters: vLLM's, and TensorRT-LLM's and llama.cpp's, which share its layout."""
     per_pos, drafted_pos = e.accepted_per_pos, e.drafted_per_pos
@@ -157,6 +191,8 @@ def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool
         _vllm_keys(k, len(drafted_pos)),
         (e.drafts, e.draft_tokens, e.accepted_tokens, e.generation_tokens, *per_pos, *drafted_pos),
         e.created,
+        ts,
+        "accepted_over_drafted" if _accepted_over_drafted(e) else None,
     )
     inc = _counter_sums(increases, k)
     drafted = tuple(increases[4 + k :]) if drafted_pos else ()
@@ -165,36 +201,37 @@ def _vllm_sums(eng: _Engine, e: EngineCounters) -> tuple[Sums, Sums | None, bool
     return inc, _counter_sums(initials, k), reset, drafted
 
 
-_new_sums = tuple.__new__  # Sums(...) with keywords goes through NamedTuple's Python-level __new__: twice the cost
-
-
 def _counter_sums(values: list[float], k: int) -> Sums:
-    """Sums of (drafts, draft_tokens, accepted, generation, *per_pos, ...) in Sums' field order."""
-    return _new_sums(Sums, (values[0], values[1], values[2], tuple(values[4 : 4 + k]), 0.0, 0.0, 0.0, 0.0, values[3]))
+    """Sums of (drafts, draft_tokens, accepted, generation, *per_pos, ...), the order of `_vllm_keys`."""
+    return Sums(
+        drafts=values[0],
+        draft_tokens=values[1],
+        accepted=values[2],
+        per_pos=tuple(values[4 : 4 + k]),
+        generation_tokens=values[3],
+    )
 
 
-@functools.lru_cache(maxsize=None)
 def _vllm_keys(k: int, drafted_positions: int = 0) -> tuple[str, ...]:
-    """('drafts', 'draft_tokens', 'accepted', 'generation', 'pos:0', ..., 'pos:{k-1}', 'dpos:0', ...), built
-    once per shape rather than formatted per engine and cycle."""
+    """('drafts', 'draft_tokens', 'accepted', 'generation', 'pos:0', ..., 'pos:{k-1}', 'dpos:0', ...)."""
     return _VLLM_KEYS + tuple(f"pos:{j}" for j in range(k)) + tuple(f"dpos:{j}" for j in range(drafted_positions))
 
 
 _STEP_TIME_KEYS = ("itl_sum", "itl_count", "steps")
 
 
-def _step_time(eng: _Engine, totals: StepTimes) -> StepTimes:
+def _step_time(eng: _Engine, totals: StepTimes, ts: float) -> StepTimes:
     """What the engine's step-time totals grew by since the last cycle (steps None where it has none)."""
-    (seconds, count, steps), _, _ = eng.update(_STEP_TIME_KEYS, totals, None, main=False)
+    (seconds, count, steps), _, _ = eng.update(_STEP_TIME_KEYS, totals, None, ts, main=False)
     return StepTimes(seconds, count, None if totals.steps is None else steps)
 
 
 _SGLANG_KEYS = ("verify_calls", "generation_tokens")
 
 
-def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None) -> tuple[Sums, Sums | None, bool]:
+def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None, ts: float) -> tuple[Sums, Sums | None, bool]:
     """`_vllm_sums` for SGLang's counters (0.5.13+), from which drafts, draft tokens and accepted are derived."""
-    increases, initials, reset = eng.update(_SGLANG_KEYS, (e.spec_verify_calls, e.generation_tokens), e.created)
+    increases, initials, reset = eng.update(_SGLANG_KEYS, (e.spec_verify_calls, e.generation_tokens), e.created, ts)
     per_verify = k or 0.0  # draft tokens per verify call; unknown k leaves draft tokens (and the ratio) absent
 
     def derived(verify: float, gen: float) -> Sums:
@@ -255,6 +292,7 @@ class RouteTracker:
         self._lifetime_ratio: float | None = None
         self._mean_lengths: dict[str, float] = {}  # by window, as of the last observe()
         self._excluded = Sums()  # canary probe tokens still to be taken out of the next increases
+        self._rejected: dict[str, float] = dict.fromkeys(REJECT_REASONS, 0.0)  # counter samples that cannot be true
 
     def exclude(self, drafts: float, draft_tokens: float, accepted: float, per_pos: tuple[float, ...] = ()) -> None:
         """Leave these tokens (a canary probe's own) out of the windows and detector deltas: they are taken out
@@ -278,7 +316,7 @@ class RouteTracker:
             for e in sample.engines:
                 eng = self._engines.get(e.engine)
                 if eng is None:
-                    eng = self._engines[e.engine] = _Engine()
+                    eng = self._engines[e.engine] = _Engine(rejected=self._rejected)
                 if sglang:
                     # Adaptive speculation at step 0 verifies without drafting: no draft tokens.
                     engine_k = (
@@ -286,9 +324,9 @@ class RouteTracker:
                         if e.spec_num_steps == 0
                         else ((e.spec_num_draft_tokens - 1) if e.spec_num_draft_tokens else k)
                     )
-                    i, a, r = _sglang_counter_sums(eng, e, engine_k)
+                    i, a, r = _sglang_counter_sums(eng, e, engine_k, sample.ts)
                 else:
-                    i, a, r, d = _vllm_sums(eng, e)
+                    i, a, r, d = _vllm_sums(eng, e, sample.ts)
                     if d:
                         drafted_inc = _add_vectors(drafted_inc, d)
                 inc = inc.plus(i)
@@ -298,7 +336,7 @@ class RouteTracker:
             for engine, totals in sample.step_time_totals.items():
                 eng = self._engines.get(engine)
                 if eng is not None:
-                    step_times[engine] = _step_time(eng, totals)
+                    step_times[engine] = _step_time(eng, totals, sample.ts)
         elif source == "gauge":
             for e in sample.engines:
                 gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
@@ -308,7 +346,7 @@ class RouteTracker:
             for e in sample.engines:
                 eng = self._engines.get(e.engine)
                 if eng is None:
-                    eng = self._engines[e.engine] = _Engine()
+                    eng = self._engines[e.engine] = _Engine(rejected=self._rejected)
                 eng.seen = True
         elif source == "lifetime_gauge":
             rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
@@ -403,6 +441,7 @@ class RouteTracker:
             drafts_total=totals.drafts,
             draft_tokens_total=totals.draft_tokens,
             accepted_tokens_total=totals.accepted,
+            rejected_samples_total=dict(self._rejected),
             gpus=obs.gpus if obs else (),
         )
         if not up or last is None or obs is None:

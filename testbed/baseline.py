@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from specwatch.probe.responses import VLLM_FIELDS
-from specwatch.testbed.load import run_requests
+from testbed.load import run_requests
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ No model hub is reachable, so every model is made locally and reproducibly (same
   decoding); more noise accepts less; a differently seeded random model accepts almost nothing.
 
 This module runs with the *engine* venv's Python (it needs torch, transformers and tokenizers, which the
-daemon's venv does not have): `python -m specwatch.testbed.tiny_models DEST --drafter-noise 0.05 ...`.
+daemon's venv does not have): `python -m testbed.make_models DEST --drafter-noise 0.05 ...`.
 It imports nothing else from specwatch.
 """
 
@@ -123,7 +123,7 @@ def build_drafter(target: Path, dest: Path, noise: float, seed: int) -> None:
 
 def build_successor(target: Path, dest: Path, wrong_fraction: float) -> None:
     """A model that maps token t to t + 1 whatever came before, or t + 2 on the tokens of
-    `successor.wrong_tokens(vocab, wrong_fraction)` (a drafter): see specwatch/testbed/successor.py.
+    `successor.wrong_tokens(vocab, wrong_fraction)` (a drafter): see testbed/successor.py.
 
     Attention and MLP outputs are zeroed (o_proj, down_proj), so the final hidden state is the normalised
     embedding of the current token; the LM head row of each proposed successor is that embedding, so its logit
@@ -131,7 +131,7 @@ def build_successor(target: Path, dest: Path, wrong_fraction: float) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from specwatch.testbed.successor import wrong_tokens
+    from testbed.successor import wrong_tokens
 
     model = LlamaForCausalLM.from_pretrained(target, torch_dtype=torch.float32)
     vocab = model.config.vocab_size

@@ -1,4 +1,4 @@
-"""The testbed's tiny models, built through the engine venv (`tiny_models.py`) and cached on disk."""
+"""The testbed's tiny models, built through the engine venv (`make_models.py`) and cached on disk."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwatch.testbed.engine_env import REPO_ROOT, EngineEnv, EngineEnvError
-from specwatch.testbed.tiny_models import HEAVY_LAYERS
+from testbed.engine_env import REPO_ROOT, EngineEnv, EngineEnvError
+from testbed.make_models import HEAVY_LAYERS
 
 DEFAULT_CACHE = REPO_ROOT / ".venv-vllm" / "models"
 # Relative weight noise of the drafters the tests and the demo use, and the acceptance each gives against the
@@ -72,8 +72,8 @@ def build_heavy_successor(
 
 
 def _build(env: EngineEnv, dest: Path, args: list[str]) -> dict:
-    """Run `tiny_models.py` in the engine venv; what it built, as it prints it."""
-    result = env.run_python("-m", "specwatch.testbed.tiny_models", str(dest), *args)
+    """Run `make_models.py` in the engine venv; what it built, as it prints it."""
+    result = env.run_python("-m", "testbed.make_models", str(dest), *args)
     if result.returncode != 0:
         raise EngineEnvError(f"building the tiny models failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])

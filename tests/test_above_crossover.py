@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specwatch.config import parse_config
-from specwatch.crossover.live import LiveInputs, SweptCrossover, positions_from_rate
+from specwatch.crossover.configured import LiveInputs, SweptCrossover, positions_from_rate
 from specwatch.crossover.sweepfile import FORMAT
 from specwatch.evaluators.above_crossover import Hysteresis, TimeWeightedMean, build_evaluator, compute_bound
 from specwatch.evaluators.base import EvaluatorContext

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specwatch.testbed.engine_env import EngineEnv
+from testbed.engine_env import EngineEnv
 
 # A server dies with the process that started it (PR_SET_PDEATHSIG), even when a killed test runner never
 # reaches its cleanup and the server sits in its own session. The kernel sends the signal when the *thread*

@@ -27,11 +27,11 @@ from specwatch.config import parse_config
 from specwatch.daemon import Daemon
 from specwatch.export.http import routes_document, serve
 from specwatch.scheduler import start_scheduler
-from specwatch.testbed.baseline import measure as measure_baseline
-from specwatch.testbed.engine_env import VLLM_VERSION, cpu_support, ensure_engine_env
-from specwatch.testbed.load import BackgroundLoad
-from specwatch.testbed.models import GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE, TinyModels, build_tiny_models
-from specwatch.testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.baseline import measure as measure_baseline
+from testbed.engine_env import VLLM_VERSION, cpu_support, ensure_engine_env
+from testbed.load import BackgroundLoad
+from testbed.models import GOOD_DRAFTER_NOISE, WORSE_DRAFTER_NOISE, TinyModels, build_tiny_models
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 K = 3
 DETECTION = {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s", "block": "15s"}

@@ -1,4 +1,6 @@
-"""Crossover sources for the daemon: what B* and the predicted speedup are for the live acceptance and k.
+"""The route's configured crossover source, answered for the live acceptance and k: B* and the predicted speedup.
+
+Not the live calibration (`livecal.py`, which refits the model to the route's own step times).
 
 Three kinds, one per `crossover:` config form:
 - `FixedCrossover` (`batch_size: N`): B* = N, no speedup prediction.
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from specwatch.crossover.model import StepModel, interpolate_crossover, tau
+from specwatch.crossover.speedup import StepModel, interpolate_crossover, tau
 from specwatch.crossover.sweepfile import speedup_points
 
 DEFAULT_CONTEXT = 1024.0

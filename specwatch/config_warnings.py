@@ -1,0 +1,73 @@
+"""What `check-config` warns about in a valid config: settings that work but leak a secret or will not do
+what the operator expects. Warnings, never errors: the daemon runs with them.
+
+1. `inline_secrets`: `credentials:` or `password:` written into the config instead of a `*_file`, so the
+   secret is as readable as the config file and travels with every copy of it.
+2. `unmapped_gpu_routes`: routes without `gpus:` while the daemon runs under a dedicated user. The GPU
+   auto-mapping finds the processes behind a route's port, which that user sees only for engines running as
+   itself, and never for engines inside containers (another network namespace): their GPUs stay unknown.
+"""
+
+from __future__ import annotations
+
+import pwd
+
+from specwatch.config_schema import Config, HttpClientConfig
+
+# The account the shipped systemd unit runs as (`User=` in systemd/specwatch.service).
+SERVICE_USER = "specwatch"
+
+
+def _inline(http: HttpClientConfig, where: str) -> list[str]:
+    found = []
+    if http.authorization is not None and http.authorization.credentials:
+        found.append(
+            f"{where}.authorization.credentials: an inline secret, readable by whoever reads the config; "
+            "put it in a file readable only by the service user and give credentials_file"
+        )
+    if http.basic_auth is not None and http.basic_auth.password:
+        found.append(
+            f"{where}.basic_auth.password: an inline secret, readable by whoever reads the config; "
+            "put it in a file readable only by the service user and give password_file"
+        )
+    return found
+
+
+def inline_secrets(cfg: Config) -> list[str]:
+    """One warning per inline secret, at the place it is written: `scrape` for the defaults, a route only where
+    it sets its own (a route that inherits `scrape:`'s is covered by the warning about `scrape`)."""
+    found = _inline(cfg.scrape.http, "scrape")
+    for i, r in enumerate(cfg.routes):
+        own = HttpClientConfig(
+            authorization=r.http.authorization if r.http.authorization != cfg.scrape.http.authorization else None,
+            basic_auth=r.http.basic_auth if r.http.basic_auth != cfg.scrape.http.basic_auth else None,
+        )
+        found += _inline(own, f"routes[{i}] ({r.name})")
+    return found
+
+
+def dedicated_user() -> str:
+    """The dedicated account the daemon runs as on this host ("" if none): the unit's user, when it exists."""
+    try:
+        return pwd.getpwnam(SERVICE_USER).pw_name
+    except KeyError:
+        return ""
+
+
+def unmapped_gpu_routes(cfg: Config, user: str) -> list[str]:
+    """Routes whose GPUs are left to the auto-mapping while the daemon runs as `user` ("" when it does not run
+    under a dedicated user, or NVML is off: nothing to warn about)."""
+    if not user or cfg.gpu.enabled == "false":
+        return []
+    return [
+        f"routes[{i}] ({r.name}): no gpus: while specwatch runs as user {user}; the GPU auto-mapping finds only "
+        f"engines running as {user} itself (or all, with CAP_SYS_PTRACE: docs/service.md), never engines in "
+        "containers: set gpus: to the engine's GPU indexes"
+        for i, r in enumerate(cfg.routes)
+        if r.gpus is None
+    ]
+
+
+def warnings(cfg: Config, user: str | None = None) -> list[str]:
+    """Every warning about `cfg`; `user` is the account the daemon runs as (default: `dedicated_user()`)."""
+    return inline_secrets(cfg) + unmapped_gpu_routes(cfg, dedicated_user() if user is None else user)

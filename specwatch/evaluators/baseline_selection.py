@@ -1,0 +1,294 @@
+"""Baseline selection: which baseline is a route's reference, and learning the ones it does not have yet.
+
+Per route (docs/detection.md has the reasoning), `BaselineSelection` owns the key, the reference and the learner:
+
+1. Warm-up: the first `warmup` tokens of a (model, engine version, k) key give a provisional baseline r0 with its
+   overdispersion φ. A baseline pinned in the config is used as is (φ learned from the warm-up unless given).
+2. Pin: the provisional baseline keeps refining on quiet traffic until `pin_drafted_tokens` (and PIN_MIN_BLOCKS
+   blocks) or `pin_duration`, then it is pinned. A stored baseline learned on blocks of another length re-learns φ.
+3. Daily profile: once the key's traffic spans half a day, r0 by time of day is fitted (stats/daily.py).
+4. Model change (new model, engine version, or k with an engine restart; a k that moves without one is the
+   engine's own schedule and changes nothing): the old baseline stays the reference, the new key learns its own,
+   adopted after `adopt_after` once the drop decision's SPRT says "no_regression"; a key with a stored baseline
+   (a rollback) uses it at once.
+
+Each step that changes the reference returns the new baseline, so that the caller hands it to the drop decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+from specwatch.config import DetectionConfig, PinnedBaseline
+from specwatch.snapshot import RouteObservation
+from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
+from specwatch.state.store import StateStore
+from specwatch.stats.overdispersion import DispersionEstimator
+
+log = logging.getLogger(__name__)
+
+REFRESH_GROWTH = 1.25  # a provisional baseline is recomputed when its sample has grown by this factor
+# φ is a variance estimate with heavy tails: pinning on tokens alone needs this many 1-minute blocks too
+PIN_MIN_BLOCKS = 240
+# r0 by time of day (stats/daily.py): fitted once the learner spans half a day, refitted hourly on quiet traffic
+# until it spans `pin_duration`, then fixed like r0.
+PROFILE_MIN_SPAN_SECONDS = 12 * 3600.0
+PROFILE_REFIT_SECONDS = 3600.0
+
+
+class BaselineSelection:
+    """The reference baseline of one route and the learner of its current key (see module docstring)."""
+
+    def __init__(self, route: str, cfg: DetectionConfig, pinned: PinnedBaseline | None, store: StateStore) -> None:
+        self.route = route
+        self.cfg = cfg
+        self.pinned = pinned
+        self.store = store
+        self.key: BaselineKey | None = None
+        self.reference: Baseline | None = None
+        self.learner = self.new_learner()  # the current key's traffic
+        self.change_ts: float | None = None  # the last model change, while the new key is judged
+        self._relearn_dispersion = False  # the reference's φ was learned on blocks of another length
+        self._daily_fitted: float | None = None  # when the daily profile was last fitted
+
+    def new_learner(self) -> BaselineLearner:
+        """A learner whose dispersion blocks are the CUSUM's: the route's `block` length."""
+        return BaselineLearner(dispersion=DispersionEstimator(block_seconds=self.cfg.block_seconds))
+
+    def learn(
+        self,
+        now: float,
+        accepted: float,
+        drafted: float,
+        drafts: float,
+        per_pos: Sequence[float],
+        idle: bool = False,
+        start: float | None = None,
+    ) -> None:
+        self.learner.add(now, accepted, drafted, drafts, per_pos, idle, start)
+
+    @property
+    def own_key(self) -> bool:
+        """The reference is the current key's own baseline (not the old one after a model change)."""
+        return self.reference is not None and self.reference.key == self.key
+
+    def _set(self, baseline: Baseline, persist: bool) -> Baseline:
+        self.reference = baseline
+        self._relearn_dispersion = (
+            baseline.source != "config" and baseline.dispersion_block_seconds != self.cfg.block_seconds
+        )
+        if persist:
+            self.store.put(baseline)
+        return baseline
+
+    # ------------------------------------------------------------------ learning
+    def first_reference(self, now: float) -> Baseline | None:
+        """The configured baseline, or the learned one once the warm-up has enough traffic."""
+        cfg, key = self.cfg, self.key
+        assert key is not None
+        if self.pinned is not None:
+            phi, model = self.pinned.overdispersion, None
+            if phi is None:
+                if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
+                    return None
+                phi = self.learner.dispersion.conservative_estimate() or 1.0
+                model = self.learner.dispersion.model()
+            return self._set(
+                Baseline(
+                    route=self.route,
+                    key=key,
+                    acceptance_ratio=self.pinned.acceptance_ratio,
+                    position_acceptance=self.pinned.position_acceptance,
+                    overdispersion=phi,
+                    dispersion_intercept=model.intercept if model else None,
+                    dispersion_slope=model.slope if model else 0.0,
+                    dispersion_block_seconds=cfg.block_seconds,
+                    source="config",
+                    created=now,
+                    updated=now,
+                ),
+                persist=False,
+            )
+        if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
+            return None
+        learned = self._set(self._learned(now, "learned", created=None), persist=True)
+        log.info(
+            "route %s: learned baseline %.3f (φ %.1f) for %s",
+            self.route,
+            learned.acceptance_ratio,
+            learned.overdispersion,
+            key.label(),
+        )
+        return learned
+
+    def _learned(self, now: float, source: str, created: float | None) -> Baseline:
+        assert self.key is not None
+        return self.learner.baseline(self.route, self.key, now, source, self._pin_due(now), created)
+
+    def _pin_due(self, now: float) -> bool:
+        learner = self.learner
+        return learner.seconds(now) >= self.cfg.pin_seconds or (
+            learner.drafted >= self.cfg.pin_drafted_tokens and learner.dispersion.blocks >= PIN_MIN_BLOCKS
+        )
+
+    def relearn_dispersion(self, now: float) -> Baseline | None:
+        """A stored baseline whose φ was learned on blocks of another length keeps its r0, and takes the φ of the
+        route's own blocks once the warm-up has learned it (a design effect depends on what a block holds)."""
+        ref, cfg = self.reference, self.cfg
+        if (
+            not self._relearn_dispersion
+            or ref is None
+            or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)
+        ):
+            return None
+        dispersion = self.learner.dispersion
+        model = dispersion.model()
+        relearned = dataclasses.replace(
+            ref,
+            overdispersion=dispersion.conservative_estimate() or ref.overdispersion,
+            dispersion_intercept=model.intercept if model else None,
+            dispersion_slope=model.slope if model else 0.0,
+            dispersion_block_seconds=cfg.block_seconds,
+            updated=now,
+        )
+        self._set(relearned, persist=True)
+        log.info(
+            "route %s: φ %.1f re-learned on %.0f s blocks (was %.1f on %.0f s)",
+            self.route,
+            relearned.overdispersion,
+            cfg.block_seconds,
+            ref.overdispersion,
+            ref.dispersion_block_seconds,
+        )
+        return relearned
+
+    def refine(self, now: float) -> Baseline | None:
+        """A provisional baseline recomputed as its sample grows, pinned once `_pin_due`."""
+        ref = self.reference
+        if ref is None or ref.pinned or ref.source == "config":
+            return None
+        if self.learner.drafted < REFRESH_GROWTH * ref.drafted_tokens and not self._pin_due(now):
+            return None
+        refined = self._set(
+            dataclasses.replace(self._learned(now, ref.source, created=ref.created), daily=ref.daily), persist=True
+        )
+        if refined.pinned:
+            log.info(
+                "route %s: baseline %.3f pinned for %s after %.0f drafted tokens",
+                self.route,
+                refined.acceptance_ratio,
+                refined.key.label(),
+                refined.drafted_tokens,
+            )
+        return refined
+
+    def learn_daily(self, now: float) -> Baseline | None:
+        """Fit r0 by time of day once the key's quiet traffic spans half a day, hourly until it spans
+        `pin_duration`; then the profile is final. r0 and φ stay as learned (or pinned)."""
+        ref, span = self.reference, self.learner.seconds(now)
+        if (
+            ref is None
+            or ref.source == "config"
+            or (ref.daily is not None and ref.daily.final)
+            or span < PROFILE_MIN_SPAN_SECONDS
+        ):
+            return None
+        final = span >= self.cfg.pin_seconds
+        if not final and self._daily_fitted is not None and now - self._daily_fitted < PROFILE_REFIT_SECONDS:
+            return None
+        self._daily_fitted = now
+        profile = self.learner.daily_profile(final)
+        if profile is None:
+            return None
+        if profile.usable:  # fixed at once: later refits would learn a drop at those hours as the daily pattern
+            profile = dataclasses.replace(profile, final=True)
+            final = True
+        updated = self._set(dataclasses.replace(ref, daily=profile, updated=now), persist=True)
+        if final:
+            log.info(
+                "route %s: daily profile %s: %.3f + %.3f cos + %.3f sin (χ² %.1f, ±%.3f)",
+                self.route,
+                "in use" if profile.usable else "not used",
+                profile.mean,
+                profile.cos,
+                profile.sin,
+                profile.chi2,
+                profile.stderr,
+            )
+        return updated
+
+    # ------------------------------------------------------------------ model changes
+    def schedule_driven(self, key: BaselineKey, obs: RouteObservation) -> bool:
+        """A draft length that moved without an engine restart, on the same model and version: the engine's
+        own schedule (SGLang's adaptive tiers, a k that follows the batch) rather than a new deployment,
+        since changing the configured k takes a restart. The baseline learned at the old key stays."""
+        current = self.key
+        return (
+            current is not None
+            and not obs.reset
+            and key.model_name == current.model_name
+            and key.engine_version == current.engine_version
+        )
+
+    def enter_key(self, key: BaselineKey) -> Baseline | None:
+        """Start on `key`: its stored baseline (if any, and none is configured) is the reference at once."""
+        self.key = key
+        self.learner = self.new_learner()
+        if self.pinned is None:
+            stored = self.store.get(self.route, key)
+            if stored is not None:
+                return self._set(stored, persist=False)
+        return None
+
+    def change_key(self, key: BaselineKey, now: float) -> Baseline | None:
+        """A new model: the new key learns afresh; returns its stored baseline when it has one (e.g. a rollback),
+        which is the reference at once. Otherwise the old reference stays until the new key earns its own."""
+        old_key = self.key
+        self.change_ts = now
+        self.key = key
+        self.learner = self.new_learner()
+        stored = self.store.get(self.route, key) if self.pinned is None else None
+        log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-", key.label())
+        return self._set(stored, persist=False) if stored is not None else None
+
+    def adopt(self, now: float, no_regression: bool) -> Baseline | None:
+        """After a model change judged `no_regression` (and not degraded), the new key's learned baseline
+        becomes the reference once `adopt_after` has passed and the warm-up has enough traffic."""
+        cfg = self.cfg
+        if (
+            not no_regression
+            or self.change_ts is None
+            or now - self.change_ts < cfg.adopt_after_seconds
+            or not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds)
+        ):
+            return None
+        old = self.reference
+        adopted = self._set(self._learned(now, "adopted", created=None), persist=True)
+        log.info(
+            "route %s: adopted the baseline %.3f of %s after a clean period (was %.3f for %s)",
+            self.route,
+            adopted.acceptance_ratio,
+            adopted.key.label(),
+            old.acceptance_ratio if old else 0.0,
+            old.key.label() if old else "-",
+        )
+        return adopted
+
+    # ------------------------------------------------------------------ operator commands and restarts
+    def forget(self) -> None:
+        """No reference and a fresh learner (an operator reset, or accept before re-entering the key)."""
+        self.reference = None
+        self.learner = self.new_learner()
+
+    def restore(
+        self, key: BaselineKey | None, ref_key: BaselineKey | None, learner: BaselineLearner, change_ts: float | None
+    ) -> Baseline | None:
+        """Carry on from saved state; returns the stored reference it names (unless one is configured)."""
+        self.key, self.learner, self.change_ts = key, learner, change_ts
+        if self.pinned is None and ref_key is not None:
+            ref = self.store.get(self.route, ref_key)
+            if ref is not None:
+                return self._set(ref, persist=False)
+        return None

@@ -1,0 +1,1 @@
+"""The daemon's persistent state: one SQLite file, one module per table (store.py owns the connection)."""

@@ -1,0 +1,29 @@
+"""The operator command queue: the `commands` table.
+
+`specwatch baseline reset/accept` writes the baselines directly and appends one row here; the running daemon
+polls for rows past the last id it saw and reloads that route.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS commands (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, route TEXT NOT NULL, action TEXT NOT NULL, created REAL NOT NULL);
+"""
+
+
+def append(conn: sqlite3.Connection, route: str, action: str, now: float) -> None:
+    conn.execute("INSERT INTO commands (route, action, created) VALUES (?,?,?)", (route, action, now))
+
+
+def last_id(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT max(id) FROM commands").fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def since(conn: sqlite3.Connection, last: int) -> list[tuple[int, str, str]]:
+    """(id, route, action) of the commands after id `last`, in order."""
+    rows = conn.execute("SELECT id, route, action FROM commands WHERE id > ? ORDER BY id", (last,)).fetchall()
+    return [(int(i), str(r), str(a)) for i, r, a in rows]

@@ -1,0 +1,273 @@
+"""The daemon's own HTTP server against hostile and careless clients: what each limit answers, and that a real
+scrape is still served while other clients hold connections. Loopback only; every test binds a socket."""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+
+from certs import self_signed_for_localhost
+from specwatch.export import http as http_module
+from specwatch.export.http import MetricsServer, serve
+from specwatch.snapshot import RouteState, Snapshot
+
+pytestmark = pytest.mark.slow
+
+SNAPSHOT = Snapshot(timestamp=1764403200.0, routes=(RouteState(name="chat", up=True),))
+
+
+@pytest.fixture
+def server() -> Iterator[MetricsServer]:
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
+    yield srv
+    srv.shutdown()
+
+
+def connect(srv: MetricsServer, timeout: float = 15.0) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (or the socket's timeout passes)."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (TimeoutError, ConnectionError):
+        pass
+    return data
+
+
+def exchange(srv: MetricsServer, request: bytes) -> bytes:
+    with connect(srv) as sock:
+        sock.sendall(request)
+        return read_until_closed(sock)
+
+
+def get(path: str, extra: str = "", body: bytes = b"", close: bool = True) -> bytes:
+    connection = "Connection: close\r\n" if close else ""
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}{connection}\r\n".encode() + body
+
+
+def statuses(answer: bytes) -> list[str]:
+    """The status codes of the responses in `answer` (every body here is text ending in a newline)."""
+    return re.findall(r"(?:^|\n)HTTP/1\.1 (\d{3}) ", answer.decode("latin-1"))
+
+
+# ---------------------------------------------------------------------------------------------- connections
+def test_the_listen_backlog_is_the_kernels_maximum_not_five(monkeypatch):
+    """With http.server's backlog of 5, 168 of 200 clients connecting at once timed out."""
+    backlogs: list[int] = []
+    real_listen = socket.socket.listen
+    monkeypatch.setattr(socket.socket, "listen", lambda self, *args: backlogs.extend(args) or real_listen(self, *args))
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
+    try:
+        assert backlogs and min(backlogs) >= 1024
+    finally:
+        srv.shutdown()
+
+
+def test_idle_connections_cost_no_thread_and_a_scrape_is_still_answered(server):
+    threads_before = threading.active_count()
+    idle = [connect(server) for _ in range(200)]
+    try:
+        # accept() takes connections in order, so once this scrape is answered all 200 have been accepted
+        assert requests.get(server.url + "/metrics", timeout=10).status_code == 200
+        assert threading.active_count() - threads_before < 20
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_client_that_sends_its_request_slowly_is_cut_at_the_head_timeout(monkeypatch):
+    monkeypatch.setattr(http_module, "HEAD_TIMEOUT_SECONDS", 1.0, raising=False)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
+    try:
+        silent, slow = connect(srv, timeout=30), connect(srv, timeout=30)
+        answers: dict[str, bytes] = {}
+        readers = [
+            threading.Thread(target=lambda s=s, n=n: answers.__setitem__(n, read_until_closed(s)))
+            for n, s in (("silent", silent), ("slow", slow))
+        ]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + 20
+        for byte in get("/-/healthy") * 100:  # one byte every 0.1 s: never a whole head within 20 s
+            if not readers[1].is_alive() or time.monotonic() > deadline:
+                break
+            try:
+                slow.send(bytes([byte]))
+            except OSError:
+                break
+            time.sleep(0.1)
+        for t in readers:
+            t.join(30)
+        assert answers["silent"] == b""  # closed, nothing to answer
+        assert statuses(answers["slow"]) == ["408"]
+    finally:
+        srv.shutdown()
+
+
+def test_connections_beyond_the_cap_are_refused_with_503_unless_an_idle_one_can_go(monkeypatch):
+    monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
+    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 60.0, raising=False)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
+    held = [connect(srv) for _ in range(8)]
+    try:
+        with connect(srv) as ninth:
+            assert statuses(read_until_closed(ninth)) == ["503"]
+        # one of the held connections completes a request and stays open, idle: a newcomer may take its place
+        held[0].sendall(get("/-/healthy", close=False))
+        assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
+        assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
+        assert held[0].recv(65536) == b""  # the idle one was closed to make room
+    finally:
+        for sock in held:
+            sock.close()
+        srv.shutdown()
+
+
+def test_at_the_cap_the_connection_slowest_to_send_its_request_makes_room(monkeypatch):
+    """700 slow connections once blocked every real scrape for 50 s."""
+    monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
+    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 0.0, raising=False)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
+    held = [connect(srv) for _ in range(8)]
+    try:
+        held[1].sendall(b"GET /-/hea")  # a head begun and not finished
+        assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
+        assert held[0].recv(65536) == b""  # the oldest silent connection was closed to make room
+    finally:
+        for sock in held:
+            sock.close()
+        srv.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- requests
+def test_oversized_or_too_many_header_fields_get_431(server):
+    """44 connections with oversized headers took the daemon from 41 to 290 MB."""
+    big = "".join(f"X-Pad-{i}: {'a' * 8000}\r\n" for i in range(64))  # 512 KB: http.server took it whole
+    many = "".join(f"X-Field-{i}: 1\r\n" for i in range(80))  # http.server allows 100
+    for extra in (big, many):
+        with connect(server) as sock:
+            sender = threading.Thread(target=_send_ignoring_errors, args=(sock, get("/-/healthy", extra)))
+            sender.start()
+            answer = read_until_closed(sock)
+            sender.join(30)
+        assert statuses(answer) == ["431"]
+    assert statuses(exchange(server, get("/-/healthy"))) == ["200"]
+
+
+def _send_ignoring_errors(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass  # the server refused and closed before reading it all
+
+
+def test_a_body_sent_with_a_get_is_read_and_dropped_not_taken_for_a_second_request(server):
+    smuggled = get("/nope")
+    answer = exchange(
+        server,
+        get("/-/healthy", f"Content-Length: {len(smuggled)}\r\n", smuggled, close=False) + get("/-/ready"),
+    )
+    assert statuses(answer) == ["200", "200"]
+
+
+@pytest.mark.parametrize(
+    "extra, status",
+    [
+        ("Content-Length: 5\r\nContent-Length: 5\r\n", "400"),  # repeated
+        ("Content-Length: 5\r\nContent-Length: 6\r\n", "400"),  # conflicting
+        ("Content-Length: 5, 5\r\n", "400"),
+        ("Content-Length: -5\r\n", "400"),
+        ("Content-Length: 1000000000\r\n", "413"),
+        ("Transfer-Encoding: chunked\r\n", "501"),
+        ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "501"),
+    ],
+)
+def test_request_bodies_the_server_cannot_delimit_safely_are_refused_and_the_connection_closed(server, extra, status):
+    assert statuses(exchange(server, get("/-/healthy", extra, b"hello", close=False) + get("/nope"))) == [status]
+
+
+def test_a_request_with_bare_newlines_or_leading_blank_lines_is_answered(server):
+    assert statuses(exchange(server, b"\r\nGET /-/healthy HTTP/1.0\nHost: x\n\n")) == ["200"]
+
+
+def test_methods_other_than_get_and_head_get_405(server):
+    answer = exchange(server, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert statuses(answer) == ["405"] and b"Allow: GET, HEAD" in answer
+
+
+def test_plain_http_to_the_tls_port_gets_a_400_saying_so(tmp_path: Path):
+    cert, key = self_signed_for_localhost(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+
+    class Tls:
+        def ssl_context(self) -> ssl.SSLContext:
+            return context
+
+        def authorize(self, headers) -> bool:
+            return True
+
+        def authorize_cached(self, headers) -> bool:
+            return True
+
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT, Tls())
+    try:
+        answer = exchange(srv, get("/metrics"))
+        assert statuses(answer) == ["400"] and answer.endswith(b"Client sent an HTTP request to an HTTPS server.\n")
+        assert requests.get(srv.url + "/metrics", verify=str(cert), timeout=10).status_code == 200
+    finally:
+        srv.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- under load
+def test_scrapes_are_answered_while_hostile_clients_hold_connections(server):
+    """50 scrapers in a loop and 100 connections that trickle a request head byte by byte: every one of a
+    Prometheus-like scraper's scrapes is answered within Prometheus's 10 s timeout, on a bounded number of
+    threads. (bench/http_load.py measures the p99 at 200 scrapers.)"""
+    stop = threading.Event()
+    threads_before = threading.active_count()
+
+    def scraper() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                try:
+                    session.get(server.url + "/metrics", timeout=10)
+                except requests.RequestException:
+                    pass
+
+    slow = [connect(server) for _ in range(100)]
+    scrapers = [threading.Thread(target=scraper, daemon=True) for _ in range(50)]
+    for t in scrapers:
+        t.start()
+    try:
+        server_threads = []
+        with requests.Session() as prometheus:
+            for i in range(20):
+                for sock in slow:
+                    _send_ignoring_errors(sock, b"G"[:1] if i == 0 else b"E")
+                answer = prometheus.get(
+                    server.url + "/metrics",
+                    headers={"Accept": "application/openmetrics-text;version=1.0.0", "Accept-Encoding": "gzip"},
+                    timeout=10,
+                )
+                assert answer.status_code == 200 and answer.text.endswith("# EOF\n")
+                server_threads.append(threading.active_count() - threads_before - len(scrapers))
+        assert max(server_threads) < 20
+    finally:
+        stop.set()
+        for t in scrapers:
+            t.join(15)
+        for sock in slow:
+            sock.close()
