@@ -4,8 +4,8 @@
    GGUF models, start llama-server with a good drafter.
 2. Measure the route's baseline from the answers' own `timings` (draft_n, draft_n_accepted) and pin it.
 3. Run the daemon in-process with greedy requests flowing, and show the live status table.
-4. After `--bump-after` seconds, restart llama-server with an unrelated (random) drafter under the same
-   alias: the route turns DEGRADED within about a minute of the engine answering again.
+4. After `--bump-after` seconds, restart llama-server with a noisier drafter under the same alias: the route
+   turns DEGRADED within about a minute of the engine answering again.
 
 The detector's guards are shortened as in the end-to-end tests (the story takes minutes, not hours).
 """
@@ -31,7 +31,7 @@ from testbed import llamacpp_build, llamacpp_models
 from testbed.llamacpp_server import LlamaServer, LlamaServerSpec, Load, measure_baseline
 
 K = 4
-GOOD, WORSE = "small", "random"  # llamacpp_models.DRAFTERS
+GOOD, WORSE = "small", "large"  # llamacpp_models.DRAFTERS: acceptance about 0.70 and 0.39
 DETECTION = {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s", "block": "15s"}
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def _bump_later(server: LlamaServer, drafter: Path, delay: float, story: _Story,
     if stop.wait(delay):
         return
     story.phase = "restarting with a worse drafter (same alias)"
-    log.warning("demo: restarting llama-server with an unrelated drafter under the same alias")
+    log.warning("demo: restarting llama-server with a noisier drafter under the same alias")
     try:
         server.restart(server.spec.with_drafter(drafter))
     except Exception as exc:  # noqa: BLE001 - the demo is stopping (the server was stopped under us) or broke

@@ -26,7 +26,7 @@ N_HEAD = 4
 N_FF = 192
 N_CTX = 1024
 # Drafters written by `write_all`: name -> noise (None: an independent random model, seeded differently).
-DRAFTERS: dict[str, float | None] = {"copy": 0.0, "small": 0.3, "large": 1.5, "random": None}
+DRAFTERS: dict[str, float | None] = {"copy": 0.0, "small": 0.02, "large": 0.05, "random": None}
 MERGES = ("Ġ t", "t h", "Ġt h", "e r", "i n", "Ġ a", "o n", "r e", "Ġ s", "e n", "a t", "o r", "Ġ c", "e s")
 
 
