@@ -15,6 +15,7 @@ with numpy's seeded generator, so the same seed gives the same bytes on every bu
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ def _gguf() -> Any:
         sys.path.insert(0, path)
     import gguf  # type: ignore[import-not-found]  # gguf-py of the unpacked tree, put on sys.path above
 
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # it logs every file it writes at info
     return gguf
 
 
