@@ -198,3 +198,22 @@ def test_a_sample_without_counters_shows_no_windowed_series_at_all():
     tracker.observe(off)
     state = tracker.state()
     assert (state.acceptance_ratio, state.position_acceptance_ratio, state.draft_length) == ({}, (), None)
+
+
+class Http503Endpoint:
+    def families(self, reader: object, kind: str, now: float):
+        raise SourceError("http_status", "GET http://127.0.0.1:9/metrics: HTTP 503 Service Unavailable")
+
+
+@pytest.mark.parametrize(("engine", "restart"), [("llamacpp", True), ("sglang", False)])
+def test_a_503_marks_a_new_server_only_where_the_engine_itself_answers_it_while_loading(engine, restart):
+    old = load(engine)
+    source, endpoint = make_source(engine, old)
+    tracker = RouteTracker("r")
+    tracker.observe(source.sample(0.0))
+    source.endpoint = Http503Endpoint()  # type: ignore[assignment]
+    with pytest.raises(SourceError):
+        source.sample(10.0)
+    source.endpoint = endpoint  # type: ignore[assignment]
+    endpoint.body = scaled(old, 2.0)
+    assert tracker.observe(source.sample(20.0)).reset is restart

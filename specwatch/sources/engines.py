@@ -263,9 +263,9 @@ class HttpEngineSource:
         self.model_name = ""  # from the engine's info endpoint, where /metrics does not name the model
         self._last_identity: tuple | None = None
         # Where the exposition has no start time of its own (`_created`, process start): when this engine
-        # started, as far as we can tell. A refused connection or a 503 means the process was gone or still
-        # loading, so what answers next is a new process: its counters started from 0 even if they are
-        # already above the old ones.
+        # started, as far as we can tell. A refused connection (or llama-server's 503 while loading) means the
+        # process was gone or still starting, so what answers next is a new process: its counters started
+        # from 0 even if they are already above the old ones.
         self._start: float | None = None
         self._gone = False
 
@@ -276,7 +276,7 @@ class HttpEngineSource:
             result = ENGINES[kind].extract(families, self.route.match, self.route.engines, now, self.version or "")
         except SourceError as exc:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
-            self._gone = self._gone or _engine_gone(exc)
+            self._gone = self._gone or _engine_gone(exc, self.kind)
             raise
         if self._start is None or self._gone:
             self._start, self._gone = now, False
@@ -334,11 +334,13 @@ class HttpEngineSource:
             ENDPOINTS.release(self.endpoint)
 
 
-def _engine_gone(exc: SourceError) -> bool:
-    """A failure that only a missing or starting engine gives: nothing listening, or 503 (loading)."""
+def _engine_gone(exc: SourceError, kind: str) -> bool:
+    """A failure that only a missing or starting engine gives: nothing listening, or llama-server's 503 while it
+    loads the model (tools/server/server-http.cpp, "Loading model"). Other engines' 503 may be a proxy's or an
+    overload's, so only llama.cpp's counts."""
     text = str(exc)
     return (exc.reason == "connection" and "ConnectionRefusedError" in text) or (
-        exc.reason == "http_status" and " HTTP 503" in text
+        kind == "llamacpp" and exc.reason == "http_status" and " HTTP 503" in text
     )
 
 
