@@ -334,7 +334,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "route_probe_method_info",
         "gauge",
         "How canary probes read acceptance (vllm_response, sglang_generate, "
-        "sglang_openai, bracketing); always 1" + AS_OF,
+        "sglang_openai, llamacpp_timings, bracketing); always 1" + AS_OF,
         ("route", "method"),
         area="probe",
     ),
