@@ -17,7 +17,7 @@ from specwatch.evaluators.canary import CanaryEvaluator, bracket_scraper
 from specwatch.probe import responses
 from specwatch.probe.prompts import BUILTIN, PromptSetError, load_prompt_set, parse_prompt_set
 from specwatch.probe.responses import Acceptance, ResponseError
-from specwatch.probe.runner import ProbeRunner, PromptResult, Round
+from specwatch.probe.runner import _NO_ACCEPTANCE, ProbeRunner, PromptResult, Round
 from specwatch.probe.verdict import compare
 from specwatch.snapshot import EngineCounters, EngineSample, RouteObservation
 from specwatch.state.baselines import BaselineKey
@@ -630,3 +630,31 @@ def test_only_one_route_per_engine_may_probe_it():
                 ]
             }
         )
+
+
+def test_a_bracket_waits_for_a_repeated_reading_so_a_late_finish_count_cannot_hide_an_organic_request():
+    """An engine may answer a prompt before counting it finished. If an organic request finished meanwhile, the
+    first quiet reading shows one finish (the organic one) and both requests' tokens: the next poll's second
+    finish must turn the prompt into a busy one, not a reading of both requests as the prompt's."""
+    cfg = parse_config({"routes": [{"name": "r", "url": "http://127.0.0.1:9/metrics", "probe": {"every": "1m"}}]})
+    route = cfg.routes[0]
+    readings = iter(
+        [
+            (_vllm_sample(0, 100, 300, 200, (0,)), 10.0),  # before: idle
+            (_vllm_sample(1, 124, 372, 238, (0,)), 11.0),  # organic finish counted, the prompt's not yet
+            (_vllm_sample(2, 124, 372, 238, (0,)), 12.0),  # now the prompt's too
+            (_vllm_sample(3, 124, 372, 238, (0,)), 12.0),
+        ]
+    )
+    runner = ProbeRunner(
+        route,
+        route.probe,
+        load_prompt_set(BUILTIN),
+        engine_kind=lambda: "vllm",
+        scrape=lambda: next(readings),
+        sleep=lambda seconds: None,
+    )
+    prompt = runner.prompt_set.prompts[0]
+    runner._send = lambda *args: PromptResult(prompt.id, prompt.kind, error=_NO_ACCEPTANCE)
+    result = runner._bracket_one(None, "openai", "completion", "", prompt)
+    assert result.acceptance is None and result.error.startswith("busy: 2 requests finished")

@@ -382,15 +382,29 @@ class ProbeRunner:
             self.sleep(BRACKET_POLL_SECONDS)
 
     def _settled_reading(self, expect_finished: float, wait: float) -> tuple[EngineSample, float]:
+        """The first idle reading, at or past `expect_finished`, that the next poll repeats: an engine may answer
+        a request before it counts it finished, so one quiet reading can hold an organic request's finish in
+        place of the prompt's (and both requests' tokens)."""
         deadline = time.monotonic() + wait
+        previous: tuple[EngineSample, float] | None = None
         while True:
             reading = self._reading()
-            if (reading[1] >= expect_finished and not _busy(reading[0])) or time.monotonic() >= deadline:
+            settled = reading[1] >= expect_finished and not _busy(reading[0])
+            if settled and previous is not None and _same_counts(previous, reading):
                 return reading
+            if time.monotonic() >= deadline:
+                return reading
+            previous = reading if settled else None
             self.sleep(BRACKET_POLL_SECONDS)
 
 
 _NO_ACCEPTANCE = "no per-request acceptance in the answer"
+
+
+def _same_counts(a: tuple[EngineSample, float], b: tuple[EngineSample, float]) -> bool:
+    return a[1] == b[1] and all(
+        _counter(a[0], name) == _counter(b[0], name) for name in ("draft_tokens", "accepted_tokens", "drafts")
+    )
 
 
 def _busy(sample: EngineSample) -> bool:
