@@ -185,6 +185,21 @@ class PinnedBaseline:
         "variance inflation of per-window counts; None: estimated from the warm-up traffic",
         None,
     )
+    # The (model, engine version, k) the baseline was measured on: it applies only where each given one matches
+    # the route's current one, so that one decision rolled out by config management cannot judge another model.
+    model: str = option("model", Text(), "the served model name it applies to; empty: any", "")
+    engine_version: str = option("engine_version", Text(), "the engine version it applies to; empty: any", "")
+    draft_length: int | None = option(
+        "draft_length", Number(lo=1, hi=MAX_NUMBER, integer=True), "the draft length k it applies to; None: any", None
+    )
+
+    def applies_to(self, model: str, engine_version: str, k: int) -> bool:
+        """Whether this baseline judges traffic of (model, engine version, k)."""
+        return (
+            (not self.model or self.model == model)
+            and (not self.engine_version or self.engine_version == engine_version)
+            and (self.draft_length is None or self.draft_length == k)
+        )
 
 
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")

@@ -3,7 +3,9 @@
 Per route (docs/detection.md has the reasoning), `BaselineSelection` owns the key, the reference and the learner:
 
 1. Warm-up: the first `warmup` tokens of a (model, engine version, k) key give a provisional baseline r0 with its
-   overdispersion φ. A baseline pinned in the config is used as is (φ learned from the warm-up unless given).
+   overdispersion φ. A baseline pinned in the config is used as is for the keys it names (all keys when it names
+   none), from the first cycle when it gives φ (else φ is learned from the warm-up); a key it does not name
+   learns its own, as if none were configured.
 2. Pin: the provisional baseline keeps refining on quiet traffic until `pin_drafted_tokens` (and PIN_MIN_BLOCKS
    blocks) or `pin_duration`, then it is pinned. A stored baseline learned on blocks of another length re-learns φ.
 3. Daily profile: once the key's traffic spans half a day, r0 by time of day is fitted (stats/daily.py).
@@ -52,6 +54,27 @@ class BaselineSelection:
         self.change_ts: float | None = None  # the last model change, while the new key is judged
         self._relearn_dispersion = False  # the reference's φ was learned on blocks of another length
         self._daily_fitted: float | None = None  # when the daily profile was last fitted
+        self._unpinned_logged: set[BaselineKey] = set()
+
+    def pin_for(self, key: BaselineKey | None) -> PinnedBaseline | None:
+        """The configured baseline if it applies to `key` (said once per key when it does not)."""
+        pinned = self.pinned
+        if pinned is None or key is None:
+            return pinned
+        if pinned.applies_to(key.model_name, key.engine_version, key.k):
+            return pinned
+        if key not in self._unpinned_logged:
+            self._unpinned_logged.add(key)
+            log.warning(
+                "route %s: the configured baseline (model %s, engine version %s, k=%s) does not apply to %s: "
+                "that key learns its own",
+                self.route,
+                pinned.model or "any",
+                pinned.engine_version or "any",
+                pinned.draft_length or "any",
+                key.label(),
+            )
+        return None
 
     def new_learner(self) -> BaselineLearner:
         """A learner whose dispersion blocks are the CUSUM's: the route's `block` length."""
@@ -88,8 +111,9 @@ class BaselineSelection:
         """The configured baseline, or the learned one once the warm-up has enough traffic."""
         cfg, key = self.cfg, self.key
         assert key is not None
-        if self.pinned is not None:
-            phi, model = self.pinned.overdispersion, None
+        pinned = self.pin_for(key)
+        if pinned is not None:
+            phi, model = pinned.overdispersion, None
             if phi is None:
                 if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
                     return None
@@ -99,8 +123,8 @@ class BaselineSelection:
                 Baseline(
                     route=self.route,
                     key=key,
-                    acceptance_ratio=self.pinned.acceptance_ratio,
-                    position_acceptance=self.pinned.position_acceptance,
+                    acceptance_ratio=pinned.acceptance_ratio,
+                    position_acceptance=pinned.position_acceptance,
                     overdispersion=phi,
                     dispersion_intercept=model.intercept if model else None,
                     dispersion_slope=model.slope if model else 0.0,
@@ -236,7 +260,7 @@ class BaselineSelection:
         """Start on `key`: its stored baseline (if any, and none is configured) is the reference at once."""
         self.key = key
         self.learner = self.new_learner()
-        if self.pinned is None:
+        if self.pin_for(key) is None:
             stored = self.store.get(self.route, key)
             if stored is not None:
                 return self._set(stored, persist=False)
@@ -249,9 +273,15 @@ class BaselineSelection:
         self.change_ts = now
         self.key = key
         self.learner = self.new_learner()
-        stored = self.store.get(self.route, key) if self.pinned is None else None
         log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-", key.label())
-        return self._set(stored, persist=False) if stored is not None else None
+        if self.pin_for(key) is None:
+            stored = self.store.get(self.route, key)
+            return self._set(stored, persist=False) if stored is not None else None
+        if self.reference is None or self.reference.source != "config":
+            # the configured baseline names the new key and not the old one: it is the reference from now on
+            self.reference = None
+            return self.first_reference(now)
+        return None
 
     def adopt(self, now: float, no_regression: bool) -> Baseline | None:
         """After a model change judged `no_regression` (and not degraded), the new key's learned baseline
@@ -287,7 +317,7 @@ class BaselineSelection:
     ) -> Baseline | None:
         """Carry on from saved state; returns the stored reference it names (unless one is configured)."""
         self.key, self.learner, self.change_ts = key, learner, change_ts
-        if self.pinned is None and ref_key is not None:
+        if self.pin_for(key) is None and ref_key is not None:
             ref = self.store.get(self.route, ref_key)
             if ref is not None:
                 return self._set(ref, persist=False)
