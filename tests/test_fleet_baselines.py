@@ -1,18 +1,22 @@
 """Fleet baselines: a baseline pinned in config for a (model, engine version, k) judges a fresh node's traffic from
-its first cycle, and is ignored for any other key."""
+its first cycle, and is ignored for any other key; a fleet seed that cannot be had falls back to learning
+(seeding against a real Prometheus: test_fleet_seed_e2e.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 from pathlib import Path
 
 import pytest
 
-from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig, parse_config
+from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig, SeedFrom, parse_config
 from specwatch.evaluators.acceptance_drop import AcceptanceDropEvaluator, build_evaluator
 from specwatch.evaluators.base import EvaluatorContext
+from specwatch.evaluators.fleet_seed import queries
 from specwatch.snapshot import RouteObservation
+from specwatch.state.baselines import BaselineKey
 
 # library defaults, except the block and confirmation window used below (a busy route's shorter blocks)
 DETECTION = DetectionConfig(block_seconds=60.0, confirm_window_seconds=300.0)
@@ -134,3 +138,31 @@ def test_the_pinned_key_is_read_from_the_config() -> None:
     pin = cfg.routes[0].baseline
     assert pin is not None and (pin.model, pin.engine_version, pin.draft_length) == ("m", "0.9.1", 4)
     assert pin.applies_to("m", "0.9.1", 4) and not pin.applies_to("m", "0.9.2", 4)
+
+
+@pytest.mark.slow
+def test_an_unreachable_fleet_prometheus_falls_back_to_learning_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    detection = dataclasses.replace(DETECTION, seed_from=SeedFrom(prometheus=f"http://127.0.0.1:{closed}"))
+    ctx = EvaluatorContext(config=Config(state_dir=str(tmp_path), detection=detection), clock=lambda: 0.0)
+    ev = build_evaluator(ctx, RouteConfig(name="chat", url="http://127.0.0.1:8000/metrics", detection=detection))
+    with caplog.at_level(logging.WARNING, logger="specwatch.evaluators.baseline_selection"):
+        assert _first_page(ev, 0.5, 3600.0) == float("inf")
+    assert ev.reference is not None and ev.reference.source == "learned"
+    said = [r.getMessage() for r in caplog.records if "no fleet baseline" in r.getMessage()]
+    assert len(said) == 1 and "unreachable" in said[0] and "learning from this node's traffic" in said[0], said
+    ev.close()
+
+
+def test_the_fleet_query_joins_on_the_baselines_own_key_and_escapes_values() -> None:
+    ratio, phi = queries("chat", BaselineKey('org/m"x', "0.9.1", 4), 'job="specwatch"')
+    assert ratio == (
+        'specwatch_route_acceptance_baseline_ratio{route="chat",job="specwatch"} * on(job, instance, route) '
+        'group_left() specwatch_route_acceptance_baseline_info{route="chat",job="specwatch",'
+        'model_name="org/m\\"x",engine_version="0.9.1",draft_length="4"}'
+    )
+    assert phi.startswith("specwatch_route_acceptance_baseline_overdispersion{")
