@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import platform
 import random
 import re
@@ -126,6 +127,26 @@ def run_trace_highest(spec: TraceSpec, config: Config) -> tuple[Pages, Pages, fl
         prev = sample
     replayer.close()
     return ours, theirs, highest
+
+
+def run_trace_horizon(spec: TraceSpec, config: Config, onset: float) -> tuple[Pages, float | None, dict | None]:
+    """Replay one trace through specwatch; its pages, and the detection horizon (stats/horizon.py) the evaluator
+    exported at the last scrape before `onset` (seconds from the trace's start), with its inputs."""
+    replayer, ours, horizon, inputs = Replayer(config), Pages(), None, None
+    ev = replayer.evaluator(spec.route)
+    for sample in generate(spec):
+        t = sample.ts - spec.start
+        if t < onset and onset - t < 60.0:
+            horizon, inputs = ev.decision.horizon(sample.ts), ev.decision.horizon_inputs(sample.ts)
+        transition = replayer.feed(sample)
+        if transition is not None:
+            ours.events.append((t, transition.state))
+    replayer.close()
+    return ours, horizon, inputs
+
+
+def _run_horizon_task(task: tuple[TraceSpec, Config, float]) -> tuple[Pages, float | None, dict | None]:
+    return run_trace_horizon(*task)
 
 
 def _run_task(task: tuple[TraceSpec, Config]) -> tuple[Pages, Pages, float]:
@@ -280,6 +301,71 @@ def bench_tier(
 SET_SEED_STRIDE = 10_000  # seeds of independent sets of routes (bench_tier's routes use seed + i and seed + 1000 + i)
 
 
+def horizon_cell(
+    rate: float, drops: int, seed: int, config: Config, kappa: float, mix: bool = True, jobs: int = 1
+) -> list[tuple[float | None, float | None]]:
+    """(predicted horizon at onset, measured time to page or None if not paged while the drop lasted) per injected
+    20% drop. No model change at the drops: the horizon is the traffic detector's, not the SPRT's."""
+    injected = [
+        (dataclasses.replace(spec, changes=()), start, end)
+        for spec, start, end in drop_specs(rate, drops, seed, kappa, mix)
+    ]
+    tasks = [(spec, config, start) for spec, start, _ in injected]
+    if jobs <= 1:
+        results = [_run_horizon_task(t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_run_horizon_task, tasks, chunksize=1))
+    out: list[tuple[float | None, float | None]] = []
+    for (pages, horizon, inputs), (_, start, end) in zip(results, injected):
+        hits = [t for t in pages.fires() if start <= t <= end]
+        out.append((horizon, hits[0] - start if hits else None))
+        if inputs is not None:  # the horizon's inputs at the onset, for a look at the formula beside the table
+            inputs = {**inputs, "dispersion": [inputs["dispersion"].intercept, inputs["dispersion"].slope]}
+            print(json.dumps({"rate": rate, "kappa": kappa, "measured": out[-1][1], "inputs": inputs}), file=sys.stderr)
+    return out
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def horizon_markdown(
+    cells: list[tuple[str, float, list[tuple[float | None, float | None]], list[tuple[int, int, float]] | None]],
+    args: argparse.Namespace,
+    seconds: float,
+) -> str:
+    lines = [
+        f"Measured with `{_command(args)}` ({seconds:.0f} s wall, {args.jobs} processes, {platform.machine()}, "
+        f"Python {platform.python_version()}, seed {args.seed}). Per tier and κ, {args.drops} injected "
+        f"{DROP_RATIO:.0%} drops of {DROP_SECONDS / 3600:g} h on the traces of the Detection benchmark (no model "
+        'change at the drop). Predicted: `specwatch_route_detection_horizon_seconds{path="traffic"}` at the '
+        "last scrape before the drop, median over the drops; measured: median time to page, a drop not paged "
+        "within its 4 h counted as longer than any paged one. False pages: the share of independent sets of 30 clean "
+        "+ 30 5%-drop route-days without a page (`--false-page-sets`).",
+        "",
+        "| tier | κ | predicted median | measured median | measured / predicted | paged | false-page sets clean |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tier, kappa, rows, sets in cells:
+        predicted = [h for h, _ in rows if h is not None]
+        measured = [m if m is not None else math.inf for _, m in rows]
+        paged = sum(1 for _, m in rows if m is not None)
+        p, m = (_median(predicted) if predicted else None), (_median(measured) if measured else None)
+        ratio = f"{m / p:.2f}" if p and m is not None and math.isfinite(m) else "-"
+        clean = "-"
+        if sets:
+            ok = sum(1 for _, pages, _ in sets if not pages)
+            clean = f"{ok} of {len(sets)} ({ok / len(sets):.0%})"
+        lines.append(
+            f"| {tier} | {kappa:g} | {_minutes(p)} | {_minutes(m) if m is None or math.isfinite(m) else '> 4 h'} | "
+            f"{ratio} | {paged}/{len(rows)} | {clean} |"
+        )
+    return "\n".join(lines)
+
+
 def false_page_sets(
     rate: float, sets: int, config: Config, kappa: float, mix: bool = True, jobs: int = 1
 ) -> list[tuple[int, int, float]]:
@@ -350,7 +436,9 @@ def _command(args: argparse.Namespace) -> str:
     if args.quick:
         parts.append("--quick")
     parts += [f'--tier "{t}"' for t in args.tier or ()] + [f"--kappa {k:g}" for k in args.kappa or ()]
-    if not args.quick and (args.route_days, args.drops) != (30.0, 50):
+    if getattr(args, "horizon", False):
+        parts.append(f"--horizon --drops {args.drops}")
+    elif not args.quick and (args.route_days, args.drops) != (30.0, 50):
         parts.append(f"--route-days {args.route_days:g} --drops {args.drops}")
     if args.false_page_sets:
         parts.append(f"--false-page-sets {args.false_page_sets}")
@@ -394,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: run N independent sets of 30 clean + 30 5%%-drop route-days per tier and κ and "
         "report the share without a page (the confidence in 'zero false pages')",
     )
+    p.add_argument(
+        "--horizon",
+        action="store_true",
+        help="instead: the detection horizon predicted at each drop's onset vs the measured time to page "
+        "(and, with --false-page-sets N, the false-page confidence of the same cells)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.route_days, args.drops = 3.0, 5
@@ -404,6 +498,24 @@ def main(argv: list[str] | None = None) -> int:
         config = Config(detection=dataclasses.replace(config.detection, cusum_threshold=args.cusum_threshold))
     bounds = json.loads(args.bound.read_text(encoding="utf-8")) if args.bound else {}
     started, cpu_started = time.perf_counter(), time.process_time()
+    if args.horizon:
+        cells = []
+        for tier in args.tier or list(TIERS):
+            for kappa in kappas:
+                t0 = time.perf_counter()
+                rows = horizon_cell(TIERS[tier][0], args.drops, args.seed, config, kappa, not args.no_mix, args.jobs)
+                sets = (
+                    false_page_sets(TIERS[tier][0], args.false_page_sets, config, kappa, not args.no_mix, args.jobs)
+                    if args.false_page_sets
+                    else None
+                )
+                cells.append((tier, kappa, rows, sets))
+                print(f"{tier} κ={kappa:g}: {time.perf_counter() - t0:.0f} s {rows} {sets}", file=sys.stderr)
+        body = horizon_markdown(cells, args, time.perf_counter() - started)
+        print(body)
+        if args.write:
+            write_section(args.write, body, "Detection horizon")
+        return 0
     if args.false_page_sets:
         lines = [
             f"Measured with `{_command(args)}` (traces as above, default detection settings). Each set is the "

@@ -32,11 +32,14 @@ fi
 if .venv/bin/specwatch generate --help >/dev/null 2>&1; then
   .venv/bin/specwatch generate --check || { echo "test: generated alerts/dashboards are stale: run 'specwatch generate'" >&2; exit 1; }
 fi
-# The real vLLM engine (CPU build) of the real_engine tests: installed into .venv-vllm once, a few minutes.
+# The real engines of the real_engine tests: vLLM's CPU build, installed into .venv-vllm once (a few minutes),
+# and llama.cpp's llama-server, built once per machine into ~/.cache/specwatch (15-30 minutes on 2 cores).
 case " $* " in
-  *"not real_engine"*|*"not e2e"*) ;;  # the real-engine tests are deselected: no need for the engine
+  *"not real_engine"*|*"not e2e"*) ;;  # the real-engine tests are deselected: no need for the engines
   *) .venv/bin/python -m testbed \
-       || echo "test: the real vLLM engine could not be installed; its tests will fail and say why" >&2 ;;
+       || echo "test: the real vLLM engine could not be installed; its tests will fail and say why" >&2
+     .venv/bin/python -m testbed.llamacpp_build \
+       || echo "test: llama-server could not be built; its tests will build it again or say why" >&2 ;;
 esac
 .venv/bin/python -m pytest -q "$@"
 finish $?

@@ -189,6 +189,22 @@ METRICS: tuple[MetricSpec, ...] = (
         area="detection",
     ),
     _m(
+        "route_detection_horizon_seconds",
+        "gauge",
+        "Expected time to page a 20% acceptance drop, by the traffic detector at the last hour's evidence rate "
+        '(path="traffic"; 31536000, a year, when it never would) '
+        'or by canary probes (path="probe", where configured)' + AS_OF,
+        ("route", "path"),
+        area="detection",
+    ),
+    _m(
+        "route_detection_horizon_budget_seconds",
+        "gauge",
+        "The route's detection.horizon_budget: longest acceptable detection horizon",
+        ("route",),
+        area="detection",
+    ),
+    _m(
         "route_model_changes_total",
         "counter",
         "Model, engine version or draft length changes seen on the route",
@@ -334,7 +350,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "route_probe_method_info",
         "gauge",
         "How canary probes read acceptance (vllm_response, sglang_generate, "
-        "sglang_openai, bracketing); always 1" + AS_OF,
+        "sglang_openai, llamacpp_timings, bracketing); always 1" + AS_OF,
         ("route", "method"),
         area="probe",
     ),

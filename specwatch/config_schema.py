@@ -236,6 +236,11 @@ class DetectionConfig:
     seed_from: SeedFrom | None = option(
         "seed_from", Section(SeedFrom, optional=True), "a new key's baseline from the fleet's; None: learned", None
     )
+    # A route whose traffic detector would take longer than this to page a 20% drop, with no canary probe that
+    # pages sooner, is under-watched (alert SpecwatchRouteUnderWatched, `specwatch check-config` advice).
+    horizon_budget_seconds: float = option(
+        "horizon_budget", Duration(), "longest acceptable expected time to page a 20% drop", 3600.0
+    )
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from specwatch.evaluators.registry import build_route_evaluators
 from specwatch.scrape_pool import STALL_SECONDS, ScrapeLanes
 from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
 from specwatch.sources import engines, nvml
+from specwatch.stats.horizon import probe_horizon
 from specwatch.sources.base import ERROR_REASONS, EngineSource, NoData, SourceError
 from specwatch.tracking.routes import RouteTracker
 
@@ -430,6 +431,10 @@ class Daemon:
         fields["evaluator_errors_total"] = dict(errors)
         if fields.get("baseline_ratio") is not None:
             fields["acceptance_threshold_ratio"] = fields["baseline_ratio"] * (1.0 - route.cfg.detection.drop)
+        if fields.get("traffic_horizon_seconds") is not None:
+            fields["horizon_budget_seconds"] = route.cfg.detection.horizon_budget_seconds
+        if route.cfg.probe is not None:
+            fields["probe_horizon_seconds"] = probe_horizon(route.cfg.probe.every_seconds)
         base.update(fields)
         return RouteState(**base)
 

@@ -143,6 +143,11 @@ class RouteState:
     drop_ratio: float | None = None
     degraded: bool | None = None
     cusum_statistic: float | None = None
+    # expected seconds to page a 20% drop (stats/horizon.py): by the traffic detector at the last hour's evidence
+    # rate (inf: no traffic), and by canary probes (None: no probes); the route's `detection.horizon_budget`
+    traffic_horizon_seconds: float | None = None
+    probe_horizon_seconds: float | None = None
+    horizon_budget_seconds: float | None = None
     model_changes_total: float = 0.0
     last_model_change_timestamp: float | None = None
     # crossover

@@ -12,4 +12,7 @@ GPU or a model hub.
 - `models`: builds the tiny models through the engine venv and caches them.
 - `successor`, `baseline`: models whose acceptance is known in advance; baselines measured from an engine.
 - `real_demo`: `specwatch demo --real`. `python -m testbed` builds the engine venv and the models now.
+- `llamacpp_build`, `llamacpp_models`, `llamacpp_server`, `llamacpp_demo`: the second engine, llama.cpp's
+  `llama-server`, built once per machine from a pinned source archive into ~/.cache/specwatch, its tiny GGUF
+  models, servers and `specwatch demo --real llamacpp`. `python -m testbed.llamacpp_build` builds it now.
 """

@@ -224,6 +224,30 @@ def _every_column_snapshot() -> Snapshot:
     )
 
 
+def test_status_watch_column_shows_the_shorter_horizon_and_flags_one_over_budget():
+    snap = Snapshot(
+        timestamp=1.0,
+        routes=(
+            route("busy", up=True, baseline_ratio=0.5, traffic_horizon_seconds=180.0, horizon_budget_seconds=3600.0),
+            route("quiet", up=True, baseline_ratio=0.5, traffic_horizon_seconds=9000.0, horizon_budget_seconds=3600.0),
+            route(
+                "probed",
+                up=True,
+                baseline_ratio=0.5,
+                traffic_horizon_seconds=9000.0,
+                probe_horizon_seconds=1800.0,
+                horizon_budget_seconds=3600.0,
+            ),
+            route("idle", up=True, baseline_ratio=0.5, traffic_horizon_seconds=365 * 86400.0),
+        ),
+    )
+    lines = table_text(routes_document(snap)).splitlines()
+    assert any("watch" in line for line in lines)
+    row = {name: next(line for line in lines if f" {name} " in line) for name in ("busy", "quiet", "probed", "idle")}
+    assert " 3m " in row["busy"] and " 2.5h " in row["quiet"] and " 30m probe " in row["probed"]
+    assert " ∞ " in row["idle"]
+
+
 def test_status_fits_an_80_column_terminal_by_dropping_named_columns_never_cutting_numbers():
     doc = routes_document(_every_column_snapshot())
     console = Console(width=80, record=True, file=open(os.devnull, "w"))

@@ -75,6 +75,7 @@ ALLOWED_EXCEPTIONS = {
     # `specwatch demo --real` runs the checkout-only testbed; see commands/demo.py testbed_checkout().
     ("specwatch.commands.demo", "testbed.engine_env"),
     ("specwatch.commands.demo", "testbed.real_demo"),
+    ("specwatch.commands.demo", "testbed.llamacpp_demo"),
     ("specwatch.commands.demo", "testbed.vllm_server"),
     ("specwatch.commands.demo", "testbed"),
 }

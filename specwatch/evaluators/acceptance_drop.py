@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.evaluators.baseline_selection import BaselineSelection
-from specwatch.evaluators.drop_decision import CollapseCheck, DropDecision
+from specwatch.evaluators.drop_decision import HORIZON_TRAFFIC_SECONDS, CollapseCheck, DropDecision
 from specwatch.evaluators.gauge_drop import GAUGE_SOURCES, GaugeDrop
 from specwatch.snapshot import GpuSample, RouteObservation
 from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
@@ -268,6 +268,8 @@ class AcceptanceDropEvaluator:
             "change_ts": selection.change_ts,
             "degraded": self.decision.degraded,
             "traffic": self.decision.traffic.to_json(),
+            "recent_traffic": self.decision.recent_traffic.to_json(),
+            "recent_evidence": self.decision.recent_evidence.to_json(),
             "model_changes_total": self.model_changes_total,
             "last_model_change": self.last_model_change,
             "gauge": self.gauge.to_json(),
@@ -291,6 +293,12 @@ class AcceptanceDropEvaluator:
             traffic = TrafficRate()
             if state.get("traffic") is not None:  # absent in state saved before h adapted to traffic
                 traffic.restore(state["traffic"])
+            recent = TrafficRate(HORIZON_TRAFFIC_SECONDS)
+            if state.get("recent_traffic") is not None:  # absent in state saved before the horizon was exported
+                recent.restore(state["recent_traffic"])
+            evidence = TrafficRate(HORIZON_TRAFFIC_SECONDS)
+            if state.get("recent_evidence") is not None:
+                evidence.restore(state["recent_evidence"])
             gauge = GaugeDrop(self.route, self.cfg)
             if state.get("gauge") is not None:  # absent in state saved before gauge routes were judged
                 gauge.restore(state["gauge"])
@@ -299,7 +307,8 @@ class AcceptanceDropEvaluator:
             log.error("route %s: unreadable detector state (%r); starting afresh", self.route, exc)
             return
         self.model_changes_total, self.last_model_change = changes, last_change
-        self.decision.traffic, self.gauge = traffic, gauge
+        self.decision.traffic, self.decision.recent_traffic, self.gauge = traffic, recent, gauge
+        self.decision.recent_evidence = evidence
         self.collapse.collapsed = bool(state.get("collapsed", False))
         self._use(self.selection.restore(key, ref_key, learner, change_ts))
         decision = self.decision
@@ -313,6 +322,31 @@ def _idle(obs: RouteObservation) -> bool:
     """Nothing running or waiting at this scrape (False when the source does not say)."""
     running = obs.running_per_engine
     return bool(running) and sum(running.values()) <= 0 and not obs.waiting_requests
+
+
+def stored_horizon(store: StateStore, route: RouteConfig) -> tuple[float, float] | None:
+    """(traffic horizon, drafted tokens/s) of `route` as its daemon last saved it, from a read-only `store`; None
+    when the state holds no baseline or no recent traffic for it. For `specwatch check-config`'s advice."""
+    state = store.route_state(route.name)
+    if not state or state.get("version") != STATE_VERSION or state.get("recent_traffic") is None:
+        return None
+    try:
+        ref_key = _key_from(state["reference_key"])
+        decision = DropDecision(route.name, route.detection)
+        decision.recent_traffic.restore(state["recent_traffic"])
+        if state.get("recent_evidence") is not None:
+            decision.recent_evidence.restore(state["recent_evidence"])
+        if state.get("traffic") is not None:
+            decision.traffic.restore(state["traffic"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    baseline = store.get(route.name, ref_key) if ref_key is not None else None
+    now = decision.recent_traffic.last
+    if baseline is None or now is None:
+        return None
+    decision.use(baseline)
+    horizon, rate = decision.horizon(now), decision.recent_traffic.per_second(now, 0.0)
+    return None if horizon is None or rate is None else (horizon, rate)
 
 
 def _key_json(key: BaselineKey | None) -> list[Any] | None:

@@ -29,6 +29,7 @@ from specwatch.state.baselines import Baseline
 from specwatch.stats.cusum import Cusum, LogLikelihoodRatio, Sprt
 from specwatch.stats.daily import DailyProfile
 from specwatch.stats.evidence import OpenBlock, ShortWindow, TrafficRate, adapted_threshold
+from specwatch.stats.horizon import NEVER_SECONDS, traffic_horizon
 from specwatch.stats.overdispersion import DispersionModel
 from specwatch.stats.wilson import wilson_bounds
 
@@ -48,6 +49,8 @@ CONFIRM_MIN_GAUGE_READINGS = 3  # readings with requests running that a gauge ro
 # One harmonic is a model of the day, not the day: r0(t) is lowered by this share beside its standard errors, so a
 # 5% drift stays inside the zone where the real pattern departs from the sinusoid by up to a percent.
 PROFILE_MISFIT = 0.01
+HORIZON_MAX_SECONDS = NEVER_SECONDS
+HORIZON_TRAFFIC_SECONDS = 3600.0  # the detection horizon is quoted at the drafted-token rate of about the last hour
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,9 @@ class DropDecision:
         self.degraded = False
         self.window = ShortWindow(cfg.confirm_window_seconds, cfg.min_drafted_tokens)
         self.traffic = TrafficRate()
+        # the evidence rate the detection horizon is quoted at: the last hour, not the day h is adapted to
+        self.recent_traffic = TrafficRate(HORIZON_TRAFFIC_SECONDS)
+        self.recent_evidence = TrafficRate(HORIZON_TRAFFIC_SECONDS)  # Σ D / φ(D) of the closed blocks
         self.block = OpenBlock(cfg.block_seconds)
 
     # ------------------------------------------------------------------ the baseline under test
@@ -196,6 +202,7 @@ class DropDecision:
         """One interval's counts into the confirmation window and the traffic rate."""
         self.window.add(now, accepted, drafted)
         self.traffic.add(now, drafted)
+        self.recent_traffic.add(now, drafted)
 
     def weigh(self, block: tuple[float, float, float] | None) -> None:
         """Evidence is weighed per block, the unit its design effect was fitted on."""
@@ -203,6 +210,7 @@ class DropDecision:
             return
         block_start, block_accepted, block_drafted = block
         llr = self.hypotheses.llr(block_accepted, block_drafted, block_start)
+        self.recent_evidence.add(block_start, block_drafted / self.hypotheses.dispersion.at(block_drafted))
         self.cusum.update(llr, block_drafted, block_start)
         if self.sprt is not None:
             self.sprt.update(llr, block_drafted)
@@ -256,6 +264,33 @@ class DropDecision:
                 reference.acceptance_ratio,
             )
 
+    def horizon_inputs(self, now: float) -> dict[str, Any] | None:
+        """The arguments of `traffic_horizon` for this route now; None before the rate is known."""
+        test = self.hypotheses
+        rate = self.recent_traffic.per_second(now, 0.0)
+        if test is None or rate is None:
+            return None
+        cfg = self.cfg
+        return {
+            "r0": self.baseline_ratio(now),
+            "r0_tested": test.reference(now),
+            "drop": test.drop,
+            "dispersion": test.dispersion,
+            "threshold": self.threshold(now),
+            "drafted_per_second": rate,
+            "effective_per_second": self.recent_evidence.per_second(now, 0.0),
+            "block_seconds": cfg.block_seconds,
+            "min_duration_seconds": cfg.min_duration_seconds,
+            "confirm_window_seconds": cfg.confirm_window_seconds,
+            "window_min_tokens": self.window.min_tokens,
+        }
+
+    def horizon(self, now: float) -> float | None:
+        """Expected seconds to page a HORIZON_DROP drop at the last hour's evidence rate (stats/horizon.py); None
+        before the rate is known. Capped at a year: an exported value is finite, and "never" reads as a year."""
+        inputs = self.horizon_inputs(now)
+        return None if inputs is None else min(traffic_horizon(**inputs), HORIZON_MAX_SECONDS)
+
     def fields(self, ts: float | None) -> dict[str, Any]:
         current = self.window.ratio()
         r0 = self.baseline_ratio(ts)
@@ -271,4 +306,5 @@ class DropDecision:
             "degraded": self.degraded,
             "cusum_statistic": self.cusum.statistic,
             "drop_ratio": None if current is None else 1.0 - current / r0,
+            "traffic_horizon_seconds": None if ts is None else self.horizon(ts),
         }

@@ -189,6 +189,11 @@ def _detection_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_acceptance_drop_ratio", routes, "drop_ratio")
     _per_route(f, "route_acceptance_degraded", routes, "degraded")
     _per_route(f, "route_acceptance_cusum", routes, "cusum_statistic")
+    horizon = f("route_detection_horizon_seconds")
+    for r in routes:
+        horizon.add(r.traffic_horizon_seconds, r.name, "traffic")
+        horizon.add(r.probe_horizon_seconds, r.name, "probe")
+    _per_route(f, "route_detection_horizon_budget_seconds", routes, "horizon_budget_seconds")
     _per_route(f, "route_model_changes_total", routes, "model_changes_total")
     _per_route(f, "route_last_model_change_timestamp_seconds", routes, "last_model_change_timestamp")
 

@@ -50,6 +50,7 @@ CLASS_OF: dict[str, str] = {
     "SpecwatchConfigReloadFailed": "self",
     "SpecwatchGpuLost": "gpu",
     "SpecwatchGpuThrottling": "gpu",
+    "SpecwatchRouteUnderWatched": "watch",
 }
 
 
@@ -167,6 +168,25 @@ def route_alerts(s: Settings) -> list[dict[str, Any]]:
             f"{s.speculation_inactive_for} without proposing a single draft token, while its engine has "
             "speculation configured: a batch-size schedule at K=0, adaptive speculation at step 0, or the "
             "engine's own acceptance gate switched the drafter off. Every request now pays full decode cost.",
+        ),
+        _alert(
+            s,
+            "SpecwatchRouteUnderWatched",
+            # Over budget by traffic, no probe that pages within the budget, and speculation not known to be off.
+            f'specwatch_route_detection_horizon_seconds{{path="traffic",{s.selector}}}\n'
+            f"  > on({s.on_route}) specwatch_route_detection_horizon_budget_seconds{sel}\n"
+            f"unless on({s.on_route}) (\n"
+            f'  specwatch_route_detection_horizon_seconds{{path="probe",{s.selector}}}\n'
+            f"    <= on({s.on_route}) specwatch_route_detection_horizon_budget_seconds{sel}\n"
+            ")\n"
+            f"unless on({s.on_route}) specwatch_route_speculation_active{sel} == 0\n",
+            s.under_watched_for,
+            "A 20% acceptance drop on this route would page later than its detection budget, and no probe covers it.",
+            "At its traffic of the last hour, route {{ $labels.route }} ({{ $labels.instance }}) would take about "
+            "{{ $value | humanizeDuration }} to page a 20% draft-acceptance drop, more than its budget of "
+            + _lookup(s, "specwatch_route_detection_horizon_budget_seconds{SEL}", "value | humanizeDuration", "1h")
+            + ", and it has no canary probe that pages sooner. Add `probe:` to the route (the runbook gives the "
+            "config and its GPU cost), or accept the longer horizon with a larger detection.horizon_budget.",
         ),
         _alert(
             s,

@@ -430,6 +430,32 @@ def route_detail(s: Settings) -> dict[str, Any]:
         [
             (
                 _timeseries(
+                    "Detection horizon",
+                    "Expected time to page a 20% acceptance drop: by the traffic detector at the last hour's "
+                    "evidence rate (traffic), by canary probes where configured (probe: 2 rounds), against the "
+                    "route's detection.horizon_budget (dashed). Above the budget with no faster probe, the route "
+                    "is under-watched (docs/detection.md, detection horizon).",
+                    [
+                        (
+                            f"specwatch_route_detection_horizon_seconds{{{ROUTE}}}",
+                            "{{instance}} {{route}} {{path}}",
+                        ),
+                        (
+                            f"specwatch_route_detection_horizon_budget_seconds{{{ROUTE}}}",
+                            "{{instance}} {{route}} budget",
+                        ),
+                    ],
+                    "s",
+                    minimum=0,
+                    overrides=[_dashed(".* budget", color="red")],
+                ),
+                24,
+                6,
+            ),
+        ],
+        [
+            (
+                _timeseries(
                     "Per-position acceptance (5m)",
                     "Share of drafts whose token at each position was "
                     "accepted. Position 0 does not depend on k: compare it when k changed.",

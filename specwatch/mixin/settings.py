@@ -16,7 +16,7 @@ from specwatch.config_schema import Config, DetectionConfig, default_of, parse_d
 
 SEVERITIES = ("critical", "warning", "info")
 # Alert classes, each with its own `severity_<class>` field.
-ALERT_CLASSES = ("drop", "crossover", "source", "self", "gpu")
+ALERT_CLASSES = ("drop", "crossover", "source", "self", "gpu", "watch")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Settings:
     state_errors_for: str = "0m"
     config_reload_failed_for: str = "10m"
     internal_errors_for: str = "15m"
+    # The traffic horizon follows the last hour's traffic: a lull shorter than this opens no ticket.
+    under_watched_for: str = "1h"
 
     # Fleet recording-rule windows: a short one for dashboards and a long one that rides out task-mix noise.
     fleet_windows: tuple[str, ...] = ("5m", "1h")
@@ -78,6 +80,8 @@ class Settings:
     severity_source: str = "warning"  # SourceDown
     severity_self: str = "warning"  # TargetDown, Stale, StateStoreErrors, InternalErrors, ConfigReloadFailed
     severity_gpu: str = "warning"  # GpuLost, GpuThrottling
+    # How well a route is watched is a planning matter, never a page: a ticket at most.
+    severity_watch: str = "warning"  # RouteUnderWatched
 
     # Alertmanager example: who gets pages and who gets tickets.
     page_receiver: str = "specwatch-page"

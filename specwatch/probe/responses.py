@@ -14,6 +14,12 @@ SGLang 0.5.23: native `/generate` puts `spec_verify_ct`, `spec_num_correct_draft
 once (sglang/srt/managers/tokenizer_manager.py `_calculate_spec_decoding_metrics`). OpenAI endpoints return
 the same numbers under `sglext.spec_tokens_details` when the request sets `return_spec_tokens_details: true`
 (sglang/srt/entrypoints/openai/protocol.py `SpecTokensDetails`, `SglExt`; a list when n > 1).
+
+llama.cpp (llama-server b11434): every completion answer, OpenAI-compatible or native, carries `timings`
+(tools/server/server-task.cpp, `to_json_oaicompat` and `to_json_non_oaicompat`), which holds `draft_n` and
+`draft_n_accepted` (bonus excluded) only when the request drafted at least one token (tools/server/
+server-common.cpp, `result_timings::to_json`). The verify steps are counted (`n_draft_verif_steps`) but not
+written there, so a probe read this way has no mean acceptance length.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ SGLANG_FIELDS = {
 SGLANG_EXT_FIELD = "sglext"
 SGLANG_SPEC_DETAILS = "spec_tokens_details"
 SGLANG_REQUEST_FLAG = "return_spec_tokens_details"
+# llama.cpp: `timings` field names (b11434).
+LLAMACPP_TIMINGS_FIELD = "timings"
+LLAMACPP_FIELDS = {"drafted": "draft_n", "accepted": "draft_n_accepted"}
 
 
 class ResponseError(ValueError):
@@ -129,6 +138,15 @@ def sglang_openai(body: Mapping[str, Any]) -> Acceptance | None:
     if not isinstance(details, dict):
         raise ResponseError(f"{SGLANG_EXT_FIELD}.{SGLANG_SPEC_DETAILS}: not an object")
     return _read(details, SGLANG_FIELDS, f"{SGLANG_EXT_FIELD}.{SGLANG_SPEC_DETAILS}")
+
+
+def llamacpp_completion(body: Mapping[str, Any]) -> Acceptance | None:
+    """From a llama-server completion's `timings`; None when it holds no draft counts (nothing drafted, or
+    speculation off: the answer does not tell which). The verify steps are not reported: `steps` is 0."""
+    timings = body.get(LLAMACPP_TIMINGS_FIELD)
+    if not isinstance(timings, dict) or LLAMACPP_FIELDS["drafted"] not in timings:
+        return None
+    return _read({**timings, "steps": 0}, {**LLAMACPP_FIELDS, "steps": "steps", "histogram": ""}, "timings")
 
 
 def completion_tokens(body: Mapping[str, Any]) -> int | None:

@@ -9,7 +9,8 @@ and reads each prompt's own acceptance, in this order of preference (probe/respo
    `--per-request-spec-decode-metrics summary`);
 2. `sglang_generate`: SGLang's native `/generate` `meta_info` (api sglang, the default for SGLang routes);
 3. `sglang_openai`: SGLang's OpenAI completions with `return_spec_tokens_details: true` (api openai);
-4. `bracketing`: when the answer carries none of these, each prompt is bracketed by two scrapes of the
+4. `llamacpp_timings`: llama-server's `timings.draft_n` / `draft_n_accepted` (no verify-step count);
+5. `bracketing`: when the answer carries none of these, each prompt is bracketed by two scrapes of the
    engine's /metrics: sent only while nothing runs or waits, and kept only if the finished-request counter
    rose by exactly one and nothing runs or waits afterwards; its acceptance is the counters' difference.
    Prompts go one at a time, and a round where too few prompts could be bracketed is `busy`.
@@ -40,7 +41,7 @@ from specwatch.sources.http import client_session
 
 log = logging.getLogger(__name__)
 
-METHODS = ("vllm_response", "sglang_generate", "sglang_openai", "bracketing")
+METHODS = ("vllm_response", "sglang_generate", "sglang_openai", "llamacpp_timings", "bracketing")
 OUTCOMES = ("ok", "busy", "error")
 # A bracketed prompt waits this long at most for the engine to be idle before it is sent, and for the
 # finished-request counter to show it afterwards (engines update counters just after answering).
@@ -265,6 +266,9 @@ class ProbeRunner:
                 acceptance = responses.vllm_completion(body) or responses.sglang_openai(body)
                 if acceptance is not None and "sglext" in body:
                     method = "sglang_openai"
+                elif acceptance is None:
+                    acceptance = responses.llamacpp_completion(body)
+                    method = "llamacpp_timings"
             else:
                 acceptance = responses.sglang_generate(body)
         except ResponseError as exc:

@@ -40,12 +40,23 @@ class EngineKind:
     version_endpoints: tuple[tuple[str, str], ...]  # (path beside /metrics, JSON key), tried in order
     finished_family: str = ""  # the finished-requests counter (canary probes' counter bracketing)
     finished: Callable[..., "float | None"] | None = None  # (families, match, engines) -> count
+    # (path beside /metrics, JSON key) of the served model's name, read with the version once per engine
+    # start, for engines whose /metrics does not carry it.
+    model_endpoint: tuple[str, str] | None = None
+    # The exposition never says when the engine started (no `_created` in llama.cpp's or SGLang's, none in
+    # vLLM's multiprocess mode): the source stands in with the start it can see (`_engine_gone`).
+    observed_start: bool = False
 
 
 # One entry per name in kinds.SCRAPED, the names a route's `engine:` is checked against.
 ENGINES: Mapping[str, EngineKind] = {
     "vllm": EngineKind(
-        vllm.WANTED, vllm.extract, (("/version", "version"),), vllm.FINISHED_REQUESTS, vllm.finished_requests
+        vllm.WANTED,
+        vllm.extract,
+        (("/version", "version"),),
+        vllm.FINISHED_REQUESTS,
+        vllm.finished_requests,
+        observed_start=True,
     ),
     # SGLang answers on one of these two paths depending on the release; both carry `version`.
     "sglang": EngineKind(
@@ -54,11 +65,18 @@ ENGINES: Mapping[str, EngineKind] = {
         (("/get_server_info", "version"), ("/server_info", "version")),
         sglang.FINISHED_REQUESTS,
         sglang.finished_requests,
+        observed_start=True,
     ),
     # trtllm-serve lists /version among its endpoints; the JSON key is assumed, not checked.
     "trtllm": EngineKind(trtllm.WANTED, trtllm.extract, (("/version", "version"),)),
-    # llama-server's /props carries `build_info` ("b<build>-<commit>") in recent releases.
-    "llamacpp": EngineKind(llamacpp.WANTED, llamacpp.extract, (("/props", "build_info"),)),
+    # llama-server's /props carries `build_info` ("b<build>-<commit>") and the model file's path.
+    "llamacpp": EngineKind(
+        llamacpp.WANTED,
+        llamacpp.extract,
+        llamacpp.VERSION_ENDPOINTS,
+        model_endpoint=llamacpp.MODEL_ENDPOINT,
+        observed_start=True,
+    ),
 }
 # What an endpoint is asked to filter its /metrics down to (name_filter.py): every engine kind's families, so
 # one request serves routes of any kind and `auto` detection still sees the engine's prefix.
@@ -253,22 +271,38 @@ class HttpEngineSource:
         self._registered = endpoint is not None
         self.kind = route.engine if route.engine != "auto" else ""
         self.version: str | None = None  # None: fetch on the next success
+        self.model_name = ""  # from the engine's info endpoint, where /metrics does not name the model
         self._last_identity: tuple | None = None
+        # Where the exposition has no start time of its own (`_created`, process start): when this engine
+        # started, as far as we can tell. A refused connection (or llama-server's 503 while loading) means the
+        # process was gone or still starting, so what answers next is a new process: its counters started
+        # from 0 even if they are already above the old ones.
+        self._start: float | None = None
+        self._gone = False
 
     def sample(self, now: float) -> EngineSample:
         try:
             kind, families = self.endpoint.families(self, self.kind or "auto", now)
             self.kind = kind
             result = ENGINES[kind].extract(families, self.route.match, self.route.engines, now, self.version or "")
-        except SourceError:
+        except SourceError as exc:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
+            self._gone = self._gone or _engine_gone(exc, self.kind)
             raise
+        if self._start is None or self._gone:
+            self._start, self._gone = now, False
+            self.version = None
+        if ENGINES[kind].observed_start:
+            result = _with_start(result, self._start)
         if self._restarted(result):
             self.version = None
         if self.version is None:
             self.version = self._fetch_version(result.engine_kind)
-            if self.version:
-                result = replace(result, engine_version=self.version)
+            self.model_name = self._fetch_model_name(result.engine_kind)
+        if self.version:
+            result = replace(result, engine_version=self.version)
+        if self.model_name and not result.model_name:
+            result = replace(result, model_name=self.model_name)
         return result
 
     def _restarted(self, sample: EngineSample) -> bool:
@@ -291,11 +325,43 @@ class HttpEngineSource:
                 break
         return ""
 
+    def _fetch_model_name(self, engine_kind: str) -> str:
+        """The served model's name from the engine's info endpoint, where it has one; "" otherwise."""
+        kind = ENGINES.get(engine_kind)
+        if kind is None or kind.model_endpoint is None:
+            return ""
+        path, key = kind.model_endpoint
+        url = _sibling_url(self.route.url, path)
+        try:
+            return self.fetcher.get_json_field(url, key)
+        except SourceError as exc:
+            log.debug("route %s: model name from %s: %s", self.route.name, url, exc)
+            return ""
+
     def close(self) -> None:
         self.fetcher.close()
         if self._registered:
             self._registered = False  # close() is idempotent: release the endpoint once
             ENDPOINTS.release(self.endpoint)
+
+
+def _engine_gone(exc: SourceError, kind: str) -> bool:
+    """A failure that only a missing or starting engine gives: nothing listening, or llama-server's 503 while it
+    loads the model (tools/server/server-http.cpp, "Loading model"). Other engines' 503 may be a proxy's or an
+    overload's, so only llama.cpp's counts."""
+    text = str(exc)
+    return (exc.reason == "connection" and "ConnectionRefusedError" in text) or (
+        kind == "llamacpp" and exc.reason == "http_status" and " HTTP 503" in text
+    )
+
+
+def _with_start(sample: EngineSample, start: float) -> EngineSample:
+    """Engines without a start time of their own get the one seen from here (`created`); where any engine has
+    its own (vLLM's `_created`), that is the one used."""
+    if not sample.engines or any(e.created is not None for e in sample.engines):
+        return sample
+    engines = tuple(e if e.created is not None else replace(e, created=start) for e in sample.engines)
+    return replace(sample, engines=engines)
 
 
 def _sibling_url(metrics_url: str, path: str) -> str:

@@ -36,6 +36,11 @@ GAUGES: Mapping[str, str] = {
     "llamacpp:requests_deferred": "waiting",  # requests waiting for a free slot
 }
 SPEC_FAMILIES = frozenset(COUNTERS) - {"llamacpp:tokens_predicted_total"} | {PER_POSITION}
+# /props (tools/server/server-context.cpp, get_res_props): `build_info` is "b<build>-<commit>"; `model_path` is
+# the file served (`model_alias` is --alias, else the file name). Neither is on /metrics, whose series have no
+# labels at all, and nothing there or in /props tells when the server started.
+VERSION_ENDPOINTS = (("/props", "build_info"),)
+MODEL_ENDPOINT = ("/props", "model_alias")
 WANTED = frozenset(COUNTERS) | {PER_POSITION} | frozenset(GAUGES)
 
 
@@ -70,13 +75,16 @@ def extract(
 
     # The spec counters are written whether or not a draft model is loaded; they say speculation is
     # configured only once they have counted something (or the per-position vector, sized by n_max, exists).
+    # They are counters all the same: an all-zero sample is a sample (a fresh server, or one that restarted),
+    # and read as one, so that a drop to 0 reaches the reset-safe counters.
     enabled = bool(fields.get("drafts") or fields.get("draft_tokens") or per_pos)
+    counting = any(selected.get(name) for name in SPEC_FAMILIES)
     k = len(fields.get("accepted_per_pos", ())) or None
     return EngineSample(
         ts=ts,
         engine_kind="llamacpp",
-        acceptance_source="counter" if enabled else "none",
-        model_name="",
+        acceptance_source="counter" if counting else "none",
+        model_name="",  # not on /metrics: the source reads it from /props (MODEL_ENDPOINT)
         engine_version=version,
         speculation_enabled=enabled,
         num_speculative_tokens=k if enabled else None,

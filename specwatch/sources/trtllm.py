@@ -59,7 +59,11 @@ GAUGES: Mapping[str, str] = {
 SPEC_CONFIG_INFO = "speculative_config_info"
 SPEC_ENABLED_LABEL, SPEC_TOKENS_LABEL = "spec_enabled", "spec_num_tokens"
 
-_LOGICAL = (*COUNTERS, *PER_POSITION, *GAUGES, SPEC_CONFIG_INFO)
+# prometheus_client's creation time of the generation counter (single-process mode): a new value is a new
+# server, whatever its counters read.
+CREATED = "generation_tokens_created"
+
+_LOGICAL = (*COUNTERS, *PER_POSITION, *GAUGES, SPEC_CONFIG_INFO, CREATED)
 WANTED = frozenset(prefix + name for prefix in PREFIXES for name in _LOGICAL)
 _SPEC = (*(n for n in COUNTERS if n.startswith("spec_decode_")), *PER_POSITION)
 
@@ -102,6 +106,9 @@ def extract(
         values = [gauge_value(s.value) for s in selected.get(name, [])]
         if values:
             fields[field_name] = values[-1]
+    created = [c for s in selected.get(CREATED, []) if (c := gauge_value(s.value)) is not None]
+    if created:
+        fields["created"] = max(created)
     accepted, drafted = (_positions(selected.get(name, [])) for name in PER_POSITION)
     if accepted is not None and drafted is not None:
         width = max(len(accepted), len(drafted))

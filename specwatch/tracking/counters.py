@@ -37,7 +37,9 @@ class ResetSafeCounter:
     total: float = 0.0  # corrected cumulative value
     resets: int = 0
 
-    def check(self, value: float, created: float | None = None, ts: float | None = None) -> str | None:
+    def check(
+        self, value: float, created: float | None = None, ts: float | None = None, restarted: bool = False
+    ) -> str | None:
         """Why `value` cannot be this counter's next sample (one of REJECT_REASONS), or None when it can."""
         if not math.isfinite(value):
             return "non_finite"
@@ -47,29 +49,41 @@ class ResetSafeCounter:
             return "too_large"
         if self.last_value is not None and ts is not None and self.last_ts is not None:
             seconds = max(MIN_INTERVAL_SECONDS, ts - self.last_ts)
-            if self._increase(value, created)[0] > MAX_INCREASE_PER_SECOND * seconds:
+            if self._increase(value, created, restarted)[0] > MAX_INCREASE_PER_SECOND * seconds:
                 return "too_fast"
         return None
 
-    def update(self, value: float, created: float | None = None, ts: float | None = None) -> float:
-        if self.check(value, created, ts) is not None:
+    def update(
+        self, value: float, created: float | None = None, ts: float | None = None, restarted: bool = False
+    ) -> float:
+        """`restarted`: the caller knows the engine restarted (another of its counters went back), so this
+        counter started again from 0 too, even if its new value is above its last."""
+        if self.check(value, created, ts, restarted) is not None:
             return 0.0
         if self.last_value is None:
             # First sight: adopt the value as the starting point; its history predates us.
             self.last_value, self.last_created, self.last_ts = value, created, ts
             self.total = value
             return 0.0
-        increase, restarted = self._increase(value, created)
+        increase, restarted = self._increase(value, created, restarted)
         if restarted:
             self.resets += 1
         self.last_value, self.last_created, self.last_ts = value, created, ts
         self.total += increase
         return increase
 
-    def _increase(self, value: float, created: float | None) -> tuple[float, bool]:
+    def went_back(self, value: float, created: float | None = None) -> bool:
+        """Whether `value` (with `created`) shows a restart since the last sample: lower, or a new `_created`."""
+        if self.last_value is None or not math.isfinite(value):
+            return False
+        return self._increase(value, created)[1]
+
+    def _increase(self, value: float, created: float | None, restarted: bool = False) -> tuple[float, bool]:
         """(increase since the last good sample, whether the counter restarted in between)."""
         assert self.last_value is not None
-        restarted = value < self.last_value or (
-            created is not None and self.last_created is not None and created != self.last_created
+        restarted = (
+            restarted
+            or value < self.last_value
+            or (created is not None and self.last_created is not None and created != self.last_created)
         )
         return (value if restarted else value - self.last_value), restarted

@@ -108,6 +108,7 @@ class _Engine:
         created: float | None,
         ts: float | None = None,
         inconsistent: str | None = None,
+        main: bool = True,
     ) -> tuple[list[float], list[float] | None, bool]:
         """Several counters in one call (a vLLM engine has 4 + k each cycle): their increases, the values
         adopted at first sight (None when no counter was new, the steady state) and whether any was reset.
@@ -120,10 +121,21 @@ class _Engine:
         counters, any counter before the first request), so its whole value is new. Only the counters of an
         engine seen for the first time are adopted as history that predates us.
 
-        `inconsistent`: the reason the caller found the values impossible together, rejected after their own."""
+        `inconsistent`: the reason the caller found the values impossible together, rejected after their own.
+        `main` marks the engine's speculative counters, whose restart also restarts the engine's counters
+        absent from this call; a side set (step times) read after them passes False."""
         counters = self.counters
+        # A restart is engine-wide: one counter going back (or a new start marker) means every counter of the
+        # engine started again from 0, those that came back higher included.
+        reset = any(
+            (counter := counters.get(key)) is not None and value is not None and counter.went_back(value, created)
+            for key, value in zip(keys, values)
+        )
         for key, value in zip(keys, values):
-            if value is not None and (reason := counters.get(key, _UNSEEN).check(value, created, ts)) is not None:
+            if (
+                value is not None
+                and (reason := counters.get(key, _UNSEEN).check(value, created, ts, reset)) is not None
+            ):
                 break
         else:
             reason = inconsistent
@@ -132,8 +144,11 @@ class _Engine:
             return [0.0] * len(keys), None, False
         increases: list[float] = []
         initials: list[float] | None = None
-        reset = False
         known, self.seen = self.seen, True
+        if reset and main:
+            for key, counter in counters.items():
+                if key not in keys and counter.last_value is not None:
+                    counter.last_value, counter.last_created = 0.0, created  # absent now: it restarts from 0
         for j, (key, value) in enumerate(zip(keys, values)):
             if value is None:
                 increases.append(0.0)
@@ -150,9 +165,7 @@ class _Engine:
                         initials = [0.0] * len(keys)
                     initials[j] = counter.total
                 continue
-            resets = counter.resets
-            increases.append(counter.update(value, created, ts))
-            reset = reset or counter.resets != resets
+            increases.append(counter.update(value, created, ts, restarted=reset))
         return increases, initials, reset
 
 
@@ -209,7 +222,7 @@ _STEP_TIME_KEYS = ("itl_sum", "itl_count", "steps")
 
 def _step_time(eng: _Engine, totals: StepTimes, ts: float) -> StepTimes:
     """What the engine's step-time totals grew by since the last cycle (steps None where it has none)."""
-    (seconds, count, steps), _, _ = eng.update(_STEP_TIME_KEYS, totals, None, ts)
+    (seconds, count, steps), _, _ = eng.update(_STEP_TIME_KEYS, totals, None, ts, main=False)
     return StepTimes(seconds, count, None if totals.steps is None else steps, totals.per_token)
 
 
@@ -434,7 +447,13 @@ class RouteTracker:
         if not up or last is None or obs is None:
             # Windowed values and gauges describe the present; while the source is down there is none.
             return base
-        detail = self._ring.delta(self.windows[DETAIL_WINDOW]) if DETAIL_WINDOW in self.windows else None
+        # The windowed series come from one ring and stand or fall together: a sample that cannot carry
+        # counters (speculation off, or a gauge-only engine) shows none of the per-position ones either.
+        detail = (
+            self._ring.delta(self.windows[DETAIL_WINDOW])
+            if DETAIL_WINDOW in self.windows and last.acceptance_source == "counter"
+            else None
+        )
         d5 = detail[0] if detail else None
         positions: tuple[float, ...] = ()
         drafted = (
