@@ -145,6 +145,22 @@ METRICS: tuple[MetricSpec, ...] = (
         area="detection",
     ),
     _m(
+        "route_acceptance_baseline_info",
+        "gauge",
+        "The (model, engine version, draft length k) the route's baseline holds for and where it came from "
+        "(learned, accepted, adopted, config, fleet); always 1" + AS_OF,
+        ("route", "model_name", "engine_version", "draft_length", "source"),
+        area="detection",
+    ),
+    _m(
+        "route_acceptance_baseline_overdispersion",
+        "gauge",
+        "Overdispersion (design effect) of the route's baseline: how much more its acceptance varies than a "
+        "binomial" + AS_OF,
+        ("route",),
+        area="detection",
+    ),
+    _m(
         "route_acceptance_threshold_ratio",
         "gauge",
         "Acceptance the detector alarms below: the baseline x (1 - the route's drop)" + AS_OF,

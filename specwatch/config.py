@@ -41,6 +41,7 @@ from specwatch.config_schema import (
     Number,
     OtlpConfig,
     PinnedBaseline,
+    SeedFrom,
     ProbeConfig,
     RouteConfig,
     ScrapeConfig,
@@ -77,6 +78,7 @@ __all__ = [
     "HttpClientConfig",
     "OtlpConfig",
     "PinnedBaseline",
+    "SeedFrom",
     "ProbeConfig",
     "RouteConfig",
     "ScrapeConfig",
@@ -515,6 +517,7 @@ _CUSTOM: dict[tuple[type, str], Reader] = {
     (RouteConfig, "gpus"): _gpus,
     (RouteConfig, "version_url"): _version_url,
     (OtlpConfig, "endpoint"): _http_url,
+    (SeedFrom, "prometheus"): _http_url,
     (Config, "routes"): _as_given,
 }
 _SHORTHANDS: dict[type, set[str]] = {RouteConfig: {"drop"}}  # read by the section's check

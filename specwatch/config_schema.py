@@ -135,6 +135,70 @@ COUNT = Number(lo=0, hi=MAX_NUMBER, integer=True)
 
 
 @dataclass(frozen=True)
+class Authorization:
+    """An `Authorization: <type> <credentials>` header; the credentials inline or read from a file per
+    request (so a rotated token is picked up without a reload)."""
+
+    type: str = option("type", Text(), "the scheme, one word", "Bearer")
+    credentials: str = option("credentials", Text(secret=True), "the credentials inline", "", repr=False)
+    credentials_file: str = option("credentials_file", Text(), "a file holding the credentials", "")
+
+
+@dataclass(frozen=True)
+class BasicAuth:
+    username: str = option("username", Text(), "the user name (no ':')")
+    password: str = option("password", Text(secret=True), "the password inline", "", repr=False)
+    password_file: str = option("password_file", Text(), "read per request, like credentials_file", "")
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca_file: str = option("ca_file", Text(), "the CA to trust; empty: the system's CAs", "")
+    cert_file: str = option("cert_file", Text(), "client certificate, with key_file", "")
+    key_file: str = option("key_file", Text(), "the client certificate's key", "")
+    server_name: str = option("server_name", Text(), "for SNI and certificate checks; empty: the URL's host", "")
+    insecure_skip_verify: bool = option("insecure_skip_verify", Flag(), "do not verify the certificate", False)
+
+
+@dataclass(frozen=True)
+class HttpClientConfig:
+    """How engine endpoints are reached, as Prometheus's `http_config` (the subset a scrape uses). Its keys
+    sit directly in `scrape:` and in each route, a route's key replacing the `scrape:` one whole."""
+
+    authorization: Authorization | None = option(
+        "authorization", Section(Authorization, optional=True), "an Authorization header on every request", None
+    )
+    basic_auth: BasicAuth | None = option(
+        "basic_auth", Section(BasicAuth, optional=True), "HTTP basic auth; not with authorization", None
+    )
+    tls_config: TlsConfig = option(
+        "tls_config", Section(TlsConfig), "CA, client certificate, server name", factory=TlsConfig
+    )
+    headers: tuple[tuple[str, str], ...] = option(
+        "headers", Custom(), "(name, value) pairs sent with every engine request, in the order given", ()
+    )
+
+
+DEFAULT_HTTP_CLIENT = HttpClientConfig()
+
+
+@dataclass(frozen=True)
+class SeedFrom:
+    """Where a route with no baseline for its (model, engine version, k) takes one from: the fleet's median in
+    Prometheus of the nodes that have one (evaluators/fleet_seed.py), instead of its own traffic."""
+
+    prometheus: str = option("prometheus", Custom(), "the Prometheus base URL, e.g. http://prometheus:9090")
+    query_selector: str = option(
+        "query_selector", Text(), 'extra label matchers for the fleet\'s series, e.g. job="specwatch"', ""
+    )
+    min_nodes: int = option("min_nodes", Number(lo=1, hi=MAX_NUMBER, integer=True), "fewer answers: learn", 3)
+    timeout_seconds: float = option("timeout", Duration(hi=60.0, inclusive=True), "per query to Prometheus", 5.0)
+    http: HttpClientConfig = option(
+        "", Section(HttpClientConfig, flat=True), "basic_auth, authorization, tls_config, headers", DEFAULT_HTTP_CLIENT
+    )
+
+
+@dataclass(frozen=True)
 class DetectionConfig:
     drop: float = option(
         "drop", Number(lo=0.0, hi=0.95, lo_open=True), "page when acceptance <= (1 - drop) x baseline", 0.15
@@ -169,6 +233,9 @@ class DetectionConfig:
     pin_seconds: float = option(
         "pin_duration", Duration(inclusive=True), "... or this long, then it is pinned", 86400.0
     )
+    seed_from: SeedFrom | None = option(
+        "seed_from", Section(SeedFrom, optional=True), "a new key's baseline from the fleet's; None: learned", None
+    )
     # A route whose traffic detector would take longer than this to page a 20% drop, with no canary probe that
     # pages sooner, is under-watched (alert SpecwatchRouteUnderWatched, `specwatch check-config` advice).
     horizon_budget_seconds: float = option(
@@ -190,6 +257,21 @@ class PinnedBaseline:
         "variance inflation of per-window counts; None: estimated from the warm-up traffic",
         None,
     )
+    # The (model, engine version, k) the baseline was measured on: it applies only where each given one matches
+    # the route's current one, so that one decision rolled out by config management cannot judge another model.
+    model: str = option("model", Text(), "the served model name it applies to; empty: any", "")
+    engine_version: str = option("engine_version", Text(), "the engine version it applies to; empty: any", "")
+    draft_length: int | None = option(
+        "draft_length", Number(lo=1, hi=MAX_NUMBER, integer=True), "the draft length k it applies to; None: any", None
+    )
+
+    def applies_to(self, model: str, engine_version: str, k: int) -> bool:
+        """Whether this baseline judges traffic of (model, engine version, k)."""
+        return (
+            (not self.model or self.model == model)
+            and (not self.engine_version or self.engine_version == engine_version)
+            and (self.draft_length is None or self.draft_length == k)
+        )
 
 
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
@@ -254,54 +336,6 @@ class ProbeConfig:
     timeout_seconds: float = option("timeout", Duration(), "per request", 60.0)
     api: str = option("api", Text(choices=PROBE_APIS), "auto: vLLM -> openai, SGLang -> its native /generate", "auto")
     model: str = option("model", Text(), "auto: the first model of /v1/models or the route's model name", "auto")
-
-
-@dataclass(frozen=True)
-class Authorization:
-    """An `Authorization: <type> <credentials>` header; the credentials inline or read from a file per
-    request (so a rotated token is picked up without a reload)."""
-
-    type: str = option("type", Text(), "the scheme, one word", "Bearer")
-    credentials: str = option("credentials", Text(secret=True), "the credentials inline", "", repr=False)
-    credentials_file: str = option("credentials_file", Text(), "a file holding the credentials", "")
-
-
-@dataclass(frozen=True)
-class BasicAuth:
-    username: str = option("username", Text(), "the user name (no ':')")
-    password: str = option("password", Text(secret=True), "the password inline", "", repr=False)
-    password_file: str = option("password_file", Text(), "read per request, like credentials_file", "")
-
-
-@dataclass(frozen=True)
-class TlsConfig:
-    ca_file: str = option("ca_file", Text(), "the CA to trust; empty: the system's CAs", "")
-    cert_file: str = option("cert_file", Text(), "client certificate, with key_file", "")
-    key_file: str = option("key_file", Text(), "the client certificate's key", "")
-    server_name: str = option("server_name", Text(), "for SNI and certificate checks; empty: the URL's host", "")
-    insecure_skip_verify: bool = option("insecure_skip_verify", Flag(), "do not verify the certificate", False)
-
-
-@dataclass(frozen=True)
-class HttpClientConfig:
-    """How engine endpoints are reached, as Prometheus's `http_config` (the subset a scrape uses). Its keys
-    sit directly in `scrape:` and in each route, a route's key replacing the `scrape:` one whole."""
-
-    authorization: Authorization | None = option(
-        "authorization", Section(Authorization, optional=True), "an Authorization header on every request", None
-    )
-    basic_auth: BasicAuth | None = option(
-        "basic_auth", Section(BasicAuth, optional=True), "HTTP basic auth; not with authorization", None
-    )
-    tls_config: TlsConfig = option(
-        "tls_config", Section(TlsConfig), "CA, client certificate, server name", factory=TlsConfig
-    )
-    headers: tuple[tuple[str, str], ...] = option(
-        "headers", Custom(), "(name, value) pairs sent with every engine request, in the order given", ()
-    )
-
-
-DEFAULT_HTTP_CLIENT = HttpClientConfig()
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,12 @@ class RouteState:
     gpus: tuple[int, ...] = ()
     # detection
     baseline_ratio: float | None = None
+    # the reference baseline's key and origin (Baseline.source), and its φ̄; "" / None without one
+    baseline_model: str = ""
+    baseline_engine_version: str = ""
+    baseline_draft_length: int | None = None
+    baseline_source: str = ""
+    baseline_overdispersion: float | None = None
     # baseline x (1 - the route's `drop`): the acceptance the detector pages below
     acceptance_threshold_ratio: float | None = None
     drop_ratio: float | None = None

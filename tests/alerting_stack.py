@@ -141,7 +141,12 @@ class Webhook:
 
 
 def prometheus_config(
-    workdir: Path, daemon_port: int, am_port: int, evaluation_interval_seconds: float = 1.0, alert_for: str = "5s"
+    workdir: Path,
+    daemon_port: int,
+    am_port: int,
+    evaluation_interval_seconds: float = 1.0,
+    alert_for: str = "5s",
+    fleet_targets: tuple[str, ...] = (),
 ) -> Path:
     """Our generated rules with every `for:` shortened, scraping and evaluating every second, generated as a site
     that pages on acceptance drops does (`--severity.drop=critical`), so the page path is the one under test."""
@@ -158,6 +163,8 @@ def prometheus_config(
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
         "scrape_configs": [{"job_name": "specwatch", "static_configs": [{"targets": [f"127.0.0.1:{daemon_port}"]}]}],
     }
+    if fleet_targets:  # other specwatch nodes, as a fleet's (job "fleet")
+        config["scrape_configs"].append({"job_name": "fleet", "static_configs": [{"targets": list(fleet_targets)}]})
     path = workdir / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -209,10 +216,13 @@ def start_alerting(
     ports: dict[str, int],
     evaluation_interval_seconds: float = 1.0,
     alert_for: str = "5s",
+    fleet_targets: tuple[str, ...] = (),
+    wait_for_daemon: bool = True,
 ) -> tuple[str, str]:
     """Start Alertmanager (the example config, receivers pointed at `webhook`) and Prometheus (our rules,
     scraping the daemon on ports["daemon"]) on ports["alertmanager"] and ports["prometheus"]; wait until
-    Prometheus scrapes the daemon. Returns (Prometheus URL, Alertmanager URL). Skips if they cannot be had."""
+    Prometheus scrapes the daemon (unless not `wait_for_daemon`); `fleet_targets` are scraped as job "fleet".
+    Returns (Prometheus URL, Alertmanager URL). Skips if they cannot be had."""
     found = binaries()
     procs.start(
         "alertmanager",
@@ -224,7 +234,9 @@ def start_alerting(
             "--cluster.listen-address=",
         ],
     )
-    config = prometheus_config(workdir, ports["daemon"], ports["alertmanager"], evaluation_interval_seconds, alert_for)
+    config = prometheus_config(
+        workdir, ports["daemon"], ports["alertmanager"], evaluation_interval_seconds, alert_for, fleet_targets
+    )
     procs.start(
         "prometheus",
         [
@@ -235,5 +247,6 @@ def start_alerting(
         ],
     )
     prometheus = f"http://127.0.0.1:{ports['prometheus']}"
-    wait_until("Prometheus to scrape specwatch", lambda: query(prometheus, 'up{job="specwatch"} == 1'), 60, procs)
+    if wait_for_daemon:
+        wait_until("Prometheus to scrape specwatch", lambda: query(prometheus, 'up{job="specwatch"} == 1'), 60, procs)
     return prometheus, f"http://127.0.0.1:{ports['alertmanager']}"

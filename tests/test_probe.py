@@ -658,3 +658,20 @@ def test_a_bracket_waits_for_a_repeated_reading_so_a_late_finish_count_cannot_hi
     runner._send = lambda *args: PromptResult(prompt.id, prompt.kind, error=_NO_ACCEPTANCE)
     result = runner._bracket_one(None, "openai", "completion", "", prompt)
     assert result.acceptance is None and result.error.startswith("busy: 2 requests finished")
+
+
+def test_an_operator_adopt_makes_the_next_round_the_fingerprint_at_once(tmp_path):
+    """`POST /api/v1/baselines/r/adopt` queues "adopt": the canary runs a round now and takes it as the
+    fingerprint, so a deliberately weaker drafter does not page (without the adopt it would, within two rounds)."""
+    lower = [r * 0.8 for r in BASE]
+    ev, store = _evaluator(tmp_path, [BASE, lower, lower, lower], every="1h")
+    _run(ev, [_obs(0)])
+    store.append_command("r", "adopt")
+    store.tick(30.0)  # the daemon's command poll
+    f = _run(ev, [_obs(30)])
+    assert ev.runner.starts[-1] == "change"  # at once, not at the next due time an hour away
+    key = BaselineKey("m", "0.32.0", 3)
+    assert f["probe_baseline_ratio"] == pytest.approx(sum(lower) / len(lower))
+    assert store.fingerprint("r", key, ev.prompt_hash)
+    f = _run(ev, [_obs(3630), _obs(7230)])
+    assert f["probe_degraded"] is False

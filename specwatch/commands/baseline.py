@@ -176,28 +176,43 @@ def _key_label(raw) -> str:
 
 
 def _reset(store: StateStore, route: str) -> int:
-    if not store.delete_route(route) or not store.append_command(route, "reset"):
-        return 1
-    print(
-        f"route {route}: baselines and detector state deleted; it relearns from scratch (a running daemon within ~10 s)"
-    )
-    return 0
+    return _report(reset_route(store, route))
 
 
 def _accept(store: StateStore, route: str, detection: DetectionConfig) -> int:
+    return _report(accept_route(store, route, detection))
+
+
+def _report(outcome: tuple[bool, str]) -> int:
+    ok, message = outcome
+    if not ok:
+        if message:
+            print(f"specwatch baseline: {message}", file=sys.stderr)
+        return 1
+    print(message + " (a running daemon applies it within ~10 s)")
+    return 0
+
+
+def reset_route(store: StateStore, route: str) -> tuple[bool, str]:
+    """Forget the route's baselines and queue "reset" for the daemon; (done, what was done or why not).
+    The one implementation of `reset`, for the CLI and the daemon's HTTP API."""
+    if not store.delete_route(route) or not store.append_command(route, "reset"):
+        return False, ""
+    return True, f"route {route}: baselines and detector state deleted; it relearns from scratch"
+
+
+def accept_route(store: StateStore, route: str, detection: DetectionConfig) -> tuple[bool, str]:
+    """Adopt the current model's traffic (or relearn it) and queue "accept"; (done, what was done or why not).
+    The one implementation of `accept`, for the CLI and the daemon's HTTP API."""
     state = store.route_state(route)
     if state is None or not state.get("key"):
-        print(
-            f"specwatch baseline: route {route!r} has no detector state yet (has the daemon seen it?)", file=sys.stderr
-        )
-        return 1
+        return False, f"route {route!r} has no detector state yet (has the daemon seen it?)"
     key = BaselineKey(str(state["key"][0]), str(state["key"][1]), int(state["key"][2]))
     ref = state.get("reference_key")
     try:
         learner = BaselineLearner.from_json(state["learner"], detection.block_seconds)
     except (KeyError, TypeError, ValueError) as exc:
-        print(f"specwatch baseline: unreadable detector state of {route!r}: {exc!r}", file=sys.stderr)
-        return 1
+        return False, f"unreadable detector state of {route!r}: {exc!r}"
     now = store.clock()
     changed = ref is not None and list(ref) != list(state["key"])
     if changed and learner.has(now, detection.warmup_drafted_tokens, 0.0):
@@ -214,6 +229,5 @@ def _accept(store: StateStore, route: str, detection: DetectionConfig) -> int:
             f"({detection.warmup_drafted_tokens} drafted tokens and {detection.warmup_seconds:g}s of warm-up)"
         )
     if not ok or not store.append_command(route, "accept"):
-        return 1
-    print(message + " (a running daemon applies it within ~10 s)")
-    return 0
+        return False, ""
+    return True, message

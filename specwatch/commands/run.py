@@ -19,6 +19,7 @@ from specwatch.commands import add_config_file_argument
 from specwatch.config import Config, ConfigError, load_config
 from specwatch.daemon import Daemon
 from specwatch.export import otel
+from specwatch.export.admin import BaselineAdmin
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, serve
 from specwatch.export.prometheus import ExportErrors
 from specwatch.scheduler import schedule, start_scheduler
@@ -42,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="TLS and basic auth settings, in the Prometheus exporter-toolkit format",
     )
+    parser.add_argument(
+        "--web.enable-admin-api",
+        dest="enable_admin_api",
+        action="store_true",
+        help="serve POST /api/v1/baselines/ROUTE/accept|reset|adopt without basic auth (with basic auth in "
+        "--web.config.file they are served anyway)",
+    )
 
 
 def log_config_error(exc: ConfigError, what: str) -> None:
@@ -64,8 +72,11 @@ def start_otlp(config: Config, daemon: Daemon, errors: ExportErrors) -> otel.Otl
 class Service:
     """The running daemon: owns the Daemon, HTTP server, scheduler and OTLP export, and reacts to signals."""
 
-    def __init__(self, config: Config, config_file: str, listen_address: str, web_config: Any) -> None:
+    def __init__(
+        self, config: Config, config_file: str, listen_address: str, web_config: Any, enable_admin_api: bool = False
+    ) -> None:
         self.config = config
+        self.enable_admin_api = enable_admin_api
         self.config_file = config_file
         self.listen_address = listen_address
         self.web_config = web_config
@@ -85,7 +96,8 @@ class Service:
         daemon = Daemon(self.config)
         self._export_errors = ExportErrors()  # one for /metrics and OTLP, so /metrics counts OTLP's failures
         try:
-            server = serve(self.listen_address, lambda: daemon.snapshot, self.web_config, self._export_errors)
+            admin = BaselineAdmin(lambda: daemon.config, self.enable_admin_api)
+            server = serve(self.listen_address, lambda: daemon.snapshot, self.web_config, self._export_errors, admin)
         except (OSError, ValueError) as exc:
             log.error("cannot listen on %s: %s", self.listen_address, exc)
             daemon.close()
@@ -193,4 +205,4 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log_config_error(exc, "cannot start")
         return 1
-    return Service(config, args.config_file, args.listen_address, web_config).run()
+    return Service(config, args.config_file, args.listen_address, web_config, args.enable_admin_api).run()

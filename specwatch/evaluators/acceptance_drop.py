@@ -238,7 +238,9 @@ class AcceptanceDropEvaluator:
             self.decision.sprt = None
             self.decision.degraded = False
             self._use(stored)
-        elif self.selection.reference is not None and self.pinned is None:
+        elif self.selection.reference is None:
+            self.decision.forget()  # a configured baseline that names the new key waits for the warm-up's φ
+        elif self.selection.pin_for(key) is None:
             self.decision.sprt = Sprt()  # the old baseline stays the reference until the new model earns its own
 
     # ------------------------------------------------------------------ operator commands

@@ -3,7 +3,11 @@
 Per route (docs/detection.md has the reasoning), `BaselineSelection` owns the key, the reference and the learner:
 
 1. Warm-up: the first `warmup` tokens of a (model, engine version, k) key give a provisional baseline r0 with its
-   overdispersion φ. A baseline pinned in the config is used as is (φ learned from the warm-up unless given).
+   overdispersion φ. A baseline pinned in the config is used as is for the keys it names (all keys when it names
+   none), from the first cycle when it gives φ (else φ is learned from the warm-up); a key it does not name
+   learns its own, as if none were configured. With `seed_from`, a key with neither a pin nor a stored baseline
+   takes the fleet's median from Prometheus (evaluators/fleet_seed.py) rather than its own, possibly degraded,
+   traffic; when the fleet has none to give, it learns, and says so.
 2. Pin: the provisional baseline keeps refining on quiet traffic until `pin_drafted_tokens` (and PIN_MIN_BLOCKS
    blocks) or `pin_duration`, then it is pinned. A stored baseline learned on blocks of another length re-learns φ.
 3. Daily profile: once the key's traffic spans half a day, r0 by time of day is fitted (stats/daily.py).
@@ -22,6 +26,7 @@ import logging
 from typing import Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline
+from specwatch.evaluators.fleet_seed import SeedError, fleet_baseline
 from specwatch.snapshot import RouteObservation
 from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
 from specwatch.state.store import StateStore
@@ -36,6 +41,10 @@ PIN_MIN_BLOCKS = 240
 # until it spans `pin_duration`, then fixed like r0.
 PROFILE_MIN_SPAN_SECONDS = 12 * 3600.0
 PROFILE_REFIT_SECONDS = 3600.0
+# A key still learning asks the fleet again this often (a fleet that had too few nodes may have more now).
+SEED_RETRY_SECONDS = 300.0
+# Baselines that are decisions rather than this node's own learning: never refined, nor given a daily profile.
+DECIDED_SOURCES = ("config", "fleet")
 
 
 class BaselineSelection:
@@ -52,6 +61,30 @@ class BaselineSelection:
         self.change_ts: float | None = None  # the last model change, while the new key is judged
         self._relearn_dispersion = False  # the reference's φ was learned on blocks of another length
         self._daily_fitted: float | None = None  # when the daily profile was last fitted
+        self._unpinned_logged: set[BaselineKey] = set()
+        self._seed_asked: dict[BaselineKey, float] = {}  # when the fleet was last asked for a key
+        self._seed_failed_logged: set[BaselineKey] = set()
+        self._operator_keys: set[BaselineKey] = set()  # an operator's accept/reset: these keys learn their own
+
+    def pin_for(self, key: BaselineKey | None) -> PinnedBaseline | None:
+        """The configured baseline if it applies to `key` (said once per key when it does not)."""
+        pinned = self.pinned
+        if pinned is None or key is None:
+            return pinned
+        if pinned.applies_to(key.model_name, key.engine_version, key.k):
+            return pinned
+        if key not in self._unpinned_logged:
+            self._unpinned_logged.add(key)
+            log.warning(
+                "route %s: the configured baseline (model %s, engine version %s, k=%s) does not apply to %s: "
+                "that key learns its own",
+                self.route,
+                pinned.model or "any",
+                pinned.engine_version or "any",
+                pinned.draft_length or "any",
+                key.label(),
+            )
+        return None
 
     def new_learner(self) -> BaselineLearner:
         """A learner whose dispersion blocks are the CUSUM's: the route's `block` length."""
@@ -88,8 +121,9 @@ class BaselineSelection:
         """The configured baseline, or the learned one once the warm-up has enough traffic."""
         cfg, key = self.cfg, self.key
         assert key is not None
-        if self.pinned is not None:
-            phi, model = self.pinned.overdispersion, None
+        pinned = self.pin_for(key)
+        if pinned is not None:
+            phi, model = pinned.overdispersion, None
             if phi is None:
                 if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
                     return None
@@ -99,8 +133,8 @@ class BaselineSelection:
                 Baseline(
                     route=self.route,
                     key=key,
-                    acceptance_ratio=self.pinned.acceptance_ratio,
-                    position_acceptance=self.pinned.position_acceptance,
+                    acceptance_ratio=pinned.acceptance_ratio,
+                    position_acceptance=pinned.position_acceptance,
                     overdispersion=phi,
                     dispersion_intercept=model.intercept if model else None,
                     dispersion_slope=model.slope if model else 0.0,
@@ -111,6 +145,9 @@ class BaselineSelection:
                 ),
                 persist=False,
             )
+        seeded = self.seed(now)
+        if seeded is not None:
+            return seeded
         if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
             return None
         learned = self._set(self._learned(now, "learned", created=None), persist=True)
@@ -122,6 +159,54 @@ class BaselineSelection:
             key.label(),
         )
         return learned
+
+    def seed(self, now: float) -> Baseline | None:
+        """The fleet's baseline for the current key (`seed_from`), stored as this node's; None when not
+        configured, decided by an operator here, asked too recently, or the fleet has none to give."""
+        seed, key = self.cfg.seed_from, self.key
+        if seed is None or key is None or key in self._operator_keys:
+            return None
+        asked = self._seed_asked.get(key)
+        if asked is not None and 0 <= now - asked < SEED_RETRY_SECONDS:
+            return None
+        self._seed_asked[key] = now
+        try:
+            fleet = fleet_baseline(self.route, key, seed)
+        except SeedError as exc:
+            if key not in self._seed_failed_logged:
+                self._seed_failed_logged.add(key)
+                log.warning(
+                    "route %s: no fleet baseline for %s (%s): learning from this node's traffic",
+                    self.route,
+                    key.label(),
+                    exc,
+                )
+            return None
+        except Exception:  # noqa: BLE001 - seeding is an optimisation; learning still works without it
+            log.exception("route %s: asking the fleet for a baseline failed: learning instead", self.route)
+            return None
+        seeded = self._set(
+            Baseline(
+                route=self.route,
+                key=key,
+                acceptance_ratio=fleet.acceptance_ratio,
+                overdispersion=fleet.overdispersion,
+                dispersion_block_seconds=self.cfg.block_seconds,
+                source="fleet",
+                created=now,
+                updated=now,
+            ),
+            persist=True,
+        )
+        log.info(
+            "route %s: baseline %.3f (φ %.1f) for %s from the fleet's median over %d node(s)",
+            self.route,
+            seeded.acceptance_ratio,
+            seeded.overdispersion,
+            key.label(),
+            fleet.nodes,
+        )
+        return seeded
 
     def _learned(self, now: float, source: str, created: float | None) -> Baseline:
         assert self.key is not None
@@ -167,7 +252,7 @@ class BaselineSelection:
     def refine(self, now: float) -> Baseline | None:
         """A provisional baseline recomputed as its sample grows, pinned once `_pin_due`."""
         ref = self.reference
-        if ref is None or ref.pinned or ref.source == "config":
+        if ref is None or ref.pinned or ref.source in DECIDED_SOURCES:
             return None
         if self.learner.drafted < REFRESH_GROWTH * ref.drafted_tokens and not self._pin_due(now):
             return None
@@ -190,7 +275,7 @@ class BaselineSelection:
         ref, span = self.reference, self.learner.seconds(now)
         if (
             ref is None
-            or ref.source == "config"
+            or ref.source in DECIDED_SOURCES
             or (ref.daily is not None and ref.daily.final)
             or span < PROFILE_MIN_SPAN_SECONDS
         ):
@@ -236,7 +321,7 @@ class BaselineSelection:
         """Start on `key`: its stored baseline (if any, and none is configured) is the reference at once."""
         self.key = key
         self.learner = self.new_learner()
-        if self.pinned is None:
+        if self.pin_for(key) is None:
             stored = self.store.get(self.route, key)
             if stored is not None:
                 return self._set(stored, persist=False)
@@ -249,9 +334,17 @@ class BaselineSelection:
         self.change_ts = now
         self.key = key
         self.learner = self.new_learner()
-        stored = self.store.get(self.route, key) if self.pinned is None else None
         log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-", key.label())
-        return self._set(stored, persist=False) if stored is not None else None
+        if self.pin_for(key) is None:
+            stored = self.store.get(self.route, key)
+            if stored is not None:
+                return self._set(stored, persist=False)
+            return self.seed(now)
+        if self.reference is None or self.reference.source != "config":
+            # the configured baseline names the new key and not the old one: it is the reference from now on
+            self.reference = None
+            return self.first_reference(now)
+        return None
 
     def adopt(self, now: float, no_regression: bool) -> Baseline | None:
         """After a model change judged `no_regression` (and not degraded), the new key's learned baseline
@@ -278,7 +371,10 @@ class BaselineSelection:
 
     # ------------------------------------------------------------------ operator commands and restarts
     def forget(self) -> None:
-        """No reference and a fresh learner (an operator reset, or accept before re-entering the key)."""
+        """No reference and a fresh learner (an operator reset, or accept before re-entering the key). The
+        operator decided about this node's current key: it learns its own, never the fleet's."""
+        if self.key is not None:
+            self._operator_keys.add(self.key)
         self.reference = None
         self.learner = self.new_learner()
 
@@ -287,7 +383,7 @@ class BaselineSelection:
     ) -> Baseline | None:
         """Carry on from saved state; returns the stored reference it names (unless one is configured)."""
         self.key, self.learner, self.change_ts = key, learner, change_ts
-        if self.pinned is None and ref_key is not None:
+        if self.pin_for(key) is None and ref_key is not None:
             ref = self.store.get(self.route, ref_key)
             if ref is not None:
                 return self._set(ref, persist=False)

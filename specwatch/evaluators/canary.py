@@ -35,6 +35,7 @@ from specwatch.probe.verdict import Comparison, compare
 from specwatch.snapshot import GpuSample, RouteObservation
 from specwatch.sources.engines import parse_bracket
 from specwatch.sources.http import HttpFetcher
+from specwatch.state.commands import CANARY_ACTIONS
 from specwatch.state.baselines import BaselineKey
 from specwatch.state.store import StateStore
 
@@ -112,6 +113,7 @@ class CanaryEvaluator:
         self.seen_seq = 0
         self.next_due: float | None = None
         self.change_pending = False
+        self.adopt_pending = False  # an operator's adopt: the next good round becomes the key's fingerprint
         self.failures = 0
         self.low_rounds = 0
         self.clean_rounds = 0
@@ -129,6 +131,9 @@ class CanaryEvaluator:
     # ------------------------------------------------------------------ RouteEvaluator
     def evaluate(self, obs: RouteObservation, gpus: Sequence[GpuSample] = ()) -> Mapping[str, Any]:
         now = obs.ts
+        if self.store.take_commands(self.route, CANARY_ACTIONS):
+            log.info("route %s: operator adopt: the next canary round becomes the fingerprint", self.route)
+            self.adopt_pending = self.change_pending = True  # a round now rather than at the next due time
         if obs.up:
             self.engine_kind = obs.engine_kind.split("-")[0]
             key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0))
@@ -193,6 +198,11 @@ class CanaryEvaluator:
         if key is None:
             return
         read = rnd.read()
+        if self.adopt_pending:
+            self.adopt_pending = False
+            self._adopt(key, read)
+            self._save()
+            return
         own = self._fingerprint(key)
         if own:
             if self.reference_key is not None and self.reference_key != key:

@@ -294,8 +294,15 @@ class DropDecision:
     def fields(self, ts: float | None) -> dict[str, Any]:
         current = self.window.ratio()
         r0 = self.baseline_ratio(ts)
+        reference = self.reference
+        key = reference.key if reference is not None else None
         return {
             "baseline_ratio": r0,
+            "baseline_model": key.model_name if key is not None else "",
+            "baseline_engine_version": key.engine_version if key is not None else "",
+            "baseline_draft_length": key.k if key is not None else None,
+            "baseline_source": reference.source if reference is not None else "",
+            "baseline_overdispersion": reference.overdispersion if reference is not None else None,
             "degraded": self.degraded,
             "cusum_statistic": self.cusum.statistic,
             "drop_ratio": None if current is None else 1.0 - current / r0,

@@ -1,4 +1,5 @@
-"""The HTTP endpoint: /metrics, /api/v1/routes, /api/v1/advice, /-/healthy, /-/ready and a tiny index page.
+"""The HTTP endpoint: /metrics, /api/v1/routes, /api/v1/advice, /api/v1/baselines (export/admin.py), /-/healthy,
+/-/ready and a tiny index page.
 
 An asyncio server (stdlib) on one background thread, over a private `CollectorRegistry` holding only the
 snapshot collector. Each connection is a coroutine, so an idle, slow or hostile client costs a little memory,
@@ -13,6 +14,8 @@ as Go's net/http answers.
 
 TLS and basic auth come from an optional exporter-toolkit style web config (`specwatch.export.webconfig`);
 when set, auth applies to every path and a refusal says nothing beyond `401` and `WWW-Authenticate: Basic`.
+POST is taken only by the baselines API's write endpoints, which are refused (403) on a server without auth
+unless it was started with them enabled (`--web.enable-admin-api`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from email.message import Message
@@ -44,6 +48,8 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from specwatch import __version__
 from specwatch.export import webconfig
+from specwatch.export.admin import PREFIX as BASELINES_PREFIX
+from specwatch.export.admin import Answer, BaselineAdmin
 from specwatch.export.advice import advice_document
 from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
@@ -65,7 +71,7 @@ WRITE_TIMEOUT_SECONDS = 30.0  # a client that does not read its response
 LINGER_SECONDS, LINGER_BYTES = 1.0, 1 << 20  # after a refusal, input drained so that the refusal is not lost
 MAX_HEAD_BYTES = 16 * 1024  # request line and header fields (Prometheus sends about 300 bytes)
 MAX_HEADERS = 64
-MAX_BODY_BYTES = 64 * 1024  # no endpoint takes a body; a small one is read and dropped
+MAX_BODY_BYTES = 64 * 1024  # no endpoint takes a body (an Alertmanager webhook's is dropped unread)
 RENDER_WORKERS = 4  # /metrics renders serialize on the RenderCache anyway
 AUTH_WORKERS = 2  # concurrent bcrypt checks: a flood of wrong passwords costs at most two cores
 MAX_PENDING_AUTH = 64
@@ -82,6 +88,10 @@ class WebConfig(Protocol):
 
     def authorize_cached(self, headers: Any) -> bool | None:
         """The answer when it needs no bcrypt check, else None (then `authorize` runs on a worker)."""
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether requests need credentials (basic auth users are configured)."""
 
 
 def load_web_config(path: str) -> WebConfig | None:
@@ -126,6 +136,7 @@ _INDEX = """<!doctype html>
 <li><a href="metrics">/metrics</a>: Prometheus metrics</li>
 <li><a href="api/v1/routes">/api/v1/routes</a>: routes as JSON</li>
 <li><a href="api/v1/advice">/api/v1/advice</a>: routing advice as JSON (docs/routing.md)</li>
+<li><a href="api/v1/baselines">/api/v1/baselines</a>: stored baselines as JSON (docs/runbook.md: fleet)</li>
 <li><a href="-/healthy">/-/healthy</a>, <a href="-/ready">/-/ready</a></li>
 </ul></body></html>
 """
@@ -297,12 +308,14 @@ class _Server:
         renders: RenderCache,
         web_config: WebConfig | None,
         ssl_context: ssl.SSLContext | None,
+        admin: BaselineAdmin | None = None,
     ) -> None:
         self._listener = listener
         self._get_snapshot = get_snapshot
         self._renders = renders
         self._web_config = web_config
         self._ssl = ssl_context
+        self._admin = admin
         self._workers = ThreadPoolExecutor(RENDER_WORKERS, thread_name_prefix="specwatch-http")
         self._auth_workers = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="specwatch-auth")
         self._auth_pending = 0
@@ -479,8 +492,8 @@ class _Server:
         await self._drop_body(headers, reader)
         connection = {t.strip().lower() for t in ",".join(headers.get_all("Connection") or ()).split(",")}
         close = "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection)
-        if method not in ("GET", "HEAD"):
-            raise _Refused(405, "Method not allowed.\n", headers={"Allow": "GET, HEAD"})
+        if method not in ("GET", "HEAD", "POST"):
+            raise _Refused(405, "Method not allowed.\n", headers={"Allow": "GET, HEAD, POST"})
         return _Request(method, target.split("?", 1)[0], headers, close)
 
     @staticmethod
@@ -586,6 +599,10 @@ class _Server:
             request.close = True
             return refused.status, refused.text.encode(), text, {**refused.headers, "Connection": "close"}
         path = request.path
+        if path == BASELINES_PREFIX or path.startswith(BASELINES_PREFIX + "/"):
+            return await self._baselines(request)
+        if request.method == "POST":
+            return 405, b"Method not allowed.\n", text, {"Allow": "GET, HEAD"}
         if path == "/metrics":
             accept, accept_encoding = request.headers.get("Accept", ""), request.headers.get("Accept-Encoding", "")
             answer = self._renders.rendered_body(accept, accept_encoding)
@@ -609,6 +626,29 @@ class _Server:
             return 200, _INDEX.format(version=html.escape(__version__)).encode(), "text/html; charset=utf-8", None
         return 404, b"404 page not found\n", text, None
 
+    async def _baselines(self, request: _Request) -> tuple[int, bytes, str, dict[str, str] | None]:
+        """GET /api/v1/baselines, POST /api/v1/baselines/{route}/{accept|reset|adopt} (export/admin.py)."""
+        text = "text/plain; charset=utf-8"
+        admin = self._admin
+        if admin is None:
+            return 404, b"404 page not found\n", text, None
+        rest = request.path[len(BASELINES_PREFIX) :].strip("/")
+        if not rest:
+            if request.method == "POST":
+                return 405, b"Method not allowed.\n", text, {"Allow": "GET, HEAD"}
+            return _json(await self.loop.run_in_executor(self._workers, admin.listing))
+        parts = rest.split("/")
+        if len(parts) != 2 or not parts[0]:
+            return 404, b"404 page not found\n", text, None
+        if request.method != "POST":
+            return 405, b"Method not allowed.\n", text, {"Allow": "POST"}
+        web_config = self._web_config
+        if not (web_config is not None and web_config.auth_required) and not admin.enabled_without_auth:
+            body = b"Admin APIs disabled: set basic auth in --web.config.file, or start with --web.enable-admin-api.\n"
+            return 403, body, text, None
+        route = urllib.parse.unquote(parts[0])
+        return _json(await self.loop.run_in_executor(self._workers, admin.act, route, parts[1]))
+
     def _routes_json(self) -> bytes:
         return json.dumps(routes_document(self._get_snapshot()), allow_nan=False).encode()
 
@@ -627,6 +667,10 @@ class _Server:
         await asyncio.wait(tasks, timeout=2.0) if tasks else None
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
+
+
+def _json(answer: Answer) -> tuple[int, bytes, str, dict[str, str] | None]:
+    return answer.status, json.dumps(_finite(answer.document), allow_nan=False).encode(), "application/json", None
 
 
 def _plain_response(
@@ -676,9 +720,11 @@ def serve(
     get_snapshot: Callable[[], Snapshot],
     web_config: WebConfig | None = None,
     errors: ExportErrors | None = None,
+    admin: BaselineAdmin | None = None,
 ) -> MetricsServer:
     """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind).
-    `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors)."""
+    `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors);
+    `admin` serves /api/v1/baselines (None: 404 there)."""
     host, port = parse_listen_address(address)
     family = socket.AF_INET6 if _is_ipv6(host) else socket.AF_INET
     # "[::]" takes IPv4 too, as http.server's socket did by the kernel's default
@@ -686,7 +732,7 @@ def serve(
     listener = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG, dualstack_ipv6=dualstack)
     listener.setblocking(False)
     ssl_context = web_config.ssl_context() if web_config is not None else None
-    server = _Server(listener, get_snapshot, RenderCache(get_snapshot, errors), web_config, ssl_context)
+    server = _Server(listener, get_snapshot, RenderCache(get_snapshot, errors), web_config, ssl_context, admin)
     started = threading.Event()
 
     def run() -> None:

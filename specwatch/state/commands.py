@@ -1,12 +1,19 @@
 """The operator command queue: the `commands` table.
 
-`specwatch baseline reset/accept` writes the baselines directly and appends one row here; the running daemon
-polls for rows past the last id it saw and reloads that route.
+`specwatch baseline reset/accept` (and the daemon's `POST /api/v1/baselines/...`, which runs the same functions)
+writes the baselines directly and appends one row here; the running daemon polls for rows past the last id it
+saw and reloads that route.
 """
 
 from __future__ import annotations
 
 import sqlite3
+
+# The actions: "reset" and "accept" for the acceptance baselines (`specwatch baseline`), "adopt" for the canary
+# fingerprint (the next probe round becomes the current key's fingerprint).
+BASELINE_ACTIONS = ("reset", "accept")
+CANARY_ACTIONS = ("adopt",)
+ACTIONS = BASELINE_ACTIONS + CANARY_ACTIONS
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS commands (

@@ -38,10 +38,11 @@ import sqlite3
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Callable, Mapping, cast
+from typing import Any, Callable, Container, Mapping, cast
 
 from specwatch.state import baselines, canary, commands, detector
 from specwatch.state.baselines import Baseline, BaselineKey
+from specwatch.state.commands import BASELINE_ACTIONS
 
 log = logging.getLogger(__name__)
 
@@ -467,9 +468,18 @@ class StateStore:
         now = self.clock()
         return self._transaction("queueing an operator command", lambda c: commands.append(c, route, action, now))
 
-    def take_commands(self, route: str) -> list[str]:
-        """Operator actions ("reset", "accept") for `route` seen since the last call."""
-        return self._pending.pop(route, [])
+    def take_commands(self, route: str, actions: Container[str] = BASELINE_ACTIONS) -> list[str]:
+        """Operator actions among `actions` for `route` seen since the last call, in order; each part of the
+        daemon takes its own ("reset" and "accept" the acceptance detector, "adopt" the canary)."""
+        pending = self._pending.get(route, [])
+        taken = [a for a in pending if a in actions]
+        if taken:
+            left = [a for a in pending if a not in actions]
+            if left:
+                self._pending[route] = left
+            else:
+                del self._pending[route]
+        return taken
 
     def _max_command_id(self) -> int:
         return int(self._run("reading commands", commands.last_id, 0))
@@ -479,7 +489,8 @@ class StateStore:
         for command_id, route, action in self._run("reading commands", lambda c: commands.since(c, last), []):
             self._last_command_id = max(self._last_command_id, command_id)
             self._pending.setdefault(route, []).append(action)
-            self._forget_route(route)  # the command changed the route's baselines in the file
+            if action in BASELINE_ACTIONS:
+                self._forget_route(route)  # the command changed the route's baselines in the file
 
     def close(self) -> None:
         self.closed = True
