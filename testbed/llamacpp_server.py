@@ -12,35 +12,16 @@ Flags of the pinned build (b11434) that matter, with where they are defined in t
 
 from __future__ import annotations
 
-import concurrent.futures
-import ctypes
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from testbed.server_process import ServerProcess
+
 START_TIMEOUT_SECONDS = 300.0
-STOP_TIMEOUT_SECONDS = 30.0
-
-# A server dies with the process that started it (PR_SET_PDEATHSIG, sent when the forking *thread* exits), so
-# servers are forked from one launcher thread that lives as long as the process.
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-_launcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-launcher")
-
-
-def _die_with_parent() -> None:
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LlamaServerError(RuntimeError):
@@ -103,113 +84,27 @@ class LlamaServerSpec:
         return args + list(self.extra_args)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LlamaServer:
+class LlamaServer(ServerProcess[LlamaServerSpec]):
     """One real llama-server. Use as a context manager, or start() and stop(); restart() swaps the spec."""
 
+    error = LlamaServerError
+    log_prefix = "llama-server"
+    start_timeout = START_TIMEOUT_SECONDS
+    poll_seconds = 0.5
+
     def __init__(self, binary: Path, spec: LlamaServerSpec, workdir: Path, port: int | None = None) -> None:
+        super().__init__(spec, workdir, port)
         self.binary = binary
-        self.spec = spec
-        self.workdir = workdir
-        self.port = port or free_port()
-        self.process: subprocess.Popen | None = None
-        self.starts = 0
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def argv(self) -> list[str]:
+        return self.spec.argv(self.binary, self.port)
 
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"llama-server-{self.port}.log"
+    def describe(self) -> str:
+        return f"llama-server on {self.port}"
 
     def __enter__(self) -> "LlamaServer":
         self.start()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
-        if self.alive():
-            raise LlamaServerError(f"server on port {self.port} is already running")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = self.spec.argv(self.binary, self.port)
-        with self.log_path.open("a") as log:
-            log.write(f"\n==== start {self.starts + 1}: {' '.join(argv)}\n")
-            log.flush()
-
-            def popen() -> subprocess.Popen:
-                return subprocess.Popen(
-                    argv,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.workdir,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-
-            self.process = _launcher.submit(popen).result()
-        self.starts += 1
-        self.wait_healthy(timeout)
-
-    def wait_healthy(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
-                code = None if self.process is None else self.process.returncode
-                raise LlamaServerError(f"llama-server on {self.port} exited with {code}\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise LlamaServerError(f"llama-server on {self.port} not healthy after {timeout:.0f}s\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=STOP_TIMEOUT_SECONDS)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=STOP_TIMEOUT_SECONDS)
-
-    def restart(self, spec: LlamaServerSpec | None = None, timeout: float = START_TIMEOUT_SECONDS) -> None:
-        """Stop, optionally change what is served, start again on the same port."""
-        self.stop()
-        if spec is not None:
-            self.spec = spec
-        self.start(timeout)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def get(self, path: str, timeout: float = 10.0) -> str:
-        with urllib.request.urlopen(f"{self.base_url}{path}", timeout=timeout) as response:
-            return response.read().decode()
 
     def complete(self, prompt: str, n_predict: int = 32, timeout: float = 120.0) -> dict[str, Any]:
         """One greedy completion; the answer carries `timings` (with `draft_n`/`draft_n_accepted` when drafted)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from certs import EC_KEY, openssl
+from certs import ca_server_client
 from specwatch.cli import main as cli_main
 from specwatch.config import ConfigError, parse_config
 from specwatch.sources.base import SourceError
@@ -75,31 +75,9 @@ def stop(httpd: QuietServer) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
-    """A CA, a server certificate for 127.0.0.1 (CN engine.test) and a client certificate, made with openssl."""
+    """A CA, a server certificate for 127.0.0.1 and engine.test and a client certificate, made with openssl."""
     d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", *EC_KEY, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test CA", cwd=d)
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:engine.test\n")
-    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for name in ("server", "client"):
-        openssl("req", "-new", *EC_KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.pem",
-            "-days",
-            "2",
-            "-extfile",
-            f"{name}.ext",
-            cwd=d,
-        )
+    ca_server_client(d)
     return d
 
 
