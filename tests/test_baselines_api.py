@@ -14,7 +14,7 @@ import requests
 from specwatch.config import Config, DetectionConfig, ProbeConfig, RouteConfig
 from specwatch.evaluators.acceptance_drop import AcceptanceDropEvaluator, build_evaluator
 from specwatch.evaluators.base import EvaluatorContext
-from specwatch.export.admin import BaselineAdmin
+from specwatch.commands._admin import BaselineAdmin
 from specwatch.export.http import MetricsServer, serve
 from specwatch.export.webconfig import WebConfig, parse_web_config
 from specwatch.snapshot import RouteObservation, Snapshot

@@ -19,7 +19,7 @@ from specwatch.commands import add_config_file_argument
 from specwatch.config import Config, ConfigError, load_config
 from specwatch.daemon import Daemon
 from specwatch.export import otel
-from specwatch.export.admin import BaselineAdmin
+from specwatch.commands._admin import BaselineAdmin
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, serve
 from specwatch.export.prometheus import ExportErrors
 from specwatch.scheduler import schedule, start_scheduler

@@ -1,4 +1,4 @@
-"""The HTTP endpoint: /metrics, /api/v1/routes, /api/v1/advice, /api/v1/baselines (export/admin.py), /-/healthy,
+"""The HTTP endpoint: /metrics, /api/v1/routes, /api/v1/advice, /api/v1/baselines (export/admin_api.py), /-/healthy,
 /-/ready and a tiny index page.
 
 An asyncio server (stdlib) on one background thread, over a private `CollectorRegistry` holding only the
@@ -48,8 +48,8 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from specwatch import __version__
 from specwatch.export import webconfig
-from specwatch.export.admin import PREFIX as BASELINES_PREFIX
-from specwatch.export.admin import Answer, BaselineAdmin
+from specwatch.export.admin_api import PREFIX as BASELINES_PREFIX
+from specwatch.export.admin_api import Answer, BaselineActions
 from specwatch.export.advice import advice_document
 from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
@@ -308,7 +308,7 @@ class _Server:
         renders: RenderCache,
         web_config: WebConfig | None,
         ssl_context: ssl.SSLContext | None,
-        admin: BaselineAdmin | None = None,
+        admin: BaselineActions | None = None,
     ) -> None:
         self._listener = listener
         self._get_snapshot = get_snapshot
@@ -627,7 +627,7 @@ class _Server:
         return 404, b"404 page not found\n", text, None
 
     async def _baselines(self, request: _Request) -> tuple[int, bytes, str, dict[str, str] | None]:
-        """GET /api/v1/baselines, POST /api/v1/baselines/{route}/{accept|reset|adopt} (export/admin.py)."""
+        """GET /api/v1/baselines, POST /api/v1/baselines/{route}/{accept|reset|adopt} (export/admin_api.py)."""
         text = "text/plain; charset=utf-8"
         admin = self._admin
         if admin is None:
@@ -720,7 +720,7 @@ def serve(
     get_snapshot: Callable[[], Snapshot],
     web_config: WebConfig | None = None,
     errors: ExportErrors | None = None,
-    admin: BaselineAdmin | None = None,
+    admin: BaselineActions | None = None,
 ) -> MetricsServer:
     """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind).
     `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors);

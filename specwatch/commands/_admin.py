@@ -1,5 +1,6 @@
-"""The baselines API of the daemon's HTTP server: what `specwatch baseline accept/reset` and a canary adopt do,
-over HTTP, so that one command or an Alertmanager webhook reaches every node.
+"""The baselines API of the daemon's HTTP server (export/admin_api.py routes the requests here): what
+`specwatch baseline accept/reset` and a canary adopt do, over HTTP, so that one command or an Alertmanager
+webhook reaches every node.
 
 `POST /api/v1/baselines/{route}/accept|reset|adopt` runs the CLI's own functions (commands/baseline.py) on a
 connection of its own to the state file, which queue the command that the daemon loop applies on its next
@@ -13,24 +14,16 @@ when the daemon was started with `--web.enable-admin-api`; otherwise 403.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from specwatch.commands.baseline import accept_route, reset_route
 from specwatch.config import Config
+from specwatch.export.admin_api import Answer
 from specwatch.state.commands import ACTIONS
 from specwatch.state.store import DB_NAME, StateStore
 
 log = logging.getLogger(__name__)
-
-PREFIX = "/api/v1/baselines"
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    document: dict[str, Any]
 
 
 class BaselineAdmin:
