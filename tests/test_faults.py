@@ -510,6 +510,7 @@ def test_read_only_state_dir_keeps_detecting_in_memory(tmp_path):
 
 # ============================================================================ HTTP-level faults (real engine source)
 HTTP_TIMEOUT = 0.5
+GENEROUS_TIMEOUT = "4.5s"  # under the configs' 5 s interval; for faults that must not end in a timeout
 
 
 def vllm_text(
@@ -704,9 +705,8 @@ def test_http_slow_drip_is_cut_at_the_scrape_timeout(engines, fault_server):
 def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, path):
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # A generous timeout: on a loaded box the cap must still be what ends the scrape, never the clock.
-    result, took = scrape_once(engines, fault_server.url(path), max_body_bytes=1 << 20, timeout="9s")
+    result, took = scrape_once(engines, fault_server.url(path), max_body_bytes=1 << 20, timeout=GENEROUS_TIMEOUT)
     assert isinstance(result, SourceError) and result.reason == "too_large", result
-    assert took < 9.0
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
     assert grown_mib < 32, f"the body must be streamed and cut at the cap, not read whole ({grown_mib:.0f} MiB)"
 
@@ -747,30 +747,31 @@ def test_a_refused_body_is_not_kept_alive_by_the_error_kept_for_the_cycle(engine
     ],
 )
 def test_http_bad_bodies_are_parse_errors(engines, fault_server, name, body, kind):
-    result, took = scrape_once(engines, fault_server.serve(f"/{name}", body, kind=kind))
+    # A generous timeout: the body, not a loaded box's clock, must be what fails the scrape.
+    result, took = scrape_once(engines, fault_server.serve(f"/{name}", body, kind=kind), timeout=GENEROUS_TIMEOUT)
     assert isinstance(result, SourceError), f"{name}: {result!r}"
     assert result.reason in ("parse", "no_spec_metrics"), f"{name}: {result.reason}: {result}"
     assert str(result), "the message says what was wrong"
-    assert took < HTTP_TIMEOUT + 1.0
 
 
 @pytest.mark.slow
 def test_http_response_cut_short_is_a_failed_scrape_not_a_partial_sample(engines, fault_server):
-    result, took = scrape_once(engines, fault_server.url("/cut"))
+    result, _ = scrape_once(engines, fault_server.url("/cut"), timeout=GENEROUS_TIMEOUT)
     assert isinstance(result, SourceError) and result.reason in ("connection", "parse"), repr(result)
-    assert took < HTTP_TIMEOUT + 1.0
 
 
 @pytest.mark.slow
 def test_http_html_error_status_is_http_status(engines, fault_server):
     url = fault_server.serve("/html_503", "<html><body>Service Unavailable</body></html>", status=503, kind="text/html")
-    result, _ = scrape_once(engines, url)
+    result, _ = scrape_once(engines, url, timeout=GENEROUS_TIMEOUT)
     assert isinstance(result, SourceError) and result.reason == "http_status" and "503" in str(result)
 
 
 @pytest.mark.slow
 def test_http_duplicate_series_do_not_double_count(engines, fault_server):
-    result, _ = scrape_once(engines, fault_server.serve("/dup", vllm_text(1000.0, duplicate=True)))
+    result, _ = scrape_once(
+        engines, fault_server.serve("/dup", vllm_text(1000.0, duplicate=True)), timeout=GENEROUS_TIMEOUT
+    )
     if isinstance(result, SourceError):  # refusing the scrape, as Prometheus does, is acceptable
         assert result.reason == "parse"
         return
