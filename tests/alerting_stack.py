@@ -57,6 +57,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(*names: str) -> dict[str, int]:
+    """One free port per name, all different: the sockets stay bound until every port is picked, so the kernel
+    cannot hand the same port out twice (free_port() called in a row can)."""
+    held = []
+    try:
+        for _ in names:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+        return {name: s.getsockname()[1] for name, s in zip(names, held)}
+    finally:
+        for s in held:
+            s.close()
+
+
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float, procs: "Processes") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

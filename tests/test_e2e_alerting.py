@@ -43,7 +43,7 @@ from alerting_stack import (
     Processes,
     Webhook,
     answers,
-    free_port,
+    free_ports,
     query,
     query_or_error,
     start_alerting,
@@ -171,7 +171,7 @@ def _specwatch_config(workdir: Path, ports: dict[str, int]) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("e2e")
-    ports = {name: free_port() for name in ("chat", "rag", "code", "daemon", "prometheus", "alertmanager")}
+    ports = free_ports("chat", "rag", "code", "daemon", "prometheus", "alertmanager")
     webhook = Webhook()
     procs = Processes(workdir)
     try:

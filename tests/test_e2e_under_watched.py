@@ -27,7 +27,7 @@ from alerting_stack import (
     Processes,
     Webhook,
     answers,
-    free_port,
+    free_ports,
     query,
     start_alerting,
     wait_until,
@@ -43,7 +43,7 @@ TICKET_DEADLINE_SECONDS = 90.0
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("e2e-watch")
-    ports = {name: free_port() for name in ("quiet", "probed", "daemon", "prometheus", "alertmanager")}
+    ports = free_ports("quiet", "probed", "daemon", "prometheus", "alertmanager")
     webhook, procs = Webhook(), Processes(workdir)
     try:
         scenario = workdir / "light.yaml"

@@ -237,7 +237,8 @@ def test_step_time_histogram_counts_one_observation_per_request_per_step(served,
     assert all(r.ok and r.completion_tokens == STEP_TIME_MAX_TOKENS for r in results)
 
     obs = tracker.observe(parse_engine_sample("vllm", served.get("/metrics"), route, 1.0))
-    ((engine, (seconds, count, steps)),) = obs.step_time_per_engine.items()
+    ((engine, step_times),) = obs.step_time_per_engine.items()
+    seconds, count, steps = step_times.seconds, step_times.observations, step_times.steps
     assert engine == "0"
     # Every token after the first comes from a step; a step emits 1 + its accepted drafts for the request.
     # (A last step cut short by max_tokens may have accepted more than it emitted: hence a range.)
