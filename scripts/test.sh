@@ -32,14 +32,24 @@ fi
 if .venv/bin/specwatch generate --help >/dev/null 2>&1; then
   .venv/bin/specwatch generate --check || { echo "test: generated alerts/dashboards are stale: run 'specwatch generate'" >&2; exit 1; }
 fi
-# The real engines of the real_engine tests: vLLM's CPU build, installed into .venv-vllm once (a few minutes),
-# and llama.cpp's llama-server, built once per machine into ~/.cache/specwatch (15-30 minutes on 2 cores).
+# The real engines of the real_engine tests, each built once per machine into ~/.cache/specwatch (testbed/cache.py):
+# vLLM's CPU build (a venv, a few minutes) now, and llama.cpp's llama-server (15-30 minutes on 2 cores) in the
+# background at the lowest priority, while the checks and the other tests run; its tests run last
+# (tests/conftest.py) and wait for it. Unfinished at exit (its tests deselected), it is stopped: ninja resumes it.
+builder=
 case " $* " in
   *"not real_engine"*|*"not e2e"*) ;;  # the real-engine tests are deselected: no need for the engines
-  *) .venv/bin/python -m testbed \
-       || echo "test: the real vLLM engine could not be installed; its tests will fail and say why" >&2
-     .venv/bin/python -m testbed.llamacpp_build \
-       || echo "test: llama-server could not be built; its tests will build it again or say why" >&2 ;;
+  *) if ! .venv/bin/python -m testbed.llamacpp_build --check >/dev/null; then
+       log=$(.venv/bin/python -m testbed.llamacpp_build --log-path)
+       mkdir -p "$(dirname "$log")"
+       echo "test: building llama-server in the background (once per machine; progress: tail -f $log)" >&2
+       setsid nice -n 19 .venv/bin/python -m testbed.llamacpp_build >"$log" 2>&1 &
+       builder=$!  # a process group of its own (setsid), so that cmake and the compilers stop with it
+     fi
+     .venv/bin/python -m testbed \
+       || echo "test: the real vLLM engine could not be installed; its tests will fail and say why" >&2 ;;
 esac
+stop_builder() { [ -n "$builder" ] && kill -- "-$builder" 2>/dev/null; }
+trap stop_builder EXIT
 .venv/bin/python -m pytest -q "$@"
 finish $?

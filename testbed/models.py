@@ -6,10 +6,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.engine_env import REPO_ROOT, EngineEnv, EngineEnvError
+from testbed.cache import digest, exclusive
+from testbed.engine_env import DEFAULT_VENV, EngineEnv, EngineEnvError
 from testbed.make_models import HEAVY_LAYERS
 
-DEFAULT_CACHE = REPO_ROOT / ".venv-vllm" / "models"
+_MODEL_SOURCES = [Path(__file__).with_name(name) for name in ("make_models.py", "successor.py")]
+# Beside the engine venv that builds them, keyed by the code that makes them: a changed recipe builds afresh.
+DEFAULT_CACHE = DEFAULT_VENV / f"models-{digest(path.read_bytes() for path in _MODEL_SOURCES)}"
 # Relative weight noise of the drafters the tests and the demo use, and the acceptance each gives against the
 # target with 3 draft tokens under greedy decoding (measured by vLLM's own counters, docs/benchmarks.md,
 # "Real engine"): more noise, less acceptance.
@@ -72,8 +75,10 @@ def build_heavy_successor(
 
 
 def _build(env: EngineEnv, dest: Path, args: list[str]) -> dict:
-    """Run `make_models.py` in the engine venv; what it built, as it prints it."""
-    result = env.run_python("-m", "testbed.make_models", str(dest), *args)
+    """Run `make_models.py` in the engine venv; what it built, as it prints it. One builder at a time per machine:
+    a model it finds complete is reused, never rewritten."""
+    with exclusive(f"models-{dest.parent.name}-{dest.name}"):
+        result = env.run_python("-m", "testbed.make_models", str(dest), *args)
     if result.returncode != 0:
         raise EngineEnvError(f"building the tiny models failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -16,6 +16,14 @@ from testbed.models import TinyModels, build_tiny_models
 pytest_plugins = ("tiers", "pytester")
 
 
+# Modules whose engine scripts/test.sh may still be building in the background when pytest starts: they run last.
+RUN_LAST = ("test_real_llamacpp.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: the order within each part is kept
+
+
 @pytest.fixture(scope="session")
 def engine_env():
     supported, reason = cpu_support()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import subprocess
 import time
 from pathlib import Path
@@ -52,6 +53,12 @@ def llama_binary() -> Path:
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"llama-server is not built and cannot be: {', '.join(missing)} not found")
+    print(
+        f"\nllama-server is not built yet: building it, or waiting for the build under way "
+        f"(scripts/test.sh logs its background build to {llamacpp_build.log_path()})",
+        file=sys.__stderr__,
+        flush=True,
+    )
     return llamacpp_build.build()
 
 

@@ -1,5 +1,5 @@
 """The testbed's own logic, without an engine: baselines from per-request metrics, the engine venv's lock and
-stamp, CPU support, and the server command line."""
+stamp, the machine cache and its builders' lock, CPU support, and the server command line."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from testbed import engine_env, successor
+from testbed import cache, engine_env, llamacpp_build, successor
 from testbed.baseline import from_request_metrics
 from testbed.vllm_server import VllmServerSpec
 
@@ -186,3 +187,47 @@ def test_demo_real_from_an_install_without_the_checkout_says_so(monkeypatch, tmp
     err = capsys.readouterr().err
     assert "specwatch demo --real: the real-engine testbed is not part of the installed package" in err
     assert "source checkout" in err
+
+
+def test_the_machine_cache_follows_xdg_cache_home(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.cache_root() == tmp_path / "specwatch"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache.cache_root() == Path.home() / ".cache" / "specwatch"
+
+
+def test_a_changed_pin_names_a_new_folder_and_the_same_pin_the_same():
+    lock = engine_env.REQUIREMENTS.read_bytes()
+    assert cache.digest([lock]) == cache.digest([lock])
+    assert cache.digest([lock]) != cache.digest([lock + b"\nsomething==1.0\n"])
+    assert cache.digest([b"ab", b"c"]) != cache.digest([b"a", b"bc"])  # parts are hashed apart
+    assert engine_env.DEFAULT_VENV.name == f"vllm-{cache.digest([lock])}"
+
+
+def test_a_second_builder_waits_for_the_first_then_reuses_its_build(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = threading.Event()
+    builds: list[str] = []
+    monkeypatch.setattr(llamacpp_build, "is_current", built.is_set)
+    monkeypatch.setattr(llamacpp_build, "_build", lambda: builds.append("second builder built too"))
+    holding = threading.Event()
+    release = threading.Event()
+
+    def first_builder() -> None:
+        with cache.exclusive(llamacpp_build.build_dir().name):
+            holding.set()
+            release.wait(60)
+            built.set()  # the stamp is written while the lock is held
+
+    first = threading.Thread(target=first_builder)
+    first.start()
+    assert holding.wait(60)
+    second = threading.Thread(target=llamacpp_build.build)
+    second.start()
+    second.join(0.2)
+    assert second.is_alive(), "the second builder must wait for the lock"
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert not second.is_alive()
+    assert builds == []

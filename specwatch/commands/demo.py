@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const="vllm",
         choices=("vllm", "llamacpp"),
-        help="a REAL engine instead of the simulators: vLLM (the default; CPU build, installed into .venv-vllm on "
+        help="a REAL engine instead of the simulators: vLLM (the default; CPU build, installed into ~/.cache/specwatch on "
         "first use) or llamacpp (llama-server, built once into ~/.cache/specwatch; needs a source checkout): its "
         "drafter is swapped for a worse one and the route turns degraded",
     )
