@@ -20,9 +20,13 @@ from specwatch.evaluators.acceptance_drop import STORE_KEY, AcceptanceDropEvalua
 from specwatch.stats.evidence import (
     BUSY_EFFECTIVE_TOKENS_PER_SECOND,
     MIN_ADAPTED_THRESHOLD,
+    MISFIT_SECONDS,
     TrafficRate,
     adapted_threshold,
+    misfit_threshold,
 )
+from specwatch.evaluators.drop_decision import DropDecision
+from specwatch.stats.daily import DailyProfile
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.offline.replay import ObservationBuilder
 from specwatch.snapshot import RouteObservation
@@ -110,15 +114,67 @@ def test_threshold_holds_false_alarms_per_hour_not_per_token() -> None:
     assert adapted_threshold(5.0, 0.01) == 5.0  # a configured h below the floor is kept, not raised
 
 
+def test_misfit_floor_is_two_sigmas_of_a_driftless_cusum_over_four_hours() -> None:
+    llr = LogLikelihoodRatio.between(0.95 * 0.44, 0.85 * 0.44, 1.0)
+    r = llr.neutral_rate()
+    assert r * llr.accepted_weight + (1 - r) * llr.rejected_weight == pytest.approx(0.0, abs=1e-12)
+    assert 0.85 * 0.44 < r < 0.95 * 0.44
+    sigma = llr.neutral_spread()
+    assert sigma == pytest.approx((llr.rejected_weight - llr.accepted_weight) * math.sqrt(r * (1 - r)))
+    assert misfit_threshold(sigma, 0.25) == pytest.approx(2 * sigma * math.sqrt(0.25 * MISFIT_SECONDS))
+    assert misfit_threshold(sigma, 1.0) == pytest.approx(2 * misfit_threshold(sigma, 0.25))  # grows as sqrt(E)
+    assert misfit_threshold(sigma, None) == 0.0
+    # the floor lifts the lowered h, but never above the configured h nor a configured h below the old floor
+    assert adapted_threshold(10.0, 0.2, floor=8.5) == 8.5
+    assert adapted_threshold(10.0, 0.2, floor=14.0) == 10.0
+    assert adapted_threshold(5.0, 0.01, floor=8.5) == 5.0
+    assert adapted_threshold(10.0, 0.2, floor=3.0) == MIN_ADAPTED_THRESHOLD
+
+
+def _quiet_decision(daily: DailyProfile | None, overdispersion: float) -> tuple[DropDecision, float]:
+    """A route at 7 drafted tokens/s (1 req/min of 300-token requests) for two days, on a pinned baseline."""
+    decision = DropDecision("chat", DetectionConfig())
+    key = BaselineKey("m", "v", 4)
+    decision.use(Baseline("chat", key, 0.44, overdispersion=overdispersion, daily=daily))
+    end = 2 * 86400.0
+    for t in range(0, int(end), 15):
+        decision.add(float(t), 0.44 * 105.0, 105.0)
+    return decision, end
+
+
+def test_a_quiet_route_on_a_flat_baseline_keeps_h_above_a_driftless_cusums_reach() -> None:
+    # φ̂ 40 at 7 drafted tokens/s: 0.175 effective tokens/s, so h - ln(10 / rate) = 5.96 and the old floor gave 7
+    flat, now = _quiet_decision(None, 40.0)
+    effective = 7.0 / 40.0
+    assert adapted_threshold(10.0, effective) == MIN_ADAPTED_THRESHOLD
+    assert flat.hypotheses is not None
+    sigma = flat.hypotheses.llr_flat.neutral_spread()
+    expected = misfit_threshold(sigma, flat.traffic.per_second(now, 0.0) / 40.0)
+    assert 8.0 < expected < 10.0
+    assert flat.threshold(now) == pytest.approx(expected)
+    assert flat.horizon_inputs(now)["threshold"] == pytest.approx(expected)  # the horizon reads the same h
+    # more evidence per hour (less heterogeneous traffic): a misfit stretch reaches further, up to the configured h
+    assert _quiet_decision(None, 12.0)[0].threshold(now) == 10.0
+    # a usable daily profile follows the mix, so the route keeps the lowered h and its floor of 7
+    profile = DailyProfile(0.44, 0.01, -0.02, 0.002, 40.0, 1.8, 40.0, 0.0, final=True)
+    assert profile.usable
+    assert _quiet_decision(profile, 40.0)[0].threshold(now) == MIN_ADAPTED_THRESHOLD
+
+
 def test_quiet_route_uses_a_lower_threshold_busy_one_the_configured(tmp_path: Path) -> None:
     h = FAST.cusum_threshold
+    # κ 12 at 1 req/min: heterogeneous enough that the flat baseline's misfit floor stays below h
     for rate, quiet in ((2.0, False), (1 / 60, True)):
         ev = build_evaluator(_ctx(tmp_path / str(rate)), _route())
-        spec = TraceSpec(rate=rate, duration=5 * 3600.0, seed=8)
+        spec = TraceSpec(rate=rate, duration=5 * 3600.0, seed=8, kappa=12.0)
         _run(ev, spec)
-        effective = ev.traffic.per_second(spec.start + spec.duration, 0.0) / ev.reference.overdispersion
-        threshold = ev.threshold(spec.start + spec.duration)
-        assert threshold == adapted_threshold(h, effective)
+        now = spec.start + spec.duration
+        effective = ev.traffic.per_second(now, 0.0) / ev.reference.overdispersion
+        test = ev.decision.hypotheses
+        assert test is not None and test.daily is None  # five hours: no daily profile yet
+        floor = max(MIN_ADAPTED_THRESHOLD, misfit_threshold(test.llr_flat.neutral_spread(), effective))
+        threshold = ev.threshold(now)
+        assert threshold == adapted_threshold(h, effective, floor)
         assert (threshold < h) is quiet
         ev.close()
 

@@ -10,8 +10,9 @@
    design effect φ0 + β·D (one request weighs as one request however long); after a model change a Wald SPRT on
    the same ratio judges the new model against the old baseline.
 3. Page (`degraded`) when S >= h (h lowered on quiet routes so that false alarms per hour, not per token, stay
-   those of a busy route), the excursion has lasted `min_duration` and holds `min_drafted_tokens`, or the SPRT says
-   "regressed"; and the short-window Wilson upper bound is below r_ok (the drop is still going on).
+   those of a busy route, but against a flat r0 never below a driftless CUSUM's reach over a misfit stretch), the
+   excursion has lasted `min_duration` and holds `min_drafted_tokens`, or the SPRT says "regressed"; and the
+   short-window Wilson upper bound is below r_ok (the drop is still going on).
 4. Resolve when the short-window Wilson lower bound is above (1 - 2 drop/3) r0 (0.90 r0); S restarts at 0.
 
 `CollapseCheck` is the baseline-free check beside it: a broken drafter pages at once.
@@ -28,7 +29,14 @@ from specwatch.config import DetectionConfig
 from specwatch.state.baselines import Baseline
 from specwatch.stats.cusum import Cusum, LogLikelihoodRatio, Sprt
 from specwatch.stats.daily import DailyProfile
-from specwatch.stats.evidence import OpenBlock, ShortWindow, TrafficRate, adapted_threshold
+from specwatch.stats.evidence import (
+    MIN_ADAPTED_THRESHOLD,
+    OpenBlock,
+    ShortWindow,
+    TrafficRate,
+    adapted_threshold,
+    misfit_threshold,
+)
 from specwatch.stats.horizon import NEVER_SECONDS, traffic_horizon
 from specwatch.stats.overdispersion import DispersionModel
 from specwatch.stats.wilson import wilson_bounds
@@ -216,11 +224,17 @@ class DropDecision:
             self.sprt.update(llr, block_drafted)
 
     def threshold(self, now: float) -> float:
-        """h for this route now: the configured h, lowered on a quiet route (see `adapted_threshold`)."""
+        """h for this route now: the configured h, lowered on a quiet route (see `adapted_threshold`), but against a
+        flat r0 never below a driftless CUSUM's reach over a misfit stretch (`misfit_threshold`)."""
         rate = self.traffic.per_second(now, self.cfg.warmup_seconds)
         if rate is None or self.reference is None:
             return self.cfg.cusum_threshold
-        return adapted_threshold(self.cfg.cusum_threshold, rate / max(1.0, self.reference.overdispersion))
+        effective = rate / max(1.0, self.reference.overdispersion)
+        test = self.hypotheses
+        floor = MIN_ADAPTED_THRESHOLD
+        if test is not None and test.daily is None:
+            floor = max(floor, misfit_threshold(test.llr_flat.neutral_spread(), effective))
+        return adapted_threshold(self.cfg.cusum_threshold, effective, floor)
 
     def quiet(self, threshold: float) -> bool:
         """No hint of a drop: not degraded and S below half of h."""

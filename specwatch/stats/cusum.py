@@ -40,6 +40,17 @@ class LogLikelihoodRatio:
         rejected = max(0.0, drafted - accepted)
         return (accepted * self.accepted_weight + rejected * self.rejected_weight) / self.dispersion.at(drafted)
 
+    def neutral_rate(self) -> float:
+        """The acceptance rate at which the ratio has no drift, r a + (1 - r) b = 0: inside the zone, mid-way."""
+        a, b = self.accepted_weight, self.rejected_weight
+        return b / (b - a)
+
+    def neutral_spread(self) -> float:
+        """Standard deviation of the ratio per effective (drafted / φ) token at `neutral_rate`: a block of D tokens
+        has Var(accepted) = φ(D) D r (1 - r), so Σ ℓ over E effective tokens spreads by this x sqrt(E)."""
+        r = self.neutral_rate()
+        return (self.rejected_weight - self.accepted_weight) * math.sqrt(r * (1.0 - r))
+
 
 @dataclass
 class Cusum:

@@ -4,7 +4,7 @@
   a block holds about whole requests (the units the dispersion model and the CUSUM weigh);
 - `ShortWindow`: the recent accepted/drafted sums the confirmation and resolution bounds are computed on;
 - `TrafficRate` and `adapted_threshold`: the CUSUM threshold lowered on quiet routes, so false alarms per hour
-  (not per token) stay those of a busy route.
+  (not per token) stay those of a busy route; `misfit_threshold`: the floor of a route tested against a flat r0.
 """
 
 from __future__ import annotations
@@ -25,15 +25,38 @@ MAX_WINDOW_SECONDS = 6 * 3600.0  # the short window never reaches further back, 
 BUSY_EFFECTIVE_TOKENS_PER_SECOND = 10.0
 MIN_ADAPTED_THRESHOLD = 7.0
 TRAFFIC_TIME_CONSTANT = 86400.0  # the drafted-token rate is averaged over about a day (a whole daily cycle)
+# The lowering above assumes an in-control route at or above r_ok, where the CUSUM drifts down and an excursion
+# reaches h with probability about e^-h. A route tested against a flat r0 (no usable daily profile) whose mix moves
+# through the day can sit near the zone's middle for hours (a 5% drift at the hours its low-acceptance requests
+# peak): there the CUSUM has no drift and wanders like a random walk, reaching MISFIT_SIGMAS x its spread over
+# MISFIT_SECONDS, i.e. MISFIT_SIGMAS x σ_ℓ x sqrt(rate x MISFIT_SECONDS) with σ_ℓ the ratio's standard deviation
+# per effective token. Such a route's h is never below that (nor above the configured h), so the floor grows with
+# the evidence a misfit stretch holds: at 1 req/min about 7 at κ 12 and the configured 10 at κ 30 (docs/detection.md
+# §2.4). 4 h is the part of a day a daily swing holds a route near its low peak (on the benchmark's mix, the low
+# class within 2 points of its peak share for about 3.5 h).
+MISFIT_SECONDS = 4 * 3600.0
+MISFIT_SIGMAS = 2.0
 
 
-def adapted_threshold(h: float, effective_tokens_per_second: float | None) -> float:
-    """h for a route with this many effective tokens per second (None: not known yet, so the busy route's h)."""
+def misfit_threshold(spread: float, effective_tokens_per_second: float | None) -> float:
+    """MISFIT_SIGMAS standard deviations of a driftless CUSUM over MISFIT_SECONDS at this evidence rate; `spread`
+    is the ratio's standard deviation per effective token (`LogLikelihoodRatio.neutral_spread`). 0 when not known."""
+    rate = effective_tokens_per_second
+    if rate is None or rate <= 0.0 or spread <= 0.0:
+        return 0.0
+    return MISFIT_SIGMAS * spread * math.sqrt(rate * MISFIT_SECONDS)
+
+
+def adapted_threshold(
+    h: float, effective_tokens_per_second: float | None, floor: float = MIN_ADAPTED_THRESHOLD
+) -> float:
+    """h for a route with this many effective tokens per second (None: not known yet, so the busy route's h), never
+    below `floor` (MIN_ADAPTED_THRESHOLD, or a flat reference's `misfit_threshold` where that is higher) nor above h."""
     rate = effective_tokens_per_second
     if rate is None or rate >= BUSY_EFFECTIVE_TOKENS_PER_SECOND:
         return h
     lowered = h - math.log(BUSY_EFFECTIVE_TOKENS_PER_SECOND / max(rate, 1e-9))
-    return min(h, max(MIN_ADAPTED_THRESHOLD, lowered))
+    return min(h, max(MIN_ADAPTED_THRESHOLD, floor, lowered))
 
 
 class TrafficRate:
