@@ -256,7 +256,9 @@ def fit(
     skipped = set(exclude_shapes)
     profile = load_forward_profile(load_tables()) if profile is None else profile
     hardware, _ = gpus.lookup("H200")
-    elementwise, _, _ = fit_elementwise([p for p in profile if p.shape not in skipped], hardware.bandwidth)
+    elementwise, elementwise_layer, _ = fit_elementwise(
+        [p for p in profile if p.shape not in skipped], hardware.bandwidth
+    )
     kernels = [(a.model(ATTENTION_START), list(a.points)) for a in probe if a.heads not in excluded]
     kernels += [(table_model(t, ATTENTION_START), points) for t, points in context_deltas(tables) if points]
     attention, _ = fit_models(
@@ -268,7 +270,8 @@ def fit(
         tie_verify_attention=False,
         bounds=KERNEL_BOUNDS,
     )
-    groups = [(table_model(t, replace(attention, elementwise=elementwise)), table_points(t)) for t in tables]
+    held = replace(attention, elementwise=elementwise, elementwise_layer_s=elementwise_layer)
+    groups = [(table_model(t, held), table_points(t)) for t in tables]
     return fit_models(
         groups,
         source,
