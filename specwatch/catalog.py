@@ -235,6 +235,22 @@ METRICS: tuple[MetricSpec, ...] = (
         area="crossover",
     ),
     _m(
+        "route_crossover_flag_batch_size",
+        "gauge",
+        "Batch size the above-crossover flag judges against now, labelled with where it comes from: live once "
+        "the live calibration settled, else the configured source (an estimate's band upper side); absent "
+        "when the flag cannot fire" + AS_OF,
+        ("route", "source"),
+        area="crossover",
+    ),
+    _m(
+        "route_crossover_live_bins",
+        "gauge",
+        "Batch bins with observed step times in the route's live calibration" + AS_OF,
+        ("route",),
+        area="crossover",
+    ),
+    _m(
         "route_batch_size",
         "gauge",
         "Time-weighted running requests per engine of the route" + AS_OF,

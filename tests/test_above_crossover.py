@@ -347,9 +347,10 @@ def test_estimate_flags_only_past_its_bands_upper_side():
     assert first["crossover_flag_source"] == "estimate" and first["crossover_flag_batch_size"] == upper
     from specwatch.commands.status import _flag
 
-    assert _flag({**first, "batch_size": 30.0}) == f" flag>{upper:.1f}"
+    lower = first["crossover_lower"]
+    assert _flag({**first, "batch_size": 30.0}) == f" estimate {lower:.1f}-{upper:.1f} flag>{upper:.1f}"
     assert _flag({"crossover_flag_source": "live", "crossover_flag_batch_size": 41.0, "live_crossover_bins": 5}) == (
-        " live:41.0 (5 bins)"
+        " live flag>41.0 (5 bins)"
     )
     between = drive(ev, 5, 300, running=(bstar + upper) / 2)
     assert between["above_crossover"] is False

@@ -195,6 +195,57 @@ def test_status_table_shows_optional_columns_only_when_present():
     assert "GPU-h lost/saved" in text and "1.50/0.20" in text
 
 
+def test_status_names_the_flags_source_its_band_and_the_live_bins():
+    """batch/xover says what the flag judges against now: the source, that source's band, the threshold when
+    it is not the B* shown, and the batch bins live calibration has, settled or not."""
+    rows = [
+        {
+            "name": "swept",
+            "up": True,
+            "batch_size": 12.0,
+            "crossover_batch_size": 32.0,
+            "crossover_flag_source": "sweep",
+            "crossover_flag_batch_size": 32.0,
+        },
+        {
+            "name": "est",
+            "up": True,
+            "batch_size": 20.0,
+            "crossover_batch_size": 23.7,
+            "crossover_lower": 19.0,
+            "crossover_upper": 29.0,
+            "crossover_flag_source": "estimate",
+            "crossover_flag_batch_size": 29.0,
+            "live_crossover_bins": 3,
+        },
+        {
+            "name": "calibrated",
+            "up": True,
+            "batch_size": 30.0,
+            "crossover_batch_size": 23.7,
+            "live_crossover_lower": 24.0,
+            "live_crossover_upper": 28.5,
+            "crossover_flag_source": "live",
+            "crossover_flag_batch_size": 26.1,
+            "live_crossover_bins": 5,
+        },
+        {
+            "name": "open",
+            "up": True,
+            "batch_size": 30.0,
+            "crossover_batch_size": 23.7,
+            "crossover_lower": 19.0,
+            "crossover_flag_source": "estimate",
+            "crossover_flag_batch_size": None,
+        },
+    ]
+    text = table_text(rows)
+    assert "12.0/32.0 sweep" in text
+    assert "20.0/23.7 estimate 19.0-29.0 flag>29.0 (3 bins)" in text
+    assert "30.0/23.7 live 24.0-28.5 flag>26.1 (5 bins)" in text
+    assert "30.0/23.7 estimate 19.0-– no flag" in text
+
+
 def _every_column_snapshot() -> Snapshot:
     return Snapshot(
         timestamp=1.0,

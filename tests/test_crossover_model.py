@@ -56,7 +56,8 @@ def test_recomputed_speedups_match_stored_derived(table, context):
 
 
 @pytest.mark.parametrize("context", [1024, 8192])
-def test_interpolated_crossover_lies_in_first_below_one_bracket(table, context):
+def test_interpolated_crossover_lies_in_the_reference_tables_bracket(table, context):
+    """The 8B reference table's curves cross 1 once, so its stored first batch below 1 brackets B*."""
     raw = json.loads(default_path().read_text())
     derived = next(r for r in raw["runs"] if r["context"] == context)["derived"]
     run = table.run(context)
@@ -78,6 +79,24 @@ def test_interpolate_crossover_edges():
     assert interpolate_crossover([(1, 0.9), (8, 0.5)]) == 1
     assert interpolate_crossover([(8, 0.5), (4, 1.5)]) == pytest.approx(6.0)
     assert interpolate_crossover([(4, 1.5), (16, 0.5)], log_x=True) == pytest.approx(8.0)
+
+
+def test_crossover_is_the_last_downward_crossing():
+    """Below 1 at batch 1, paying at 2-4, losing from 8: B* is where it stops paying for good (between 4 and
+    8), not 1; a curve that pays again at its last point has no crossover."""
+    dip_then_pay = [(1, 0.97), (2, 1.05), (4, 1.2), (8, 0.8), (16, 0.6)]
+    assert interpolate_crossover(dip_then_pay) == pytest.approx(6.0)
+    assert interpolate_crossover([(8, 0.8), (16, 1.1), (24, 0.9), (32, 0.7)]) == pytest.approx(20.0)
+    assert interpolate_crossover([(1, 0.9), (8, 1.1)]) is None
+    assert crossover_batch(lambda b: 0.97 if b < 1.5 else 1.4 - 0.05 * b) == pytest.approx(8.0, rel=1e-3)
+
+
+def test_measured_crossover_of_a_table_that_dips_at_batch_one(all_tables):
+    """Llama-3-8B at 8192, gamma 2, alpha 0.6 measures 0.995 at batch 1 and 1.05-1.12 at batch 2-4."""
+    run = next(t.run for t in all_tables if t.name == "llama3-8b" and t.context == 8192)
+    speedup = run.speedup(2, 0.6)
+    assert speedup[1] < 1 < min(speedup[2], speedup[4]) and speedup[8] < 1
+    assert 4 < run.measured_crossover(2, 0.6) < 8
 
 
 @pytest.fixture(scope="module")
@@ -123,31 +142,27 @@ def test_shape_tables_load(shape_tables, all_tables):
     assert shape_tables["codellama-34b"].shape.params / 1e9 == pytest.approx(33.7, abs=0.2)
 
 
-# Cells whose measured speedup stays within 3% of 1 over a wide batch range (`shapes.near_one_range`): B* moves
-# far on a step-time error of a percent or two. Llama-2-7B's gamma 2, alpha 0.6 is within 3% of 1 from batch
-# about 165 to 307; Llama-3-8B's gamma 2, alpha 0.6 at 8192 is 1.00 at batch 1 (and 1.05-1.12 at 2-4).
-FLAT_CELLS = {("llama2-7b", 1024, 2, 0.6), ("llama3-8b", 8192, 2, 0.6)}
+def close_enough(table, cell, limit: float) -> bool:
+    """Within `limit` in B*, or off in B* only where the measured speedup is within 3% of 1 at the predicted
+    B* (`shapes.within_near_one`): Llama-3-8B at 16384 measures 0.98 at batch 4 where the model says 1.00,
+    and B* is 1 against 4."""
+    return (cell.error is not None and abs(cell.error) <= limit) or shapes.within_near_one(table.run, cell)
 
 
 @pytest.mark.parametrize("name", HELD_SHAPES)
 def test_calibrated_estimate_within_25_percent_of_shape_tables(shape_tables, name):
-    for cell in shapes.score(shape_tables[name], gpus.CALIBRATED["H200"]):
-        if (cell.shape, cell.context, cell.gamma, cell.alpha) in FLAT_CELLS:
-            continue
+    table = shape_tables[name]
+    for cell in shapes.score(table, gpus.CALIBRATED["H200"]):
         assert cell.error is not None and abs(cell.error) <= 0.25, cell
 
 
 @pytest.mark.parametrize("context", [2048, 4096, 8192, 16384])
 def test_calibrated_estimate_across_contexts(all_tables, context):
     """The shipped calibration on the long-context tables: every cell within 20%, or both sides agree that
-    speculation loses from the first batches (B* < 2), except the flat and the few-batch cells listed."""
-    loose = {("qwen2.5-14b", 16384, 2, 0.8): None, ("llama3-8b", 16384, 4, 0.7): None}
+    speculation loses from the first batches (B* < 2), or the speedup at the predicted B* is within 3% of 1."""
     for table in (t for t in all_tables if t.context == context):
         for cell in shapes.score(table, gpus.CALIBRATED["H200"]):
-            key = (cell.shape, cell.context, cell.gamma, cell.alpha)
-            if key in FLAT_CELLS or key in loose:
-                continue
-            assert cell.error is not None and abs(cell.error) <= 0.20, cell
+            assert close_enough(table, cell, 0.20), cell
 
 
 @pytest.mark.slow
@@ -185,7 +200,7 @@ def test_refit_reproduces_shipped_h200_efficiency(all_tables):
     assert rms < 0.06
     for name in ("memory", "compute", "verify_attention", "decode_attention", "elementwise"):
         assert getattr(fitted, name) == pytest.approx(getattr(shipped, name), abs=0.01), name
-    for name in ("layer_overhead_s", "step_overhead_s"):
+    for name in ("layer_overhead_s", "step_overhead_s", "elementwise_layer_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(shipped, name), abs=1e-6), name
     for name in ("verify_key_s", "attention_slice_key_s", "expert_group_s", "verify_block_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(shipped, name), rel=0.02), name
@@ -244,13 +259,14 @@ def test_held_out_fit_leaves_out_the_held_shapes_profile(shape_tables):
 def test_elementwise_rate_fits_the_profiled_kernels(shape_tables):
     """The elementwise kernels of the profiled forwards (six shapes, MHA and GQA, q 1-5, batch 64-256) lie on
     one rate over the bytes `activation_bytes_per_token` counts: every point within 12%, RMS under 6%; the
-    rate is what gpus.py ships, well below the weight-streaming rate."""
+    rate and the fixed time per layer are what gpus.py ships, the rate well below the weight-streaming rate."""
     points = shapes.load_forward_profile(list(shape_tables.values()))
     assert {"llama2-7b", "llama2-13b", "qwen1.5-1.8b", "llama3-8b", "qwen2.5-14b"} <= {p.shape for p in points}
     hardware, shipped = gpus.lookup("H200")
     rate, fixed, rms = shapes.fit_elementwise(points, hardware.bandwidth)
     assert rms < 0.06
     assert rate == pytest.approx(shipped.elementwise, abs=0.005)
+    assert fixed == pytest.approx(shipped.elementwise_layer_s, rel=0.01)
     assert rate < shipped.memory / 2
     for p in points:
         predicted = p.layers * (p.tokens * p.bytes_per_token / (rate * hardware.bandwidth) + fixed)
@@ -359,6 +375,7 @@ def test_crossover_batch_search():
     assert crossover_batch(lambda b: 2.0 - b / 100) == pytest.approx(100, rel=1e-3)
     assert crossover_batch(lambda b: 0.5) == 1.0
     assert crossover_batch(lambda b: 1.5) is None
+    assert crossover_batch(lambda b: 0.9 if b < 50 else 1.2) is None
 
 
 def test_gpu_lookup_by_nvml_name():
@@ -594,3 +611,38 @@ def test_band_outside_the_validated_contexts_warns_and_covers_the_measured_cross
                 assert cell.predicted is not None and band.covers(cell.measured), (cell, band)
                 checked += 1
     assert checked >= 4
+
+
+def test_every_cell_outside_20_percent_is_covered_by_its_band_and_outside_the_range_warns(all_tables):
+    """Each validated (shape, context, gamma, alpha) cell whose held-out B* misses by more than 20%: the
+    estimate's band around the shape-held-out prediction covers the measured B*; where the cell is outside the
+    validated range (the MoE) the estimate warns, and the band still covers it when built without that shape's
+    own cells, as a new shape of its class would get it."""
+    import json as _json
+
+    from specwatch.crossover import band as bands
+    from specwatch.crossover.estimate import EstimateInputs, validation_warnings
+
+    raw = _json.loads(bands.VALIDATION_FILE.read_text(encoding="utf-8"))["cells"]
+    cells = bands.load_validation()
+    tables = {t.cell: t for t in all_tables}
+    failing = [
+        c
+        for c in raw
+        if c["measured"] is not None and any(e is None or abs(e) > 0.20 for e in (c["error"], c["error_shape_out"]))
+    ]
+    assert {(c["shape"], c["context"]) for c in failing} >= {("llama2-7b", 1024), ("qwen3-30b-a3b", 1024)}
+    outside = 0
+    for c in failing:
+        table = tables[(c["shape"], c["context"])]
+        model = shapes.table_model(table, gpus.CALIBRATED["H200"])
+        warned = bool(validation_warnings(model, EstimateInputs(), c["context"]))
+        at_one = model.speedup(1.0, positions_from_alpha(c["alpha"], c["gamma"]), c["context"])
+        views = [cells] + ([[x for x in cells if x.shape != c["shape"]]] if warned else [])
+        predicted = c["predicted_shape_out"]  # at a measured context the band is the shape-held-out errors'
+        for pool in views:
+            band = bands.error_band(predicted, table.shape, c["context"], not warned, pool, at_one)
+            assert band.validated is not warned
+            assert predicted is not None and band.covers(c["measured"]), (c, band)
+        outside += warned
+    assert outside >= 6  # the MoE's six cells

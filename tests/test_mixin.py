@@ -342,6 +342,25 @@ def test_dashboards_cover_the_required_views(boards):
     assert "specwatch_gpu_up" in gpu and "specwatch_gpu_clock_throttle_reasons" in gpu
 
 
+def test_the_route_dashboard_shows_the_flags_source_its_band_and_live_bins(boards):
+    """What the flag judges against is on the route dashboard: the flag's batch labelled with its source (sweep,
+    estimate, batch_size, live), the band of that same source (joined on the source label), and the batch bins
+    live calibration has; the flag and band families both carry `source`, so the join can match."""
+    panels = {p["title"]: p for p in boards["specwatch-route"]["panels"]}
+    targets = {t["expr"]: t["legendFormat"] for t in panels["Batch vs crossover"]["targets"]}
+    flag = "specwatch_route_crossover_flag_batch_size"
+    assert "({{source}})" in next(legend for expr, legend in targets.items() if expr.startswith(flag))
+    band = next(expr for expr in targets if expr.startswith("specwatch_route_crossover_band_batch_size"))
+    assert f"and on (instance, route, source) {flag}" in band and "{{bound}}" in targets[band]
+    assert any(expr.startswith("specwatch_route_crossover_live_bins") for expr in targets)
+    stat = panels["Flag judges against"]
+    assert stat["targets"][0]["expr"].startswith(flag) and "{{source}}" in stat["targets"][0]["legendFormat"]
+    assert stat["options"]["textMode"] == "value_and_name"
+    by_name = {m.name: m for m in catalog.METRICS}
+    for name in (flag, "specwatch_route_crossover_band_batch_size"):
+        assert "source" in by_name[name].labels
+
+
 def test_every_dashboard_query_honours_the_job_and_instance_variables(boards):
     """Recorded fleet series are summed over every node, so no panel may use them: a fleet panel would ignore
     the job and instance the viewer selected."""

@@ -72,6 +72,22 @@ def test_crossover_of_the_table_matches_the_references_bracket():
     assert crossover_batch(load_table(), 4, 1.0) == 1.0  # nothing accepted: speculation never pays
 
 
+class DipsAtBatchOne:
+    """Verify costs 2.1 plain steps at batch 1, 1.5 at 2-8, then grows with the batch."""
+
+    def target_seconds(self, batch: float, q: int) -> float:
+        if q == 1:
+            return 1.0
+        return 2.1 if batch < 1.5 else max(1.5, batch / 5)
+
+    def draft_seconds(self, batch: float) -> float:
+        return 0.0
+
+
+def test_crossover_is_where_speculation_stops_paying_for_good():
+    assert crossover_batch(DipsAtBatchOne(), 4, 2.0) == pytest.approx(10.0, rel=1e-3)
+
+
 # ----------------------------------------------------------------------------------------- acceptance
 def test_profile_math():
     p = AcceptanceProfile((0.8, 0.5))

@@ -277,11 +277,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _flag(r: Mapping[str, Any]) -> str:
-    """What the flag uses when that is not the B* shown: the estimate's band's upper side, or live calibration
-    (with its batch bins)."""
+    """What the flag judges against, after batch/B*: its source (sweep, estimate, batch_size or live), the band
+    of that source (lower-upper, "-" where a side is absent), the flag's threshold when it is not the B* shown
+    (an estimate's band upper side, live calibration's B*), and the batch bins live calibration has."""
     source, threshold = r.get("crossover_flag_source"), r.get("crossover_flag_batch_size")
-    if source == "live":
-        return f" live:{_number(threshold, 1)} ({r.get('live_crossover_bins')} bins)"
-    if source == "estimate" and threshold != r.get("crossover_batch_size"):
-        return f" flag>{_number(threshold, 1)}"
-    return ""
+    bins = r.get("live_crossover_bins")
+    if not source:
+        return ""
+    prefix = "live_crossover" if source == "live" else "crossover"
+    lower, upper = r.get(f"{prefix}_lower"), r.get(f"{prefix}_upper")
+    text = f" {source}"
+    if lower is not None or upper is not None:
+        text += f" {_number(lower, 1)}-{_number(upper, 1)}"
+    if threshold is None:
+        text += " no flag"
+    elif source == "live" or threshold != r.get("crossover_batch_size"):
+        text += f" flag>{_number(threshold, 1)}"
+    if bins:
+        text += f" ({bins} bins)"
+    return text

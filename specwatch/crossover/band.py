@@ -32,8 +32,8 @@ OUTSIDE_FLOOR = 0.3
 MAX_UNDER = 0.9  # an upper band of at most 10 x B*; beyond, "no upper bound"
 NEAR_CONTEXT = 0.1  # a context within 10% of a measured one counts as measured
 # A predicted speedup at batch 1 below 1 + this: speculation may lose from the first batch, whatever B* says.
-# The tables measured 0.97-1.00 at batch 1 where the calibration predicts 1.00-1.02 (then above 1 to batch
-# 4, below from 8: measured B* 1, predicted 6-7).
+# The tables measured 0.80-1.00 at batch 1 where B* (the last crossing) is 4-8: speculation pays at batch
+# 2-4 and loses at 1.
 SMALL_BATCH_MARGIN = 0.1
 
 

@@ -157,3 +157,6 @@ class Efficiency:
     # Share of the HBM rate the elementwise kernels (norms, RoPE, residual adds, SiLU, KV writes) reach on the
     # bytes `stepcost.activation_bytes_per_token` counts.
     elementwise: float = 0.85
+    # Fixed seconds per layer of the elementwise kernels whatever the bytes (each kernel's shortest run), read
+    # from a profiled forward with `elementwise`; the rest of a layer's fixed cost is `layer_overhead_s`.
+    elementwise_layer_s: float = 0.0

@@ -6,7 +6,8 @@ batch x context and stay memory-bound. Speculation with draft length gamma pays
 
     speedup(B) = tau x T(B, 1) / (T(B, gamma + 1) + gamma x T_draft(B))
 
-and the crossover B* is the smallest batch where that falls below 1 (`docs/crossover.md`).
+and the crossover B* is the batch above which that stays below 1: the last downward crossing, so that
+"batch above B*" means "speculation loses" at every batch the flag fires on (`docs/crossover.md`).
 """
 
 from __future__ import annotations
@@ -143,16 +144,18 @@ class StepModel:
 
 
 def crossover_batch(speedup_at, max_batch: float = MAX_BATCH, tolerance: float = 1e-3) -> float | None:
-    """Smallest batch in [1, max_batch] where speedup_at(batch) drops below 1; None if it never does.
+    """The last batch in [1, max_batch] where speedup_at(batch) falls below 1 for good; None if it is still
+    >= 1 at max_batch, 1.0 if it is below 1 everywhere.
 
-    Scans geometrically (speedup is not monotone at tiny batches) then bisects the first bracket.
+    Scans down geometrically from max_batch (speedup is not monotone at small batches: it can dip below 1 at
+    batch 1 and pay again at 2-4) to the first batch where speculation pays, then bisects that bracket.
     """
-    if speedup_at(1.0) < 1.0:
-        return 1.0
-    lo = 1.0
-    while lo < max_batch:
-        hi = min(lo * 1.05, max_batch)
-        if speedup_at(hi) < 1.0:
+    if speedup_at(max_batch) >= 1.0:
+        return None
+    hi = max_batch
+    while hi > 1.0:
+        lo = max(hi / 1.05, 1.0)
+        if speedup_at(lo) >= 1.0:
             while hi - lo > tolerance * lo:
                 mid = (lo + hi) / 2
                 if speedup_at(mid) < 1.0:
@@ -160,8 +163,8 @@ def crossover_batch(speedup_at, max_batch: float = MAX_BATCH, tolerance: float =
                 else:
                     lo = mid
             return (lo + hi) / 2
-        lo = hi
-    return None
+        hi = lo
+    return 1.0
 
 
 def closed_form_crossover(
@@ -187,18 +190,21 @@ def closed_form_crossover(
 
 
 def interpolate_crossover(points: Sequence[tuple[float, float]], log_x: bool = False) -> float | None:
-    """Crossover from measured (batch, speedup) points: linear between the last point >= 1 and the first
-    point < 1 after it (in log batch with `log_x`, for geometrically spaced levels drawn on a log axis);
-    None when no point is below 1; the first batch if all are."""
+    """Crossover from measured (batch, speedup) points: the last downward crossing, linear between the last
+    point >= 1 and the point after it (in log batch with `log_x`, for geometrically spaced levels drawn on a
+    log axis); None when the last point is >= 1; the first batch when no point is.
+
+    The last crossing, not the first: the flag says "above B* speculation loses", which a dip below 1 at
+    batch 1 followed by gains at 2-4 (or a wave step mid-curve) does not make true for the batches after it.
+    """
     pts = sorted(points)
-    if not pts:
+    if not pts or pts[-1][1] >= 1.0:
         return None
-    if pts[0][1] < 1.0:
+    paying = [i for i, (_, s) in enumerate(pts) if s >= 1.0]
+    if not paying:
         return pts[0][0]
-    for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
-        if s1 < 1.0 <= s0:
-            share = (s0 - 1.0) / (s0 - s1)
-            if log_x:
-                return math.exp(math.log(b0) + share * (math.log(b1) - math.log(b0)))
-            return b0 + share * (b1 - b0)
-    return None
+    (b0, s0), (b1, s1) = pts[paying[-1]], pts[paying[-1] + 1]
+    share = (s0 - 1.0) / (s0 - s1)
+    if log_x:
+        return math.exp(math.log(b0) + share * (math.log(b1) - math.log(b0)))
+    return b0 + share * (b1 - b0)

@@ -33,7 +33,8 @@ A forward with B sequences, q new tokens each (M = B x q rows) and context L cos
   weight-streaming rate (about 1.9 TB/s against 3.9 on the H200 profile). RoPE and the KV write scale with
   the KV heads, so an MHA shape moves about 15% more elementwise bytes per token than a GQA shape of the
   same width.
-- **Fixed costs**: a per-layer cost (kernel boundaries) and a per-forward one.
+- **Fixed costs**: per layer, the elementwise kernels' shortest runs (`elementwise_layer_s`, read with their
+  rate from a profiled forward) and the other kernels' (`layer_overhead_s`); and a per-forward one.
 
 Efficiencies are fitted per GPU (`calibrate.py`); tile sizes are the common cuBLAS/CUTLASS Hopper choices.
 """
@@ -186,7 +187,8 @@ def forward_s(
         layer += gemm_s(m, d, shape.intermediate_size, weight_bytes, hw, eff, flops)
     layer += attention_s(batch, q, context, shape, hw, eff, sms)
     layer += m * activation_bytes_per_token(shape) / (eff.elementwise * hw.bandwidth)
-    layer += eff.layer_overhead_s * (MOE_LAYER_KERNELS if shape.experts else DENSE_LAYER_KERNELS) / DENSE_LAYER_KERNELS
+    kernels = (MOE_LAYER_KERNELS if shape.experts else DENSE_LAYER_KERNELS) / DENSE_LAYER_KERNELS
+    layer += (eff.layer_overhead_s + eff.elementwise_layer_s) * kernels
     vocab = lm_head_vocab or shape.vocab_size
     head = gemm_s(m, vocab, d, weight_bytes, hw, eff, flops)
     return eff.step_overhead_s + shape.layers * layer + head

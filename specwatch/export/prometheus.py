@@ -209,6 +209,11 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
         band.add(r.crossover_upper, r.name, r.crossover_source, "upper")
         band.add(r.live_crossover_lower, r.name, "live", "lower")
         band.add(r.live_crossover_upper, r.name, "live", "upper")
+    flag = f("route_crossover_flag_batch_size")
+    for r in routes:
+        if r.crossover_flag_source:
+            flag.add(r.crossover_flag_batch_size, r.name, r.crossover_flag_source)
+    _per_route(f, "route_crossover_live_bins", routes, "live_crossover_bins")
     _per_route(f, "route_batch_size", routes, "batch_size")
     _per_route(f, "route_above_crossover", routes, "above_crossover")
     _per_route(f, "route_predicted_speedup_ratio", routes, "predicted_speedup_ratio")

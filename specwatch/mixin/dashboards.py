@@ -100,17 +100,24 @@ def _timeseries(
 
 
 def _stat(
-    title: str, description: str, expr: str, unit: str = "none", thresholds: list[dict[str, Any]] | None = None
+    title: str,
+    description: str,
+    expr: str,
+    unit: str = "none",
+    thresholds: list[dict[str, Any]] | None = None,
+    legend: str = "",
+    text_mode: str = "auto",
 ) -> g.Stat:
     return g.Stat(
         title=title,
         description=description,
         dataSource=DATASOURCE,
-        targets=_targets((expr, "")),
+        targets=_targets((expr, legend)),
         format=unit,
         reduceCalc="lastNotNull",
         graphMode="none",
         colorMode="background",
+        textMode=text_mode,
         thresholds=thresholds or [{"color": "green", "value": None}],
     )
 
@@ -503,8 +510,11 @@ def route_detail(s: Settings) -> dict[str, Any]:
             (
                 _timeseries(
                     "Batch vs crossover",
-                    "Time-weighted running requests per engine, against the batch size "
-                    "above which speculation lowers throughput.",
+                    "Time-weighted running requests per engine, against the batch size above which speculation "
+                    "lowers throughput (each source's B*), the batch the flag judges against now (flag, with "
+                    "its source: sweep, estimate, batch_size or live) and that source's band (dashed), and the "
+                    "batch bins live calibration has (right axis). No flag line: the flag cannot fire (no "
+                    "crossover, or an estimate whose band has no upper side).",
                     [
                         (f"specwatch_route_batch_size{{{ROUTE}}}", "{{instance}} {{route}} batch"),
                         (
@@ -512,13 +522,24 @@ def route_detail(s: Settings) -> dict[str, Any]:
                             "{{instance}} {{route}} crossover ({{source}})",
                         ),
                         (
+                            f"specwatch_route_crossover_flag_batch_size{{{ROUTE}}}",
+                            "{{instance}} {{route}} flag ({{source}})",
+                        ),
+                        (
+                            f"specwatch_route_crossover_band_batch_size{{{ROUTE}}} and on (instance, route, source) "
+                            f"specwatch_route_crossover_flag_batch_size{{{ROUTE}}}",
+                            "{{instance}} {{route}} flag band {{bound}} ({{source}})",
+                        ),
+                        (
                             f"specwatch_route_running_requests{{{ROUTE}}}",
                             "{{instance}} {{route}} running (all engines)",
                         ),
                         (f"specwatch_route_waiting_requests{{{ROUTE}}}", "{{instance}} {{route}} waiting"),
+                        (f"specwatch_route_crossover_live_bins{{{ROUTE}}}", "{{instance}} {{route}} live bins"),
                     ],
                     "none",
                     minimum=0,
+                    overrides=[_dashed(".* flag band .*"), _right_axis(".* live bins", "none")],
                 ),
                 12,
                 8,
@@ -532,7 +553,20 @@ def route_detail(s: Settings) -> dict[str, Any]:
                     "none",
                     thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
                 ),
-                12,
+                8,
+                8,
+            ),
+            (
+                _stat(
+                    "Flag judges against",
+                    "The batch the above-crossover flag compares with now, and its source (sweep, estimate, "
+                    "batch_size, or live once live calibration settled). The band and live calibration's "
+                    "batch bins are in Batch vs crossover.",
+                    f"specwatch_route_crossover_flag_batch_size{{{ROUTE}}}",
+                    legend="{{route}} {{source}}",
+                    text_mode="value_and_name",
+                ),
+                4,
                 8,
             ),
         ],

@@ -140,7 +140,8 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 
 
 def crossover_batch(model: StepTimeModel, k: int, tokens_per_step: float, max_batch: float = 1024.0) -> float | None:
-    """The batch at which speculation stops paying: tokens_per_step x t(B, 1) = t_spec(B), by bisection.
+    """The batch above which speculation stops paying for good: the last batch where tokens_per_step x
+    t(B, 1) = t_spec(B), found by scanning down from `max_batch` to the first batch that pays, then bisecting.
 
     `tokens_per_step` is the expected tokens one verify step emits (1 + E[accepted]). None when speculation
     still wins at `max_batch`; 1.0 when it never wins.
@@ -155,9 +156,12 @@ def crossover_batch(model: StepTimeModel, k: int, tokens_per_step: float, max_ba
 
     if k <= 0 or speedup(max_batch) >= 1.0:
         return None
-    lo, hi = 1.0, max_batch
-    if speedup(lo) < 1.0:
-        return lo
+    hi = max_batch
+    lo = max(1.0, hi / 1.05)
+    while speedup(lo) < 1.0:
+        if lo == 1.0:
+            return 1.0
+        hi, lo = lo, max(1.0, lo / 1.05)
     for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if speedup(mid) >= 1.0 else (lo, mid)
