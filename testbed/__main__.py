@@ -17,7 +17,8 @@ from testbed.models import build_tiny_models
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
         prog="python -m testbed",
-        description="Build the real vLLM engine's venv (about 3.5 GB, once per machine, in ~/.cache/specwatch) and the tiny models now.",
+        description="Build the real vLLM engine's venv (about 3.5 GB, once per machine, in ~/.cache/specwatch) "
+        "and the tiny models now.",
     ).parse_args(argv)
     supported, reason = cpu_support()
     if not supported:

@@ -58,9 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const="vllm",
         choices=("vllm", "llamacpp"),
-        help="a REAL engine instead of the simulators: vLLM (the default; CPU build, installed into ~/.cache/specwatch on "
-        "first use) or llamacpp (llama-server, built once into ~/.cache/specwatch; needs a source checkout): its "
-        "drafter is swapped for a worse one and the route turns degraded",
+        help="a REAL engine instead of the simulators: vLLM (the default; CPU build, installed into "
+        "~/.cache/specwatch on first use) or llamacpp (llama-server, built once into ~/.cache/specwatch); both need a "
+        "source checkout: its drafter is swapped for a worse one and the route turns degraded",
     )
     parser.add_argument(
         "--bump-after", type=float, default=90.0, help="with --real: seconds before the drafter is swapped (default 90)"
