@@ -133,6 +133,12 @@ def test_the_headroom_left_goes_to_speculation_and_the_rest_spills(servers, rout
     assert served(router(servers), 8) == ["spec"] * 3 + ["plain"] * 5
 
 
+def test_a_fractional_headroom_is_not_overshot(servers, routing):
+    servers["advice"].RequestHandlerClass.doc = advice(True, 2.5)
+    routing.advice.refresh_now()
+    assert served(router(servers), 5) == ["spec"] * 2 + ["plain"] * 3
+
+
 def test_without_advice_both_deployments_serve(servers, routing):
     servers["advice"].shutdown()  # specwatch unreachable: fail open
     servers["advice"].server_close()

@@ -16,7 +16,8 @@ they speculate in their own LiteLLM config:
    most once per `refresh_seconds`, with a `timeout` (100 ms by default); a request never waits for it.
 2. `SpecwatchRouting.async_filter_deployments` (LiteLLM's `CustomLogger` hook for narrowing a request's
    candidate deployments) keeps the speculative deployments whose route advises `speculate: true` and still
-   has headroom, counting the requests it sent since that advice's evaluation; otherwise it keeps the plain
+   has room for a whole request, counting the requests it sent since that advice's evaluation (a fractional B*
+   is not overshot: past it the flag would hold the route above its crossover); otherwise it keeps the plain
    ones. It fails open: no advice yet, an unreachable or erroring daemon, advice older than `max_age_seconds`,
    an unknown version, a group without both kinds, or any error leaves the deployments as they were.
 
@@ -157,7 +158,7 @@ class SpecwatchRouting(CustomLogger):
         with self._lock:
             for deployment, route in zip(spec, advised):
                 assert route is not None
-                if route["speculate"] and self._room(route, evaluated) > 0:
+                if route["speculate"] and self._room(route, evaluated) >= 1:
                     keep.append((deployment, route["route"]))
             for _, name in keep:  # the router picks one of them: count the request once among them
                 seen, sent = self._sent[name]
