@@ -392,7 +392,7 @@ def test_the_plugin_keeps_speculation_below_the_crossover_and_spills_above_it(st
 
     errors = [r["error"] for r in routed_requests + balanced_requests if r["error"]]
     assert not errors and not [e for step in routed + balanced for e in step["direct_errors"]], errors[:5]
-    assert len(above) >= TOP and len(below) >= 4, shares
+    assert len(above) >= 4 and len(below) >= 4, shares
     assert shares["above, plugin"][0] <= 0.10, shares
     assert shares["below, plugin"][0] >= 0.90, shares
     assert 0.2 <= shares["all, no plugin"][0] <= 0.8, shares  # LiteLLM's own balancing: about half
