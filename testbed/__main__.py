@@ -1,6 +1,6 @@
-"""`python -m testbed` (from the checkout's root): build the engine venv and the tiny models now, with progress,
-so that the test suite or `specwatch demo --real` finds them ready. Exit 0 also where the CPU cannot run the
-engine (it says why); 1 if the install fails.
+"""`python -m testbed` (from the checkout's root): build the engine venv, the tiny models and the LiteLLM proxy's
+venv now, with progress, so that the test suite or `specwatch demo --real` finds them ready. Exit 0 also where
+the CPU cannot run the engine (it says why); 1 if an install fails.
 
 It lives here, above `engine_env` and `models`, because it needs both and `models` needs `engine_env`.
 """
@@ -11,14 +11,15 @@ import argparse
 import sys
 
 from testbed.engine_env import VLLM_VERSION, EngineEnvError, cpu_support, ensure_engine_env
+from testbed.litellm_proxy import ProxyEnvError, ensure_proxy_env
 from testbed.models import build_tiny_models
 
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
         prog="python -m testbed",
-        description="Build the real vLLM engine's venv (about 3.5 GB, once per machine, in ~/.cache/specwatch) "
-        "and the tiny models now.",
+        description="Build the real vLLM engine's venv (about 3.5 GB), the tiny models and the LiteLLM proxy's venv "
+        "(about 800 MB) now, once per machine, in ~/.cache/specwatch.",
     ).parse_args(argv)
     supported, reason = cpu_support()
     if not supported:
@@ -27,11 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = ensure_engine_env(show_progress=sys.stderr.isatty())
         models = build_tiny_models(env)
-    except EngineEnvError as exc:
+        proxy = ensure_proxy_env()
+    except (EngineEnvError, ProxyEnvError) as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
     print(
-        f"testbed: vLLM {VLLM_VERSION} ready in {env.venv} ({reason}); models in {models.target.parent}",
+        f"testbed: vLLM {VLLM_VERSION} ready in {env.venv} ({reason}); models in {models.target.parent}; "
+        f"LiteLLM proxy in {proxy.parents[1]}",
         file=sys.stderr,
     )
     return 0

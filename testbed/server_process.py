@@ -1,5 +1,6 @@
 """What the real engine servers (vllm_server, llamacpp_server) share: a process on a fixed loopback port, in its
-own process group, that writes one log under its workdir and is ready when `/health` answers 200.
+own process group, that writes one log under its workdir and is ready when `/health` (or its `health_path`)
+answers 200.
 
 A subclass gives its argv, its environment, its log name, its error type and how it names itself in errors.
 """
@@ -60,6 +61,7 @@ class ServerProcess(Generic[SpecT]):
     log_prefix: ClassVar[str] = "server"
     start_timeout: ClassVar[float] = 300.0
     poll_seconds: ClassVar[float] = 1.0
+    health_path: ClassVar[str] = "/health"  # ready when a GET of it answers 200
     exited_note: ClassVar[str] = ""  # appended to "exited with CODE" when the server dies while starting
     # SIGKILL the group even when its leader exits within the grace (an engine's workers can outlive it).
     kill_group_after_grace: ClassVar[bool] = False
@@ -125,7 +127,7 @@ class ServerProcess(Generic[SpecT]):
                 code = None if self.process is None else self.process.returncode
                 raise self.error(f"{self.describe()} exited with {code}{self.exited_note}\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as response:
+                with urllib.request.urlopen(f"{self.base_url}{self.health_path}", timeout=5) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):

@@ -28,6 +28,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
     name = ""
     doc: dict[str, Any] | None = None
     status = 200
+    gets = 0
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -42,6 +43,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
         self._send(200, body)
 
     def do_GET(self) -> None:
+        type(self).gets += 1
         self._send(self.status, type(self).doc or {})
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
@@ -113,6 +115,7 @@ def routing(servers, monkeypatch) -> Iterator[SpecwatchRouting]:
     plugin = SpecwatchRouting(advice=AdviceCache(url(servers["advice"]), timeout=2.0, refresh_seconds=3600.0))
     monkeypatch.setattr(litellm, "callbacks", [plugin])
     yield plugin
+    plugin.advice.close()
 
 
 def test_below_the_crossover_every_request_goes_to_the_speculative_deployment(servers, routing):
@@ -133,6 +136,12 @@ def test_the_headroom_left_goes_to_speculation_and_the_rest_spills(servers, rout
     assert served(router(servers), 8) == ["spec"] * 3 + ["plain"] * 5
 
 
+def test_a_fractional_headroom_is_not_overshot(servers, routing):
+    servers["advice"].RequestHandlerClass.doc = advice(True, 2.5)
+    routing.advice.refresh_now()
+    assert served(router(servers), 5) == ["spec"] * 2 + ["plain"] * 3
+
+
 def test_without_advice_both_deployments_serve(servers, routing):
     servers["advice"].shutdown()  # specwatch unreachable: fail open
     servers["advice"].server_close()
@@ -147,6 +156,21 @@ def test_stale_or_unknown_advice_narrows_nothing(servers, routing):
     servers["advice"].RequestHandlerClass.doc = advice(None, 0.0)
     routing.advice.refresh_now()
     assert set(served(router(servers), 40)) == {"spec", "plain"}
+
+
+def test_the_advice_is_refreshed_between_requests(servers):
+    handler = servers["advice"].RequestHandlerClass
+    handler.doc = advice(True, 3.0)
+    cache = AdviceCache(url(servers["advice"]), timeout=2.0, refresh_seconds=0.05)
+    try:
+        cache.current()  # the first request starts the refresher; then no request comes for a while
+        deadline = time.monotonic() + 20
+        while handler.gets < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert handler.gets >= 4
+        assert cache.current() == handler.doc
+    finally:
+        cache.close()
 
 
 def test_a_request_never_waits_for_the_advice_server():
@@ -170,9 +194,10 @@ def test_a_request_never_waits_for_the_advice_server():
             done.set()
 
         threading.Thread(target=ask, daemon=True).start()
-        # current() only starts the refresh; it returns at once with no advice, however long the server hangs
+        # current() only starts the refresher; it returns at once with no advice, however long the server hangs
         assert done.wait(20) and cache.current() is None
     finally:
+        cache.close()
         hang.set()
         server.shutdown()
         server.server_close()

@@ -12,11 +12,13 @@ they speculate in their own LiteLLM config:
         litellm_params: {model: hosted_vllm/qwen, api_base: http://plain-node:8000/v1}
         model_info: {specwatch_role: plain}
 
-1. `AdviceCache` holds the daemon's last `/api/v1/advice` answer. It is refreshed on a background thread, at
-   most once per `refresh_seconds`, with a `timeout` (100 ms by default); a request never waits for it.
+1. `AdviceCache` holds the daemon's last `/api/v1/advice` answer. A background thread, started by the first
+   request, refreshes it every `refresh_seconds` with a `timeout` (100 ms by default), between requests too;
+   a request never waits for it.
 2. `SpecwatchRouting.async_filter_deployments` (LiteLLM's `CustomLogger` hook for narrowing a request's
    candidate deployments) keeps the speculative deployments whose route advises `speculate: true` and still
-   has headroom, counting the requests it sent since that advice's evaluation; otherwise it keeps the plain
+   has room for a whole request, counting the requests it sent since that advice's evaluation (a fractional B*
+   is not overshot: past it the flag would hold the route above its crossover); otherwise it keeps the plain
    ones. It fails open: no advice yet, an unreachable or erroring daemon, advice older than `max_age_seconds`,
    an unknown version, a group without both kinds, or any error leaves the deployments as they were.
 
@@ -46,7 +48,7 @@ SPEC, PLAIN = "spec", "plain"
 
 
 class AdviceCache:
-    """The daemon's last advice, fetched in the background; `current()` never blocks on the network."""
+    """The daemon's last advice, kept fresh by a background thread; `current()` never blocks on the network."""
 
     def __init__(
         self,
@@ -68,20 +70,16 @@ class AdviceCache:
         self._lock = threading.Lock()
         self._doc: dict[str, Any] | None = None
         self._fetched_at = 0.0  # when the held answer arrived
-        self._started_at = float("-inf")  # when the last refresh started
-        self._refreshing = False
+        self._refresher: threading.Thread | None = None
+        self._closed = threading.Event()
         self._failing = False
 
     def current(self) -> dict[str, Any] | None:
-        """The advice if fresh enough to act on, else None; starts a refresh when one is due."""
+        """The advice if fresh enough to act on, else None. The first call starts the refresher."""
+        self._start_refresher()
         now = self._clock()
         with self._lock:
-            due = not self._refreshing and now - self._started_at >= self.refresh_seconds
-            if due:
-                self._refreshing, self._started_at = True, now
             doc, fetched_at = self._doc, self._fetched_at
-        if due:
-            threading.Thread(target=self._refresh, name="specwatch-advice", daemon=True).start()
         if doc is None or now - fetched_at > self.max_age_seconds:
             return None
         evaluated = doc.get("evaluated")
@@ -91,9 +89,25 @@ class AdviceCache:
 
     def refresh_now(self) -> None:
         """One synchronous refresh (for tests and start-up)."""
-        with self._lock:
-            self._refreshing, self._started_at = True, self._clock()
         self._refresh()
+
+    def close(self) -> None:
+        """Stop the refresher."""
+        self._closed.set()
+
+    def _start_refresher(self) -> None:
+        """Fetch every `refresh_seconds` whether requests come or not, so a request after a quiet spell finds
+        fresh advice rather than none (a refresh driven by requests would leave it stale)."""
+        with self._lock:
+            if self._refresher is not None:
+                return
+            self._refresher = threading.Thread(target=self._refresh_loop, name="specwatch-advice", daemon=True)
+        self._refresher.start()
+
+    def _refresh_loop(self) -> None:
+        while not self._closed.is_set():
+            self._refresh()
+            self._closed.wait(self.refresh_seconds)
 
     def _refresh(self) -> None:
         try:
@@ -111,9 +125,6 @@ class AdviceCache:
             if not self._failing:
                 log.warning("specwatch advice from %s failed (routing unchanged until it works): %s", self.url, exc)
             self._failing = True
-        finally:
-            with self._lock:
-                self._refreshing = False
 
 
 class SpecwatchRouting(CustomLogger):
@@ -157,7 +168,7 @@ class SpecwatchRouting(CustomLogger):
         with self._lock:
             for deployment, route in zip(spec, advised):
                 assert route is not None
-                if route["speculate"] and self._room(route, evaluated) > 0:
+                if route["speculate"] and self._room(route, evaluated) >= 1:
                     keep.append((deployment, route["route"]))
             for _, name in keep:  # the router picks one of them: count the request once among them
                 seen, sent = self._sent[name]
