@@ -75,18 +75,23 @@ class StubEngine:
                     engine.active += 1
                 try:
                     produced = 0
+                    # Each step ends at a deadline on the request's own clock, so a loaded box's late wake-ups do
+                    # not add up over the steps (the plain stub takes twice as many as the spec one).
+                    due = time.monotonic()
                     while produced < body["max_tokens"]:
                         with engine.lock:
                             b = engine.active
                         if engine.spec:
-                            time.sleep((5 + 0.8 * b) * STEP_MS)
+                            due += (5 + 0.8 * b) * STEP_MS
+                            time.sleep(max(0.0, due - time.monotonic()))
                             n = min(2, body["max_tokens"] - produced)
                             with engine.lock:
                                 c = engine.counters
                                 for key, step in (("drafts", 1), ("draft_tokens", 2), ("accepted", 1), ("pos0", 1)):
                                     c[key] += step
                         else:
-                            time.sleep((4 + 0.1 * b) * STEP_MS)
+                            due += (4 + 0.1 * b) * STEP_MS
+                            time.sleep(max(0.0, due - time.monotonic()))
                             n = 1
                         produced += n
                         delta = {"delta": {"content": "x" * n}} if chat else {"text": "x" * n}
