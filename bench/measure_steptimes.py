@@ -69,6 +69,21 @@ SHAPES: dict[str, dict] = {
         experts_per_token=8,
         expert_ffn=768,
     ),
+    # OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924): hidden_size 2048, intermediate_size 1024 (per expert), 16 layers,
+    # 16 / 16 heads (MHA), num_experts 64, num_experts_per_tok 8, vocab_size 50304, no shared expert. Its QK norm
+    # is left out, as Qwen3-30B-A3B's is (specwatch/data/README.md).
+    "olmoe-1b-7b": dict(
+        layers=16,
+        d_model=2048,
+        heads=16,
+        kv_heads=16,
+        head_dim=128,
+        ffn=0,
+        vocab=50304,
+        experts=64,
+        experts_per_token=8,
+        expert_ffn=1024,
+    ),
 }
 # How the verify pass's attention and RoPE are run (see --variant); plain decode is always native-GQA SDPA.
 VARIANTS = {

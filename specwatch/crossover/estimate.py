@@ -148,7 +148,9 @@ def validation_warnings(model: StepModel, inp: EstimateInputs, context: float) -
     if model.dtype != "bf16":
         warnings.append(f"{model.dtype} weights: only bf16 was measured")
     if model.shape.experts:
-        warnings.append("MoE: validated on one shape (Qwen3-30B-A3B) with uniform routing only")
+        warnings.append(
+            "MoE: validated on two shapes (Qwen3-30B-A3B, OLMoE-1B-7B) at context 1024-2048, uniform routing only"
+        )
     if inp.params and not inp.hf_config and inp.layers is None:
         warnings.append("shape guessed from the parameter count: GQA, width and depth are Llama-like guesses")
     return warnings

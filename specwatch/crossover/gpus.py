@@ -29,30 +29,32 @@ HARDWARE: dict[str, Hardware] = {
     )
 }
 
-# Fitted by `specwatch.crossover.shapes.fit()` on the nine H200 step-time tables in specwatch/data (Llama-3.2-1B
-# ... CodeLlama-34B, three of them MHA, and Qwen3-30B-A3B; context 1024: plain, verify q = 3/5/8 and draft steps)
+# Fitted by `specwatch.crossover.shapes.fit()` on the 28 H200 step-time tables in specwatch/data (Llama-3.2-1B
+# ... CodeLlama-34B at context 1024, three of them MHA and two MoE, Qwen3-30B-A3B and OLMoE-1B-7B; four dense shapes
+# also at 2048-16384 and both MoE at 2048: plain, verify q = 3/5/8 and draft steps)
 # together with the attention kernels timed alone (`h200-attention-probe-ctx1024.json`) and the elementwise kernels
 # of a profiled forward (`h200-forward-profile-ctx1024.json`: their rate and fixed cost per layer).
 # `bench/crossover_shapes.py` refits them and scores leave-one-shape-out; tests fail if they drift.
 CALIBRATED: dict[str, Efficiency] = {
     "H200": Efficiency(
-        memory=0.797,
-        compute=0.737,
+        memory=0.791,
+        compute=0.733,
         verify_attention=0.989,
-        step_overhead_s=23.4e-6,
-        decode_attention=0.950,
-        layer_overhead_s=28.1e-6,
+        step_overhead_s=19.5e-6,
+        decode_attention=0.954,
+        layer_overhead_s=28.9e-6,
         verify_key_s=4.61e-11,
         decode_attention_flop_s=0.0,
         attention_slice_key_s=0.781e-9,
-        expert_group_s=0.352e-6,
+        expert_group_s=0.391e-6,
         verify_block_s=5.23e-6,
         verify_reads_per_query_head=True,
         elementwise=0.389,
         elementwise_layer_s=35.6e-6,
         source="fitted: attention terms on an H200 attention-kernel probe and the tables' context deltas, the "
-        "elementwise rate and fixed cost on a profiled forward, the rest on 25 H200 step-time tables (nine shapes "
-        "1.5-34B, GQA 1-8, one MoE, at context 1024; four of them also at 2048-16384), torch 2.11 CUDA graphs",
+        "elementwise rate and fixed cost on a profiled forward, the rest on 28 H200 step-time tables (ten shapes "
+        "1.5-34B, GQA 1-8, two MoE, at context 1024; four of them also at 2048-16384, the MoE at 2048), torch 2.11 "
+        "CUDA graphs",
     ),
 }
 
