@@ -211,8 +211,11 @@ class Sampler:
 
     def advised(self, t: float) -> str | None:
         """What the spec route was advised over the ADVICE_LAG before `t`: "above" its crossover (`speculate`
-        false), "below" it (`speculate` true with room for a whole request), or None (it changed, or neither)."""
-        window = [s for s in self.samples if t - ADVICE_LAG <= s["t"] <= t]
+        false), "below" it (`speculate` true with room for a whole request), or None (it changed, or neither).
+        The first sample after `t` counts too: advice that changed between the last sample and `t` shows only
+        there, and the callback, refreshing on its own timer, may have seen the change before this sampler did."""
+        after = next((s for s in self.samples if s["t"] > t), None)
+        window = [s for s in self.samples if t - ADVICE_LAG <= s["t"] <= t] + ([after] if after else [])
         if window and all(s["speculate"] is False for s in window):
             return "above"
         if window and all(s["speculate"] is True and (s["headroom"] or 0) >= 1 for s in window):
