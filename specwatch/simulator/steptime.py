@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+from specwatch.crossover.speedup import crossover_batch as last_crossing
+
 REFERENCE_TABLE = "h200-crossover-llama3-8b.json"
 
 
@@ -141,7 +143,7 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 
 def crossover_batch(model: StepTimeModel, k: int, tokens_per_step: float, max_batch: float = 1024.0) -> float | None:
     """The batch above which speculation stops paying for good: the last batch where tokens_per_step x
-    t(B, 1) = t_spec(B), found by scanning down from `max_batch` to the first batch that pays, then bisecting.
+    t(B, 1) = t_spec(B) (`crossover.speedup.crossover_batch`, the estimator's own search, on this table's steps).
 
     `tokens_per_step` is the expected tokens one verify step emits (1 + E[accepted]). None when speculation
     still wins at `max_batch`; 1.0 when it never wins.
@@ -154,15 +156,6 @@ def crossover_batch(model: StepTimeModel, k: int, tokens_per_step: float, max_ba
             / (model.target_seconds(batch, k + 1) + k * model.draft_seconds(batch))
         )
 
-    if k <= 0 or speedup(max_batch) >= 1.0:
+    if k <= 0:
         return None
-    hi = max_batch
-    lo = max(1.0, hi / 1.05)
-    while speedup(lo) < 1.0:
-        if lo == 1.0:
-            return 1.0
-        hi, lo = lo, max(1.0, lo / 1.05)
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if speedup(mid) >= 1.0 else (lo, mid)
-    return (lo + hi) / 2
+    return last_crossing(speedup, max_batch, tolerance=1e-12)
