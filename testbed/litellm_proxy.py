@@ -18,20 +18,18 @@ deployment.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.cache import cache_root, digest, exclusive
+from testbed import cache
 from testbed.engine_env import REPO_ROOT
 from testbed.server_process import ServerProcess
 
 REQUIREMENTS = Path(__file__).with_name("requirements-litellm-proxy.txt")
-DEFAULT_VENV = cache_root() / f"litellm-proxy-{digest([REQUIREMENTS.read_bytes()])}"
-STAMP_NAME = ".specwatch-requirements-sha256"
+DEFAULT_VENV = cache.pinned_venv_dir("litellm-proxy", REQUIREMENTS)
 LITELLM_VERSION = "1.110.2"
 
 
@@ -39,30 +37,13 @@ class ProxyEnvError(RuntimeError):
     """The proxy venv could not be built or the proxy did not start; the message has pip's or the log's tail."""
 
 
-def requirements_digest() -> str:
-    return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
-
-
 def ensure_proxy_env(venv: Path = DEFAULT_VENV) -> Path:
     """The proxy venv's `litellm` script, installing or rebuilding the venv first if needed."""
-    script = venv / "bin" / "litellm"
-    stamp = venv / STAMP_NAME
-
-    def current() -> bool:
-        return script.exists() and stamp.exists() and stamp.read_text().strip() == requirements_digest()
-
-    if current():
-        return script
-    with exclusive(venv.name):  # another clone may be installing it right now: wait, then reuse
-        if not current():
-            _install(venv)
-    return script
+    cache.ensure_pinned_venv(venv, REQUIREMENTS, _install, executable="litellm")
+    return venv / "bin" / "litellm"
 
 
 def _install(venv: Path) -> None:
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     python = shutil.which("python3.11") or "python3"
     steps = (
         [python, "-m", "venv", str(venv)],
@@ -77,7 +58,6 @@ def _install(venv: Path) -> None:
                 line for line in (result.stdout + result.stderr).splitlines() if not line.startswith("WARNING: Loc")
             )
             raise ProxyEnvError(f"{' '.join(argv[:4])} failed with exit code {result.returncode}:\n{output[-4000:]}")
-    (venv / STAMP_NAME).write_text(requirements_digest() + "\n")
 
 
 @dataclass(frozen=True)

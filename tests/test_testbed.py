@@ -231,3 +231,25 @@ def test_a_second_builder_waits_for_the_first_then_reuses_its_build(monkeypatch,
     second.join(60)
     assert not second.is_alive()
     assert builds == []
+
+
+def test_a_pinned_venv_is_installed_once_and_again_from_empty_when_its_list_changes(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("tool==1.0\n")
+    installs: list[list[str]] = []
+
+    def install(venv: Path) -> None:
+        installs.append(sorted(p.name for p in venv.iterdir()) if venv.exists() else [])
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "tool").write_text("")
+
+    venv = cache.pinned_venv_dir("tool", requirements)
+    cache.ensure_pinned_venv(venv, requirements, install, executable="tool")
+    cache.ensure_pinned_venv(venv, requirements, install, executable="tool")
+    assert installs == [[]] and cache.venv_is_current(venv, requirements, "tool")
+    requirements.write_text("tool==2.0\n")
+    assert not cache.venv_is_current(venv, requirements, "tool")  # the stamp names the old list
+    cache.ensure_pinned_venv(venv, requirements, install, executable="tool")
+    assert installs == [[], []], "a stale venv is wiped before it is installed again"
+    assert cache.pinned_venv_dir("tool", requirements) != venv
