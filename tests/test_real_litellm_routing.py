@@ -61,6 +61,11 @@ MAX_TOKENS = 16
 TOP = 6
 RAMP = ((1, 4), (TOP, 2), (1, 4))  # (concurrency, requests per client): up and back down
 DIRECT = B_STAR + 2  # requests kept on the speculative server by a client that bypasses the gateway, at the top
+# The callback counts the requests it sent since the advice's evaluation against its headroom (it cannot see them
+# finish), and at concurrency 1 with ~0.5 s requests and 1 s evaluations one such request is usually counted: a
+# headroom of 1 then leaves it no room, and it rightly sends the next request to the plain server (seen once in
+# four runs while the daemon's batch average still decayed from the top step).
+BELOW_HEADROOM = 2
 ADVICE_LAG = 1.5  # seconds of unchanged advice before a request for it to count as routed on that advice
 MASTER_KEY = "sk-specwatch-e2e-0123456789abcdef0123456789abcdef"
 REQUEST_TIMEOUT = 180.0
@@ -211,14 +216,15 @@ class Sampler:
 
     def advised(self, t: float) -> str | None:
         """What the spec route was advised over the ADVICE_LAG before `t`: "above" its crossover (`speculate`
-        false), "below" it (`speculate` true with room for a whole request), or None (it changed, or neither).
+        false), "below" it (`speculate` true with room for a whole request beside the callback's own: BELOW_HEADROOM),
+        or None (it changed, or neither).
         The first sample after `t` counts too: advice that changed between the last sample and `t` shows only
         there, and the callback, refreshing on its own timer, may have seen the change before this sampler did."""
         after = next((s for s in self.samples if s["t"] > t), None)
         window = [s for s in self.samples if t - ADVICE_LAG <= s["t"] <= t] + ([after] if after else [])
         if window and all(s["speculate"] is False for s in window):
             return "above"
-        if window and all(s["speculate"] is True and (s["headroom"] or 0) >= 1 for s in window):
+        if window and all(s["speculate"] is True and (s["headroom"] or 0) >= BELOW_HEADROOM for s in window):
             return "below"
         return None
 
