@@ -8,6 +8,9 @@ markdown table used in docs/benchmarks.md and writes the per-cell errors as JSON
 `specwatch crossover estimate` reads its error band from (about 3 minutes on one core).
 
     .venv/bin/python bench/crossover_contexts.py --json specwatch/data/h200-crossover-validation.json
+
+With `--limit RUN...` (repeated `measure_steptimes.py` runs of cells over the target) it fits nothing: for each
+such cell it prints how well the data determine its measured B*, against the validation file's predictions.
 """
 
 from __future__ import annotations
@@ -15,19 +18,76 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
+import statistics
 import sys
+from pathlib import Path
 
 from specwatch.crossover.band import shape_class
+from specwatch.crossover.speedup import interpolate_crossover
 from specwatch.crossover.shapes import (
     SCORED_ALPHAS,
     SCORED_GAMMAS,
     leave_cell_out,
     leave_shape_out,
     load_tables,
+    table_model,
     within_near_one,
 )
+from specwatch.crossover.speedup import positions_from_alpha
 
 TARGET = 0.20
+SIGMAS = 2.0
+VALIDATION = Path(__file__).resolve().parent.parent / "specwatch/data/h200-crossover-validation.json"
+
+
+def limit(paths: list[str]) -> int:
+    """Per cell over the target: the repeats' speedup noise within one lease (pooled sigma), the shift from the
+    shipped table (another lease), and the batches where the repeats' mean speedup is within SIGMAS of 1."""
+    shipped = {t.cell: t for t in load_tables()}
+    repeats: dict[tuple[str, int], list] = {}
+    for table in load_tables([Path(p) for p in paths]):
+        repeats.setdefault(table.cell, []).append(table.run)
+    cells = json.loads(VALIDATION.read_text(encoding="utf-8"))["cells"]
+    fits = leave_cell_out(list(shipped.values()), cells=repeats)
+    print(
+        "| cell | repeats' B* | σ within | shift from table (RMS) | σ | B with speedup within 2σ of 1 "
+        "| predicted (LOCO+LOSO / LOSO) | inside | LOCO+LOSO model speedup at B |"
+    )
+    print("|---|---|---:|---:|---:|---|---|---|---|")
+    for c in cells:
+        key = (c["shape"], c["context"])
+        if key not in repeats or (c["error"] is not None and abs(c["error"]) <= TARGET):
+            continue
+        runs, table = repeats[key], shipped[key].run
+        curves = [run.speedup(c["gamma"], c["alpha"]) for run in runs]
+        batches = sorted(set.intersection(*(set(curve) for curve in curves)))
+        mean = {b: statistics.mean(curve[b] for curve in curves) for b in batches}
+        within = math.sqrt(statistics.mean(statistics.variance([cu[b] for cu in curves]) for b in batches))
+        ref = table.speedup(c["gamma"], c["alpha"])
+        shift = math.sqrt(statistics.mean((ref[b] - mean[b]) ** 2 for b in batches if b in ref))
+        sigma = math.hypot(within, shift / math.sqrt(2))  # two leases: each off the middle by shift / sqrt 2
+        # Both ends interpolated as B* is: the last batch whose mean + 2 sigma reaches 1, the last whose - 2 sigma does.
+        low = interpolate_crossover([(b, mean[b] - SIGMAS * sigma) for b in batches]) or math.inf
+        high = interpolate_crossover([(b, mean[b] + SIGMAS * sigma) for b in batches]) or math.inf
+        stars = [interpolate_crossover(list(curve.items())) for curve in curves]
+        if low == high == batches[0]:
+            span = f"none: speedup below 1 at every batch by >= {min((1 - m) / sigma for m in mean.values()):.0f}σ"
+        else:
+            span = f"{low:.0f}-{high:.0f}"
+        predicted = [c["predicted"], c["predicted_shape_out"]]
+        near = min(batches, key=lambda b: abs(mean[b] - 1))
+        model = table_model(shipped[key], fits[key][0])
+        modelled = model.speedup(near, positions_from_alpha(c["alpha"], c["gamma"]), key[1]) / mean[near] - 1
+        inside = ["yes" if p is not None and low <= p <= max(high, low) else "no" for p in predicted]
+        print(
+            f"| {key[0]} ctx {key[1]} γ{c['gamma']} α{c['alpha']} | "
+            + ", ".join("none" if s is None else f"{s:.0f}" for s in stars)
+            + f" | {within:.4f} | {shift:.4f} | {sigma:.4f} | {span} | "
+            + " / ".join("none" if p is None else f"{p:.0f}" for p in predicted)
+            + f" | {' / '.join(inside)} | {modelled:+.1%} (B {near}) |"
+        )
+    return 0
 
 
 def cell(measured: float | None, predicted: float | None, error: float | None, largest: int) -> str:
@@ -40,7 +100,10 @@ def cell(measured: float | None, predicted: float | None, error: float | None, l
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write every cell's measured and predicted B* here")
+    parser.add_argument("--limit", nargs="+", metavar="RUN", help="repeated runs of cells over the target (no fit)")
     args = parser.parse_args()
+    if args.limit:
+        return limit(args.limit)
     tables = load_tables()
     header = [f"γ{g} α{a}" for g in SCORED_GAMMAS for a in SCORED_ALPHAS]
     print("| Held-out cell | GQA | " + " | ".join(header) + " | worst | fit RMS |")

@@ -563,6 +563,11 @@ def main() -> int:
     parser.add_argument("--shapes", default="llama3-8b,qwen2.5-1.5b,llama2-7b,qwen2.5-14b,qwen3-30b-a3b,codellama-34b")
     parser.add_argument("--contexts", default="1024")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument(
+        "--query-lengths",
+        default=",".join(map(str, QUERY_LENGTHS)),
+        help="q per sequence to time (1 = plain decode; gamma + 1 = its verify pass); derived skips a missing gamma",
+    )
     parser.add_argument("--out", required=True, help="output folder: one <gpu>-<shape>-ctx<C>.json per run")
     parser.add_argument("--seconds-per-point", type=float, default=0.25, help="timed replay time per point")
     parser.add_argument("--max-reps", type=int, default=30)
@@ -582,6 +587,7 @@ def main() -> int:
 
     started = time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
+    query_lengths = [int(q) for q in args.query_lengths.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     shapes = args.shapes.split(",")
     unknown = [s for s in shapes if s not in SHAPES]
@@ -634,7 +640,7 @@ def main() -> int:
                 failures += 1
                 continue
             try:
-                run = measure(name, cfg, context, batches, list(QUERY_LENGTHS), device, args, gpm)
+                run = measure(name, cfg, context, batches, query_lengths, device, args, gpm)
             except Exception:
                 failures += 1
                 log(f"{name} ctx {context} FAILED:\n{traceback.format_exc()}")

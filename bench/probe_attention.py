@@ -89,16 +89,22 @@ def kernels(fn) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument(
+        "--heads", help="query/KV/head-dim layouts to time, e.g. 32/32/128,40/40/128 (default: all eleven)"
+    )
     args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")] if args.heads else list(HEADS)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     points = []
     kernel_names = {}
-    for hq, hkv, hd in HEADS:
+    for hq, hkv, hd in heads:
         for q in (1, 3, 5):
-            for batch in BATCHES:
+            for batch in batches:
                 fn = case(batch, hq, hkv, hd, q, device)
                 ms = time_graph(fn, device, target_s=REPLAY_TARGET_S, max_reps=REPLAYS) / COPIES
                 kv_bytes = 2 * batch * hkv * (CONTEXT + q) * hd * 2
