@@ -220,6 +220,39 @@ def test_slow_engines_listed_first_never_queue_a_healthy_route_behind_them(no_ev
         d.close()
 
 
+class SleepySource(CountingSource):
+    """An engine under load: it answers, in `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def sample(self, now: float) -> EngineSample:
+        time.sleep(self.seconds)
+        return super().sample(now)
+
+
+@pytest.mark.slow
+def test_engines_each_a_little_slow_never_add_up_to_a_route_down(no_evaluators):
+    """60 engines answering in 0.1 s each, far inside the 2 s timeout. Run back to back (as the quick lane ran calls
+    that were quick last cycle) they take 6 s, twice the cycle's deadline; each on its own thread, every route is
+    up in every cycle."""
+    sources = {f"r{i:02d}": SleepySource(0.1) for i in range(60)}
+    clock = FakeClock()
+    d = Daemon(
+        make_config(*sources, interval="5s", scrape={"timeout": "2s"}),
+        source_factory=lambda r, c: sources[r.name],
+        clock=clock,
+    )
+    try:
+        for cycle in range(3):
+            snap = d.tick(clock.advance(5))
+            down = [r.name for r in snap.routes if not r.up]
+            assert not down, f"cycle {cycle}: {len(down)} routes down"
+    finally:
+        d.close()
+
+
 def test_a_route_that_starts_hanging_holds_up_no_other_route(no_evaluators):
     """Every route answers for two cycles, then the first one hangs: the others, submitted after it, still answer."""
     first = CountingSource()
