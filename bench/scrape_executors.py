@@ -16,7 +16,7 @@ benchmark's farm, `soak.py serve-engines`, in a child process so its CPU is not 
    before the healthy ones. Per cycle, the time from the cycle's start to the last healthy answer, against the
    cycle deadline (1.5 x the scrape timeout), and the cycles in which any healthy route was not up.
 
-Variants: `daemon` (what Daemon uses by default), `stock:N` (concurrent.futures.ThreadPoolExecutor with N
+Variants: `daemon` (what Daemon uses), `stock:N` (one concurrent.futures.ThreadPoolExecutor of at most N
 threads), `custom` (the ScrapePool class in --custom-pool FILE, e.g. a file from an older tree).
 """
 
@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -123,25 +124,26 @@ def executor_factory(variant: str, custom_pool: Path | None) -> Callable[[int], 
 
 
 class Timed:
-    """Wraps an executor: records when each call's outcome came back, relative to the cycle's start."""
+    """Wraps an executor: records when each call's outcome came back, relative to the cycle's start, and the
+    threads the calls ran on."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.begin = 0.0
         self.ok_done: list[float] = []
-        self.slow_calls = 0  # calls the daemon's own lanes ran on the slow lane
+        self.threads: set[int] = set()
 
-    def submit(self, quick: bool, fn: Callable[..., Any], *args: Any) -> Future:
-        if hasattr(self.inner, "quick"):  # the daemon's own lanes
-            self.slow_calls += not quick
-            future = self.inner.submit(quick, fn, *args)
-        else:  # one executor for every call
-            future = self.inner.submit(fn, *args)
+    def submit(self, source: str, fn: Callable[..., Any], *args: Any) -> Future:
+        if hasattr(self.inner, "reserve"):  # the daemon's own ScrapePool
+            future = self.inner.submit(source, self._on_thread, fn, *args)
+        else:  # a bare executor
+            future = self.inner.submit(self._on_thread, fn, *args)
         future.add_done_callback(self._done)
         return future
 
-    def quick_stuck(self, stall: float) -> bool:
-        return bool(getattr(self.inner, "quick_stuck", lambda stall: False)(stall))
+    def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.threads.add(threading.get_ident())
+        return fn(*args)
 
     def _done(self, future: Future) -> None:
         if not future.cancelled() and future.exception() is None and getattr(future.result(), "ok", False):
@@ -158,9 +160,14 @@ def make_daemon(variant: str, urls: list[str], custom_pool: Path | None) -> tupl
     daemon = Daemon(config(urls, tempfile.mkdtemp(prefix="specwatch-bench-")), clock=lambda: clock.now)
     factory = executor_factory(variant, custom_pool)
     own = daemon._executor  # noqa: SLF001 - the bench swaps the executor, nothing else
-    inner = own() if factory is None else factory(len(urls))
-    timed = Timed(inner)
-    daemon._executor = lambda: timed  # type: ignore[method-assign]
+    timed = Timed(own() if factory is None else factory(len(urls)))
+
+    def executor() -> Timed:
+        if factory is None:
+            own()  # the daemon's own sizing, every cycle
+        return timed
+
+    daemon._executor = executor  # type: ignore[method-assign]
     return daemon, clock, timed
 
 
@@ -204,7 +211,7 @@ def measure_cpu(variants: list[str], turns: int, custom_pool: Path | None) -> No
             shut_down(timed.inner)
         farm.terminate()
         farm.wait(timeout=10)
-    slow_lane = {v: daemons[v][2].slow_calls for v in variants}
+    threads = {v: len(daemons[v][2].threads) for v in variants}
     first = variants[0]
     print(f"1. CPU a cycle, {ROUTES} routes on {ROUTES} endpoints, {turns} interleaved turns of {BATCH} cycles:")
     for v in variants:
@@ -213,8 +220,7 @@ def measure_cpu(variants: list[str], turns: int, custom_pool: Path | None) -> No
         print(
             f"   {v:>10}: {mean:6.1f} ms a cycle = {mean / (INTERVAL * 1e3) * 100:.2f}% of one core at "
             f"{INTERVAL:g} s; / {first}: {mean / statistics.mean(per_turn[first]):.3f}x "
-            f"(median turn {statistics.median(ratios):.3f}x)"
-            + (f"; {slow_lane[v]} calls on the slow lane" if v == "daemon" else ""),
+            f"(median turn {statistics.median(ratios):.3f}x); calls ran on {threads[v]} threads",
             flush=True,
         )
 
@@ -262,13 +268,15 @@ def measure_fault(variants: list[str], cycles: int, custom_pool: Path | None) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--variants", nargs="+", default=None, help="default: custom (with --custom-pool), daemon, stock:66"
+        "--variants", nargs="+", default=None, help="default: custom (with --custom-pool), daemon, stock:32"
     )
-    parser.add_argument("--custom-pool", type=Path, help="a file defining ScrapePool and STALL_SECONDS")
+    parser.add_argument(
+        "--custom-pool", type=Path, help="a file defining ScrapePool(max_workers, stall_seconds=) and STALL_SECONDS"
+    )
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--fault-cycles", type=int, default=6)
     args = parser.parse_args(argv)
-    variants = args.variants or ["custom"] * bool(args.custom_pool) + ["daemon", f"stock:{ROUTES + 2}"]
+    variants = args.variants or ["custom"] * bool(args.custom_pool) + ["daemon", "stock:32"]
     logging.basicConfig(level=logging.ERROR)
     print(f"python {sys.version.split()[0]}, load average at start {__import__('os').getloadavg()[0]:.2f}")
     measure_cpu(variants, args.turns, args.custom_pool)

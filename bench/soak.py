@@ -291,8 +291,13 @@ def serve_engines(routes: int, port: int, per_scrape_seconds: float = 0.0, multi
         def log_message(self, fmt: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # As uvicorn's 2048: every route connects at once on the first cycle, and http.server's backlog of 5 drops
+        # SYNs, each a 1 s retransmit that the scrape timeout then charges to the client.
+        request_queue_size = 2048
+
+    server = Server(("127.0.0.1", port), Handler)
     print("ready", flush=True)
     server.serve_forever()
 

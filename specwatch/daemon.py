@@ -1,15 +1,14 @@
 """The composition root: one evaluation cycle (`tick`) from engine and GPU samples to a published Snapshot.
 
-Per cycle, every route's source and the GPU source are sampled in `ScrapeLanes` (one thread for the calls
-that were quick last cycle, a thread per call for the rest), each call wrapped by `run_source()`, the one
+Per cycle, every route's source and the GPU source are sampled in a `ScrapePool` (a stock thread pool with a
+thread for every call that can be in flight), each call wrapped by `run_source()`, the one
 place that turns source failures into data. A route's outcome goes through its `RouteTracker` and then its evaluators
 (detectors, crossover); the resulting `RouteState`s form an immutable `Snapshot` that is published by
 swapping one reference, so exporters never see a half-built cycle and never need a lock.
 
 A hung or hostile source costs only its own route: the cycle waits for it at most 1.5 x the scrape timeout, a
-source whose previous call is still running is not called again (so hung calls never pile up threads), a
-source that failed or was slow runs in the slow lane, off the healthy routes' thread, and quick-lane calls
-still queued `STALL_SECONDS` into the cycle (behind an engine that just hung) move to the slow lane.
+source whose previous call is still running is not called again (so hung calls never pile up threads), and no
+call ever queues behind another.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Any, Callable, Protocol, Sequence
 from specwatch.config import Config, GpuConfig, RouteConfig
 from specwatch.evaluators.base import EvaluatorContext, ExcludesTokens, RouteEvaluator
 from specwatch.evaluators.registry import build_route_evaluators
-from specwatch.scrape_pool import STALL_SECONDS, ScrapeLanes
+from specwatch.scrape_pool import ScrapePool
 from specwatch.snapshot import EMPTY_SNAPSHOT, EngineSample, GpuSample, RouteState, Snapshot
 from specwatch.sources import engines, nvml
 from specwatch.stats.horizon import probe_horizon
@@ -208,8 +207,7 @@ class Daemon:
         self._gpu_source: GpuSource | None = None
         self._gpu_inflight: Future | None = None
         self._gpu_failing = False
-        self._gpu_quick = False
-        self._pool: ScrapeLanes | None = None
+        self._pool = ScrapePool()
         self._overruns = 0.0
         self._state_errors = 0.0
         self._reload_ok = True
@@ -244,16 +242,8 @@ class Daemon:
             now = self._clock() if now is None else now
             deadline = time.monotonic() + DEADLINE_FACTOR * self.config.scrape.timeout_seconds
             pool = self._executor()
-            stall = self._stall_seconds()
-            # Quick-lane calls first: their thread starts on them before any slow-lane thread competes for the GIL.
-            quick = {id(route): self._quick(route, stall) for route in self._routes}
-            futures: dict[int, Future | None] = {}
-            for lane in (True, False):
-                for route in self._routes:
-                    if quick[id(route)] == lane:
-                        futures[id(route)] = self._submit(pool, route, now, lane)
+            futures = {id(route): self._submit(pool, route, now) for route in self._routes}
             gpu_future = self._submit_gpu(pool, now)
-            self._unblock_quick_lane(pool, futures, quick, now, stall, deadline)
             # One wait for every call (rather than one per route) wakes this thread once, not up to 65 times.
             wait(
                 [f for f in (gpu_future, *futures.values()) if f is not None],
@@ -279,42 +269,10 @@ class Daemon:
             self._publish(snapshot)
             return snapshot
 
-    def _unblock_quick_lane(
-        self,
-        pool: ScrapeLanes,
-        futures: dict[int, Future | None],
-        quick: dict[int, bool],
-        now: float,
-        stall: float,
-        deadline: float,
-    ) -> None:
-        """Wait for the quick lane (usually tens of milliseconds); if its thread stays `stall` seconds on one
-        call (an engine that just hung), the calls still queued behind it move to the slow lane."""
-        pending = {f for r in self._routes if quick[id(r)] and (f := futures[id(r)]) is not None}
-        while pending and time.monotonic() < deadline:
-            pending = wait(pending, timeout=stall).not_done
-            if pending and pool.quick_stuck(stall):
-                for route in self._routes:
-                    future = futures[id(route)]
-                    if quick[id(route)] and future is not None and future.cancel():
-                        futures[id(route)] = self._submit(pool, route, now, quick=False)
-                return
-
-    def _stall_seconds(self) -> float:
-        # A healthy call takes milliseconds: one still running after STALL_SECONDS (or a quarter of its timeout) is
-        # slow or hung.
-        return min(STALL_SECONDS, self.config.scrape.timeout_seconds / 4)
-
-    @staticmethod
-    def _quick(route: _Route, stall: float) -> bool:
-        """Whether the route's call goes to the quick lane: its last one worked in less than `stall`. A route never
-        scraped (just started or added) has not shown it is quick."""
-        return route.last_reason == "" and route.scrape_duration is not None and route.scrape_duration < stall
-
-    def _submit(self, pool: ScrapeLanes, route: _Route, now: float, quick: bool) -> Future | None:
+    def _submit(self, pool: ScrapePool, route: _Route, now: float) -> Future | None:
         if route.inflight is not None and not route.inflight.done():
             return None  # the previous call is still hanging: do not stack another thread on it
-        route.inflight = pool.submit(quick, run_source, lambda: route.sample(now))
+        route.inflight = pool.submit(f"route {route.cfg.name}", run_source, lambda: route.sample(now))
         return route.inflight
 
     def _result(self, future: Future | None, deadline: float) -> ScrapeOutcome:
@@ -330,18 +288,17 @@ class Daemon:
                 duration_seconds=DEADLINE_FACTOR * timeout,
             )
 
-    def _submit_gpu(self, pool: ScrapeLanes, now: float) -> Future | None:
+    def _submit_gpu(self, pool: ScrapePool, now: float) -> Future | None:
         source = self._gpu_source
         if source is None or (self._gpu_inflight is not None and not self._gpu_inflight.done()):
             return None
-        self._gpu_inflight = pool.submit(self._gpu_quick, run_source, lambda: source.sample(now))
+        self._gpu_inflight = pool.submit("GPU", run_source, lambda: source.sample(now))
         return self._gpu_inflight
 
     def _gpu_result(self, future: Future | None, deadline: float) -> tuple[bool | None, tuple[GpuSample, ...]]:
         if self._gpu_source is None:
             return None, ()
         outcome = self._result(future, deadline)
-        self._gpu_quick = outcome.ok and outcome.duration_seconds < self._stall_seconds()
         result: tuple[bool | None, tuple[GpuSample, ...]] = (False, ())
         problem = "" if outcome.ok else f"GPU sampling failed ({outcome.reason}): {outcome.message}"
         if outcome.ok:
@@ -455,13 +412,9 @@ class Daemon:
         self._state_errors += len(errors)
 
     # ------------------------------------------------------------------ pool, routes, GPUs
-    def _executor(self) -> ScrapeLanes:
-        # At most one call per route plus the GPU source is ever in flight, so this many threads never starve.
-        needed = len(self._routes) + 2
-        if self._pool is None:
-            self._pool = ScrapeLanes(needed)
-        else:
-            self._pool.resize(needed)
+    def _executor(self) -> ScrapePool:
+        # Each route and the GPU source may call once this cycle.
+        self._pool.reserve(len(self._routes) + 1)
         return self._pool
 
     def _new_route(self, cfg: RouteConfig) -> _Route:
@@ -549,6 +502,9 @@ class Daemon:
             for route in self._routes:
                 route.close()
             self._close_gpu_source()
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
+            self._pool.shutdown()
+
+    def calls_running(self, timeout: float = 0.0) -> list[str]:
+        """The sources ("route NAME", "GPU") whose calls are still running after waiting up to `timeout`
+        seconds for them: calls hung in a socket or in NVML, which no thread can interrupt."""
+        return self._pool.running(timeout)

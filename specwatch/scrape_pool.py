@@ -1,58 +1,53 @@
-"""Where source calls run: two stock `ThreadPoolExecutor`s, one thread for calls that were quick last cycle and
-one thread per call for the rest, so a slow, hung or hostile engine never queues a healthy one.
+"""Where source calls run: one stock `ThreadPoolExecutor` with a thread for every call that can be in flight,
+so no call ever waits in a queue behind a slow, hung or hostile one.
 
-One thread for the quick calls because 64 of them (a loopback GET and a parse each, nearly all CPU under one
-GIL) cost about 1.3-1.5x the CPU when 66 threads take turns at them (bench/scrape_executors.py).
+What can be in flight: one call per source (the daemon does not call a source whose last call is still running)
+plus the calls left running by sources a reload removed or replaced. A stock executor starts a thread only when
+every one it has is busy, so its size is a ceiling, not a cost: the pool is sized at twice what can be in
+flight, which keeps it from ever reaching the ceiling (where it would queue), and replaced by a larger one when
+that grows.
 """
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
-# A call that failed or took this long (a healthy one takes milliseconds, tens on a loaded box) runs in the slow
-# lane next cycle; the quick thread busy this long on one call is stuck on an engine that just turned slow or
-# hung, and the calls queued behind it move to the slow lane.
-STALL_SECONDS = 0.25
 
+class ScrapePool:
+    """Runs source calls, keeping the pool larger than what can be in flight, and knows which are still running."""
 
-class ScrapeLanes:
-    """The quick lane (one thread, calls back to back) and the slow lane (a thread for every call in flight)."""
-
-    def __init__(self, max_calls: int, name: str = "specwatch-scrape") -> None:
+    def __init__(self, name: str = "specwatch-scrape") -> None:
         self._name = name
-        self.max_calls = max(1, max_calls)
-        self.quick = ThreadPoolExecutor(1, thread_name_prefix=name)
-        self.slow = ThreadPoolExecutor(self.max_calls, thread_name_prefix=f"{name}-slow")
-        self._quick_since: float | None = None  # when the quick thread's current call began; None between calls
+        self._pool: ThreadPoolExecutor | None = None
+        self.size = 0
+        self._running: dict[Future, str] = {}  # calls not finished, in this pool or one it replaced -> source name
 
-    def submit(self, quick: bool, fn: Callable[..., Any], *args: Any) -> Future:
-        if quick:
-            return self.quick.submit(self._run_quick, fn, *args)
-        return self.slow.submit(fn, *args)
+    def reserve(self, calls: int) -> None:
+        """Before submitting up to `calls` calls: make room for them beside every call still running."""
+        self._running = {f: name for f, name in self._running.items() if not f.done()}
+        needed = len(self._running) + calls
+        if self._pool is None or 2 * needed > self.size:
+            old, self.size = self._pool, 2 * max(1, needed)
+            self._pool = ThreadPoolExecutor(self.size, thread_name_prefix=self._name)
+            if old is not None:
+                old.shutdown(wait=False)  # its running calls finish on their own threads, which then exit
 
-    def quick_stuck(self, stall: float) -> bool:
-        """Whether the quick thread has been on one call for `stall` seconds or more."""
-        since = self._quick_since
-        return since is not None and time.monotonic() - since >= stall
+    def submit(self, source: str, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._pool is None:
+            raise RuntimeError("reserve() first")
+        future = self._pool.submit(fn, *args)
+        self._running[future] = source
+        return future
 
-    def _run_quick(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self._quick_since = time.monotonic()
-        try:
-            return fn(*args)
-        finally:
-            self._quick_since = None
-
-    def resize(self, max_calls: int) -> None:
-        """At most `max_calls` calls are ever in flight (one per source): a slow lane that could have fewer
-        threads is replaced, its running calls left to finish on their own threads."""
-        if max_calls > self.max_calls:
-            old, self.max_calls = self.slow, max_calls
-            self.slow = ThreadPoolExecutor(max_calls, thread_name_prefix=f"{self._name}-slow")
-            old.shutdown(wait=False)
+    def running(self, timeout: float = 0.0) -> list[str]:
+        """The sources whose calls are still running after waiting up to `timeout` seconds for them."""
+        if timeout > 0 and self._running:
+            wait(list(self._running), timeout=timeout)
+        return sorted(name for f, name in self._running.items() if not f.done())
 
     def shutdown(self) -> None:
         """Queued calls are cancelled; running ones are never joined (a hung call must not hang shutdown)."""
-        self.quick.shutdown(wait=False, cancel_futures=True)
-        self.slow.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self.size = None, 0

@@ -1,14 +1,16 @@
 """A fake `pynvml` with per-GPU answer tables and named scenarios (after gpustat's mocked NVML tests).
 
 Only what specwatch calls exists, with pynvml's names, constants and error codes, so the real source runs
-against it unchanged. Any device call can be made to fail with any NVML code (`FakeGpu.errors`), a GPU can be
-lost mid-run (`FakeGpu.lost`), the library can be missing and appear later (`FakeNvml.library_present`).
+against it unchanged. Any device call can be made to fail with any NVML code (`FakeGpu.errors`) or never return
+(`FakeGpu.hangs`), a GPU can be lost mid-run (`FakeGpu.lost`), the library can be missing and appear later
+(`FakeNvml.library_present`).
 GPM is modelled as pynvml does it: opaque sample buffers (allocations counted so leaks show), a metrics
 request with one return code per metric.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -100,6 +102,7 @@ class FakeGpu:
     )
     gpm_errors: dict[int, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # pynvml function name -> NVML error code it raises
+    hangs: frozenset[str] = frozenset()  # pynvml function names that never return (a GPU fallen off the bus)
     lost: bool = False
 
 
@@ -167,6 +170,8 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if fn in gpu.errors:
             raise NVMLError(gpu.errors[fn])
+        if fn in gpu.hangs:
+            threading.Event().wait()
         return gpu
 
     # -------------------------------------------------------------- library

@@ -487,3 +487,51 @@ def test_one_dotted_flag_per_concept_and_the_old_names_still_work_with_a_warning
             sub = sub._subparsers._group_actions[0].choices[command[1]]
         help_text = sub.format_help()
         assert new in help_text and old + " " not in help_text and old + "\n" not in help_text, command
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(sys.platform != "linux", reason="needs POSIX signals")
+def test_run_stops_in_seconds_on_sigterm_while_an_nvml_call_hangs(tmp_path):
+    """A GPU whose NVML call never returns (one fallen off the bus): no thread can interrupt the call and
+    concurrent.futures joins its threads at exit, which held `specwatch run` until systemd's 30 s stop timeout.
+    The daemon now stops in seconds, exit 0, and names the call it left behind."""
+    config = tmp_path / "specwatch.yml"
+    write_config(config, "chat")
+    config.write_text(config.read_text().replace("gpu: {enabled: false}", "gpu: {enabled: true}"))
+    hang_nvml = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); from testbed import fake_nvml; "
+        "nvml = fake_nvml.basic_h200(1); nvml.gpus[0].hangs = frozenset({'nvmlDeviceGetTemperature'}); "
+        "sys.modules['pynvml'] = nvml; from specwatch.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hang_nvml, str(EXAMPLE.parents[1])]
+        + ["run", "--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def ready() -> bool:
+        try:
+            return requests.get(url + "/-/ready", timeout=WAIT_TIMEOUT).status_code == 200
+        except requests.ConnectionError:  # not listening yet
+            return False
+
+    try:
+        wait_for(ready)
+        assert metric(url, "specwatch_nvml_up") == 0.0  # the first cycle gave up on the hung call
+        begin = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT_TIMEOUT) == 0
+        took = time.monotonic() - begin
+        output = (tmp_path / "daemon.log").read_text()
+        assert "stopped" in output
+        assert "exiting with 1 source call(s) still hung" in output and "(GPU)" in output
+        assert took < 20, f"took {took:.1f}s to stop"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()

@@ -12,6 +12,8 @@ engine killed mid-response (body shorter than its Content-Length)
     test_http_response_cut_short_is_a_failed_scrape_not_a_partial_sample
 engine hanging (timeout)
     test_http_hanging_engine_times_out_and_the_loop_goes_on
+    test_http_hung_engines_listed_first_mark_no_healthy_route_down_from_the_first_cycle
+    test_cli_core.py::test_run_stops_in_seconds_on_sigterm_while_an_nvml_call_hangs
     test_daemon.py::test_failing_sources_cost_only_their_route_and_metrics_still_answer
 slow-drip response
     test_http_slow_drip_is_cut_at_the_scrape_timeout
@@ -690,6 +692,31 @@ def test_http_hanging_engine_times_out_and_the_loop_goes_on(engines, fault_serve
     hung, ok = snapshots[-1].route("r0"), snapshots[-1].route("r1")
     assert not hung.up and hung.error_reason == "timeout" and hung.errors_total["timeout"] == 3
     assert ok.up and ok.drafts_total > snapshots[0].route("r1").drafts_total
+
+
+@pytest.mark.slow
+def test_http_hung_engines_listed_first_mark_no_healthy_route_down_from_the_first_cycle(engines, monkeypatch):
+    """8 routes on an engine that accepts and never answers, listed before 8 healthy ones, over real HTTP: every
+    healthy route is up in every cycle, the first included, when no route has shown yet whether it is quick.
+    Executors that queued calls behind hung ones had healthy routes down there (docs/benchmarks.md)."""
+    from specwatch.simulator.hostile import HostileEngines
+
+    monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
+    hostile = HostileEngines(["silent"])
+    hung = [hostile.url("silent").replace("/metrics", f"/h{i}/metrics") for i in range(8)]
+    healthy = [hostile.url("healthy").replace("/metrics", f"/ok{i}/metrics") for i in range(8)]
+    # A timeout generous for a loaded 2-core box: a healthy loopback scrape takes milliseconds.
+    clock = FakeClock(START)
+    daemon = Daemon(http_config(*hung, *healthy, timeout="2s"), clock=clock)
+    try:
+        for cycle, snapshot in enumerate(run_cycles(daemon, clock, 2)):
+            routes = snapshot.routes
+            down = [(r.name, r.error_reason) for r in routes[len(hung) :] if not r.up]
+            assert not down, f"cycle {cycle + 1}: healthy routes down {down}"
+            assert all(r.error_reason == "timeout" for r in routes[: len(hung)]), cycle
+    finally:
+        daemon.close()
+        hostile.close()
 
 
 @pytest.mark.slow

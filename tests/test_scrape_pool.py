@@ -1,13 +1,12 @@
-"""The scrape lanes: quick calls on one thread, the rest on a thread each, a stuck quick thread noticed."""
+"""The scrape pool: a thread for every call that can be in flight, hung calls never waited for."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
-from specwatch.scrape_pool import ScrapeLanes
+from specwatch.scrape_pool import ScrapePool
 
 
 @pytest.fixture
@@ -19,69 +18,60 @@ def gate():
 
 
 @pytest.fixture
-def lanes():
-    pool = ScrapeLanes(8)
-    yield pool
+def pool():
+    scrape_pool = ScrapePool()
+    yield scrape_pool
+    scrape_pool.shutdown()
+
+
+def test_results_and_exceptions_come_back_through_the_futures(pool):
+    pool.reserve(2)
+    assert pool.submit("a", lambda a, b: a + b, 2, 3).result(timeout=5) == 5
+    with pytest.raises(ZeroDivisionError):
+        pool.submit("b", lambda: 1 / 0).result(timeout=5)
+
+
+def test_calls_left_hanging_cycle_after_cycle_never_keep_a_new_call_waiting(pool, gate):
+    """Each cycle, every source but one answers and one hangs for good (a reload replaced it, so it is called
+    again beside its hung call): the hung calls pile up, and each new call still gets a thread at once."""
+    sources = 4
+    for cycle in range(6):
+        pool.reserve(sources)
+        hung = pool.submit(f"hung{cycle}", gate.wait, 30)
+        answers = [pool.submit(f"s{i}", lambda: "ran") for i in range(sources - 1)]
+        assert [f.result(timeout=10) for f in answers] == ["ran"] * (sources - 1), cycle
+        assert not hung.done()
+    assert pool.size >= 2 * (6 + sources - 1)  # grown past what was in flight, with room to spare
+
+
+def test_threads_are_reused_while_calls_answer(pool):
+    """A stock executor starts a thread only when every one is busy: cycles of quick calls stay within the size."""
+    seen = set()
+    for _ in range(20):
+        pool.reserve(4)
+        futures = [pool.submit(f"s{i}", threading.get_ident) for i in range(4)]
+        seen.update(f.result(timeout=5) for f in futures)
+    assert len(seen) <= pool.size == 8
+
+
+def test_running_names_the_sources_whose_calls_have_not_returned(pool, gate):
+    pool.reserve(3)
+    pool.submit("route stuck", gate.wait, 30)
+    pool.submit("GPU", gate.wait, 30)
+    pool.submit("route fine", lambda: None).result(timeout=5)
+    assert pool.running(timeout=0.05) == ["GPU", "route stuck"]
+    gate.set()
+    assert pool.running(timeout=10) == []
+
+
+def test_shutdown_leaves_running_calls_alone_and_a_later_cycle_gets_a_new_pool(gate):
+    pool = ScrapePool()
+    pool.reserve(1)
+    hung = pool.submit("stuck", gate.wait, 30)
+    pool.shutdown()  # returns with the call still running: it is never joined
+    assert not hung.done() and pool.running() == ["stuck"]
+    pool.reserve(1)
+    assert pool.submit("next", lambda: "ran").result(timeout=5) == "ran"
     pool.shutdown()
-
-
-def test_results_and_exceptions_come_back_through_the_futures_of_both_lanes(lanes):
-    for quick in (True, False):
-        assert lanes.submit(quick, lambda a, b: a + b, 2, 3).result(timeout=5) == 5
-        with pytest.raises(ZeroDivisionError):
-            lanes.submit(quick, lambda: 1 / 0).result(timeout=5)
-
-
-def test_quick_calls_run_back_to_back_on_one_thread(lanes):
-    futures = [lanes.submit(True, lambda: threading.get_ident()) for _ in range(64)]
-    assert len({f.result(timeout=5) for f in futures}) == 1
-
-
-def test_every_slow_call_in_flight_has_a_thread_of_its_own(lanes, gate):
-    hung = [lanes.submit(False, gate.wait, 10) for _ in range(7)]  # max_calls 8: one left
-    assert lanes.submit(False, lambda: "ran").result(timeout=5) == "ran"
-    assert lanes.submit(True, lambda: "quick too").result(timeout=5) == "quick too"
     gate.set()
-    assert all(f.result(timeout=5) for f in hung)
-
-
-def test_a_quick_thread_stuck_on_one_call_is_reported(lanes, gate):
-    started = threading.Event()
-    assert not lanes.quick_stuck(0.0)  # idle
-    lanes.submit(True, lambda: started.set() or gate.wait(10))
-    assert started.wait(5)
-    assert lanes.quick_stuck(0.0) and not lanes.quick_stuck(3600.0)
-    queued = lanes.submit(True, lambda: "behind")
-    assert queued.cancel(), "a call queued behind a stuck one can be taken back (and run on the slow lane)"
-    gate.set()
-    deadline = time.monotonic() + 5
-    while lanes.quick_stuck(0.0) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not lanes.quick_stuck(0.0)
-
-
-def test_growing_replaces_the_slow_lane_and_leaves_its_running_calls_alone(gate):
-    pool = ScrapeLanes(2)
-    try:
-        hung = [pool.submit(False, gate.wait, 10) for _ in range(2)]
-        pool.resize(4)
-        assert pool.max_calls == 4
-        assert [pool.submit(False, lambda: "ran").result(timeout=5) for _ in range(2)] == ["ran", "ran"]
-        gate.set()
-        assert all(f.result(timeout=5) for f in hung)
-    finally:
-        pool.shutdown()
-
-
-def test_shutdown_cancels_queued_calls_and_refuses_new_ones(gate):
-    pool = ScrapeLanes(1)
-    started = threading.Event()
-    running = pool.submit(True, lambda: started.set() or gate.wait(10))
-    assert started.wait(5)
-    queued = pool.submit(True, lambda: "never")
-    pool.shutdown()
-    assert queued.cancelled()
-    with pytest.raises(RuntimeError):
-        pool.submit(True, lambda: None)
-    gate.set()
-    assert running.result(timeout=5) is True
+    assert hung.result(timeout=10) is True
