@@ -730,27 +730,41 @@ def load_http_client_config(path: str) -> HttpClientConfig:
 
 
 def unreadable_files(cfg: Config) -> list[str]:
-    """Secret and certificate files the routes name that cannot be read now, as `route: key: problem`.
+    """Secret and certificate files the routes and `detection.seed_from` name that cannot be read now, as
+    `where: key: problem`.
 
     Not config errors: they are read at scrape time (a rotated token or certificate is picked up without a
-    reload), so a missing one fails that route's scrapes, not the config. `check-config` warns about them."""
+    reload), so a missing one fails that route's scrapes (or the fleet query, and the route learns its own
+    baseline), not the config. `check-config` warns about them. A route's `seed_from` is listed under the route
+    only where it is its own, not the top-level one it inherits."""
     problems = []
+    top = cfg.detection.seed_from
+    if top is not None:
+        problems += _unreadable(top.http, "detection.seed_from")
     for r in cfg.routes:
-        http = r.http
-        files = {
-            "tls_config.ca_file": http.tls_config.ca_file,
-            "tls_config.cert_file": http.tls_config.cert_file,
-            "tls_config.key_file": http.tls_config.key_file,
-            "authorization.credentials_file": http.authorization.credentials_file if http.authorization else "",
-            "basic_auth.password_file": http.basic_auth.password_file if http.basic_auth else "",
-        }
-        for key, name in files.items():
-            if name:
-                try:
-                    with open(name, "rb"):
-                        pass
-                except OSError as exc:
-                    problems.append(f"{r.name}: {key}: cannot read {name}: {exc.strerror}")
+        problems += _unreadable(r.http, r.name)
+        seed = r.detection.seed_from
+        if seed is not None and seed != top:
+            problems += _unreadable(seed.http, f"{r.name}: detection.seed_from")
+    return problems
+
+
+def _unreadable(http: HttpClientConfig, where: str) -> list[str]:
+    files = {
+        "tls_config.ca_file": http.tls_config.ca_file,
+        "tls_config.cert_file": http.tls_config.cert_file,
+        "tls_config.key_file": http.tls_config.key_file,
+        "authorization.credentials_file": http.authorization.credentials_file if http.authorization else "",
+        "basic_auth.password_file": http.basic_auth.password_file if http.basic_auth else "",
+    }
+    problems = []
+    for key, name in files.items():
+        if name:
+            try:
+                with open(name, "rb"):
+                    pass
+            except OSError as exc:
+                problems.append(f"{where}: {key}: cannot read {name}: {exc.strerror}")
     return problems
 
 

@@ -35,7 +35,8 @@ def _inline(http: HttpClientConfig, where: str) -> list[str]:
 
 def inline_secrets(cfg: Config) -> list[str]:
     """One warning per inline secret, at the place it is written: `scrape` for the defaults, a route only where
-    it sets its own (a route that inherits `scrape:`'s is covered by the warning about `scrape`)."""
+    it sets its own (a route that inherits `scrape:`'s is covered by the warning about `scrape`); the same for
+    `detection.seed_from` and a route's own."""
     found = _inline(cfg.scrape.http, "scrape")
     for i, r in enumerate(cfg.routes):
         own = HttpClientConfig(
@@ -43,6 +44,13 @@ def inline_secrets(cfg: Config) -> list[str]:
             basic_auth=r.http.basic_auth if r.http.basic_auth != cfg.scrape.http.basic_auth else None,
         )
         found += _inline(own, f"routes[{i}] ({r.name})")
+    top = cfg.detection.seed_from
+    if top is not None:
+        found += _inline(top.http, "detection.seed_from")
+    for i, r in enumerate(cfg.routes):
+        seed = r.detection.seed_from
+        if seed is not None and seed != top:
+            found += _inline(seed.http, f"routes[{i}] ({r.name}).detection.seed_from")
     return found
 
 

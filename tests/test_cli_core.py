@@ -67,6 +67,26 @@ def test_check_config_warns_but_passes_on_inline_secrets(tmp_path, capsys):
     assert "hunter2" not in str(warnings) and "s3cret" not in str(warnings)
 
 
+def test_check_config_warns_on_inline_secrets_of_seed_from_where_they_are_written(tmp_path, capsys):
+    path = tmp_path / "seed.yml"
+    path.write_text(
+        "detection:\n  seed_from: {prometheus: 'http://p:9090', basic_auth: {username: u, password: hunter2}}\n"
+        "routes:\n"
+        "  - {name: inherits, url: 'http://127.0.0.1:8000/metrics'}\n"
+        "  - name: own\n    url: 'http://127.0.0.1:8001/metrics'\n"
+        "    detection: {seed_from: {prometheus: 'http://p:9090', authorization: {credentials: s3cret}}}\n"
+    )
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING:")]
+    assert warnings == [
+        "WARNING: detection.seed_from.basic_auth.password: an inline secret, readable by whoever reads the config; "
+        "put it in a file readable only by the service user and give password_file",
+        "WARNING: routes[1] (own).detection.seed_from.authorization.credentials: an inline secret, readable by "
+        "whoever reads the config; put it in a file readable only by the service user and give credentials_file",
+    ]
+    assert "hunter2" not in str(warnings) and "s3cret" not in str(warnings)
+
+
 def test_check_config_warns_on_routes_without_gpus_under_a_dedicated_user(tmp_path, capsys):
     path = tmp_path / "gpus.yml"
     routes = "routes:\n  - {name: auto, url: 'http://127.0.0.1:8000/metrics'}\n"

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.config import Config, DetectionConfig, PinnedBaseline, RouteConfig, SeedFrom, parse_config
+from specwatch.config import BasicAuth, Config, DetectionConfig, HttpClientConfig, PinnedBaseline, RouteConfig
+from specwatch.config import SeedFrom, TlsConfig, parse_config
 from specwatch.evaluators.acceptance_drop import AcceptanceDropEvaluator, build_evaluator
 from specwatch.evaluators.base import EvaluatorContext
-from specwatch.evaluators.fleet_seed import queries
+from specwatch.evaluators.fleet_seed import SeedError, fleet_baseline, queries
 from specwatch.snapshot import RouteObservation
 from specwatch.state.baselines import BaselineKey
 
@@ -156,6 +157,23 @@ def test_an_unreachable_fleet_prometheus_falls_back_to_learning_and_says_so_once
     said = [r.getMessage() for r in caplog.records if "no fleet baseline" in r.getMessage()]
     assert len(said) == 1 and "unreachable" in said[0] and "learning from this node's traffic" in said[0], said
     ev.close()
+
+
+def test_a_seed_from_file_that_cannot_be_read_is_a_seed_error_naming_it(tmp_path: Path) -> None:
+    """A missing CA or secret file fails the fleet query with a reason (the route then learns and says so
+    once), not an exception from inside the HTTP client."""
+    key = BaselineKey("m", "0.9.1", 4)
+    no_ca = SeedFrom(
+        prometheus="https://127.0.0.1:1", http=HttpClientConfig(tls_config=TlsConfig(ca_file=f"{tmp_path}/ca"))
+    )
+    with pytest.raises(SeedError, match=f"cannot load tls_config \\({tmp_path}/ca\\)"):
+        fleet_baseline("chat", key, no_ca)
+    no_pw = SeedFrom(
+        prometheus="http://127.0.0.1:1",
+        http=HttpClientConfig(basic_auth=BasicAuth(username="u", password_file=f"{tmp_path}/pw")),
+    )
+    with pytest.raises(SeedError, match=f"cannot read {tmp_path}/pw"):
+        fleet_baseline("chat", key, no_pw)
 
 
 def test_the_fleet_query_joins_on_the_baselines_own_key_and_escapes_values() -> None:

@@ -29,9 +29,18 @@ class _Stub(http.server.BaseHTTPRequestHandler):
     doc: dict[str, Any] | None = None
     status = 200
     gets = 0
+    posts = 0
+    hold: threading.Event | None = None  # set: completions wait for it (requests in flight); then answer
+    answer = 200
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).posts += 1
+        if self.hold is not None:
+            self.hold.wait(60)
+        if self.answer != 200:
+            self._send(self.answer, {"error": {"message": "boom"}})
+            return
         body = {
             "id": "x",
             "object": "chat.completion",
@@ -87,6 +96,7 @@ def advice(speculate: bool | None, headroom: float, evaluated: float | None = No
 
 def router(servers: dict[str, Any]) -> Any:
     return litellm.Router(
+        num_retries=0,
         model_list=[
             {
                 "model_name": "chat",
@@ -110,10 +120,41 @@ def served(r: Any, n: int) -> list[str]:
     return asyncio.run(run())
 
 
+def served_at_once(r: Any, servers: dict[str, Any], n: int) -> list[str]:
+    """`n` requests in flight together: the speculative deployment answers none until all `n` have reached a
+    server, so each is routed while the earlier ones still run there."""
+    spec, plain = servers["spec"].RequestHandlerClass, servers["plain"].RequestHandlerClass
+    gate = spec.hold = threading.Event()
+    out: list[str] = []
+
+    async def run() -> None:
+        tasks = [r.acompletion(model="chat", messages=[{"role": "user", "content": "hi"}]) for _ in range(n)]
+        out.extend(response.choices[0].message.content for response in await asyncio.gather(*tasks))
+
+    runner = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    runner.start()
+    wait_until(lambda: spec.posts + plain.posts >= n)
+    gate.set()
+    runner.join(60)
+    spec.hold = None
+    return sorted(out, key=lambda name: name != "spec")
+
+
+def wait_until(condition: Any, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert condition()
+
+
 @pytest.fixture
 def routing(servers, monkeypatch) -> Iterator[SpecwatchRouting]:
     plugin = SpecwatchRouting(advice=AdviceCache(url(servers["advice"]), timeout=2.0, refresh_seconds=3600.0))
     monkeypatch.setattr(litellm, "callbacks", [plugin])
+    # LiteLLM copies its callbacks into these lists on first use and keeps them: a fresh set per test, or the
+    # hooks of one test's request would go to an earlier test's callback
+    for name in ("success_callback", "failure_callback", "_async_success_callback", "_async_failure_callback"):
+        monkeypatch.setattr(litellm, name, [])
     yield plugin
     plugin.advice.close()
 
@@ -133,13 +174,92 @@ def test_above_the_crossover_every_request_spills_to_the_plain_deployment(server
 def test_the_headroom_left_goes_to_speculation_and_the_rest_spills(servers, routing):
     servers["advice"].RequestHandlerClass.doc = advice(True, 3.0)
     routing.advice.refresh_now()
-    assert served(router(servers), 8) == ["spec"] * 3 + ["plain"] * 5
+    assert served_at_once(router(servers), servers, 8) == ["spec"] * 3 + ["plain"] * 5
 
 
 def test_a_fractional_headroom_is_not_overshot(servers, routing):
     servers["advice"].RequestHandlerClass.doc = advice(True, 2.5)
     routing.advice.refresh_now()
-    assert served(router(servers), 5) == ["spec"] * 2 + ["plain"] * 3
+    assert served_at_once(router(servers), servers, 5) == ["spec"] * 2 + ["plain"] * 3
+
+
+def test_the_count_is_requests_started_less_those_finished_since_the_evaluation(servers, routing):
+    """LiteLLM's own success hook ends a request: requests that finished leave room under the same advice, so
+    one after another they all fit a headroom of 1 (counting only starts, all but the first would spill)."""
+    servers["advice"].RequestHandlerClass.doc = advice(True, 1.0)
+    routing.advice.refresh_now()
+    spec = servers["spec"].RequestHandlerClass
+    r = router(servers)
+    gate = spec.hold = threading.Event()
+
+    async def scenario() -> list[str]:
+        first = asyncio.create_task(ask(r))
+        await until(lambda: spec.posts == 1)  # the stub holds it: in flight
+        assert routing.counted("chat-spec") == 1.0  # up when routed
+        gate.set()
+        out = [await first]
+        await until(lambda: routing.counted("chat-spec") == 0.0)  # down when LiteLLM logs its success
+        for _ in range(5):
+            out.append(await ask(r))
+            await until(lambda: routing.counted("chat-spec") == 0.0)
+        return out
+
+    assert asyncio.run(scenario()) == ["spec"] * 6
+
+
+def test_a_failed_request_ends_its_count_too(servers, routing):
+    servers["advice"].RequestHandlerClass.doc = advice(True, 1.0)
+    routing.advice.refresh_now()
+    spec = servers["spec"].RequestHandlerClass
+    gate, spec.answer = threading.Event(), 500
+    spec.hold = gate
+    r = router(servers)
+
+    async def scenario() -> None:
+        request = asyncio.create_task(ask(r))
+        await until(lambda: spec.posts == 1)
+        assert routing.counted("chat-spec") == 1.0
+        gate.set()
+        with pytest.raises(Exception, match="boom"):  # the speculative deployment answered 500
+            await request
+        await until(lambda: routing.counted("chat-spec") == 0.0)  # down when LiteLLM logs its failure
+
+    asyncio.run(scenario())
+
+
+async def ask(r: Any) -> str:
+    response = await r.acompletion(model="chat", messages=[{"role": "user", "content": "hi"}])
+    return str(response.choices[0].message.content)
+
+
+async def until(condition: Any, seconds: float = 30.0) -> None:
+    """Wait on the request's own event loop, where LiteLLM runs its logging hooks after the response."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert condition()
+
+
+def test_a_new_evaluation_restarts_the_count_and_later_ends_give_room(servers, routing):
+    """A request routed before an evaluation is in that evaluation's running count; its end after it frees
+    room the new headroom does not show yet. Requests the callback did not narrow are no one's count."""
+    servers["advice"].RequestHandlerClass.doc = advice(True, 1.0, evaluated=time.time() - 2)
+    routing.advice.refresh_now()
+    routing.narrow([_deployment("spec"), _deployment("plain")], "t1")
+    assert routing.counted("chat-spec") == 1.0
+    servers["advice"].RequestHandlerClass.doc = advice(True, 0.0)  # the engine runs t1: no headroom
+    routing.advice.refresh_now()
+    assert routing.counted("chat-spec") == 0.0
+    assert [d["model_info"]["id"] for d in routing.narrow([_deployment("spec"), _deployment("plain")])] == ["plain"]
+    routing.ended("t1", "spec", "call-1")
+    routing.ended("t1", "spec", "call-1")  # the sync and the async hook of one call end it once
+    routing.ended("t-plain", "plain", "call-2")
+    assert routing.counted("chat-spec") == -1.0
+    assert [d["model_info"]["id"] for d in routing.narrow([_deployment("spec"), _deployment("plain")])] == ["spec"]
+
+
+def _deployment(role: str) -> dict[str, Any]:
+    return {"model_name": "chat", "model_info": {"id": role, "specwatch_route": "chat-spec", "specwatch_role": role}}
 
 
 def test_without_advice_both_deployments_serve(servers, routing):

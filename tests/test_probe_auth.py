@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 from certs import ca_server_client
 from guarded import GuardedEngine
@@ -178,3 +179,26 @@ def test_a_probe_verifies_the_tls_server_name_of_the_route(simulator, guarded, p
     assert rnd.outcome == outcome, rnd.message
     if outcome == "error":
         assert "CERTIFICATE_VERIFY_FAILED" in rnd.message, rnd.message  # 127.0.0.1 alone would pass
+
+
+def test_sessions_without_a_tls_config_share_one_context_that_still_verifies(simulator, guarded, pki):
+    """Without a tls_config a session uses the one shared context (a sweep opens a session per client), and
+    that context still checks the server against the system's CAs: a server of a private CA is refused."""
+    engine, good, _ = guarded("client_certificate", simulator("summary").url)
+    plain = _config(engine.url, {})
+    first, second = client_session(plain.routes[0].http), client_session(plain.routes[0].http)
+    try:
+        assert (
+            first.get_adapter("https://x").poolmanager.connection_pool_kw["ssl_context"]
+            is (second.get_adapter("https://x").poolmanager.connection_pool_kw["ssl_context"])
+        )
+        with pytest.raises(requests.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
+            first.get(engine.url.replace("/metrics", "") + "/v1/models", timeout=20)
+    finally:
+        first.close()
+        second.close()
+    trusted = client_session(_config(engine.url, good).routes[0].http)
+    try:
+        assert trusted.get(engine.url.replace("/metrics", "") + "/v1/models", timeout=20).status_code == 200
+    finally:
+        trusted.close()

@@ -5,9 +5,7 @@ real specwatch daemon through `SpecwatchRouting` loaded from the proxy's own con
    short), one speculating with its one-layer drafter (k = 3), one plain. `specwatch run` scrapes both every
    second; the speculative route has a configured crossover of B* = 4 with a 3 s hold, low so that a short ramp
    on two shared cores crosses it whatever the pair's own crossover: the test is about the routing given the
-   advice (`bench/validate_live_crossover.py` measures where B* lies). Not lower: the callback counts every
-   request it sent since the advice's evaluation as still running, and at concurrency 1 two or three requests
-   of about 0.7 s fall within one evaluation and the proxy's refresh.
+   advice (`bench/validate_live_crossover.py` measures where B* lies).
 2. The proxy (`litellm --config`, from its venv in ~/.cache/specwatch: testbed/litellm_proxy.py says why it is a venv of
    its own) serves two model groups over the same two servers: `routed`, whose deployments carry
    `specwatch_role`/`specwatch_route` and so pass through the callback, and `balanced`, which does not, so the
@@ -61,11 +59,9 @@ MAX_TOKENS = 16
 TOP = 6
 RAMP = ((1, 4), (TOP, 2), (1, 4))  # (concurrency, requests per client): up and back down
 DIRECT = B_STAR + 2  # requests kept on the speculative server by a client that bypasses the gateway, at the top
-# The callback counts the requests it sent since the advice's evaluation against its headroom (it cannot see them
-# finish), and at concurrency 1 with ~0.5 s requests and 1 s evaluations one such request is usually counted: a
-# headroom of 1 then leaves it no room, and it rightly sends the next request to the plain server (seen once in
-# four runs while the daemon's batch average still decayed from the top step).
-BELOW_HEADROOM = 2
+# Room for one request: the callback counts its requests started less those finished since the advice's
+# evaluation, so at concurrency 1 the request before has left room again by the time the next one is routed.
+BELOW_HEADROOM = 1
 ADVICE_LAG = 1.5  # seconds of unchanged advice before a request for it to count as routed on that advice
 MASTER_KEY = "sk-specwatch-e2e-0123456789abcdef0123456789abcdef"
 REQUEST_TIMEOUT = 180.0
@@ -216,8 +212,8 @@ class Sampler:
 
     def advised(self, t: float) -> str | None:
         """What the spec route was advised over the ADVICE_LAG before `t`: "above" its crossover (`speculate`
-        false), "below" it (`speculate` true with room for a whole request beside the callback's own: BELOW_HEADROOM),
-        or None (it changed, or neither).
+        false), "below" it (`speculate` true with room for a whole request: BELOW_HEADROOM), or None (it changed,
+        or neither).
         The first sample after `t` counts too: advice that changed between the last sample and `t` shows only
         there, and the callback, refreshing on its own timer, may have seen the change before this sampler did."""
         after = next((s for s in self.samples if s["t"] > t), None)

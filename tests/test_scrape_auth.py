@@ -324,6 +324,32 @@ def test_check_config_warns_about_secret_files_it_cannot_read_without_failing(tm
     assert f"WARNING: chat: tls_config.ca_file: cannot read {tmp_path}/ca.pem" in err
 
 
+def test_check_config_warns_about_seed_from_files_it_cannot_read_as_about_a_routes(tmp_path, capsys):
+    """`detection.seed_from` takes a route's HTTP client keys, so its files are checked the same way: every one
+    listed at once, warnings that do not fail the config (the daemon loads it too, and learns instead); a route's
+    own seed_from under the route, the inherited top-level one once."""
+    (tmp_path / "ca.pem").write_text("present\n")
+    path = tmp_path / "seed.yml"
+    path.write_text(
+        "detection:\n  seed_from:\n    prometheus: https://prometheus:9090\n"
+        f"    basic_auth: {{username: u, password_file: {tmp_path}/pw}}\n"
+        f"    tls_config: {{ca_file: {tmp_path}/ca.pem, cert_file: {tmp_path}/c.pem, key_file: {tmp_path}/k.pem}}\n"
+        "routes:\n  - name: inherits\n    url: http://127.0.0.1:8000/metrics\n"
+        "  - name: own\n    url: http://127.0.0.1:8001/metrics\n"
+        "    detection:\n      seed_from:\n        prometheus: http://prometheus:9090\n"
+        f"        authorization: {{credentials_file: {tmp_path}/token}}\n"
+    )
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING:")]
+    assert warnings == [
+        f"WARNING: detection.seed_from: tls_config.cert_file: cannot read {tmp_path}/c.pem: No such file or directory",
+        f"WARNING: detection.seed_from: tls_config.key_file: cannot read {tmp_path}/k.pem: No such file or directory",
+        f"WARNING: detection.seed_from: basic_auth.password_file: cannot read {tmp_path}/pw: No such file or directory",
+        f"WARNING: own: detection.seed_from: authorization.credentials_file: cannot read {tmp_path}/token: "
+        "No such file or directory",
+    ]
+
+
 def test_a_routes_key_replaces_the_scrape_default_and_secrets_stay_out_of_repr():
     config = parse_config(
         {

@@ -63,7 +63,12 @@ def fleet_baseline(
 ) -> FleetBaseline:
     """The fleet's median baseline for (route, key); raises SeedError."""
     ratio_query, dispersion_query = queries(route, key, seed.query_selector)
-    session = (session_factory or (lambda: client_session(seed.http)))()
+    try:
+        session = (session_factory or (lambda: client_session(seed.http)))()
+    except OSError as exc:  # the TLS context is built here: a CA, certificate or key it cannot read or load
+        tls = seed.http.tls_config
+        files = ", ".join(f for f in (tls.ca_file, tls.cert_file, tls.key_file) if f)
+        raise SeedError(f"{seed.prometheus}: cannot load tls_config ({files}): {exc}") from None
     try:
         ratios = _values(session, seed, ratio_query)
         if len(ratios) < seed.min_nodes:

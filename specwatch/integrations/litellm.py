@@ -17,10 +17,15 @@ they speculate in their own LiteLLM config:
    a request never waits for it.
 2. `SpecwatchRouting.async_filter_deployments` (LiteLLM's `CustomLogger` hook for narrowing a request's
    candidate deployments) keeps the speculative deployments whose route advises `speculate: true` and still
-   has room for a whole request, counting the requests it sent since that advice's evaluation (a fractional B*
-   is not overshot: past it the flag would hold the route above its crossover); otherwise it keeps the plain
-   ones. It fails open: no advice yet, an unreachable or erroring daemon, advice older than `max_age_seconds`,
-   an unknown version, a group without both kinds, or any error leaves the deployments as they were.
+   has room for a whole request, counting the requests it sent since that advice's evaluation less those of
+   its requests that finished since (a fractional B* is not overshot: past it the flag would hold the route
+   above its crossover); otherwise it keeps the plain ones. It fails open: no advice yet, an unreachable or
+   erroring daemon, advice older than `max_age_seconds`, an unknown version, a group without both kinds, or
+   any error leaves the deployments as they were.
+3. LiteLLM's success and failure hooks (`async_log_success_event`, `async_log_failure_event`, and the sync
+   ones) end a request it routed: matched by `litellm_trace_id` (the filter's request and every attempt's
+   logging carry the router's one) and the deployment that served it (`model_info.id`). Each attempt of a
+   retried request is filtered, and logged, on its own.
 
 LiteLLM runs this hook on its async path (the proxy, `Router.acompletion`); the sync `Router.completion`
 does not run routing callbacks.
@@ -45,6 +50,9 @@ log = logging.getLogger(__name__)
 ADVICE_VERSION = 1
 ROUTE_KEY, ROLE_KEY = "specwatch_route", "specwatch_role"
 SPEC, PLAIN = "spec", "plain"
+# Routed requests (and ended call ids) remembered at most: one whose end is never logged is forgotten in time;
+# its count lasts only until the next evaluation anyway.
+_MAX_TRACKED = 10_000
 
 
 class AdviceCache:
@@ -86,6 +94,12 @@ class AdviceCache:
         if not isinstance(evaluated, (int, float)) or now - evaluated > self.max_age_seconds:
             return None  # the daemon answers but has stopped evaluating
         return doc
+
+    def last_evaluated(self) -> Any:
+        """The `evaluated` of the held advice however old (None before the first): the evaluation that the
+        counts of requests started and finished are kept against."""
+        with self._lock:
+            return None if self._doc is None else self._doc.get("evaluated")
 
     def refresh_now(self) -> None:
         """One synchronous refresh (for tests and start-up)."""
@@ -135,7 +149,11 @@ class SpecwatchRouting(CustomLogger):
         super().__init__()
         self.advice = advice or AdviceCache(url, **cache)
         self._lock = threading.Lock()
-        self._sent: dict[str, tuple[Any, float]] = {}  # route -> (the evaluation counted against, requests sent)
+        # route -> (the evaluation counted against, requests sent since it less those of them that finished)
+        self._sent: dict[str, tuple[Any, float]] = {}
+        # trace id -> per routed attempt: the deployment ids it was narrowed to, and its share of each route
+        self._routed: dict[str, list[tuple[frozenset[str], dict[str, float]]]] = {}
+        self._ended: dict[str, None] = {}  # call ids already ended, so a sync and an async hook end one once
 
     async def async_filter_deployments(
         self,
@@ -146,12 +164,74 @@ class SpecwatchRouting(CustomLogger):
         parent_otel_span: Any = None,
     ) -> list:
         try:
-            return self.narrow(healthy_deployments)
+            trace = (request_kwargs or {}).get("litellm_trace_id")
+            return self.narrow(healthy_deployments, trace if isinstance(trace, str) else None)
         except Exception:  # noqa: BLE001 - fail open
             log.exception("specwatch routing failed; deployments left as they were")
             return healthy_deployments
 
-    def narrow(self, deployments: list) -> list:
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._ended_safely(kwargs)
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._ended_safely(kwargs)
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._ended_safely(kwargs)
+
+    def log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._ended_safely(kwargs)
+
+    def counted(self, route: str) -> float:
+        """Requests this callback sent `route` since the held advice's evaluation, less those of them that
+        finished since: what it takes off the advice's headroom."""
+        with self._lock:
+            seen, sent = self._sent.get(route, (None, 0.0))
+            return sent if seen == self.advice.last_evaluated() else 0.0
+
+    def ended(self, trace: str | None, deployment_id: str | None, call_id: str | None = None) -> None:
+        """A request (attempt) this callback may have routed finished, on `deployment_id`: its share comes off
+        each route's count. Anything it did not narrow (fail-open, a plain deployment) is no one's count."""
+        if not trace or not deployment_id:
+            return
+        with self._lock:
+            if call_id:
+                if call_id in self._ended:
+                    return
+                self._ended[call_id] = None
+                if len(self._ended) > _MAX_TRACKED:
+                    del self._ended[next(iter(self._ended))]
+            attempts = self._routed.get(trace)
+            i = next((i for i, (ids, _) in enumerate(attempts or ()) if deployment_id in ids), None)
+            if attempts is None or i is None:
+                return
+            _, shares = attempts.pop(i)
+            if not attempts:
+                del self._routed[trace]
+            evaluated = self.advice.last_evaluated()
+            for route, share in shares.items():
+                seen, sent = self._sent.get(route, (None, 0.0))
+                if seen != evaluated:  # finished after a new evaluation that counted it running: room again
+                    sent = 0.0
+                self._sent[route] = (evaluated, sent - share)
+
+    def _ended_safely(self, kwargs: Any) -> None:
+        try:
+            if not isinstance(kwargs, dict):
+                return
+            params = kwargs.get("litellm_params")
+            info = params.get("model_info") if isinstance(params, dict) else None
+            deployment = info.get("id") if isinstance(info, dict) else None
+            trace, call_id = kwargs.get("litellm_trace_id"), kwargs.get("litellm_call_id")
+            self.ended(
+                trace if isinstance(trace, str) else None,
+                str(deployment) if deployment is not None else None,
+                call_id if isinstance(call_id, str) else None,
+            )
+        except Exception:  # noqa: BLE001 - a logging hook never fails a request
+            log.exception("specwatch routing: counting a finished request failed")
+
+    def narrow(self, deployments: list, trace: str | None = None) -> list:
         spec = [d for d in deployments if _info(d).get(ROLE_KEY) == SPEC and _info(d).get(ROUTE_KEY)]
         plain = [d for d in deployments if _info(d).get(ROLE_KEY) == PLAIN]
         if not spec or not plain:
@@ -170,9 +250,16 @@ class SpecwatchRouting(CustomLogger):
                 assert route is not None
                 if route["speculate"] and self._room(route, evaluated) >= 1:
                     keep.append((deployment, route["route"]))
+            shares: dict[str, float] = {}
             for _, name in keep:  # the router picks one of them: count the request once among them
                 seen, sent = self._sent[name]
                 self._sent[name] = (seen, sent + 1.0 / len(keep))
+                shares[name] = shares.get(name, 0.0) + 1.0 / len(keep)
+            if keep and trace:
+                ids = frozenset(str(_info(d).get("id")) for d, _ in keep)
+                self._routed.setdefault(trace, []).append((ids, shares))
+                if len(self._routed) > _MAX_TRACKED:  # a request whose end is never logged: forget the oldest
+                    del self._routed[next(iter(self._routed))]
         return [d for d, _ in keep] if keep else plain
 
     def _room(self, route: dict[str, Any], evaluated: Any) -> float:

@@ -73,9 +73,11 @@ class SimulatorHTTPServer(ThreadingHTTPServer):
 class RunningSimulator:
     """A started simulation and its HTTP server on a background thread; `stop()` ends both."""
 
-    def __init__(self, simulation: Simulation, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, simulation: Simulation, host: str = "127.0.0.1", port: int = 0, flush_interval: float = 0.02
+    ) -> None:
         self.simulation = simulation
-        self.httpd = SimulatorHTTPServer((host, port), simulation)
+        self.httpd = SimulatorHTTPServer((host, port), simulation, flush_interval)
         self._thread = threading.Thread(
             target=self.httpd.serve_forever,
             kwargs={"poll_interval": 0.2},
