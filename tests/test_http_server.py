@@ -151,6 +151,25 @@ def test_at_the_cap_the_connection_slowest_to_send_its_request_makes_room(monkey
         srv.shutdown()
 
 
+def test_a_connection_made_room_for_before_the_server_ever_served_it_is_closed(monkeypatch):
+    """A stalled server (a loaded machine) accepts a backlog in one go: the connection it then closes to make
+    room has never run, and once stayed open, never answered."""
+    monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
+    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 0.0, raising=False)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
+    stalled = threading.Event()
+    srv._server.loop.call_soon_threadsafe(lambda: (stalled.set(), time.sleep(1.0)))
+    assert stalled.wait(10)
+    held = [connect(srv) for _ in range(8)]  # all queued in the kernel while the loop sleeps
+    try:
+        assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
+        assert held[0].recv(65536) == b""
+    finally:
+        for sock in held:
+            sock.close()
+        srv.shutdown()
+
+
 # ---------------------------------------------------------------------------------------------- requests
 def test_oversized_or_too_many_header_fields_get_431(server):
     """44 connections with oversized headers took the daemon from 41 to 290 MB."""

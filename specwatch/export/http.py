@@ -279,10 +279,12 @@ class _Connection:
     """One client connection's task and what it is doing: "head" (waiting for or reading a request head),
     "busy" (being answered) or "idle" (kept alive between requests), since when."""
 
-    __slots__ = ("task", "writer", "state", "since")
+    __slots__ = ("sock", "task", "started", "writer", "state", "since")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, sock: socket.socket, now: float) -> None:
+        self.sock = sock
         self.task: asyncio.Task[None] | None = None
+        self.started = False
         self.writer: asyncio.StreamWriter | None = None
         self.state, self.since = "head", now
 
@@ -291,11 +293,14 @@ class _Connection:
 
     def drop(self) -> None:
         """Close the connection; its task ends on the closed stream. (Python 3.10/3.11's wait_for can swallow a
-        task's cancellation, so a task is cancelled only before it has streams.)"""
+        task's cancellation, so a task is cancelled only before it has streams. A task cancelled before it
+        first ran never reaches its `finally`: then the socket, not yet watched by the loop, is closed here.)"""
         if self.writer is not None:
             self.writer.close()
         elif self.task is not None:
             self.task.cancel()
+        if not self.started:
+            self.sock.close()
 
 
 class _Server:
@@ -348,7 +353,7 @@ class _Server:
                     )
                     self._refuse(sock)
                     continue
-                connection = _Connection(self.loop.time())
+                connection = _Connection(sock, self.loop.time())
                 self._connections.add(connection)
                 connection.task = self.loop.create_task(self._connection(sock, address, connection))
             except Exception:  # noqa: BLE001 - accepting must go on whatever one connection did
@@ -381,6 +386,7 @@ class _Server:
         sock.close()
 
     async def _connection(self, sock: socket.socket, address: Any, connection: _Connection) -> None:
+        connection.started = True
         writer = None
         try:
             streams = await self._open(sock)
