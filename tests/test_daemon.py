@@ -58,6 +58,19 @@ class RaisingSource:
         pass
 
 
+class FlakySource(CountingSource):
+    """CountingSource that answers HTTP 503 while `failing` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = False
+
+    def sample(self, now: float) -> EngineSample:
+        if self.failing:
+            raise SourceError("http_status", "HTTP 503")
+        return super().sample(now)
+
+
 class HangingSource:
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -287,23 +300,14 @@ def test_a_route_that_starts_hanging_holds_up_no_other_route(no_evaluators):
 
 
 def test_recovery_is_logged_and_counters_continue(no_evaluators, caplog):
-    good = CountingSource()
-    flaky = {"fail": False}
-
-    def sample(now):
-        if flaky["fail"]:
-            raise SourceError("http_status", "HTTP 503")
-        return good.sample(now)
-
-    source = RaisingSource(Exception())
-    source.sample = sample
+    source = FlakySource()
     clock = FakeClock()
     d = Daemon(make_config("r"), source_factory=lambda r, c: source, clock=clock)
     d.tick(clock.advance(5))
-    flaky["fail"] = True
+    source.failing = True
     snap = d.tick(clock.advance(5))
     assert not snap.route("r").up and snap.route("r").drafts_total == 100
-    flaky["fail"] = False
+    source.failing = False
     with caplog.at_level(logging.INFO, logger="specwatch.daemon"):
         snap = d.tick(clock.advance(5))
     assert snap.route("r").up and snap.route("r").drafts_total == 200
@@ -572,21 +576,12 @@ def test_a_serving_route_the_gpu_auto_mapping_finds_nothing_for_is_logged_once(n
 
 
 def test_each_route_records_its_engines_and_when_it_was_last_scraped_successfully(no_evaluators):
-    good = CountingSource()
-    failing = {"now": False}
-
-    def sample(now):
-        if failing["now"]:
-            raise SourceError("http_status", "HTTP 503")
-        return good.sample(now)
-
-    source = RaisingSource(Exception())
-    source.sample = sample
+    source = FlakySource()
     clock = FakeClock()
     d = Daemon(make_config("r"), source_factory=lambda r, c: source, clock=clock)
     ok_at = clock.advance(5)
     snap = d.tick(ok_at)
     assert snap.route("r").engines == 1 and snap.route("r").last_scrape_timestamp == ok_at
-    failing["now"] = True
+    source.failing = True
     snap = d.tick(clock.advance(5))
     assert snap.route("r").engines is None and snap.route("r").last_scrape_timestamp == ok_at
