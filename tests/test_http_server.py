@@ -3,6 +3,7 @@ scrape is still served while other clients hold connections. Loopback only; ever
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import ssl
@@ -226,28 +227,48 @@ def test_methods_other_than_get_and_head_get_405(server):
     assert statuses(answer) == ["405"] and b"Allow: GET, HEAD" in answer
 
 
+class TlsOnly:
+    """A web config with TLS and no authentication."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return self.context
+
+    def authorize(self, headers) -> bool:
+        return True
+
+    def authorize_cached(self, headers) -> bool:
+        return True
+
+
 def test_plain_http_to_the_tls_port_gets_a_400_saying_so(tmp_path: Path):
     cert, key = self_signed_for_localhost(tmp_path)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-
-    class Tls:
-        def ssl_context(self) -> ssl.SSLContext:
-            return context
-
-        def authorize(self, headers) -> bool:
-            return True
-
-        def authorize_cached(self, headers) -> bool:
-            return True
-
-    srv = serve("127.0.0.1:0", lambda: SNAPSHOT, Tls())
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT, TlsOnly(cert, key))
     try:
         answer = exchange(srv, get("/metrics"))
         assert statuses(answer) == ["400"] and answer.endswith(b"Client sent an HTTP request to an HTTPS server.\n")
         assert requests.get(srv.url + "/metrics", verify=str(cert), timeout=10).status_code == 200
     finally:
         srv.shutdown()
+
+
+def test_shutdown_closes_idle_tls_connections_at_once(tmp_path: Path):
+    """A graceful TLS close waits for the client's close_notify, which an idle keep-alive client (Prometheus
+    between scrapes) never sends: shutdown gave up after its grace and left their tasks pending."""
+    cert, key = self_signed_for_localhost(tmp_path)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT, TlsOnly(cert, key))
+    sessions = [requests.Session() for _ in range(3)]
+    try:
+        for session in sessions:
+            assert session.get(srv.url + "/-/healthy", verify=str(cert), timeout=10).status_code == 200
+    finally:
+        srv.shutdown()
+        for session in sessions:
+            session.close()
+    assert [t for t in asyncio.all_tasks(srv._server.loop) if not t.done()] == []
 
 
 # ---------------------------------------------------------------------------------------------- under load

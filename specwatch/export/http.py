@@ -64,6 +64,7 @@ DEFAULT_LISTEN_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 # hold connections. The backlog is the kernel's maximum (net.core.somaxconn caps it), not http.server's 5.
 LISTEN_BACKLOG = socket.SOMAXCONN
 MAX_CONNECTIONS = 1024  # the unit allows 4096 file descriptors
+SHUTDOWN_GRACE_SECONDS = 2.0  # at shutdown, for answers being written to finish
 SLOW_HEAD_SECONDS = 1.0  # at the cap, a connection this long into its request head may be closed for a newcomer
 HEAD_TIMEOUT_SECONDS = 10.0  # from a request's first byte to its last header (and for the TLS handshake)
 IDLE_TIMEOUT_SECONDS = 120.0  # a kept-alive connection between requests (Prometheus scrapes every 15-60 s)
@@ -291,12 +292,17 @@ class _Connection:
     def now_in(self, state: str, now: float) -> None:
         self.state, self.since = state, now
 
-    def drop(self) -> None:
-        """Close the connection; its task ends on the closed stream. (Python 3.10/3.11's wait_for can swallow a
-        task's cancellation, so a task is cancelled only before it has streams. A task cancelled before it
-        first ran never reaches its `finally`: then the socket, not yet watched by the loop, is closed here.)"""
+    def drop(self, graceful: bool = False) -> None:
+        """Close the connection; its task ends on the closed stream. At once unless `graceful`: a graceful close
+        flushes what is being written and, on TLS, waits up to 30 s for the client's close_notify, which an idle
+        keep-alive client never sends. (Python 3.10/3.11's wait_for can swallow a task's cancellation, so a task
+        is cancelled only before it has streams. A task cancelled before it first ran never reaches its
+        `finally`: then the socket, not yet watched by the loop, is closed here.)"""
         if self.writer is not None:
-            self.writer.close()
+            if graceful:
+                self.writer.close()
+            else:
+                self.writer.transport.abort()
         elif self.task is not None:
             self.task.cancel()
         if not self.started:
@@ -669,8 +675,13 @@ class _Server:
         self._listener.close()
         tasks = [c.task for c in self._connections if c.task is not None]
         for connection in list(self._connections):
-            connection.drop()
-        await asyncio.wait(tasks, timeout=2.0) if tasks else None
+            connection.drop(graceful=connection.state == "busy")  # an answer being written may finish
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_SECONDS)
+            if pending:
+                for connection in list(self._connections):
+                    connection.drop()
+                await asyncio.wait(pending, timeout=1.0)
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
 
