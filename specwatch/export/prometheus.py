@@ -141,22 +141,13 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
         info.add(1, r.name, r.engine_kind, r.model_name, r.engine_version, r.acceptance_source)
     _per_route(f, "source_scrape_duration_seconds", routes, "scrape_duration_seconds")
     _per_route(f, "route_last_scrape_timestamp_seconds", routes, "last_scrape_timestamp")
-    errors = f("source_errors_total")
-    for r in routes:
-        for reason, count in sorted(r.errors_total.items()):
-            errors.add(count, r.name, reason)
-    evaluator_errors = f("evaluator_errors_total")
-    for r in routes:
-        for evaluator, count in sorted(r.evaluator_errors_total.items()):
-            evaluator_errors.add(count, r.name, evaluator)
+    _per_route_and_key(f, "source_errors_total", routes, "errors_total")
+    _per_route_and_key(f, "evaluator_errors_total", routes, "evaluator_errors_total")
     counting = [r for r in routes if r.acceptance_source == "counter"]  # gauge-only engines have no counters
     _per_route(f, "route_drafts_total", counting, "drafts_total")
     _per_route(f, "route_draft_tokens_total", counting, "draft_tokens_total")
     _per_route(f, "route_accepted_tokens_total", counting, "accepted_tokens_total")
-    rejected = f("route_rejected_samples_total")
-    for r in routes:
-        for reason, count in sorted(r.rejected_samples_total.items()):
-            rejected.add(count, r.name, reason)
+    _per_route_and_key(f, "route_rejected_samples_total", routes, "rejected_samples_total")
     ratio = f("route_acceptance_ratio")
     for r in routes:
         for window, value in r.acceptance_ratio.items():
@@ -241,10 +232,7 @@ def _probe_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_probe_degraded", routes, "probe_degraded")
     _per_route(f, "route_probe_success", routes, "probe_success")
     _per_route(f, "route_probe_duration_seconds", routes, "probe_duration_seconds")
-    rounds = f("route_probe_rounds_total")
-    for r in routes:
-        for result, count in sorted(r.probe_rounds_total.items()):
-            rounds.add(count, r.name, result)
+    _per_route_and_key(f, "route_probe_rounds_total", routes, "probe_rounds_total")
     method = f("route_probe_method_info")
     for r in routes:
         if r.probe_method:
@@ -274,6 +262,14 @@ def _per_route(f: Families, name: str, routes: Sequence[RouteState], attribute: 
     family = f(name)
     for r in routes:
         family.add(getattr(r, attribute), r.name)
+
+
+def _per_route_and_key(f: Families, name: str, routes: Sequence[RouteState], attribute: str) -> None:
+    """A family labelled by route and one more label, from the dict RouteState.`attribute` (key -> value)."""
+    family = f(name)
+    for r in routes:
+        for key, value in sorted(getattr(r, attribute).items()):
+            family.add(value, r.name, key)
 
 
 _SECTIONS: tuple[Callable[[Snapshot, Families], None], ...] = (
