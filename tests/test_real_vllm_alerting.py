@@ -156,7 +156,14 @@ def test_2_a_drafter_only_bump_pages_within_a_minute_of_the_restart(story):
     # is the one that says so, naming the model still served.
     assert pages[0]["labels"]["alertname"] == "SpecwatchAcceptanceDegradedAfterModelChange"
     assert pages[0]["labels"]["route"] == "chat" and pages[0]["labels"]["model_name"] == "tiny"
-    assert route["acceptance_ratio"]["1m"] <= 0.85 * story["baseline"]
+    # The drop was real: the measured acceptance gets there too. Not read at the flag: a verdict may come
+    # from a few seconds of requests (9 s in one CI run, its window then at 0.91x the baseline).
+    wait_until(
+        "the 1m acceptance to show the drop",
+        lambda: _daemon_routes(story["daemon"])["chat"]["acceptance_ratio"]["1m"] <= 0.85 * story["baseline"],
+        120,
+        story["procs"],
+    )
 
 
 def test_3_a_model_bump_is_counted_and_judged(story):
