@@ -361,7 +361,7 @@ class _Server:
                     continue
                 connection = _Connection(sock, self.loop.time())
                 self._connections.add(connection)
-                connection.task = self.loop.create_task(self._connection(sock, address, connection))
+                connection.task = self.loop.create_task(self._connection(address, connection))
             except Exception:  # noqa: BLE001 - accepting must go on whatever one connection did
                 log.exception("HTTP server: accepting a connection from %s failed", address)
                 sock.close()
@@ -391,11 +391,11 @@ class _Server:
             pass
         sock.close()
 
-    async def _connection(self, sock: socket.socket, address: Any, connection: _Connection) -> None:
+    async def _connection(self, address: Any, connection: _Connection) -> None:
         connection.started = True
         writer = None
         try:
-            streams = await self._open(sock)
+            streams = await self._open(connection.sock)
             if streams is not None:
                 reader, writer = streams
                 connection.writer = writer
@@ -408,7 +408,7 @@ class _Server:
             self._connections.discard(connection)
             if writer is not None:
                 writer.close()
-            sock.close()
+            connection.sock.close()
 
     async def _open(self, sock: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """Streams over `sock`; on a TLS port, a client that speaks plain HTTP gets a 400 and None."""
