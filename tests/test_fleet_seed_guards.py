@@ -12,6 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -343,7 +347,13 @@ def _daemon(tmp_path: Path, url: str, clock: FakeClock) -> Daemon:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "mode, reason",
-    [("trickle", "timeout"), ("hang", "timeout"), ("huge", "too_large"), ("inf", "not_finite"), ("tiny", "out_of_range")],
+    [
+        ("trickle", "timeout"),
+        ("hang", "timeout"),
+        ("huge", "too_large"),
+        ("inf", "not_finite"),
+        ("tiny", "out_of_range"),
+    ],
 )
 def test_a_bad_prometheus_never_slows_a_cycle_and_stores_nothing(
     tmp_path: Path, prometheus: _Prometheus, mode: str, reason: str
@@ -398,3 +408,99 @@ def test_a_sound_prometheus_seeds_every_route_through_the_same_path(tmp_path: Pa
         assert all(not any(r.seed_errors_total.values()) for r in snapshot.routes)
     finally:
         d.close()
+
+
+# ------------------------------------------------------------------ shutdown
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm" / "v1_k1_1engine.prom"
+
+
+class _EngineAndHangingPrometheus(ThreadingHTTPServer):
+    """A vLLM /metrics (the captured fixture, its spec-decode counters grown on every scrape) and a Prometheus
+    that never answers, on one port."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _EngineHandler)
+        self.stop = threading.Event()
+        self.scrapes = 0
+        self.seed_queries = 0
+        self.text = FIXTURE.read_text()
+
+
+class _EngineHandler(BaseHTTPRequestHandler):
+    server: _EngineAndHangingPrometheus
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        server = self.server
+        if self.path.startswith("/api/v1/query"):
+            server.seed_queries += 1
+            server.stop.wait()
+            return
+        server.scrapes += 1
+        n = server.scrapes
+        lines = [
+            _grown(line, n) if line.startswith("vllm:spec_decode_num_") and "_total{" in line else line
+            for line in server.text.splitlines()
+        ]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _grown(line: str, n: int) -> str:
+    series, value = line.rsplit(" ", 1)
+    return f"{series} {float(value) * n}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="needs POSIX signals")
+def test_sigterm_does_not_wait_for_a_hanging_prometheus(tmp_path: Path) -> None:
+    """`specwatch run` with a seed question hanging for its whole 60 s deadline stops in seconds, exit 0."""
+    server = _EngineAndHangingPrometheus()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    config = tmp_path / "specwatch.yml"
+    config.write_text(
+        "interval: 1s\nscrape: {timeout: 500ms}\ngpu: {enabled: false}\n"
+        f"state_dir: {tmp_path / 'state'}\n"
+        f"detection: {{seed_from: {{prometheus: '{base}', timeout: 60s}}}}\n"
+        f"routes:\n  - {{name: chat, url: '{base}/metrics'}}\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specwatch", "run", "--config.file", str(config)]
+        + ["--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        give_up = time.monotonic() + 60.0
+        while server.seed_queries == 0 and time.monotonic() < give_up and proc.poll() is None:
+            time.sleep(0.1)
+        assert server.seed_queries >= 1, (tmp_path / "daemon.log").read_text()
+        scrapes = server.scrapes
+        time.sleep(3.0)
+        assert server.scrapes > scrapes  # evaluation goes on while the question hangs
+        begin = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60.0) == 0
+        took = time.monotonic() - begin
+        assert took < 15.0, f"took {took:.1f}s to stop"
+        assert "stopped" in (tmp_path / "daemon.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+        server.stop.set()
+        server.shutdown()
+        server.server_close()

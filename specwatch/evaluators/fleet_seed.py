@@ -115,22 +115,31 @@ def fetch_answers(
 ) -> tuple[bytes, bytes]:
     """The raw answers to both queries, complete within `seed.timeout_seconds` of the call; raises SeedError."""
     deadline = clock() + seed.timeout_seconds
+    tls = seed.http.tls_config
+    files = [f for f in (tls.ca_file, tls.cert_file, tls.key_file) if f]
+    for name in files:  # named before connecting: a refused connection would hide them
+        try:
+            with open(name, "rb"):
+                pass
+        except OSError as exc:
+            message = f"{seed.prometheus}: cannot load tls_config ({', '.join(files)}): {exc}"
+            raise SeedError("connection", message) from None
     fetcher = HttpFetcher(seed.timeout_seconds, seed.max_body_bytes, clock=clock, client=seed.http)
-    url = seed.prometheus.rstrip("/") + "/api/v1/query?"
+    base = seed.prometheus.rstrip("/") + "/api/v1/query"
+    answers = []
     try:
-        return tuple(  # type: ignore[return-value]
-            fetcher.get(url + urlencode({"query": q}), accept="application/json", deadline=deadline)
-            for q in queries(route, key, seed.query_selector)
-        )
+        for query in queries(route, key, seed.query_selector):
+            url = f"{base}?{urlencode({'query': query})}"
+            answers.append(fetcher.get(url, accept="application/json", deadline=deadline))
     except SourceError as exc:
         reason = {"timeout": "timeout", "too_large": "too_large", "connection": "connection"}.get(
             exc.reason, "invalid_answer"
         )
-        raise SeedError(reason, f"{seed.prometheus}: {exc}") from None
-    except OSError as exc:  # the TLS context is built per connection: a CA, certificate or key it cannot load
-        raise SeedError("connection", f"{seed.prometheus}: cannot load tls_config: {exc}") from None
+        # the query string is long and says nothing the route and key in the caller's message do not
+        raise SeedError(reason, str(exc).replace(url, base)) from None
     finally:
         fetcher.close()
+    return answers[0], answers[1]
 
 
 def _vector(prometheus: str, answer: bytes) -> dict[tuple[tuple[str, str], ...], float]:
@@ -241,4 +250,3 @@ def start_attempt(route: str, key: BaselineKey, seed: SeedFrom) -> SeedAttempt |
         attempt = _RUNNING[(seed.prometheus, route)] = SeedAttempt(route, key, seed)
     attempt._thread.start()
     return attempt
-
