@@ -4,7 +4,8 @@ Stall: the question to Prometheus runs on a thread of its own under one deadline
 on each answer, so a trickling, huge or hanging Prometheus costs no cycle its time (the daemon's `tick()` driven
 with a fake clock against a real local HTTP server). Blind: an answer whose values are not finite or out of
 range, or that the route's own traffic shows could not page, is a counted seed error and nothing is stored; a
-stored baseline like that, poisoned before these checks, is not used after a restart.
+stored baseline like that, poisoned before these checks, is not used after a restart. Also: SIGTERM never waits
+for a hanging question (`specwatch run`), one question per route even across a reload, and the config keys.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 from fakes import FakeClock, vllm_sample
 
 from specwatch import catalog
-from specwatch.config import Config, DetectionConfig, RouteConfig, SeedFrom, parse_config
+from specwatch.config import Config, ConfigError, DetectionConfig, RouteConfig, SeedFrom, parse_config, summarize
 from specwatch.daemon import Daemon
 from specwatch.evaluators import fleet_seed
 from specwatch.evaluators.acceptance_drop import AcceptanceDropEvaluator, build_evaluator
@@ -504,3 +505,62 @@ def test_sigterm_does_not_wait_for_a_hanging_prometheus(tmp_path: Path) -> None:
         server.stop.set()
         server.shutdown()
         server.server_close()
+
+
+# ------------------------------------------------------------------ config
+def _seed_config(**seed: Any) -> Any:
+    return parse_config(
+        {
+            "detection": {"seed_from": {"prometheus": "http://prometheus:9090", **seed}},
+            "routes": [{"name": "chat", "url": "http://127.0.0.1:8000/metrics"}],
+        }
+    )
+
+
+def test_the_deadline_and_size_cap_have_defaults_and_check_config_shows_them() -> None:
+    config = _seed_config()
+    seed = config.routes[0].detection.seed_from
+    assert seed is not None and (seed.timeout_seconds, seed.max_body_bytes) == (5.0, 4 * 1024 * 1024)
+    assert "seed_from http://prometheus:9090 (min_nodes 3, timeout 5s, max_body_bytes 4194304)" in summarize(config)
+
+
+@pytest.mark.parametrize(
+    "key, value, problem",
+    [
+        ("timeout", "0s", "timeout"),
+        ("timeout", "2m", "timeout"),
+        ("max_body_bytes", 100, "max_body_bytes"),
+        ("max_body_bytes", "lots", "max_body_bytes"),
+    ],
+)
+def test_a_deadline_or_size_cap_out_of_range_is_refused(key: str, value: Any, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        _seed_config(**{key: value})
+    assert any(f"seed_from.{problem}" in p for p in raised.value.problems), raised.value.problems
+
+
+def test_one_question_at_a_time_per_route_even_across_a_reload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A question still hanging when a reload rebuilds the route's evaluator is joined, not asked again; the
+    rebuilt evaluator takes its answer."""
+    release, calls = threading.Event(), []
+
+    def slow_fetch(*args: Any) -> tuple[bytes, bytes]:
+        calls.append(args)
+        assert release.wait(30.0)
+        return _answers(GOOD)
+
+    monkeypatch.setattr(fleet_seed, "fetch_answers", slow_fetch)
+    before = _evaluator(tmp_path)
+    before.evaluate(_busy(0.0, 0.6), ())
+    before.evaluate(_busy(15.0, 0.6), ())
+    before.close()
+    after = _evaluator(tmp_path)  # what a reload builds
+    for ts in (30.0, 45.0, 60.0):
+        after.evaluate(_busy(ts, 0.6), ())
+    assert len(calls) == 1 and after.reference is None
+    release.set()
+    attempt = after.selection.seed_attempt
+    assert attempt is not None and attempt.wait(30.0)
+    after.evaluate(_busy(75.0, 0.6), ())
+    assert len(calls) == 1 and after.reference is not None and after.reference.source == "fleet"
+    after.close()
