@@ -212,6 +212,15 @@ METRICS: tuple[MetricSpec, ...] = (
         area="detection",
     ),
     _m(
+        "route_seed_errors_total",
+        "counter",
+        "Baselines asked of the fleet (detection.seed_from) that were not used, by reason (connection, timeout, "
+        "too_large, invalid_answer, too_few_nodes, not_finite, out_of_range, cannot_page, below_own_traffic, "
+        "stored_invalid: a stored fleet baseline not usable, internal); only routes with seed_from",
+        ("route", "reason"),
+        area="detection",
+    ),
+    _m(
         "route_last_model_change_timestamp_seconds",
         "gauge",
         "Unix time of the last model change on the route",

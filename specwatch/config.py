@@ -794,6 +794,12 @@ def summarize(cfg: Config) -> str:
             extra.append("certificate NOT verified")
         if r.probe:
             extra.append(f"probe every {r.probe.every_seconds:g}s ({r.probe.prompts})")
+        seed = r.detection.seed_from
+        if seed is not None:
+            extra.append(
+                f"seed_from {seed.prometheus} (min_nodes {seed.min_nodes}, timeout {seed.timeout_seconds:g}s, "
+                f"max_body_bytes {seed.max_body_bytes})"
+            )
         details = f" ({'; '.join(extra)})" if extra else ""
         lines.append(f"  {r.name}: {r.engine} {r.url} drop {r.detection.drop:g}{details}")
     return "\n".join(lines)

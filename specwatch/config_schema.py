@@ -192,7 +192,14 @@ class SeedFrom:
         "query_selector", Text(), 'extra label matchers for the fleet\'s series, e.g. job="specwatch"', ""
     )
     min_nodes: int = option("min_nodes", Number(lo=1, hi=MAX_NUMBER, integer=True), "fewer answers: learn", 3)
-    timeout_seconds: float = option("timeout", Duration(hi=60.0, inclusive=True), "per query to Prometheus", 5.0)
+    timeout_seconds: float = option(
+        "timeout", Duration(hi=60.0), "the whole exchange with Prometheus: connecting and every byte", 5.0
+    )
+    # One sample per node of the key, about 100-300 bytes each with a fleet's target labels: 4 MiB holds over
+    # ten thousand nodes, and bounds what a runaway answer costs (the JSON parsed from it is several times that).
+    max_body_bytes: int = option(
+        "max_body_bytes", Number(lo=1024, hi=MAX_NUMBER, integer=True), "a larger answer is refused", 4 * 1024 * 1024
+    )
     http: HttpClientConfig = option(
         "", Section(HttpClientConfig, flat=True), "basic_auth, authorization, tls_config, headers", DEFAULT_HTTP_CLIENT
     )

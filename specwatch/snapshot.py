@@ -149,6 +149,7 @@ class RouteState:
     probe_horizon_seconds: float | None = None
     horizon_budget_seconds: float | None = None
     model_changes_total: float = 0.0
+    seed_errors_total: Mapping[str, float] = field(default_factory=dict)  # reason -> fleet seeds not used
     last_model_change_timestamp: float | None = None
     # crossover
     crossover_batch_size: float | None = None

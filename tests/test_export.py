@@ -78,6 +78,7 @@ def full_snapshot() -> Snapshot:
         probe_horizon_seconds=1800.0,
         horizon_budget_seconds=3600.0,
         model_changes_total=1.0,
+        seed_errors_total={"connection": 0.0, "timeout": 2.0, "not_finite": 1.0},
         last_model_change_timestamp=1764400000.0,
         crossover_batch_size=32.0,
         crossover_source="sweep",

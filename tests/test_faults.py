@@ -77,6 +77,10 @@ hostile clients of specwatch's own HTTP server (bench/http_load.py measures the 
     test_webconfig.py::test_a_cached_right_password_is_not_held_up_by_wrong_ones_being_checked
 soak (no RSS, fd or thread growth; the full runs are bench/soak.py)
     test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat
+fleet Prometheus (seed_from) trickling, hanging, huge, or answering NaN / Inf / out-of-range baselines
+    test_fleet_seed_guards.py::test_a_bad_prometheus_never_slows_a_cycle_and_stores_nothing
+    test_fleet_seed_guards.py::test_sigterm_does_not_wait_for_a_hanging_prometheus
+    test_fleet_seed_guards.py::test_a_stored_poisoned_seed_is_not_used_after_a_restart_and_the_route_heals
 
 The HTTP-level tests drive the real engine source (`specwatch.sources.engines.make_source`) against loopback
 servers; in a build without it they are skipped, saying so.

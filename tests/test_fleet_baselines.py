@@ -152,10 +152,15 @@ def test_an_unreachable_fleet_prometheus_falls_back_to_learning_and_says_so_once
     ctx = EvaluatorContext(config=Config(state_dir=str(tmp_path), detection=detection), clock=lambda: 0.0)
     ev = build_evaluator(ctx, RouteConfig(name="chat", url="http://127.0.0.1:8000/metrics", detection=detection))
     with caplog.at_level(logging.WARNING, logger="specwatch.evaluators.baseline_selection"):
-        assert _first_page(ev, 0.5, 3600.0) == float("inf")
+        for ts in range(0, 3601, 15):
+            assert not ev.evaluate(_busy(float(ts), 0.5), ()).get("degraded")
+            if ev.selection.seed_attempt is not None:
+                assert ev.selection.seed_attempt.wait(30.0)
     assert ev.reference is not None and ev.reference.source == "learned"
     said = [r.getMessage() for r in caplog.records if "no fleet baseline" in r.getMessage()]
-    assert len(said) == 1 and "unreachable" in said[0] and "learning from this node's traffic" in said[0], said
+    assert len(said) == 1 and "ConnectionRefusedError" in said[0], said
+    assert "learning from this node's traffic" in said[0], said
+    assert ev.selection.seed_errors["connection"] >= 2  # asked again every 5 minutes, said once
     ev.close()
 
 

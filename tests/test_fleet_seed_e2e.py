@@ -107,7 +107,10 @@ def _first_page(ev: AcceptanceDropEvaluator, ratio: float, seconds: float) -> fl
             d_accepted=3000.0 * ratio,
             running_per_engine={"0": 8.0},
         )
-        if ev.evaluate(obs, ()).get("degraded"):
+        degraded = ev.evaluate(obs, ()).get("degraded")
+        if ev.selection.seed_attempt is not None:  # the fleet is asked on a thread of its own
+            assert ev.selection.seed_attempt.wait(30.0)
+        if degraded:
             return float(ts)
     return float("inf")
 

@@ -110,6 +110,7 @@ class AcceptanceDropEvaluator:
                 self._model_changed(key, now)
             elif obs.reset:
                 self._count_change(now)  # a restart may have swapped weights under the same name
+            self._take_seed(now)
             if obs.acceptance_source in GAUGE_SOURCES:
                 self._observe_gauge(obs)
             else:
@@ -128,11 +129,21 @@ class AcceptanceDropEvaluator:
     def close(self) -> None:
         self.store.unregister(self.route)
 
+    def _take_seed(self, now: float) -> None:
+        """The fleet's baseline, once its answer has come, judges from now on (as a stored one would)."""
+        seeded = self.selection.take_seed(now)
+        if seeded is not None:
+            self.decision.sprt = None
+            self.decision.degraded = False
+            self._use(seeded)
+
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "model_changes_total": float(self.model_changes_total),
             "last_model_change_timestamp": self.last_model_change,
         }
+        if self.selection.seed_errors:
+            out["seed_errors_total"] = dict(self.selection.seed_errors)
         if self.gauge.reference is not None:
             out.update(self.gauge.fields())
         elif self.decision.reference is not None and self.decision.hypotheses is not None:
@@ -274,6 +285,7 @@ class AcceptanceDropEvaluator:
             "last_model_change": self.last_model_change,
             "gauge": self.gauge.to_json(),
             "collapsed": self.collapse.collapsed,
+            "seed_errors": self.selection.seed_errors,
         }
 
     def _restore(self) -> None:
@@ -310,6 +322,11 @@ class AcceptanceDropEvaluator:
         self.decision.traffic, self.decision.recent_traffic, self.gauge = traffic, recent, gauge
         self.decision.recent_evidence = evidence
         self.collapse.collapsed = bool(state.get("collapsed", False))
+        seed_errors = state.get("seed_errors")
+        if self.selection.seed_errors and isinstance(seed_errors, dict):  # counters carry on across restarts
+            for reason, count in seed_errors.items():
+                if reason in self.selection.seed_errors and isinstance(count, (int, float)) and count >= 0:
+                    self.selection.seed_errors[reason] = float(count)
         self._use(self.selection.restore(key, ref_key, learner, change_ts))
         decision = self.decision
         if decision.hypotheses is not None:

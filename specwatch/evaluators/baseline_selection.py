@@ -6,8 +6,13 @@ Per route (docs/detection.md has the reasoning), `BaselineSelection` owns the ke
    overdispersion φ. A baseline pinned in the config is used as is for the keys it names (all keys when it names
    none), from the first cycle when it gives φ (else φ is learned from the warm-up); a key it does not name
    learns its own, as if none were configured. With `seed_from`, a key with neither a pin nor a stored baseline
-   takes the fleet's median from Prometheus (evaluators/fleet_seed.py) rather than its own, possibly degraded,
-   traffic; when the fleet has none to give, it learns, and says so.
+   asks for the fleet's median from Prometheus (evaluators/fleet_seed.py) rather than learn its own, possibly
+   degraded, traffic. The question runs on a thread of its own (`seed`); a later cycle picks up the answer
+   (`take_seed`) and uses it only if the route's drop detector could page against it: values in range, and the
+   route's own traffic so far not so far above it that a full drop of that traffic would stay unconfirmed.
+   Anything else is a counted seed error (`seed_errors`, one of SEED_ERROR_REASONS), said once per change,
+   and the key learns. A stored baseline with values not finite or out of range is never used
+   (`stored_invalid`): the key seeds or learns again.
 2. Pin: the provisional baseline keeps refining on quiet traffic until `pin_drafted_tokens` (and PIN_MIN_BLOCKS
    blocks) or `pin_duration`, then it is pinned. A stored baseline learned on blocks of another length re-learns φ.
 3. Daily profile: once the key's traffic spans half a day, r0 by time of day is fitted (stats/daily.py).
@@ -23,14 +28,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline
-from specwatch.evaluators.fleet_seed import SeedError, fleet_baseline
+from specwatch.evaluators.drop_decision import DropDecision
+from specwatch.evaluators.fleet_seed import (
+    SEED_ERROR_REASONS,
+    FleetBaseline,
+    SeedAttempt,
+    SeedError,
+    start_attempt,
+    usable_phi,
+    usable_ratio,
+)
 from specwatch.snapshot import RouteObservation
 from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
 from specwatch.state.store import StateStore
 from specwatch.stats.overdispersion import DispersionEstimator
+from specwatch.stats.wilson import wilson_bounds
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +79,10 @@ class BaselineSelection:
         self._daily_fitted: float | None = None  # when the daily profile was last fitted
         self._unpinned_logged: set[BaselineKey] = set()
         self._seed_asked: dict[BaselineKey, float] = {}  # when the fleet was last asked for a key
-        self._seed_failed_logged: set[BaselineKey] = set()
+        self._seed_attempt: SeedAttempt | None = None  # the question not yet picked up
+        self._seed_said: tuple[BaselineKey, str] | None = None  # the last seed error logged: said once per change
+        # reason -> failed seeds; exported (from 0) only where seed_from is configured
+        self.seed_errors: dict[str, float] = dict.fromkeys(SEED_ERROR_REASONS, 0.0) if cfg.seed_from else {}
         self._operator_keys: set[BaselineKey] = set()  # an operator's accept/reset: these keys learn their own
 
     def pin_for(self, key: BaselineKey | None) -> PinnedBaseline | None:
@@ -145,9 +164,7 @@ class BaselineSelection:
                 ),
                 persist=False,
             )
-        seeded = self.seed(now)
-        if seeded is not None:
-            return seeded
+        self.seed(now)
         if not self.learner.has(now, cfg.warmup_drafted_tokens, cfg.warmup_seconds):
             return None
         learned = self._set(self._learned(now, "learned", created=None), persist=True)
@@ -160,53 +177,131 @@ class BaselineSelection:
         )
         return learned
 
-    def seed(self, now: float) -> Baseline | None:
-        """The fleet's baseline for the current key (`seed_from`), stored as this node's; None when not
-        configured, decided by an operator here, asked too recently, or the fleet has none to give."""
+    def seed(self, now: float) -> None:
+        """Ask the fleet for the current key's baseline (`seed_from`), on a thread of its own: unless not
+        configured, decided by an operator here, asked too recently, or a question is still out."""
         seed, key = self.cfg.seed_from, self.key
-        if seed is None or key is None or key in self._operator_keys:
-            return None
+        if seed is None or key is None or key in self._operator_keys or self._seed_attempt is not None:
+            return
         asked = self._seed_asked.get(key)
         if asked is not None and 0 <= now - asked < SEED_RETRY_SECONDS:
+            return
+        attempt = start_attempt(self.route, key, seed)
+        if attempt is not None:  # None: the route's question about another key still runs; asked again later
+            self._seed_asked[key] = now
+            self._seed_attempt = attempt
+
+    @property
+    def seed_attempt(self) -> SeedAttempt | None:
+        """The question to the fleet not yet picked up (tests wait on it)."""
+        return self._seed_attempt
+
+    def take_seed(self, now: float) -> Baseline | None:
+        """The fleet's answer, once it has come, as the current key's reference (stored); None until then, for
+        an answer no longer wanted (another key, an operator's decision, a reference of its own meanwhile), and
+        for an answer refused (counted and said)."""
+        attempt, key = self._seed_attempt, self.key
+        if attempt is None or not attempt.done:
             return None
-        self._seed_asked[key] = now
-        try:
-            fleet = fleet_baseline(self.route, key, seed)
-        except SeedError as exc:
-            if key not in self._seed_failed_logged:
-                self._seed_failed_logged.add(key)
-                log.warning(
-                    "route %s: no fleet baseline for %s (%s): learning from this node's traffic",
-                    self.route,
-                    key.label(),
-                    exc,
-                )
+        self._seed_attempt = None
+        outcome = attempt.outcome
+        if (
+            attempt.key != key
+            or key is None
+            or key in self._operator_keys
+            or self.own_key
+            or self.pin_for(key) is not None
+        ):
             return None
-        except Exception:  # noqa: BLE001 - seeding is an optimisation; learning still works without it
-            log.exception("route %s: asking the fleet for a baseline failed: learning instead", self.route)
+        if isinstance(outcome, SeedError) or outcome is None:
+            self._seed_error(key, outcome or SeedError("internal", "the attempt left no outcome"))
             return None
-        seeded = self._set(
-            Baseline(
-                route=self.route,
-                key=key,
-                acceptance_ratio=fleet.acceptance_ratio,
-                overdispersion=fleet.overdispersion,
-                dispersion_block_seconds=self.cfg.block_seconds,
-                source="fleet",
-                created=now,
-                updated=now,
-            ),
-            persist=True,
+        seeded = Baseline(
+            route=self.route,
+            key=key,
+            acceptance_ratio=outcome.acceptance_ratio,
+            overdispersion=outcome.overdispersion,
+            dispersion_block_seconds=self.cfg.block_seconds,
+            source="fleet",
+            created=now,
+            updated=now,
         )
+        try:
+            self._check_seed(seeded, now)
+        except SeedError as exc:
+            self._seed_error(key, exc)
+            return None
+        self._seed_said = None
+        self._set(seeded, persist=True)
         log.info(
-            "route %s: baseline %.3f (φ %.1f) for %s from the fleet's median over %d node(s)",
+            "route %s: baseline %.3f (φ %.1f) for %s from the fleet's median over %d node(s)%s",
             self.route,
             seeded.acceptance_ratio,
             seeded.overdispersion,
             key.label(),
-            fleet.nodes,
+            outcome.nodes,
+            _left_out(outcome),
         )
         return seeded
+
+    def _check_seed(self, seeded: Baseline, now: float) -> None:
+        """Raise SeedError for a seed the route's drop detector could not page against (module docstring)."""
+        r0, phi = seeded.acceptance_ratio, seeded.overdispersion
+        if not usable_ratio(r0) or not usable_phi(phi):  # fleet_seed keeps only usable nodes: a safety net
+            raise SeedError("out_of_range", f"the fleet's median (ratio {r0!r}, φ {phi!r}) is out of range")
+        decision = DropDecision(self.route, self.cfg)
+        decision.use(seeded)
+        test, drop = decision.hypotheses, self.cfg.drop
+        if test is None:
+            raise SeedError("cannot_page", f"a baseline of {r0:.4f} leaves no room to test a {drop:g} drop")
+        block = 1000.0  # drafted tokens of a block accepted at r_bad: it must be evidence of the drop
+        llr = test.llr((1.0 - drop) * test.r0 * block, block, now)
+        if not (math.isfinite(llr) and llr > 0.0 and math.isfinite(decision.window.min_tokens)):
+            raise SeedError("cannot_page", f"a baseline of {r0:.4f} (φ {phi:.1f}) weighs no evidence of a drop")
+        learner = self.learner
+        if learner.drafted >= self.cfg.min_drafted_tokens and 0.0 < learner.accepted < learner.drafted:
+            n_eff = learner.drafted / phi
+            own_lower = wilson_bounds(n_eff * learner.accepted / learner.drafted, n_eff)[0]
+            # this traffic fallen by the whole drop would still be above r_ok: the drop could never be confirmed
+            if (1.0 - drop) * own_lower >= test.r_ok(now):
+                raise SeedError(
+                    "below_own_traffic",
+                    f"the fleet's {r0:.3f} is below this node's own {learner.accepted / learner.drafted:.3f} "
+                    f"(over {learner.drafted:.0f} drafted tokens) by more than the {drop:g} drop: a drop of this "
+                    "node's traffic would not page",
+                )
+
+    def _seed_error(self, key: BaselineKey, exc: SeedError) -> None:
+        if self.seed_errors:
+            self.seed_errors[exc.reason] = self.seed_errors.get(exc.reason, 0.0) + 1
+        if self._seed_said != (key, exc.reason):
+            self._seed_said = (key, exc.reason)
+            log.warning(
+                "route %s: no fleet baseline for %s (%s: %s): learning from this node's traffic",
+                self.route,
+                key.label(),
+                exc.reason,
+                exc,
+            )
+        else:
+            log.debug("route %s: still no fleet baseline for %s (%s: %s)", self.route, key.label(), exc.reason, exc)
+
+    def stored(self, key: BaselineKey) -> Baseline | None:
+        """The stored baseline of `key`, unless its values could not judge anything (not finite, out of range;
+        a fleet seed: out of the seed's range): such a one is counted, said and not used."""
+        stored = self.store.get(self.route, key)
+        if stored is None or _usable(stored):
+            return stored
+        message = (
+            f"route {self.route}: the stored {stored.source} baseline for {key.label()} (ratio "
+            f"{stored.acceptance_ratio!r}, φ {stored.overdispersion!r}) is not usable; it is not used"
+        )
+        log.error("%s", message)
+        if stored.source == "fleet" and self.seed_errors:
+            self.seed_errors["stored_invalid"] += 1
+        else:
+            self.store.errors.append(message)
+        return None
 
     def _learned(self, now: float, source: str, created: float | None) -> Baseline:
         assert self.key is not None
@@ -322,7 +417,7 @@ class BaselineSelection:
         self.key = key
         self.learner = self.new_learner()
         if self.pin_for(key) is None:
-            stored = self.store.get(self.route, key)
+            stored = self.stored(key)
             if stored is not None:
                 return self._set(stored, persist=False)
         return None
@@ -336,10 +431,11 @@ class BaselineSelection:
         self.learner = self.new_learner()
         log.info("route %s: model changed from %s to %s", self.route, old_key.label() if old_key else "-", key.label())
         if self.pin_for(key) is None:
-            stored = self.store.get(self.route, key)
+            stored = self.stored(key)
             if stored is not None:
                 return self._set(stored, persist=False)
-            return self.seed(now)
+            self.seed(now)  # picked up by `take_seed`; the old reference stays until then
+            return None
         if self.reference is None or self.reference.source != "config":
             # the configured baseline names the new key and not the old one: it is the reference from now on
             self.reference = None
@@ -384,7 +480,18 @@ class BaselineSelection:
         """Carry on from saved state; returns the stored reference it names (unless one is configured)."""
         self.key, self.learner, self.change_ts = key, learner, change_ts
         if self.pin_for(key) is None and ref_key is not None:
-            ref = self.store.get(self.route, ref_key)
+            ref = self.stored(ref_key)
             if ref is not None:
                 return self._set(ref, persist=False)
         return None
+
+
+def _usable(b: Baseline) -> bool:
+    if b.source == "fleet":
+        return usable_ratio(b.acceptance_ratio) and usable_phi(b.overdispersion)
+    numbers = (b.acceptance_ratio, b.overdispersion, b.dispersion_slope, b.dispersion_intercept or 1.0)
+    return all(math.isfinite(x) for x in numbers) and 0.0 < b.acceptance_ratio < 1.0 and b.overdispersion > 0.0
+
+
+def _left_out(fleet: FleetBaseline) -> str:
+    return f" ({fleet.left_out} node(s) with values not finite or out of range left out)" if fleet.left_out else ""

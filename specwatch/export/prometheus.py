@@ -186,6 +186,7 @@ def _detection_metrics(s: Snapshot, f: Families) -> None:
         horizon.add(r.probe_horizon_seconds, r.name, "probe")
     _per_route(f, "route_detection_horizon_budget_seconds", routes, "horizon_budget_seconds")
     _per_route(f, "route_model_changes_total", routes, "model_changes_total")
+    _per_route_and_key(f, "route_seed_errors_total", routes, "seed_errors_total")  # empty without seed_from
     _per_route(f, "route_last_model_change_timestamp_seconds", routes, "last_model_change_timestamp")
 
 

@@ -96,8 +96,10 @@ class HttpFetcher:
         self._generation = 0  # bumped by close(): connections in use at that moment are not kept afterwards
         self._urls: dict[str, tuple[Origin, bytes]] = {}  # url -> (origin, request head for its Accept)
 
-    def get(self, url: str, accept: str | None = None) -> bytes:
-        deadline = self.clock() + self.timeout
+    def get(self, url: str, accept: str | None = None, deadline: float | None = None) -> bytes:
+        """The body of `url`, complete by `deadline` (on `clock`; default: the timeout from now), so that several
+        GETs of one exchange can share one deadline."""
+        deadline = self.clock() + self.timeout if deadline is None else deadline
         accept = ACCEPT if accept is None else accept
         target, visited = url, {url}
         try:
