@@ -70,6 +70,8 @@ def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | Non
         ) from exc
     if response.status_code == 401:
         raise Unreachable(f"{api}: 401 unauthorized; give basic_auth in a --http.config.file")
+    if response.status_code == 400 and url.startswith("http://") and "HTTPS" in response.text:
+        raise Unreachable(f"{api}: this port serves TLS; use --url https://{url.removeprefix('http://')}")
     if response.status_code != 200:
         raise Unreachable(f"{api}: HTTP {response.status_code}")
     try:
