@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crossover": ("crossover", "estimate the crossover batch size from a calibrated roofline"),
     "recommend": ("recommend", "recommend a draft length and a batch-size schedule for a route"),
     "probe": ("probe", "send one canary probe round to a route now and compare it with its fingerprint"),
+    "gate": ("gate", "judge a candidate server's acceptance against a reference before a bump ships"),
     "generate": ("generate", "write (or --check) the alert rules and Grafana dashboards"),
 }
 
