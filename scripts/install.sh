@@ -15,9 +15,16 @@
 #
 # Environment: PYTHON (interpreter for the venv, >= 3.10; default python3), PREFIX, BIN_DIR, CONFIG_DIR,
 # DEFAULT_FILE, UNIT_DIR, WHEEL (a specwatch wheel built once for the fleet: `pip wheel --no-deps .`), PIP_ARGS
-# (extra pip arguments, e.g. "--no-index --find-links /srv/wheels" on offline nodes), DESTDIR (install into a
-# staging root: the user is made with useradd --prefix, the unit enabled with systemctl --root, nothing started).
-# --no-system stages files only (no user, no chown, no systemctl, no root needed): for packaging and tests.
+# (extra pip arguments, e.g. "--no-index --find-links /srv/wheels" on offline nodes), DESTDIR (build a staging
+# root for a package or an image: see below).
+# --no-system stages files only (no user, no chown, no systemctl, no root needed): for tests.
+#
+# The service user and the config's group are declared, not made: usr/lib/sysusers.d/specwatch.conf and
+# usr/lib/tmpfiles.d/specwatch.conf. A live install applies them at once (systemd-sysusers, systemd-tmpfiles;
+# useradd and chown by name where systemd's tools are missing). A DESTDIR staging root holds no account files
+# and no numeric owner of the host's: the target applies the same two files when the tree lands there, as a
+# package's postinst does (`systemd-sysusers specwatch.conf; systemd-tmpfiles --create specwatch.conf`). Its
+# venv's launchers name the final path ($PREFIX), not the staging root, so the tree works once moved there.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -38,7 +45,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-start) start=no ;;
     --no-system) system=no; start=no ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -56,18 +63,25 @@ fi
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found; set PYTHON to a Python >= 3.10"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON is older than 3.10"
 
-# 1. The service user: no login, no home of its own (state lives in the StateDirectory).
-if [ "$system" = yes ]; then
-  prefix_flag=()
-  [ -z "$DESTDIR" ] || { prefix_flag=(--prefix "$DESTDIR"); mkdir -p "$DESTDIR/etc"; touch "$DESTDIR"/etc/{passwd,group,shadow,gshadow}; }
-  if ! grep -q "^$SERVICE_USER:" "$DESTDIR/etc/passwd" 2>/dev/null && ! { [ -z "$DESTDIR" ] && getent passwd "$SERVICE_USER" >/dev/null; }; then
-    useradd "${prefix_flag[@]}" --system --user-group --no-create-home --home-dir /var/lib/specwatch \
+# 1. The service user (no login, no home of its own: state lives in the StateDirectory) and the config's
+# group, as systemd declarations that any root can apply by name.
+sysusers_file="$DESTDIR/usr/lib/sysusers.d/specwatch.conf"
+tmpfiles_file="$DESTDIR/usr/lib/tmpfiles.d/specwatch.conf"
+if [ "$system" = yes ] || [ -n "$DESTDIR" ]; then  # --no-system alone touches nothing outside the given paths
+  install -d -m 0755 "$(dirname "$sysusers_file")" "$(dirname "$tmpfiles_file")"
+  printf 'u %s - "specwatch monitor" /var/lib/specwatch /usr/sbin/nologin\n' "$SERVICE_USER" >"$sysusers_file"
+  printf 'z %s 0750 root %s -\nz %s/specwatch.yml 0640 root %s -\n' \
+    "$CONFIG_DIR" "$SERVICE_USER" "$CONFIG_DIR" "$SERVICE_USER" >"$tmpfiles_file"
+  chmod 0644 "$sysusers_file" "$tmpfiles_file"
+fi
+if [ "$system" = yes ] && [ -z "$DESTDIR" ] && ! getent passwd "$SERVICE_USER" >/dev/null; then
+  if command -v systemd-sysusers >/dev/null; then
+    systemd-sysusers "$sysusers_file"
+  else
+    useradd --system --user-group --no-create-home --home-dir /var/lib/specwatch \
       --shell /usr/sbin/nologin --comment "specwatch monitor" "$SERVICE_USER"
-    say "created system user $SERVICE_USER"
   fi
-  # The group's number, from the root being installed into (a staging root's group is not the host's).
-  service_gid=$(awk -F: -v g="$SERVICE_USER" '$1 == g { print $3 }' "$DESTDIR/etc/group")
-  [ -n "$service_gid" ] || die "group $SERVICE_USER not found in $DESTDIR/etc/group"
+  say "created system user $SERVICE_USER"
 fi
 
 # 2. The virtualenv, specwatch from a wheel (what is shipped, nothing of the checkout's tests or testbed).
@@ -76,7 +90,8 @@ venv="$DESTDIR$PREFIX"
 if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv "$venv" || die "python -m venv failed (Debian: apt-get install python3-venv)"
 fi
-old_version=$("$venv/bin/specwatch" --version 2>/dev/null || true)
+# `python -m specwatch`, not the launcher: a staged venv's launchers name the final path, not this one.
+old_version=$("$venv/bin/python" -m specwatch --version 2>/dev/null || true)
 if [ -z "$WHEEL" ]; then
   wheel_dir=$(mktemp -d)
   trap 'rm -rf "$wheel_dir"' EXIT
@@ -92,8 +107,14 @@ fi
 # shellcheck disable=SC2086 # PIP_ARGS is a list of arguments
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade $PIP_ARGS "$WHEEL" \
   || die "pip install failed; the previous installation ($old_version) is unchanged"
-new_version=$("$venv/bin/specwatch" --version) || die "the installed specwatch does not run"
+new_version=$("$venv/bin/python" -m specwatch --version) || die "the installed specwatch does not run"
 say "${old_version:+$old_version -> }$new_version in $venv (from $(basename "$WHEEL"))"
+if [ -n "$DESTDIR" ]; then
+  # What pip and venv wrote with the staging path in it (launchers' shebangs, the activate scripts,
+  # pyvenv.cfg's `command`) is rewritten to the final path, as dh-virtualenv does for a .deb.
+  grep -rlI --null -F "$venv" "$venv/bin" "$venv/pyvenv.cfg" | xargs -0 -r sed -i "s#$venv#$PREFIX#g"
+  ! grep -rqI -F "$DESTDIR" "$venv" || die "files under $venv still name the staging root $DESTDIR"
+fi
 install -d -m 0755 "$venv/docs"
 install -m 0644 "$src/docs/service.md" "$venv/docs/service.md" 2>/dev/null || true
 
@@ -132,9 +153,13 @@ YAML
   chmod 0640 "$config"
   say "wrote an example config to $config: edit its routes"
 fi
-if [ "$system" = yes ]; then
-  chown "0:$service_gid" "$config_dir" "$config"
-  chmod 0750 "$config_dir"
+if [ "$system" = yes ] && [ -z "$DESTDIR" ]; then
+  if command -v systemd-tmpfiles >/dev/null; then
+    systemd-tmpfiles --create "$tmpfiles_file"
+  else
+    chown "root:$SERVICE_USER" "$config_dir" "$config"
+    chmod 0750 "$config_dir"
+  fi
 fi
 
 # 5. The unit's arguments (EnvironmentFile=-/etc/default/specwatch), on first install only.
@@ -163,7 +188,7 @@ mv "$unit_dir/specwatch.service.tmp" "$unit_dir/specwatch.service"
 say "installed $UNIT_DIR/specwatch.service"
 
 # 7. Validate with the new version before touching a running service.
-if ! "$venv/bin/specwatch" check-config --config.file="$config"; then
+if ! "$venv/bin/python" -m specwatch check-config --config.file="$config"; then
   die "$config does not pass check-config with $new_version: fix it, then systemctl restart specwatch"
 fi
 
@@ -171,6 +196,7 @@ fi
 if [ -n "$DESTDIR" ]; then
   systemctl --root="$DESTDIR" enable --quiet specwatch.service
   say "installed into $DESTDIR and enabled there; nothing started"
+  say "on the target, once the tree is in place: systemd-sysusers specwatch.conf && systemd-tmpfiles --create specwatch.conf"
   exit 0
 fi
 systemctl daemon-reload

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import os
 import sys
@@ -30,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crossover": ("crossover", "estimate the crossover batch size from a calibrated roofline"),
     "recommend": ("recommend", "recommend a draft length and a batch-size schedule for a route"),
     "probe": ("probe", "send one canary probe round to a route now and compare it with its fingerprint"),
+    "gate": ("gate", "judge a candidate server's acceptance against a reference before a bump ships"),
     "generate": ("generate", "write (or --check) the alert rules and Grafana dashboards"),
 }
 
@@ -51,7 +53,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             continue
         _load(module).add_arguments(p)
+        _options_also_after_actions(p)
     return parser
+
+
+def _options_also_after_actions(command: argparse.ArgumentParser) -> None:
+    """A command with actions (`baseline list`, `fleet accept`) takes its own options after the action too, as
+    every other command does: each action gets a copy of them that defaults to nothing, so a value given before
+    the action is kept."""
+    options = [a for a in command._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    for actions in (a for a in command._actions if isinstance(a, argparse._SubParsersAction)):
+        for action_parser in actions.choices.values():
+            for option in options:
+                if not any(flag in action_parser._option_string_actions for flag in option.option_strings):
+                    nested = copy.copy(option)
+                    nested.default = argparse.SUPPRESS
+                    action_parser._add_action(nested)
 
 
 def _load(module: str) -> Any:

@@ -109,6 +109,7 @@ class _Route:
         self.evaluators = []
         self.errors_total: dict[str, float] = dict.fromkeys(ERROR_REASONS, 0.0)
         self.last_reason: str | None = None  # None: never scraped; "": up
+        self.last_message = ""
         self.scrape_duration: float | None = None
         self.last_ok_ts: float | None = None  # the last successful scrape's sample time
         self.inflight: Future | None = None
@@ -150,18 +151,19 @@ class _Route:
         if outcome.ok:
             if self.last_reason:
                 log.info("route %s: scrape of %s works again", name, self.cfg.url)
-            self.last_reason = ""
+            self.last_reason, self.last_message = "", ""
             return
         self.errors_total[outcome.reason] = self.errors_total.get(outcome.reason, 0.0) + 1
         if outcome.reason == self.last_reason:
             log.debug("route %s: still failing (%s): %s", name, outcome.reason, outcome.message)
         elif isinstance(outcome.exc_info, NoData):
-            log.debug("route %s: no data: %s", name, outcome.message)
+            # A `match` or `engines` typo: the message names the label values the endpoint does have.
+            log.warning("route %s: down (%s): %s", name, outcome.reason, outcome.message)
         elif outcome.reason == "internal" and outcome.exc_info is not None:
             log.error("route %s: scrape failed unexpectedly: %s", name, outcome.message, exc_info=outcome.exc_info)
         else:
             log.warning("route %s: scrape of %s failed (%s): %s", name, self.cfg.url, outcome.reason, outcome.message)
-        self.last_reason = outcome.reason
+        self.last_reason, self.last_message = outcome.reason, outcome.message
 
     def close_source(self) -> None:
         if self._source is not None:
@@ -349,11 +351,13 @@ class Daemon:
             else:
                 obs = route.tracker.observe_down(now, gpus=gpu_indexes)
             base = route.tracker.state_fields(error_reason=route.last_reason or "")
+            base["error_message"] = "" if base["up"] else route.last_message
         except Exception as exc:  # noqa: BLE001 - odd values from a source must not stop the other routes
             log.exception("route %s: tracking failed on this sample", route.cfg.name)
             route.record(ScrapeOutcome(reason="internal", message=f"tracking: {exc}"))
             obs = route.tracker.observe_down(now, gpus=gpu_indexes)
             base = route.tracker.state_fields(error_reason="internal")
+            base["error_message"] = f"tracking: {exc}"
         # Every field is gathered first and the RouteState built once.
         if obs.up:
             route.last_ok_ts = obs.ts

@@ -108,6 +108,7 @@ class RouteState:
     engine_version: str = ""
     acceptance_source: AcceptanceSource = "none"
     error_reason: str = ""  # last error reason when down
+    error_message: str = ""  # what that error said (for no_match: the label values the endpoint has)
     # reset-corrected cumulative counters summed over the route's engines
     drafts_total: float = 0.0
     draft_tokens_total: float = 0.0

@@ -555,3 +555,19 @@ def test_run_stops_in_seconds_on_sigterm_while_an_nvml_call_hangs(tmp_path):
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+def test_a_commands_options_are_taken_after_its_action_too():
+    from specwatch.cli import build_parser
+
+    parser = build_parser()
+    for argv in (
+        ["baseline", "list", "--config.file", "F"],
+        ["baseline", "--config.file", "F", "list"],
+        ["baseline", "show", "chat", "--config.file=F"],
+    ):
+        args = parser.parse_args(argv)
+        assert args.config_file == "F", argv
+    args = parser.parse_args(["baseline", "--state.dir", "/x", "list", "--log.level", "debug"])
+    assert (args.state_dir, args.log_level, args.action) == ("/x", "debug", "list")
+    assert parser.parse_args(["baseline", "list"]).config_file is None  # the default still holds

@@ -6,20 +6,24 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 from prometheus_client import CollectorRegistry
+from rich.console import Console
 
 from specwatch import daemon as daemon_module
+from specwatch.commands.status import render_status
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon, run_source
-from specwatch.export.http import serve
+from specwatch.export.http import routes_document, serve
 from specwatch.export.prometheus import SnapshotCollector
 from specwatch.scheduler import run_tick, start_scheduler
 from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
 from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.engines import parse_engine_sample
 
 from fakes import FakeClock, vllm_sample
 
@@ -585,3 +589,48 @@ def test_each_route_records_its_engines_and_when_it_was_last_scraped_successfull
     source.failing = True
     snap = d.tick(clock.advance(5))
     assert snap.route("r").engines is None and snap.route("r").last_scrape_timestamp == ok_at
+
+
+class ExpositionSource:
+    """A route's real vLLM parse of a captured exposition (its `match` is the route's own)."""
+
+    def __init__(self, route_cfg: Any, text: str) -> None:
+        self.route_cfg, self.text = route_cfg, text
+
+    def sample(self, now: float) -> EngineSample:
+        return parse_engine_sample("vllm", self.text, self.route_cfg, now)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_match_typo_is_logged_once_at_warning_and_shown_with_the_labels_seen(no_evaluators, caplog):
+    """Why a route is down reaches the operator where they look: one warning, /api/v1/routes and `status`."""
+    text = (Path(__file__).parent / "fixtures" / "vllm" / "v1_k4_2engines.prom").read_text()
+    config = make_config("chat")
+    typo = replace(config.routes[0], match={"model_name": "llama-3.1-8b"})
+    config = replace(config, routes=(typo,))
+    source = ExpositionSource(typo, text)
+    clock = FakeClock()
+    d = Daemon(config, source_factory=lambda r, c: source, clock=clock)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="specwatch.daemon"):
+            for _ in range(3):
+                snap = d.tick(clock.advance(5))
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "route chat" in warnings[0] and "'llama-3.1-8b-instruct'" in warnings[0]
+        state = snap.route("chat")
+        assert not state.up and state.error_reason == "no_match"
+        assert "'llama-3.1-8b-instruct'" in state.error_message
+        document = routes_document(snap)
+        assert document["routes"][0]["error_message"] == state.error_message
+        console = Console(width=200, record=True)
+        console.print(render_status(document, 200))
+        shown = console.export_text()
+        assert "chat: down no_match: " in shown and "(it has 'llama-3.1-8b-instruct')" in shown
+
+        source.route_cfg = replace(typo, match={})  # the typo fixed
+        state = d.tick(clock.advance(5)).route("chat")
+        assert state.up and state.error_message == ""
+    finally:
+        d.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.cli import main as cli_main
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon
 from specwatch.evaluators.canary import bracket_scraper
@@ -330,3 +331,27 @@ def test_a_canary_probe_reads_each_answers_own_timings(server, tmp_path):
     # The prompts ran one at a time: their answers' counts add up to what the engine's counters moved by.
     assert sum(a.drafted for a in read.values()) == after["draft_tokens"] - before["draft_tokens"]
     assert sum(a.accepted for a in read.values()) == after["accepted"] - before["accepted"]
+
+
+def test_the_gate_passes_the_same_drafter_and_fails_a_noisier_one(server, gguf, tmp_path):
+    """`specwatch gate` on llama-server with the built-in probe set: the drafter the reference was recorded on
+    passes in each of five runs, the noisier drafter fails in each of five, 2 tokens a prompt is inconclusive."""
+    reference = tmp_path / "reference.json"
+    common = ["--url", server.base_url, "--engine", "llamacpp", "--max-tokens", str(N_PREDICT), "--timeout", "60"]
+    assert cli_main(["gate", "record", *common, "--out", str(reference)]) == 0
+
+    def gate(*extra: str) -> tuple[int, dict]:
+        out = tmp_path / f"gate-{len(list(tmp_path.glob('gate-*.json')))}.json"
+        rc = cli_main(["gate", *common, "--reference", str(reference), "--json", str(out), *extra])
+        return rc, json.loads(out.read_text())
+
+    same = [gate() for _ in range(5)]
+    assert [rc for rc, _ in same] == [0] * 5, [doc["reason"] for _, doc in same]
+    assert all(doc["method"] == "llamacpp_timings" for _, doc in same)
+    short_rc, short = gate("--max-tokens", "2")
+    assert short_rc == 2 and short["verdict"] == "inconclusive", short["reason"]
+
+    server.restart(server.spec.with_drafter(gguf["large"]))
+    worse = [gate() for _ in range(5)]
+    assert [rc for rc, _ in worse] == [1] * 5, [doc["reason"] for _, doc in worse]
+    print(f"\ngate on llama-server: {same[0][1]['reason']}; after the swap: {worse[0][1]['reason']}")

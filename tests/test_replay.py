@@ -84,7 +84,7 @@ def test_replay_emits_firing_then_resolved() -> None:
     transitions = list(replay(generate(spec), FAST))
     assert [t.state for t in transitions] == ["firing", "resolved"]
     firing = json.loads(transitions[0].to_json())
-    assert set(firing) == {"ts", "route", "alert", "state", "baseline", "current"}
+    assert set(firing) == {"ts", "route", "alert", "state", "baseline", "current", "predicted_horizon_seconds"}
     assert firing["alert"] == "acceptance_degraded" and firing["route"] == "chat"
     assert firing["current"] < 0.9 * firing["baseline"]  # the window may still hold a little pre-drop traffic
     assert 6 * 3600 < transitions[0].ts - spec.start < 6 * 3600 + 300
@@ -108,7 +108,13 @@ def test_cli_replay_prints_json_lines(tmp_path: Path, capsys: pytest.CaptureFixt
     config.write_text("detection:\n  warmup_drafted_tokens: 20000\n  warmup_duration: 30m\n")
     assert cli_main(["replay", str(trace), "--config.file", str(config)]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    assert [x["state"] for x in lines] == ["firing"]
+    assert [x["state"] for x in lines] == ["firing", "end"]
+    firing, end = lines
+    assert end["route"] == "chat" and end["degraded"] is True and end["ts"] == spec.start + spec.duration
+    # The horizon predicted at the page, scored against when the page came after the drop began.
+    took = firing["ts"] - spec.start - 6 * 3600
+    print(f"predicted {firing['predicted_horizon_seconds']} s, paged after {took:.0f} s")
+    assert 0 < firing["predicted_horizon_seconds"] < 4 * 3600 and 0 < took < 4 * 3600
 
 
 def test_cli_replay_reports_a_bad_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

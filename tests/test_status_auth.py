@@ -86,3 +86,9 @@ def test_a_bad_http_config_file_lists_its_problems(tmp_path, capsys):
     assert cli_main(["status", "--http.config.file", str(path)]) == 2
     err = capsys.readouterr().err
     assert "bogus: unknown key" in err and "basic_auth.username: required" in err
+
+
+def test_plain_http_to_the_tls_port_says_to_use_https(daemon, capsys):
+    plain = daemon.replace("https://", "http://")
+    assert cli_main(["status", "--url", plain, "--timeout", "10"]) == 1
+    assert f"this port serves TLS; use --url {daemon}" in " ".join(capsys.readouterr().out.split())

@@ -1,6 +1,9 @@
 """`specwatch replay TRACE.jsonl [--config.file F]`: run the acceptance-drop pipeline offline at full speed.
 
-Prints one JSON object per alert transition to stdout. Exit status: 0 done, 1 bad trace line, 2 bad config.
+Prints one JSON object per alert transition to stdout, with the detector's predicted horizon then
+(`predicted_horizon_seconds`: the daemon's `specwatch_route_detection_horizon_seconds`), and at the end one
+per route (`"state": "end"`) with its last state and predicted horizon. Exit status: 0 done, 1 bad trace line,
+2 bad config.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import sys
 from contextlib import nullcontext
 
 from specwatch.config import Config, ConfigError, load_config
-from specwatch.offline.replay import TraceError, read_trace, replay
+from specwatch.offline.replay import Replayer, TraceError, read_trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,11 +45,18 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch replay: cannot read {args.trace}: {exc}", file=sys.stderr)
         return 1
     out = sys.stdout
+    replayer = Replayer(config)
     try:
         with source as lines:
-            for transition in replay(read_trace(lines), config):
-                out.write(transition.to_json() + "\n")
+            for sample in read_trace(lines):
+                transition = replayer.feed(sample)
+                if transition is not None:
+                    out.write(transition.to_json() + "\n")
+        for summary in replayer.summaries():
+            out.write(summary.to_json() + "\n")
     except TraceError as exc:
         print(f"specwatch replay: {args.trace}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        replayer.close()
     return 0

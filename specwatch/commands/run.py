@@ -22,9 +22,10 @@ from specwatch.config import Config, ConfigError, load_config
 from specwatch.daemon import Daemon
 from specwatch.export import otel
 from specwatch.commands._admin import BaselineAdmin
-from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, serve
+from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, parse_listen_address, serve
 from specwatch.export.prometheus import ExportErrors
 from specwatch.scheduler import schedule, start_scheduler
+from specwatch.state.daemon_lock import StateDirBusy, StateDirLock
 
 log = logging.getLogger("specwatch")
 
@@ -99,6 +100,19 @@ class Service:
         self._wake.set()
 
     def run(self) -> int:
+        lock = StateDirLock(self.config.state_dir)
+        try:
+            lock.acquire()
+        except StateDirBusy as exc:
+            log.error("cannot start: %s", exc)
+            return 1
+        try:
+            return self._run()
+        finally:
+            lock.release()
+
+    def _run(self) -> int:
+        self._warn_if_open_to_all()
         daemon = Daemon(self.config)
         self._export_errors = ExportErrors()  # one for /metrics and OTLP, so /metrics counts OTLP's failures
         try:
@@ -162,6 +176,32 @@ class Service:
         if hung:
             exit_leaving_hung_calls(hung, 0)
         return 0
+
+    def _warn_if_open_to_all(self) -> None:
+        """Listening beyond loopback with neither TLS nor basic auth serves baselines and advice to anyone who can
+        reach the port (and, with --web.enable-admin-api, lets them reset baselines)."""
+        try:
+            host, _ = parse_listen_address(self.listen_address)
+        except ValueError:
+            return  # serve() reports the bad address
+        if host not in ("", "0.0.0.0", "::"):
+            return
+        missing = [
+            what
+            for what, present in (
+                ("TLS", self.web_config is not None and self.web_config.ssl_context() is not None),
+                ("basic auth", self.web_config is not None and self.web_config.auth_required),
+            )
+            if not present
+        ]
+        if missing:
+            log.warning(
+                "listening on all addresses (%s) without %s: anyone who can reach the port reads it%s; "
+                "add them with --web.config.file (docs/service.md)",
+                self.listen_address,
+                " or ".join(missing),
+                " and may reset baselines (--web.enable-admin-api)" if self.enable_admin_api else "",
+            )
 
     def _do_reload(self, daemon: Daemon, scheduler: Any, pet: Any, otlp: Any) -> Any:
         """Adopt the config file again; a reload that fails for any reason keeps the running config."""

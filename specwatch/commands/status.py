@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import requests
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.measure import Measurement
 from rich.table import Table
@@ -70,6 +70,8 @@ def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | Non
         ) from exc
     if response.status_code == 401:
         raise Unreachable(f"{api}: 401 unauthorized; give basic_auth in a --http.config.file")
+    if response.status_code == 400 and url.startswith("http://") and "HTTPS" in response.text:
+        raise Unreachable(f"{api}: this port serves TLS; use --url https://{url.removeprefix('http://')}")
     if response.status_code != 200:
         raise Unreachable(f"{api}: HTTP {response.status_code}")
     try:
@@ -235,6 +237,18 @@ def render_status_table(
     return _table(columns, rows, caption)
 
 
+def render_status(routes_json: Mapping[str, Any], width: int | None = None) -> RenderableType:
+    """The table, then a line for each route that is down saying why in the error's own words (a `match` typo
+    names the label values the endpoint does have)."""
+    table = render_status_table(routes_json, width)
+    why = [
+        Text.assemble((f"{r.get('name', '?')}: ", "bold"), (f"down {r.get('error_reason') or '?'}: ", "red"), message)
+        for r in routes_json.get("routes", [])
+        if isinstance(r, Mapping) and not r.get("up") and (message := str(r.get("error_message") or ""))
+    ]
+    return Group(table, *why) if why else table
+
+
 def http_client(url: str, http_config_file: str) -> HttpClientConfig:
     """The client config of `--http.config.file`. Raises ConfigError, also for credentials in the URL."""
     if "@" in urlsplit(url).netloc:  # the message leaves the URL out: it holds a secret
@@ -257,13 +271,13 @@ def main(args: argparse.Namespace) -> int:
     session = client_session(client)
     try:
         if not args.watch:
-            console.print(render_status_table(fetch_routes(args.url, args.timeout, session), console.width))
+            console.print(render_status(fetch_routes(args.url, args.timeout, session), console.width))
             return 0
         with Live(console=console, auto_refresh=False) as live:
             while True:
                 try:
                     doc = fetch_routes(args.url, args.timeout, session)
-                    live.update(render_status_table(doc, console.width), refresh=True)
+                    live.update(render_status(doc, console.width), refresh=True)
                 except Unreachable as exc:
                     live.update(Text(str(exc), style="bold red"), refresh=True)
                 time.sleep(max(0.2, args.interval))

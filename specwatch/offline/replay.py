@@ -3,7 +3,11 @@
 Input, one JSON object per line, cumulative counters of one scrape of one route:
     {"ts": 1700000000, "route": "chat", "model_name": "m", "drafts": 10, "draft_tokens": 40,
      "accepted_tokens": 21, "accepted_per_pos": [8, 6, 4, 3], "running": 3}
-(`engine_version` is optional.) Output: one `Transition` per alert state change.
+(`engine_version` is optional.) Output: one `Transition` per alert state change, each with the detector's
+predicted horizon then (the expected seconds to page a 20% drop at the evidence rate seen, the figure the daemon
+exports as `specwatch_route_detection_horizon_seconds{detector="traffic"}`), and `Replayer.summaries()`: each
+route's state and predicted horizon at the end of the trace, so a recorded trace scores the prediction against
+when the page really came.
 
 Counters go through `ResetSafeCounter` exactly as in the daemon, so restarts (a decrease) are handled the
 same way; the evaluator is the daemon's, built by `build_evaluator` against an in-memory store, so replay
@@ -68,6 +72,7 @@ class Transition:
     baseline: float
     current: float
     alert: str = ALERT
+    horizon_seconds: float | None = None  # predicted then; inf: no traffic to page on; None: no baseline yet
 
     def to_json(self) -> str:
         return json.dumps(
@@ -78,8 +83,39 @@ class Transition:
                 "state": self.state,
                 "baseline": round(self.baseline, 6),
                 "current": round(self.current, 6),
+                "predicted_horizon_seconds": _horizon_json(self.horizon_seconds),
             }
         )
+
+
+@dataclass(frozen=True)
+class RouteSummary:
+    """A route at the end of the trace."""
+
+    ts: float
+    route: str
+    degraded: bool
+    horizon_seconds: float | None
+    alert: str = ALERT
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "ts": self.ts,
+                "route": self.route,
+                "alert": self.alert,
+                "state": "end",
+                "degraded": self.degraded,
+                "predicted_horizon_seconds": _horizon_json(self.horizon_seconds),
+            }
+        )
+
+
+def _horizon_json(seconds: float | None) -> float | str | None:
+    """JSON has no infinity: a route with no traffic to page on says so."""
+    if seconds is None:
+        return None
+    return "inf" if math.isinf(seconds) else round(seconds, 1)
 
 
 def parse_line(line: str, lineno: int = 0) -> TraceSample | None:
@@ -166,6 +202,8 @@ class Replayer:
         self._builders: dict[str, ObservationBuilder] = {}
         self._evaluators: dict[str, AcceptanceDropEvaluator] = {}
         self._degraded: dict[str, bool] = {}
+        self._horizon: dict[str, float | None] = {}
+        self._last_ts: dict[str, float] = {}
 
     def route_config(self, name: str) -> RouteConfig:
         return self.config.route(name) or RouteConfig(
@@ -183,6 +221,8 @@ class Replayer:
         self.now = sample.ts
         ev = self.evaluator(sample.route)
         fields = ev.evaluate(self._builders[sample.route].observe(sample), ())
+        self._horizon[sample.route] = fields.get("traffic_horizon_seconds")
+        self._last_ts[sample.route] = sample.ts
         degraded = bool(fields.get("degraded"))
         if degraded == self._degraded.get(sample.route, False):
             return None
@@ -196,7 +236,15 @@ class Replayer:
             state="firing" if degraded else "resolved",
             baseline=baseline,
             current=current,
+            horizon_seconds=self._horizon[sample.route],
         )
+
+    def summaries(self) -> list[RouteSummary]:
+        """Each route seen, as of its last sample."""
+        return [
+            RouteSummary(self._last_ts[r], r, self._degraded.get(r, False), self._horizon.get(r))
+            for r in sorted(self._last_ts)
+        ]
 
     def close(self) -> None:
         for ev in self._evaluators.values():
