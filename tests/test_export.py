@@ -115,6 +115,17 @@ def full_snapshot() -> Snapshot:
         degraded=True,
         baseline_ratio=float("nan"),  # NaN must never be exported
     )
+    # An engine with interval gauges and no counters: its mean acceptance length is exported, not derived.
+    summarize = RouteState(
+        name="summarize",
+        up=True,
+        engine_kind="sglang",
+        model_name="Qwen/Qwen3-8B",
+        engine_version="0.5.10",
+        acceptance_source="gauge",
+        acceptance_ratio={"5m": 0.7},
+        mean_acceptance_length={"5m": 3.1},
+    )
     fields = {key: 0.25 if key.endswith("_ratio") else float(100 * (i + 1)) for i, key in enumerate(gpu_field_keys())}
     gpus = (
         GpuSample(index=0, up=True, uuid="GPU-aaaa", name="NVIDIA H200", driver="570.86.15", fields=fields),
@@ -122,7 +133,7 @@ def full_snapshot() -> Snapshot:
     )
     return Snapshot(
         timestamp=1764403200.0,
-        routes=(chat, code),
+        routes=(chat, code, summarize),
         gpus=gpus,
         nvml_up=True,
         evaluation_duration_seconds=0.0315,

@@ -386,6 +386,13 @@ def fleet_overview(s: Settings) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- Route detail
+def mean_acceptance_length(w: str) -> str:
+    """1 + accepted tokens / drafts of each route on each node over `w`, from its counters."""
+    accepted = f"rate(specwatch_route_accepted_tokens_total{{{ROUTE}}}[{w}])"
+    drafts = f"rate(specwatch_route_drafts_total{{{ROUTE}}}[{w}])"
+    return f"1 + {accepted}\n/ ({drafts} > 0)"
+
+
 def _route_gpu(metric: str) -> str:
     """A GPU metric for the GPUs the selected routes run on, labelled with the route.
 
@@ -481,8 +488,12 @@ def route_detail(s: Settings) -> dict[str, Any]:
             (
                 _timeseries(
                     "Mean acceptance length",
-                    "Tokens per verify step including the bonus token.",
-                    [(f"specwatch_route_mean_acceptance_length{{{ROUTE}}}", "{{instance}} {{route}} {{window}}")],
+                    "Tokens per verify step including the bonus token over 5m: 1 + accepted tokens / drafts from "
+                    "the route's counters, or the engine's own gauge where it has no counters (window label).",
+                    [
+                        (mean_acceptance_length("5m"), "{{instance}} {{route}} 5m"),
+                        (f"specwatch_route_mean_acceptance_length{{{ROUTE}}}", "{{instance}} {{route}} {{window}}"),
+                    ],
                     "none",
                     minimum=1,
                 ),
@@ -643,9 +654,11 @@ def route_detail(s: Settings) -> dict[str, Any]:
             (
                 _timeseries(
                     "Canary round duration",
-                    "Wall-clock seconds of the last canary probe round, and how acceptance is read (method).",
+                    "Wall-clock seconds of the last canary probe round, whether it read the engine's acceptance (1) "
+                    "or failed or found it busy (0), and how acceptance is read (method).",
                     [
                         (f"specwatch_route_probe_duration_seconds{{{ROUTE}}}", "{{instance}} {{route}}"),
+                        (f"specwatch_route_probe_success{{{ROUTE}}}", "{{instance}} {{route}} read acceptance"),
                         (f"specwatch_route_probe_method_info{{{ROUTE}}}", "{{instance}} {{route}} {{method}}"),
                     ],
                     "s",
