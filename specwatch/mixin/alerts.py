@@ -69,7 +69,7 @@ def runbook_anchor(alert_name: str) -> str:
     return alert_name.lower()
 
 
-# The dashboard a self alert links to (a slug of dashboards.py); route alerts link to the route dashboard.
+# The dashboard a self alert links to (a slug of mixin/dashboards/); route alerts link to the route dashboard.
 def _self_dashboard(alert_name: str) -> str:
     return "gpus" if alert_name.startswith("SpecwatchGpu") else "fleet"
 
