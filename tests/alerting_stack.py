@@ -164,11 +164,14 @@ def prometheus_config(
     fleet_targets: tuple[str, ...] = (),
 ) -> Path:
     """Our generated rules with every `for:` shortened, scraping and evaluating every second, generated as a site
-    that pages on acceptance drops does (`--severity.drop=critical`), so the page path is the one under test."""
+    that pages on every kind of acceptance drop does (`--severity.drop=critical --severity.model_change=critical
+    --severity.canary=critical`), so the page path is the one under test."""
     settings = replace(
         DEFAULT.with_all_for(alert_for),
         evaluation_interval_seconds=evaluation_interval_seconds,
         severity_drop="critical",
+        severity_model_change="critical",
+        severity_canary="critical",
     )
     rules = workdir / "specwatch-rules.yaml"
     rules.write_text(render.to_yaml(render.rules_document(settings)))

@@ -25,10 +25,12 @@ from specwatch.mixin.settings import Settings
 
 
 def mean_acceptance_length(sel: Selectors, w: str) -> str:
-    """1 + accepted tokens / drafts of each route on each node over `w`, from its counters."""
+    """Mean acceptance length of each route on each node over `w`: 1 + accepted tokens / drafts from its
+    counters, or the engine's own gauge for a route without counters (only those export it)."""
     accepted = f"rate(specwatch_route_accepted_tokens_total{{{sel.route}}}[{w}])"
     drafts = f"rate(specwatch_route_drafts_total{{{sel.route}}}[{w}])"
-    return f"1 + {accepted}\n/ ({drafts} > 0)"
+    gauge = f'specwatch_route_mean_acceptance_length{{{sel.route},window="{w}"}}'
+    return f"(1 + {accepted}\n/ ({drafts} > 0))\nor {gauge}"
 
 
 def _route_gpu(sel: Selectors, metric: str) -> str:
@@ -135,11 +137,8 @@ def drafting_row(s: Settings, sel: Selectors) -> Row:
             timeseries(
                 "Mean acceptance length",
                 "Tokens per verify step including the bonus token over 5m: 1 + accepted tokens / drafts from "
-                "the route's counters, or the engine's own gauge where it has no counters (window label).",
-                [
-                    (mean_acceptance_length(sel, "5m"), "{{instance}} {{route}} 5m"),
-                    (f"specwatch_route_mean_acceptance_length{{{sel.route}}}", "{{instance}} {{route}} {{window}}"),
-                ],
+                "the route's counters, or the engine's own gauge where it has no counters.",
+                [(mean_acceptance_length(sel, "5m"), "{{instance}} {{route}}")],
                 "none",
                 minimum=1,
             ),
