@@ -215,7 +215,11 @@ def query_or_error(prometheus: str, expr: str) -> tuple[list[dict], str]:
         with urllib.request.urlopen(url, timeout=5) as response:
             body = json.load(response)
     except urllib.error.HTTPError as exc:  # Prometheus answers 400/422 with a JSON error body
-        body = json.loads(exc.read() or b"{}")
+        text = exc.read()
+        try:
+            body = json.loads(text or b"{}")
+        except ValueError:  # 503 in plain text while its storage is still starting
+            return [], f"HTTP {exc.code}: {text[:200]!r}"
     except (OSError, ValueError) as exc:
         return [], f"{type(exc).__name__}: {exc}"
     if body.get("status") != "success":
