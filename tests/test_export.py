@@ -257,13 +257,13 @@ def test_http_endpoints(server):
     om = requests.get(url + "/metrics", timeout=5, headers={"Accept": "application/openmetrics-text"})
     assert om.headers["Content-Type"].startswith("application/openmetrics-text") and om.text.endswith("# EOF\n")
     doc = requests.get(url + "/api/v1/routes", timeout=5).json()
-    assert doc["timestamp"] == 1764403200.0 and [r["name"] for r in doc["routes"]] == ["chat", "code"]
+    assert doc["timestamp"] == 1764403200.0 and [r["name"] for r in doc["routes"]] == ["chat", "code", "summarize"]
     assert doc["routes"][0]["acceptance_ratio"]["5m"] == 0.6 and doc["routes"][1]["baseline_ratio"] is None
     advice = requests.get(url + "/api/v1/advice", timeout=5)
     assert advice.status_code == 200 and advice.headers["Content-Type"] == "application/json"
     doc = advice.json()
     assert doc["version"] == 1 and doc["evaluated"] == 1764403200.0
-    assert [(r["route"], r["speculate"]) for r in doc["routes"]] == [("chat", True), ("code", None)]
+    assert [(r["route"], r["speculate"]) for r in doc["routes"]] == [("chat", True), ("code", None), ("summarize", None)]
     index = requests.get(url + "/", timeout=5)
     assert index.status_code == 200 and 'href="metrics"' in index.text and 'href="api/v1/advice"' in index.text
     assert requests.get(url + "/nope", timeout=5).status_code == 404
