@@ -263,7 +263,11 @@ def test_http_endpoints(server):
     assert advice.status_code == 200 and advice.headers["Content-Type"] == "application/json"
     doc = advice.json()
     assert doc["version"] == 1 and doc["evaluated"] == 1764403200.0
-    assert [(r["route"], r["speculate"]) for r in doc["routes"]] == [("chat", True), ("code", None), ("summarize", None)]
+    assert [(r["route"], r["speculate"]) for r in doc["routes"]] == [
+        ("chat", True),
+        ("code", None),
+        ("summarize", None),
+    ]
     index = requests.get(url + "/", timeout=5)
     assert index.status_code == 200 and 'href="metrics"' in index.text and 'href="api/v1/advice"' in index.text
     assert requests.get(url + "/nope", timeout=5).status_code == 404
