@@ -53,7 +53,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "evaluator_errors_total",
         "counter",
         "Evaluations of the route that raised, by evaluator (build: building the route's evaluators failed); "
-        "a failing evaluator's values are left out",
+        "a failing evaluator's values are left out; an evaluator appears once it has failed",
         ("route", "evaluator"),
     ),
     _m(
@@ -78,7 +78,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "Unix time of the last successful scrape of the route's engine endpoint" + AS_OF,
         ("route",),
     ),
-    _m("source_errors_total", "counter", "Failed scrapes of the route's endpoint by reason", ("route", "reason")),
+    _m(
+        "source_errors_total",
+        "counter",
+        "Failed scrapes of the route's endpoint by reason; a reason appears once it has counted",
+        ("route", "reason"),
+    ),
     # --- tracking
     _m(
         "route_drafts_total",
@@ -102,7 +107,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "route_rejected_samples_total",
         "counter",
         "Engine counter samples rejected as impossible and never stored, by reason: non_finite, negative, "
-        "too_large (past 2^53), too_fast (grew over 1e9/s), accepted_over_drafted",
+        "too_large (past 2^53), too_fast (grew over 1e9/s), accepted_over_drafted; a reason appears once it has "
+        "counted",
         ("route", "reason"),
     ),
     _m(
@@ -114,7 +120,9 @@ METRICS: tuple[MetricSpec, ...] = (
     _m(
         "route_mean_acceptance_length",
         "gauge",
-        "Mean tokens per verify step including the bonus token, 1 + accepted / drafts over the window" + AS_OF,
+        "Mean tokens per verify step including the bonus token over the window, for routes whose engine reports "
+        "acceptance as interval gauges (SGLang before 0.5.13); for counter routes it is 1 + rate(accepted_tokens) / "
+        "rate(drafts)" + AS_OF,
         ("route", "window"),
     ),
     _m(
@@ -281,29 +289,6 @@ METRICS: tuple[MetricSpec, ...] = (
         area="crossover",
     ),
     _m(
-        "route_speculate",
-        "gauge",
-        "Routing advice: speculation pays at the route's batch (1), or the batch is above its crossover (0); "
-        "the above-crossover flag inverted, with its hysteresis" + AS_OF,
-        ("route",),
-        area="crossover",
-    ),
-    _m(
-        "route_crossover_headroom_requests",
-        "gauge",
-        "Routing advice: requests the route takes before its crossover, B* x engines - running requests; "
-        "negative above it" + AS_OF,
-        ("route",),
-        area="crossover",
-    ),
-    _m(
-        "route_engine_crossover_headroom_requests",
-        "gauge",
-        "Routing advice: B* - the time-weighted batch per engine; negative above the crossover" + AS_OF,
-        ("route",),
-        area="crossover",
-    ),
-    _m(
         "route_speculation_gpu_seconds_lost_total",
         "counter",
         "GPU-seconds speculative decoding cost the route: "
@@ -367,7 +352,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _m(
         "route_probe_rounds_total",
         "counter",
-        "Canary probe rounds by result (ok, busy, error, skipped: not sent because the engine queued requests)",
+        "Canary probe rounds by result (ok, busy, error, skipped: not sent because the engine queued requests); "
+        "a result appears once it has counted",
         ("route", "result"),
         area="probe",
     ),

@@ -164,11 +164,14 @@ def prometheus_config(
     fleet_targets: tuple[str, ...] = (),
 ) -> Path:
     """Our generated rules with every `for:` shortened, scraping and evaluating every second, generated as a site
-    that pages on acceptance drops does (`--severity.drop=critical`), so the page path is the one under test."""
+    that pages on every kind of acceptance drop does (`--severity.drop=critical --severity.model_change=critical
+    --severity.canary=critical`), so the page path is the one under test."""
     settings = replace(
         DEFAULT.with_all_for(alert_for),
         evaluation_interval_seconds=evaluation_interval_seconds,
         severity_drop="critical",
+        severity_model_change="critical",
+        severity_canary="critical",
     )
     rules = workdir / "specwatch-rules.yaml"
     rules.write_text(render.to_yaml(render.rules_document(settings)))
@@ -212,7 +215,11 @@ def query_or_error(prometheus: str, expr: str) -> tuple[list[dict], str]:
         with urllib.request.urlopen(url, timeout=5) as response:
             body = json.load(response)
     except urllib.error.HTTPError as exc:  # Prometheus answers 400/422 with a JSON error body
-        body = json.loads(exc.read() or b"{}")
+        text = exc.read()
+        try:
+            body = json.loads(text or b"{}")
+        except ValueError:  # 503 in plain text while its storage is still starting
+            return [], f"HTTP {exc.code}: {text[:200]!r}"
     except (OSError, ValueError) as exc:
         return [], f"{type(exc).__name__}: {exc}"
     if body.get("status") != "success":

@@ -89,14 +89,25 @@ def test_before_the_first_evaluation_the_document_has_no_evaluation_age():
     assert doc["evaluated"] is None and doc["routes"] == []
 
 
-def test_the_advice_is_exported_as_metrics_too():
+def test_the_advice_is_derivable_from_metrics_by_the_promql_the_budget_gives():
+    """/metrics carries the advice's components, not the advice (docs/metrics-budget.md): speculate is
+    1 - above_crossover, the per-engine headroom the flag's B* less the batch, both as the advice says."""
     registry = CollectorRegistry()
-    snapshot = Snapshot(timestamp=NOW, routes=(chat(batch_size=20.0, running_requests=40.0, above_crossover=True),))
-    registry.register(SnapshotCollector(lambda: snapshot))
+    route = chat(
+        batch_size=20.0,
+        running_requests=40.0,
+        above_crossover=True,
+        crossover_flag_source="estimate",
+        crossover_flag_batch_size=12.0,
+    )
+    registry.register(SnapshotCollector(lambda: Snapshot(timestamp=NOW, routes=(route,))))
     value = registry.get_sample_value
-    assert value("specwatch_route_speculate", {"route": "chat"}) == 0.0
-    assert value("specwatch_route_crossover_headroom_requests", {"route": "chat"}) == -16.0
-    assert value("specwatch_route_engine_crossover_headroom_requests", {"route": "chat"}) == -8.0
+    advice = route_advice(route)
+    assert value("specwatch_route_speculate", {"route": "chat"}) is None
+    assert value("specwatch_route_crossover_headroom_requests", {"route": "chat"}) is None
+    assert 1 - value("specwatch_route_above_crossover", {"route": "chat"}) == float(advice.speculate)
+    flag = value("specwatch_route_crossover_flag_batch_size", {"route": "chat", "source": "estimate"})
+    assert flag - value("specwatch_route_batch_size", {"route": "chat"}) == advice.headroom_per_engine == -8.0
     assert value("specwatch_route_last_scrape_timestamp_seconds", {"route": "chat"}) == NOW - 5.0
 
 

@@ -116,6 +116,17 @@ def full_snapshot() -> Snapshot:
         degraded=True,
         baseline_ratio=float("nan"),  # NaN must never be exported
     )
+    # An engine with interval gauges and no counters: its mean acceptance length is exported, not derived.
+    summarize = RouteState(
+        name="summarize",
+        up=True,
+        engine_kind="sglang",
+        model_name="Qwen/Qwen3-8B",
+        engine_version="0.5.10",
+        acceptance_source="gauge",
+        acceptance_ratio={"5m": 0.7},
+        mean_acceptance_length={"5m": 3.1},
+    )
     fields = {key: 0.25 if key.endswith("_ratio") else float(100 * (i + 1)) for i, key in enumerate(gpu_field_keys())}
     gpus = (
         GpuSample(index=0, up=True, uuid="GPU-aaaa", name="NVIDIA H200", driver="570.86.15", fields=fields),
@@ -123,7 +134,7 @@ def full_snapshot() -> Snapshot:
     )
     return Snapshot(
         timestamp=1764403200.0,
-        routes=(chat, code),
+        routes=(chat, code, summarize),
         gpus=gpus,
         nvml_up=True,
         evaluation_duration_seconds=0.0315,
@@ -247,13 +258,17 @@ def test_http_endpoints(server):
     om = requests.get(url + "/metrics", timeout=5, headers={"Accept": "application/openmetrics-text"})
     assert om.headers["Content-Type"].startswith("application/openmetrics-text") and om.text.endswith("# EOF\n")
     doc = requests.get(url + "/api/v1/routes", timeout=5).json()
-    assert doc["timestamp"] == 1764403200.0 and [r["name"] for r in doc["routes"]] == ["chat", "code"]
+    assert doc["timestamp"] == 1764403200.0 and [r["name"] for r in doc["routes"]] == ["chat", "code", "summarize"]
     assert doc["routes"][0]["acceptance_ratio"]["5m"] == 0.6 and doc["routes"][1]["baseline_ratio"] is None
     advice = requests.get(url + "/api/v1/advice", timeout=5)
     assert advice.status_code == 200 and advice.headers["Content-Type"] == "application/json"
     doc = advice.json()
     assert doc["version"] == 1 and doc["evaluated"] == 1764403200.0
-    assert [(r["route"], r["speculate"]) for r in doc["routes"]] == [("chat", True), ("code", None)]
+    assert [(r["route"], r["speculate"]) for r in doc["routes"]] == [
+        ("chat", True),
+        ("code", None),
+        ("summarize", None),
+    ]
     index = requests.get(url + "/", timeout=5)
     assert index.status_code == 200 and 'href="metrics"' in index.text and 'href="api/v1/advice"' in index.text
     assert requests.get(url + "/nope", timeout=5).status_code == 404

@@ -238,7 +238,6 @@ def test_an_idle_route_after_a_restart_shows_consistent_series(server, tmp_path)
     after = _route_series(render_text(snapshots[-1]))
     detail = (
         "specwatch_route_acceptance_ratio",
-        "specwatch_route_mean_acceptance_length",
         "specwatch_route_position_acceptance_ratio",
         "specwatch_route_draft_length",
     )

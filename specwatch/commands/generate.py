@@ -1,6 +1,7 @@
-"""`specwatch generate [--out-dir DIR] [--check] [--settings FILE] [--selector ...] ...`: write, or verify, the
-alert rules, the Alertmanager example and the Grafana dashboards rendered by `specwatch.mixin`, shaped by the
-site's settings. Runs offline: no config, NVML or network.
+"""`specwatch generate [--out-dir DIR] [--check | --test] [--settings FILE] [--selector ...] [--label K=V] ...`:
+write, or verify, the alert rules, the Alertmanager example and the Grafana dashboards rendered by
+`specwatch.mixin`, shaped by the site's settings; `--test` runs the shipped promtool unit tests against the rules
+generated for those settings instead. Runs offline: no config, NVML or network.
 
 With no settings the output is the repository's committed alerts/ and dashboards/. A settings file holds
 `specwatch/mixin/settings.py` field names as YAML keys; flags given on the command line override it."""
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from specwatch.config import ConfigError, read_yaml_file
 from specwatch.config_schema import parse_duration
-from specwatch.mixin import render
+from specwatch.mixin import render, sitetests
 from specwatch.mixin.alerts import CLASS_OF
 from specwatch.mixin.settings import ALERT_CLASSES, DEFAULT, SEVERITIES, Settings, from_mapping
 
@@ -25,6 +28,13 @@ def _interval(text: str) -> float:
     if seconds is None or seconds <= 0:
         raise argparse.ArgumentTypeError(f"not a positive duration like 5s or 1m: {text!r}")
     return seconds
+
+
+def _label(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name):
+        raise argparse.ArgumentTypeError(f"not a label like team=infer: {text!r}")
+    return name, value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +48,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--check",
         action="store_true",
         help="write nothing; exit 1 if any generated file is missing or differs (for CI)",
+    )
+    parser.add_argument(
+        "--test",
+        action="store_true",
+        help="write nothing; run the shipped promtool unit tests against the rules these settings generate "
+        "(needs promtool and an equality-only --selector)",
+    )
+    parser.add_argument(
+        "--label",
+        action="append",
+        type=_label,
+        metavar="NAME=VALUE",
+        help="a label added to every alert (repeatable: --label team=infer --label env=prod)",
     )
     parser.add_argument(
         "--settings",
@@ -86,6 +109,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "dashboard_url": args.dashboard_url,
         "evaluation_interval_seconds": args.interval,
         **{f"severity_{cls}": getattr(args, f"severity_{cls}") for cls in ALERT_CLASSES},
+        "alert_labels": tuple(args.label) if getattr(args, "label", None) else None,
     }
     return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
 
@@ -96,6 +120,8 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as exc:
         print(f"specwatch generate: {args.settings or 'settings'}: {exc}", file=sys.stderr)
         return 2
+    if args.test:
+        return _test(settings)
     files = render.render_all(settings)
     out_dir: Path = args.out_dir
     if args.check:
@@ -112,3 +138,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {out_dir / rel}")
     print(f"{len(files)} file(s), {len(changed)} changed")
     return 0
+
+
+def _test(settings: Settings) -> int:
+    with tempfile.TemporaryDirectory(prefix="specwatch-rules-test-") as work:
+        try:
+            result = sitetests.run(settings, Path(work))
+        except sitetests.SiteTestError as exc:
+            print(f"specwatch generate --test: {exc}", file=sys.stderr)
+            return 2
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    print(f"promtool test rules: {'passed' if result.returncode == 0 else 'FAILED'}")
+    return 0 if result.returncode == 0 else 1

@@ -8,6 +8,10 @@ each section is rendered on its own and a bug in one is logged and costs only th
 The sections below are the one description of what is exported. They write either client_python families
 (`render_families`: the collector, hence OTel and any format client_python writes) or, for the formats
 Prometheus and curl ask for, text lines directly (`render_text`: the same bytes; `text_format.py` says why).
+
+Every per-route series is in docs/metrics-budget.md with the panel, alert or rule that reads it. What PromQL
+can derive from other series (a ratio of exported counters, a flag inverted, a difference) is left to PromQL,
+and counters by reason show a reason once it has counted, so a healthy route pays for none of them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from prometheus_client.registry import Collector
 
 from specwatch import __version__
 from specwatch.catalog import BY_NAME, PREFIX, MetricSpec
-from specwatch.export.advice import route_advice
 from specwatch.export.text_format import TextFamily, text_body
 from specwatch.snapshot import RouteState, Snapshot
 
@@ -154,6 +157,8 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
             ratio.add(value, r.name, window)
     length = f("route_mean_acceptance_length")
     for r in routes:
+        if r.acceptance_source == "counter":  # 1 + rate(accepted) / rate(drafts) of the counters above
+            continue
         for window, value in r.mean_acceptance_length.items():
             length.add(value, r.name, window)
     position_ratio = f("route_position_acceptance_ratio")
@@ -212,16 +217,6 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
     _per_route(f, "route_speculation_gpu_seconds_lost_total", routes, "speculation_gpu_seconds_lost_total")
     _per_route(f, "route_speculation_gpu_seconds_saved_total", routes, "speculation_gpu_seconds_saved_total")
     _per_route(f, "route_compute_bound", routes, "compute_bound")
-    speculate, headroom, engine_headroom = (
-        f("route_speculate"),
-        f("route_crossover_headroom_requests"),
-        f("route_engine_crossover_headroom_requests"),
-    )
-    for r in routes:
-        a = route_advice(r)
-        speculate.add(a.speculate, r.name)
-        headroom.add(a.headroom_requests, r.name)
-        engine_headroom.add(a.headroom_per_engine, r.name)
 
 
 def _probe_metrics(s: Snapshot, f: Families) -> None:
@@ -266,11 +261,15 @@ def _per_route(f: Families, name: str, routes: Sequence[RouteState], attribute: 
 
 
 def _per_route_and_key(f: Families, name: str, routes: Sequence[RouteState], attribute: str) -> None:
-    """A family labelled by route and one more label, from the dict RouteState.`attribute` (key -> value)."""
+    """A counter labelled by route and one more label, from the dict RouteState.`attribute` (key -> count).
+
+    A key appears once it has counted: zeros of every reason on every route would be most of a healthy
+    route's series. `increase()` misses only the first count of a reason, and no alert pages on one count."""
     family = f(name)
     for r in routes:
         for key, value in sorted(getattr(r, attribute).items()):
-            family.add(value, r.name, key)
+            if value:
+                family.add(value, r.name, key)
 
 
 _SECTIONS: tuple[Callable[[Snapshot, Families], None], ...] = (

@@ -1,11 +1,13 @@
 """Alerting rules: what pages, what opens a ticket, and what tells you specwatch itself is blind.
 
-Each alert belongs to a class (drop, crossover, source, self, gpu) whose severity is a setting: `critical`
+Each alert belongs to a class (drop, model_change, canary, crossover, source, self, gpu, watch) whose severity
+is a setting: `critical`
 pages, `warning` opens a ticket. Every class is `warning` by default: an acceptance drop costs throughput, it
 is not an outage, and a site that wants it to page says so (`specwatch generate --severity.drop=critical`).
 Each alert has a static `summary`, a templated `description`, a `runbook_url` pointing at its own anchor in
 docs/runbook.md and, where a Grafana address is set, a `dashboard_url` to its dashboard with the alert's node
-and route selected, all added by one transform (`_with_links`) so no alert can lack them.
+and route selected, all added by one transform (`_with_links`) so no alert can lack them. A site's own labels
+(`Settings.alert_labels`: team, env) are on every alert.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def _lookup(s: Settings, query: str, render: str, fallback: str) -> str:
 # The class of every alert, whose setting (`Settings.severity_<class>`) gives its severity.
 CLASS_OF: dict[str, str] = {
     "SpecwatchAcceptanceDegraded": "drop",
-    "SpecwatchAcceptanceDegradedAfterModelChange": "drop",
-    "SpecwatchCanaryAcceptanceDropped": "drop",
+    "SpecwatchAcceptanceDegradedAfterModelChange": "model_change",
+    "SpecwatchCanaryAcceptanceDropped": "canary",
     "SpecwatchRouteAboveCrossover": "crossover",
     "SpecwatchSpeculationInactive": "crossover",
     "SpecwatchSourceDown": "source",
@@ -59,7 +61,7 @@ def _alert(s: Settings, name: str, expr: str, for_: str, summary: str, descripti
         "alert": name,
         "expr": expr,
         "for": for_,
-        "labels": {"severity": s.severity(CLASS_OF[name])},
+        "labels": {"severity": s.severity(CLASS_OF[name]), **dict(s.alert_labels)},
         "annotations": {"summary": summary, "description": description},
     }
 
@@ -69,7 +71,7 @@ def runbook_anchor(alert_name: str) -> str:
     return alert_name.lower()
 
 
-# The dashboard a self alert links to (a slug of dashboards.py); route alerts link to the route dashboard.
+# The dashboard a self alert links to (a slug of mixin/dashboards/); route alerts link to the route dashboard.
 def _self_dashboard(alert_name: str) -> str:
     return "gpus" if alert_name.startswith("SpecwatchGpu") else "fleet"
 
@@ -214,7 +216,9 @@ def self_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "SpecwatchTargetDown",
-            f"up{sel} == 0",
+            # Only targets that were specwatch: `up` of another exporter sharing the job has no build_info.
+            f"up{sel} == 0\nand on({', '.join(s.node_labels)})\n"
+            f"  max_over_time(specwatch_build_info{sel}[{s.target_down_lookback}])\n",
             s.target_down_for,
             "Prometheus cannot scrape specwatch.",
             "Prometheus has failed to scrape specwatch on {{ $labels.instance }} for "

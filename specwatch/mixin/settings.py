@@ -9,14 +9,17 @@ output.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 from dataclasses import dataclass
 
 from specwatch.config_schema import Config, DetectionConfig, default_of, parse_duration
 
 SEVERITIES = ("critical", "warning", "info")
-# Alert classes, each with its own `severity_<class>` field.
-ALERT_CLASSES = ("drop", "crossover", "source", "self", "gpu", "watch")
+# Alert classes, each with its own `severity_<class>` field: an unexplained drop, a drop after a model change
+# and a canary drop are three events a site may page on differently.
+ALERT_CLASSES = ("drop", "model_change", "canary", "crossover", "source", "self", "gpu", "watch")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,11 @@ class Settings:
     selector: str = 'job="specwatch"'
     # Labels that identify one specwatch daemon; route-level joins match on these plus `route`.
     node_labels: tuple[str, ...] = ("job", "instance")
+    # Labels added to every alert (`--label team=infer`), as (name, value) pairs.
+    alert_labels: tuple[tuple[str, str], ...] = ()
+    # SpecwatchTargetDown judges only targets that exported specwatch_build_info within this window, so a job
+    # shared with other exporters cannot page about theirs; a specwatch down for longer stops paging.
+    target_down_lookback: str = "1d"
 
     # The daemon's evaluation interval (config `interval`); "stale" = no evaluation for N of them.
     evaluation_interval_seconds: float = default_of(Config, "interval_seconds")
@@ -75,7 +83,9 @@ class Settings:
     # Severity per alert class: `critical` pages (the Alertmanager example routes it to `page_receiver`),
     # `warning` opens a ticket, `info` only shows. An acceptance drop is a performance regression, not an
     # outage: a ticket unless the site wants it to page.
-    severity_drop: str = "warning"  # AcceptanceDegraded, ...AfterModelChange, CanaryAcceptanceDropped
+    severity_drop: str = "warning"  # AcceptanceDegraded: a drop with no model change to explain it
+    severity_model_change: str = "warning"  # AcceptanceDegradedAfterModelChange: a planned bump that regressed
+    severity_canary: str = "warning"  # CanaryAcceptanceDropped
     severity_crossover: str = "warning"  # RouteAboveCrossover, SpeculationInactive
     severity_source: str = "warning"  # SourceDown
     severity_self: str = "warning"  # TargetDown, Stale, StateStoreErrors, InternalErrors, ConfigReloadFailed
@@ -104,6 +114,12 @@ class Settings:
             for cls in ALERT_CLASSES
             if getattr(self, f"severity_{cls}") not in SEVERITIES
         ]
+        reserved = {"severity", *self.node_labels, "route", "alertname"}
+        for name, _ in self.alert_labels:
+            if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+                problems.append(f"alert_labels: {name!r} is not a Prometheus label name")
+            elif name in reserved:
+                problems.append(f"alert_labels: {name!r} is set by the alerts themselves")
         if not self.evaluation_interval_seconds > 0:
             problems.append(f"evaluation_interval_seconds: {self.evaluation_interval_seconds!r} is not positive")
         if problems:
@@ -145,6 +161,8 @@ def from_mapping(raw: Any, base: Settings = DEFAULT) -> Settings:
         current = getattr(base, str(key), None)
         if key not in fields:
             problems.append(f"{key}: unknown setting")
+        elif key == "alert_labels" and isinstance(value, dict):
+            changes[key] = tuple((str(k), str(v)) for k, v in value.items())
         elif isinstance(current, tuple):
             if not isinstance(value, list):
                 problems.append(f"{key}: expected a list")
