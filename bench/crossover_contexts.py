@@ -9,6 +9,12 @@ markdown table used in docs/benchmarks.md and writes the per-cell errors as JSON
 
     .venv/bin/python bench/crossover_contexts.py --json specwatch/data/h200-crossover-validation.json
 
+With `--kernel packed` it scores the tables measured with the verify pass packed (`h100-steptimes-*-packed.json`,
+an H100; gamma 2 and 4, alpha 0.5-0.8) instead, and `--json` writes the packed kernel's validation file:
+
+    .venv/bin/python bench/crossover_contexts.py --kernel packed \
+        --json specwatch/data/h100-crossover-validation-packed.json
+
 With `--limit RUN...` (repeated `measure_steptimes.py` runs of cells over the target) it fits nothing: for each
 such cell it prints how well the data determine its measured B*, against the validation file's predictions.
 """
@@ -26,10 +32,12 @@ from pathlib import Path
 from specwatch.crossover.band import shape_class
 from specwatch.crossover.speedup import interpolate_crossover
 from specwatch.crossover.shapes import (
+    PACKED_SCORED_ALPHAS,
     SCORED_ALPHAS,
     SCORED_GAMMAS,
     leave_cell_out,
     leave_shape_out,
+    load_packed_tables,
     load_tables,
     table_model,
     within_near_one,
@@ -101,11 +109,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write every cell's measured and predicted B* here")
     parser.add_argument("--limit", nargs="+", metavar="RUN", help="repeated runs of cells over the target (no fit)")
+    parser.add_argument(
+        "--kernel", choices=("unpacked", "packed"), default="unpacked", help="which verify kernel's tables to score"
+    )
     args = parser.parse_args()
     if args.limit:
         return limit(args.limit)
-    tables = load_tables()
-    header = [f"γ{g} α{a}" for g in SCORED_GAMMAS for a in SCORED_ALPHAS]
+    packed = args.kernel == "packed"
+    tables = load_packed_tables() if packed else load_tables()
+    alphas = PACKED_SCORED_ALPHAS if packed else SCORED_ALPHAS
+    header = [f"γ{g} α{a}" for g in SCORED_GAMMAS for a in alphas]
     print("| Held-out cell | GQA | " + " | ".join(header) + " | worst | fit RMS |")
     print("|---|---:|" + "---:|" * len(header) + "---:|---:|")
     records = []
@@ -155,12 +168,13 @@ def main() -> int:
         print(f"| {name}, ctx {context} | {cells_text} | {worst} |")
     if args.json:
         provenance = {
-            "command": "bench/crossover_contexts.py --json " + args.json,
+            "command": "bench/crossover_contexts.py " + ("--kernel packed " if packed else "") + "--json " + args.json,
             "date": datetime.date.today().isoformat(),
             "method": "error: each (shape, context) cell fitted without its shape and without its context; "
             "error_shape_out: fitted without its shape only; speedup_within_3pct_at_predicted: the measured "
             "speedup is within 3% of 1 at the predicted B*",
-            "gpu": "H200",
+            "gpu": tables[0].gpu,
+            "verify_kernel": args.kernel,
         }
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"provenance": provenance, "cells": records}, fh, indent=1)

@@ -93,6 +93,11 @@ VARIANTS = {
     "repeat-aligned": dict(verify="repeat", mask="bool", rope=True),  # KV repeated to all query heads
     "gqa-aligned-norope": dict(verify="aligned", mask="bool", rope=False),
     "gqa-norope": dict(verify="gqa", mask="bool", rope=False),
+    # As serving engines on Hopper run verify: the GQA group's query heads x the q new tokens packed onto each KV
+    # head, so the kernel reads the KV cache once per KV head (FlashInfer's head-group fusion, FlashAttention-3's
+    # pack_gqa; docs/crossover.md). No mask: the causal order inside a block of q <= 8 new tokens changes which
+    # scores are kept, not which KV bytes are read, and a mask would move SDPA off its flash kernel.
+    "packed": dict(verify="packed", mask="none", rope=True),
 }
 VARIANT = dict(VARIANTS["gqa"])
 TINY = dict(layers=2, d_model=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=512)
@@ -209,6 +214,16 @@ def moe_mlp(h: torch.Tensor, w: dict, routing: Routing, impl: str) -> torch.Tens
     return out.index_add_(0, routing.token_index, y * routing.gate)
 
 
+def packed_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of qh (B, H, q, d) against k, v (B, H_kv, L, d) with each KV head's G = H / H_kv query heads
+    and q tokens as G x q rows of one head: one (sequence, KV head) work item reads its slice of the cache once.
+    Query head h uses KV head h // G, as SDPA's enable_gqa and the engines group them."""
+    b, h_q, q, hd = qh.shape
+    h_kv = k.shape[1]
+    rows = qh.reshape(b, h_kv, (h_q // h_kv) * q, hd)
+    return F.scaled_dot_product_attention(rows, k, v).reshape(b, h_q, q, hd)
+
+
 def decoder_forward(
     x: torch.Tensor,
     layers: Layers,
@@ -235,7 +250,9 @@ def decoder_forward(
             qh, kh = rope(qh, cos, sin), rope(kh, cos, sin)
         k_cache[:, :, context : context + q].copy_(kh)
         v_cache[:, :, context : context + q].copy_(vh.view(b, q, h_kv, hd).transpose(1, 2))
-        if q > 1 and VARIANT["verify"] == "repeat" and h_q != h_kv:
+        if q > 1 and VARIANT["verify"] == "packed":
+            attn = packed_attention(qh, k_cache, v_cache)
+        elif q > 1 and VARIANT["verify"] == "repeat" and h_q != h_kv:
             k_all = k_cache.repeat_interleave(h_q // h_kv, dim=1)
             v_all = v_cache.repeat_interleave(h_q // h_kv, dim=1)
             attn = F.scaled_dot_product_attention(qh, k_all, v_all, attn_mask=mask)
@@ -283,7 +300,7 @@ class Model:
         ids = torch.randint(0, self.vocab, (batch, q), device=dev)
         kv = self.kv_caches(batch, context, q, kv_budget)
         mask = None
-        if q > 1:  # bottom-right causal: new token i sees the cache and new tokens 0..i
+        if q > 1 and VARIANT["mask"] != "none":  # bottom-right causal: new token i sees the cache and new tokens 0..i
             # Padding the mask's row to a multiple of 8 keeps its stride 16-byte aligned, which SDPA's
             # memory-efficient kernel needs; unaligned masks fall back to the math kernel.
             width = context + q
@@ -309,10 +326,28 @@ class Model:
         return forward, {"kv_buffers": len(kv), "experts_touched": routing.experts_touched if routing else None}
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (NVML), or None where NVML is absent."""
+    try:
+        import pynvml as nvml
+
+        nvml.nvmlInit()
+        version = nvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return None
+
+
+def verify_kernel(variant: dict) -> str:
+    """How the verify pass reads the KV cache under `variant`: once per KV head or once per query head."""
+    return "packed" if variant["verify"] == "packed" else "unpacked"
+
+
 def cuda_provenance(device: torch.device, script: str) -> dict:
-    """What every H200 file of these scripts records about the run: GPU, torch, CUDA, SMs, date, command."""
+    """What every GPU file of these scripts records about the run: GPU, driver, torch, CUDA, SMs, date, command."""
     return {
         "gpu": torch.cuda.get_device_name(device),
+        "driver": driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "sm_count": torch.cuda.get_device_properties(device).multi_processor_count,
@@ -618,6 +653,7 @@ def main() -> int:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         provenance["sm_count"] = props.multi_processor_count
+        provenance["driver"] = driver_version()
     log(f"device {gpu_name}, torch {torch.__version__}")
     VARIANT.update(VARIANTS[args.variant])
     provenance["variant"] = args.variant
@@ -632,6 +668,7 @@ def main() -> int:
         provenance["variant_probe"] = scores
         log(f"closest to the reference: {best}")
     provenance["variant_settings"] = dict(VARIANT)
+    provenance["verify_kernel"] = verify_kernel(VARIANT)
     failures = 0
     for name, cfg in shapes_cfg.items():
         for context in contexts:
@@ -649,7 +686,8 @@ def main() -> int:
                 continue
             doc = {"gpu": gpu_name, "torch": torch.__version__, "provenance": provenance, "runs": [run]}
             slug = re.sub(r"[^a-z0-9.]+", "-", gpu_name.lower().replace("nvidia ", "")).strip("-")
-            path = os.path.join(args.out, f"{slug}-{name}-ctx{context}.json")
+            suffix = "-packed" if provenance["verify_kernel"] == "packed" else ""
+            path = os.path.join(args.out, f"{slug}-{name}-ctx{context}{suffix}.json")
             with open(path, "w") as fh:
                 json.dump(doc, fh, indent=1)
             log(f"wrote {path} ({run['measurement']['seconds']} s)")

@@ -9,6 +9,9 @@ CUDA graph of 8 back-to-back calls on 8 distinct KV buffers (so they stream from
 CUDA-event-timed replays. It also records the CUDA kernels each case launches (torch.profiler).
 
     python3 bench/probe_attention.py --out DIR        # about 30 s on an H200
+
+`--verify packed` times the verify pass as serving engines run it instead (`measure_steptimes.packed_attention`:
+the GQA group's query heads x q packed onto each KV head, no mask) and names the file `...-packed.json`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 # time_graph: the tables' own timing, the median of CUDA-event-timed graph replays
-from measure_steptimes import cuda_provenance, time_graph
+from measure_steptimes import cuda_provenance, packed_attention, time_graph
 
 CONTEXT = 1024
 BATCHES = (16, 64, 128, 256)
@@ -53,7 +56,7 @@ def verify_mask(q: int, device: torch.device) -> torch.Tensor:
     return full[:, : CONTEXT + q]
 
 
-def case(batch: int, hq: int, hkv: int, hd: int, q: int, device: torch.device):
+def case(batch: int, hq: int, hkv: int, hd: int, q: int, device: torch.device, packed: bool = False):
     kv = [
         (
             torch.randn(batch, hkv, CONTEXT + q, hd, device=device, dtype=torch.bfloat16),
@@ -62,11 +65,14 @@ def case(batch: int, hq: int, hkv: int, hd: int, q: int, device: torch.device):
         for _ in range(COPIES)
     ]
     query = torch.randn(batch, hq, q, hd, device=device, dtype=torch.bfloat16)
-    mask = verify_mask(q, device) if q > 1 else None
+    mask = verify_mask(q, device) if q > 1 and not packed else None
 
     def run() -> None:
         for k, v in kv:
-            F.scaled_dot_product_attention(query, k, v, attn_mask=mask, enable_gqa=hq != hkv)
+            if q > 1 and packed:
+                packed_attention(query, k, v)
+            else:
+                F.scaled_dot_product_attention(query, k, v, attn_mask=mask, enable_gqa=hq != hkv)
 
     return run
 
@@ -93,7 +99,9 @@ def main() -> int:
     parser.add_argument(
         "--heads", help="query/KV/head-dim layouts to time, e.g. 32/32/128,40/40/128 (default: all eleven)"
     )
+    parser.add_argument("--verify", choices=("masked", "packed"), default="masked", help="verify attention kernel")
     args = parser.parse_args()
+    packed = args.verify == "packed"
     batches = [int(b) for b in args.batches.split(",")]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")] if args.heads else list(HEADS)
     if not torch.cuda.is_available():
@@ -105,7 +113,7 @@ def main() -> int:
     for hq, hkv, hd in heads:
         for q in (1, 3, 5):
             for batch in batches:
-                fn = case(batch, hq, hkv, hd, q, device)
+                fn = case(batch, hq, hkv, hd, q, device, packed)
                 ms = time_graph(fn, device, target_s=REPLAY_TARGET_S, max_reps=REPLAYS) / COPIES
                 kv_bytes = 2 * batch * hkv * (CONTEXT + q) * hd * 2
                 points.append(
@@ -131,12 +139,15 @@ def main() -> int:
             **cuda_provenance(device, "bench/probe_attention.py"),
             "context": CONTEXT,
             "kv_buffers_per_graph": COPIES,
+            "verify_kernel": "packed" if packed else "unpacked",
         },
         "points": points,
         "kernels_at_batch_128": kernel_names,
     }
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "h200-attention-probe-ctx1024.json"), "w") as fh:
+    slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "h100"
+    name = f"{slug}-attention-probe-ctx1024{'-packed' if packed else ''}.json"
+    with open(os.path.join(args.out, name), "w") as fh:
         json.dump(doc, fh, indent=1)
     for name, names in kernel_names.items():
         print(name, names)

@@ -281,6 +281,8 @@ class PinnedBaseline:
         )
 
 
+# The verify attention kernel an estimate assumes (specwatch/crossover/kernel.py SETTINGS).
+ATTENTION_KERNELS = ("auto", "packed", "unpacked")
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 POSITIVE = Number(lo=0.0, hi=MAX_NUMBER, lo_open=True)
 SIZE = Number(lo=1, hi=MAX_NUMBER, integer=True)
@@ -318,6 +320,13 @@ class CrossoverConfig:
         "estimate", Section(CrossoverEstimateConfig, optional=True), "a roofline estimate of the crossover", None
     )
     batch_size: float | None = option("batch_size", POSITIVE, "a known crossover batch size", None)
+    attention_kernel: str = option(
+        "attention_kernel",
+        Text(choices=ATTENTION_KERNELS),
+        "the engine's verify attention: packed (KV read once per KV head), unpacked (once per query head); "
+        "auto: packed for vLLM and SGLang on Hopper, else unknown (the estimate's band covers both)",
+        "auto",
+    )
     hold_seconds: float = option(
         "hold", Duration(inclusive=True), "the above-crossover flag keeps each state at least this long", 600.0
     )

@@ -157,6 +157,12 @@ class RouteState:
     crossover_source: str = ""
     crossover_lower: float | None = None  # the estimate's validated error band (estimate sources)
     crossover_upper: float | None = None
+    # The verify attention kernel an estimate assumes (packed, unpacked, or unknown: its band covers both), the
+    # largest batch whose KV cache fits the route's GPUs, and whether the model's B* lies beyond it (then
+    # crossover_batch_size is None: no crossover below the largest batch that fits). Estimate sources only.
+    crossover_attention_kernel: str = ""
+    crossover_kv_capacity_batch: float | None = None
+    crossover_beyond_capacity: bool | None = None
     batch_size: float | None = None
     above_crossover: bool | None = None
     predicted_speedup_ratio: float | None = None

@@ -133,14 +133,19 @@ def test_engines_that_disappear_leave_the_batch():
     assert out["batch_size"] == pytest.approx(40) and set(ev.batches) == {"0"}
 
 
+# The estimates below assert numbers of the H200 tables' verify kernel (unpacked); an undetected engine would
+# assume the engines' packed kernel, which at these contexts puts B* far higher (tests of that further down).
+UNPACKED = {"attention_kernel": "unpacked"}
+
+
 def test_estimate_follows_live_acceptance():
-    ev = evaluator({"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024}})
+    ev = evaluator({"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024}, **UNPACKED})
     good = ev.evaluate(obs(0, {"0": 32}, k=4, accepted=(90, 81, 73, 66), drafts=100), ())
     assert good["crossover_source"] == "estimate"
     assert 60 < good["crossover_batch_size"] < 200
     assert good["predicted_speedup_ratio"] > 1.2
     assert good["above_crossover"] is False
-    ev2 = evaluator({"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024}})
+    ev2 = evaluator({"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3", "context": 1024}, **UNPACKED})
     poor = ev2.evaluate(obs(0, {"0": 32}, k=4, accepted=(50, 25, 12, 6), drafts=100), ())
     assert poor["crossover_batch_size"] < good["crossover_batch_size"]
     assert poor["predicted_speedup_ratio"] < good["predicted_speedup_ratio"]
@@ -153,7 +158,7 @@ def test_estimate_without_acceptance_is_unknown_not_false():
 
 
 def test_estimate_falls_back_to_window_rate_for_gauge_sources():
-    ev = evaluator({"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3"}})
+    ev = evaluator({"estimate": {"gpu": "H200", "params": 8.03, "draft": "eagle3"}, **UNPACKED})
     out = ev.evaluate(obs(0, {"0": 300}, k=4, drafts=0.0, accepted=(), window_acceptance={"5m": 0.6}), ())
     assert out["crossover_batch_size"] is not None and out["above_crossover"] is True
 
@@ -293,6 +298,7 @@ def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
                             "draft": "eagle3",
                             "context": 1024,
                         },
+                        **UNPACKED,
                         "hold": "2m",
                     },
                 }
@@ -340,7 +346,7 @@ def test_estimate_flags_only_past_its_bands_upper_side():
     """An estimate's B* carries its validated error band; the flag waits for the batch to pass the band's
     upper side, never advising speculation off while the estimate could still be below the truth."""
     spec = {"gpu": "H200", "layers": 32, "hidden_size": 4096, "kv_heads": 8, "head_dim": 128, "params": 8.03}
-    ev = evaluator({"estimate": {**spec, "draft": "eagle3", "context": 4096}, "hold": "1m"})
+    ev = evaluator({"estimate": {**spec, "draft": "eagle3", "context": 4096}, "hold": "1m", **UNPACKED})
     first = ev.evaluate(obs(0, {"0": 1}), ())
     bstar, upper = first["crossover_batch_size"], first["crossover_upper"]
     assert bstar is not None and upper is not None and first["crossover_lower"] < bstar < upper
@@ -348,7 +354,7 @@ def test_estimate_flags_only_past_its_bands_upper_side():
     from specwatch.commands.status import _flag
 
     lower = first["crossover_lower"]
-    assert _flag({**first, "batch_size": 30.0}) == f" estimate {lower:.1f}-{upper:.1f} flag>{upper:.1f}"
+    assert _flag({**first, "batch_size": 30.0}) == f" estimate/unpacked {lower:.1f}-{upper:.1f} flag>{upper:.1f}"
     assert _flag({"crossover_flag_source": "live", "crossover_flag_batch_size": 41.0, "live_crossover_bins": 5}) == (
         " live flag>41.0 (5 bins)"
     )
@@ -356,3 +362,88 @@ def test_estimate_flags_only_past_its_bands_upper_side():
     assert between["above_crossover"] is False
     above = drive(ev, 300, 600, running=upper * 1.1)
     assert above["above_crossover"] is True
+
+
+# Qwen2.5-14B (Hugging Face config.json: 48 layers, hidden 5120, 40 / 8 heads, head dim 128, 14.8B parameters) at
+# 8k context: the packed H100 tables measure no crossover up to batch 256 at gamma 4, alpha 0.5-0.8
+# (specwatch/data/h100-steptimes-qwen2.5-14b-ctx8192-packed.json); the unpacked kernel's estimate puts B* at 3-7.
+QWEN14B_8K = {
+    "gpu": "H100",
+    "layers": 48,
+    "hidden_size": 5120,
+    "kv_heads": 8,
+    "head_dim": 128,
+    "params": 14.8,
+    "draft": "eagle3",
+    "context": 8192,
+}
+ALPHA_06 = (60.0, 36.0, 21.6, 13.0)  # p_j = 0.6^j per 100 drafts, k = 4
+
+
+def test_flag_stays_off_for_long_context_gqa_route_below_its_packed_crossover():
+    """A vLLM route serving a 14B GQA model at 8k context on an H200, batch 16: the engine packs GQA on Hopper,
+    so speculation pays there and the flag must stay off. The unpacked kernel's estimate (the H200 tables')
+    puts B* below 16 and flags it."""
+    spec = {**QWEN14B_8K, "gpu": "H200"}
+    ev = evaluator({"estimate": spec, "hold": "1m"})
+    out = None
+    for t in range(0, 600, 5):
+        out = ev.evaluate(obs(float(t), {"0": 16.0}, k=4, accepted=ALPHA_06, engine_kind="vllm"), ())
+    assert out["above_crossover"] is False
+    assert out["crossover_batch_size"] is None or out["crossover_batch_size"] > 16
+    assert out["predicted_speedup_ratio"] > 1.2
+    assert out["crossover_attention_kernel"] == "packed"
+    unpacked = evaluator({"estimate": spec, "hold": "1m", "attention_kernel": "unpacked"})
+    for t in range(0, 600, 5):
+        out = unpacked.evaluate(obs(float(t), {"0": 16.0}, k=4, accepted=ALPHA_06, engine_kind="vllm"), ())
+    assert out["crossover_attention_kernel"] == "unpacked"
+    assert out["crossover_batch_size"] is not None and out["crossover_batch_size"] < 16
+    assert out["above_crossover"] is True
+
+
+def test_no_crossover_below_the_largest_batch_that_fits():
+    """On an 80 GB H100 the 14B model at 8k context fits (0.92 x 80 GB - 29.6 GB of weights) / (196,608 B x 8192
+    tokens) = 27 sequences: whatever B* the model solves beyond that, the estimate says no crossover."""
+    ev = evaluator({"estimate": QWEN14B_8K})
+    out = ev.evaluate(obs(0.0, {"0": 16.0}, k=4, accepted=ALPHA_06, engine_kind="vllm"), ())
+    assert out["crossover_kv_capacity_batch"] == 27
+    assert out["crossover_batch_size"] is None and out["above_crossover"] is False
+    short = evaluator({"estimate": {**QWEN14B_8K, "context": 1024}, "attention_kernel": "unpacked"})
+    out = short.evaluate(obs(0.0, {"0": 16.0}, k=4, accepted=ALPHA_06, engine_kind="vllm"), ())
+    assert out["crossover_kv_capacity_batch"] == 27 * 8 + 3  # 219 sequences of 1024 tokens
+    assert out["crossover_batch_size"] is not None and out["crossover_beyond_capacity"] is False
+
+
+def test_unknown_engine_band_covers_both_kernels():
+    """Before the engine is detected (or for an engine whose kernel is not known) the estimate assumes neither
+    kernel: its band reaches down to the unpacked kernel's lower side and up to the packed kernel's upper side."""
+    spec = {**QWEN14B_8K, "gpu": "H200", "context": 1024, "params": 14.8}
+    answers = {}
+    for kernel in ("packed", "unpacked", "auto"):
+        ev = evaluator({"estimate": spec, "attention_kernel": kernel})
+        answers[kernel] = ev.evaluate(obs(0.0, {"0": 16.0}, k=4, accepted=ALPHA_06, engine_kind="trtllm"), ())
+    auto, packed, unpacked = answers["auto"], answers["packed"], answers["unpacked"]
+    assert auto["crossover_attention_kernel"] == "unknown"
+    assert unpacked["crossover_batch_size"] < packed["crossover_batch_size"]
+    assert auto["crossover_lower"] == pytest.approx(min(packed["crossover_lower"], unpacked["crossover_lower"]))
+    assert auto["crossover_upper"] is None or auto["crossover_upper"] >= packed["crossover_batch_size"]
+    assert auto["crossover_batch_size"] == pytest.approx(packed["crossover_batch_size"])
+
+
+def test_vllm_and_sglang_on_hopper_assume_packed_kernel():
+    from specwatch.crossover.kernel import resolve
+
+    for engine in ("vllm", "sglang"):
+        for gpu in ("H100-SXM", "H200"):
+            assert resolve("auto", engine, gpu).kernel == "packed"
+    assert resolve("auto", "vllm", "A100-80GB").kernel == "unknown"
+    assert resolve("auto", "trtllm", "H200").kernel == "unknown"
+    assert resolve("auto", "", "H200").kernel == "unknown"
+    assert resolve("unpacked", "vllm", "H200").kernel == "unpacked"
+    with pytest.raises(ValueError, match="attention_kernel"):
+        resolve("fused", "vllm", "H200")
+
+
+def test_attention_kernel_setting_is_checked():
+    with pytest.raises(Exception, match="attention_kernel"):
+        route({"estimate": QWEN14B_8K, "attention_kernel": "fused"})

@@ -469,12 +469,24 @@ def test_cli_estimate_json(capsys):
             "0.7",
             "--draft",
             "eagle3",
+            "--attention-kernel",
+            "unpacked",  # the H200 tables' verify kernel, whose B* the bounds below are about
             "--json",
         ]
     )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"crossover_batch_size", "band", "speedup", "assumptions", "warnings"}
+    assert set(out) == {
+        "crossover_batch_size",
+        "band",
+        "speedup",
+        "assumptions",
+        "warnings",
+        "attention_kernel",
+        "kv_capacity_batch",
+        "model_crossover_beyond_capacity",
+    }
+    assert out["attention_kernel"] == "unpacked" and out["kv_capacity_batch"] > 256
     assert 50 < out["crossover_batch_size"] < 100
     # --params alone guesses the shape: outside the validated range, a widened band and a warning.
     assert out["band"]["validated"] is False and out["warnings"]
@@ -685,3 +697,44 @@ def test_every_cell_outside_20_percent_is_covered_by_its_band_and_outside_the_ra
             assert predicted is not None and band.covers(c["measured"]), (c, band)
         outside += warned
     assert outside >= 1  # OLMoE's gamma 4, alpha 0.6 cell at 1024
+
+
+def test_packed_verify_reads_the_kv_cache_once_per_kv_head():
+    """A packed verify kernel (FlashAttention-3 pack_gqa, FlashInfer) reads each sequence's KV cache once per KV
+    head, as decode does: at 8k context its attention costs decode's plus q times the score FLOPs, where the
+    unpacked kernel pays the GQA ratio (5 for a Qwen2.5-14B layer) times the bytes. Measured on an H100, one such
+    layer at batch 64 (docs/reference/h100-verify-kernels-qwen2.5-14b-layer.json): plain 0.70 ms, packed q = 3
+    0.71 ms, unpacked (SDPA enable_gqa) 2.34 ms."""
+    from dataclasses import replace
+
+    from specwatch.crossover.inputs import ModelShape
+    from specwatch.crossover.stepcost import attention_s
+
+    qwen14b = ModelShape(
+        layers=48,
+        hidden_size=5120,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=13824,
+        vocab_size=152064,
+        attention_heads=40,
+    )
+    hardware, calibrated = gpus.lookup("H200")
+    packed = replace(calibrated, verify_reads_per_query_head=False)
+    unpacked = replace(calibrated, verify_reads_per_query_head=True)
+
+    def t(q, e):
+        return attention_s(64, q, 8192, qwen14b, hardware, e, hardware.sms)
+
+    assert t(3, packed) == pytest.approx(t(1, packed), rel=0.02)
+    assert t(3, unpacked) > 4 * t(3, packed)
+
+
+def test_packed_tables_are_priced_within_their_fit():
+    """The packed H100 tables, all 18 fitted at once: the model's step times stay within 10% RMS of them."""
+    from specwatch.crossover import shapes
+
+    tables = shapes.load_packed_tables()
+    assert len(tables) == 18 and all(t.packed and t.gpu == "H100-SXM" for t in tables)
+    _, rms = shapes.fit(tables, source="test")
+    assert rms < 0.10

@@ -14,11 +14,13 @@ from specwatch.crossover.estimate import (
     assumptions,
     build_step_model,
     params_in_billions,
+    with_kernel,
     describe_band,
     estimate_band,
     validation_warnings,
 )
-from specwatch.crossover.speedup import LLAMA3_8B, positions_from_alpha
+from specwatch.crossover.capacity import kv_capacity_batch
+from specwatch.crossover.speedup import BYTES_PER_WEIGHT, LLAMA3_8B, positions_from_alpha
 from specwatch.crossover.reference import load_reference
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -47,6 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "to their count",
     )
     est.add_argument("--context", type=float, default=1024.0, help="mean tokens in the KV cache per sequence")
+    est.add_argument(
+        "--attention-kernel",
+        choices=("packed", "unpacked"),
+        default="packed",
+        help="the engine's verify attention: packed reads the KV cache once per KV head (vLLM and SGLang on "
+        "Hopper, the default), unpacked once per query head",
+    )
+    est.add_argument("--gpus", type=int, default=1, help="GPUs per engine (tensor parallel), for the KV capacity")
     est.add_argument(
         "--batches",
         type=_batches,
@@ -139,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _estimate(args: argparse.Namespace) -> int:
     inputs = estimate_inputs(args)
-    model = build_step_model(inputs)
+    model = with_kernel(build_step_model(inputs), args.attention_kernel)
     positions = args.positions or positions_from_alpha(args.alpha, args.draft_length)
     gamma = len(positions)
     if args.calibrate_from:
@@ -153,14 +163,21 @@ def _estimate(args: argparse.Namespace) -> int:
         )
         eff, rms = fit_efficiency(model, points, source="")
         model = model.with_efficiency(replace(eff, source=f"fitted to {args.calibrate_from}, RMS {rms:.0%}"))
+    capacity = kv_capacity_batch(
+        model.shape, model.hardware, BYTES_PER_WEIGHT[model.dtype], args.context, max(1, args.gpus)
+    )
     bstar = model.crossover(positions, args.context)
-    band = estimate_band(model, inputs, bstar, args.context, positions)
+    beyond = bstar is not None and capacity >= 1 and bstar > capacity
+    band = estimate_band(model, inputs, None if beyond else bstar, args.context, positions)
     speedups = {str(b): round(model.speedup(b, positions, args.context), 3) for b in args.batches}
     if args.json:
         print(
             json.dumps(
                 {
-                    "crossover_batch_size": None if bstar is None else round(bstar, 1),
+                    "crossover_batch_size": None if bstar is None or beyond else round(bstar, 1),
+                    "attention_kernel": args.attention_kernel,
+                    "kv_capacity_batch": capacity,
+                    "model_crossover_beyond_capacity": round(bstar, 1) if beyond and bstar is not None else None,
                     "band": {
                         "lower": None if band.lower is None else round(band.lower, 1),
                         "upper": None if band.upper is None else round(band.upper, 1),
@@ -179,7 +196,13 @@ def _estimate(args: argparse.Namespace) -> int:
         print(f"  {line}")
     for line in validation_warnings(model, inputs, args.context):
         print(f"warning: {line}")
-    if bstar is None:
+    print(
+        f"  verify attention {args.attention_kernel}; KV cache fits {capacity} sequences of {args.context:g} tokens "
+        f"on {max(1, args.gpus)} GPU(s)"
+    )
+    if beyond and bstar is not None:
+        print(f"B*: none below the largest batch that fits ({capacity}; the model's B* {bstar:.0f} is beyond it)")
+    elif bstar is None:
         print("B*: none (speculation wins at every batch up to 4096)")
     else:
         print(f"B*: {bstar:.1f}  (speculation loses throughput above about {bstar:.0f} running requests per engine)")

@@ -291,7 +291,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _flag(r: Mapping[str, Any]) -> str:
-    """What the flag judges against, after batch/B*: its source (sweep, estimate, batch_size or live), the band
+    """What the flag judges against, after batch/B*: its source (sweep, estimate, batch_size or live; an estimate's
+    assumed verify kernel after a slash), "none below fit N" when the model's B* lies beyond the N sequences whose
+    KV cache fits, the band
     of that source (lower-upper, "-" where a side is absent), the flag's threshold when it is not the B* shown
     (an estimate's band upper side, live calibration's B*), and the batch bins live calibration has."""
     source, threshold = r.get("crossover_flag_source"), r.get("crossover_flag_batch_size")
@@ -300,9 +302,12 @@ def _flag(r: Mapping[str, Any]) -> str:
         return ""
     prefix = "live_crossover" if source == "live" else "crossover"
     lower, upper = r.get(f"{prefix}_lower"), r.get(f"{prefix}_upper")
-    text = f" {source}"
+    kernel = r.get("crossover_attention_kernel")
+    text = f" {source}" + (f"/{kernel}" if kernel else "")  # the verify attention kernel the estimate assumes
     if lower is not None or upper is not None:
         text += f" {_number(lower, 1)}-{_number(upper, 1)}"
+    if r.get("crossover_beyond_capacity"):
+        text += f" none below fit {_number(r.get('crossover_kv_capacity_batch'), 0)}"
     if threshold is None:
         text += " no flag"
     elif source == "live" or threshold != r.get("crossover_batch_size"):

@@ -8,6 +8,8 @@ MoE), the largest over- and under-prediction give measured B* in [B* / (1 + over
 measured context (within `NEAR_CONTEXT`) the cells are that context's, held out by shape (the shipped
 calibration has that context's tables); between measured contexts they are the two bracketing contexts', held
 out by shape and context.
+A packed-kernel estimate reads its errors from the packed tables' validation (`PACKED_VALIDATION_FILE`),
+validated on the GPU those tables were measured on only.
 Outside what was validated (another GPU, a context or size beyond the tables, another weight format, a shape
 guessed from the parameter count) the errors are doubled and widened by a floor, and the estimate warns.
 """
@@ -23,6 +25,8 @@ from typing import Sequence
 from specwatch.crossover.inputs import ModelShape
 
 VALIDATION_FILE = Path(__file__).resolve().parent.parent / "data" / "h200-crossover-validation.json"
+# The same validation on the tables whose verify pass was packed (an H100): the band of a packed-kernel estimate.
+PACKED_VALIDATION_FILE = Path(__file__).resolve().parent.parent / "data" / "h100-crossover-validation-packed.json"
 # Below this the measured B* says "speculation loses from the first batches": a relative error there (1 against
 # 6) measures where a nearly flat curve first dips, not the model; such cells do not set the band.
 SMALLEST_BANDED = 2.0
@@ -79,6 +83,12 @@ def load_validation(path: Path | None = None) -> list[ValidatedCell]:
         )
         for c in raw["cells"]
     ]
+
+
+def validation_gpu(path: Path | None = None) -> str:
+    """The hardware row of the GPU a validation file's tables were measured on."""
+    raw = json.loads((path or VALIDATION_FILE).read_text(encoding="utf-8"))
+    return str(raw["provenance"].get("gpu", "H200"))
 
 
 def bracketing_contexts(context: float, contexts: Sequence[int]) -> list[int]:

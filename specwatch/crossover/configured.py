@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from specwatch.crossover.band import Band
-from specwatch.crossover.estimate import EstimateInputs, estimate_band
-from specwatch.crossover.speedup import StepModel, interpolate_crossover, tau
+from specwatch.crossover.capacity import kv_capacity_batch, kv_capacity_tokens
+from specwatch.crossover.estimate import EstimateInputs, estimate_band, with_kernel
+from specwatch.crossover.kernel import AUTO, PACKED, UNKNOWN, UNPACKED, KernelAssumption, resolve
+from specwatch.crossover.speedup import BYTES_PER_WEIGHT, MAX_BATCH, StepModel, interpolate_crossover, tau
 from specwatch.crossover.sweepfile import speedup_points
 
 DEFAULT_CONTEXT = 1024.0
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM the engine claims (weights + KV)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class LiveInputs:
     batch: float | None  # time-weighted running requests per engine
     kv_usage: float | None = None  # 0-1, mean over engines
     gpus_per_engine: int = 1
+    engine_kind: str = ""  # vllm, sglang, ...; "" or auto: not detected yet
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,14 @@ class CrossoverAnswer:
     lower: float | None = None
     upper: float | None = None
     banded: bool = False
+    # The verify attention kernel the estimate assumed (kernel.py: packed, unpacked, or unknown, when the band
+    # covers both) and the largest batch whose KV cache fits the route's GPUs at the live context; "" / None on
+    # other sources.
+    attention_kernel: str = ""
+    kv_capacity_batch: float | None = None
+    # True: the model's B* lies above `kv_capacity_batch`, so batch_size is None: no crossover below the
+    # largest batch that fits.
+    beyond_capacity: bool = False
 
 
 class CrossoverSource(Protocol):
@@ -62,11 +72,27 @@ class FixedCrossover:
 class EstimatedCrossover:
     name = "estimate"
 
-    def __init__(self, model: StepModel, context: float | None, inputs: EstimateInputs | None = None) -> None:
-        self.model = model
+    def __init__(
+        self,
+        model: StepModel,
+        context: float | None,
+        inputs: EstimateInputs | None = None,
+        attention_kernel: str = AUTO,
+    ) -> None:
+        self.model = model  # as built: the GPU's calibrated efficiency, its own verify kernel
         self.context = context
         self.inputs = inputs if inputs is not None else EstimateInputs()
-        self._cache: dict[tuple, tuple[float | None, Band]] = {}
+        self.setting = attention_kernel
+        self.models = {k: with_kernel(model, k) for k in (PACKED, UNPACKED)}
+        self._cache: dict[tuple, tuple[float | None, Band, bool]] = {}
+
+    def assumption(self, engine_kind: str) -> KernelAssumption:
+        return resolve(self.setting, engine_kind, self.model.hardware.name)
+
+    def model_for(self, engine_kind: str) -> StepModel:
+        """The step model of the kernel the route's engine runs (packed where unknown: the engines' default)."""
+        kernel = self.assumption(engine_kind).kernel
+        return self.models[UNPACKED if kernel == UNPACKED else PACKED]
 
     def live_context(self, live: LiveInputs) -> float:
         """Configured context, else KV usage x KV capacity / running requests (§8), else 1024."""
@@ -74,30 +100,66 @@ class EstimatedCrossover:
             return self.context
         if live.kv_usage is None or not live.batch:
             return DEFAULT_CONTEXT
-        hw, shape = self.model.hardware, self.model.shape
-        weights = shape.gemm_params * 2.0  # bf16-equivalent upper bound; quantized weights leave more for KV
-        capacity_tokens = (
-            live.gpus_per_engine * GPU_MEMORY_UTILIZATION * hw.memory_bytes - weights
-        ) / shape.kv_bytes_per_token
+        capacity_tokens = self._capacity_tokens(live)
         if capacity_tokens <= 0:
             return DEFAULT_CONTEXT
         return max(1.0, live.kv_usage * capacity_tokens / live.batch)
+
+    def _capacity_tokens(self, live: LiveInputs) -> float:
+        m = self.model
+        return kv_capacity_tokens(m.shape, m.hardware, BYTES_PER_WEIGHT[m.dtype], live.gpus_per_engine)
+
+    def capacity(self, live: LiveInputs, context: float) -> int | None:
+        """The largest batch that fits at `context`; None when the weights alone do not fit (the GPU count or
+        memory is misconfigured: no bound is better than a bound of 0)."""
+        m = self.model
+        batch = kv_capacity_batch(m.shape, m.hardware, BYTES_PER_WEIGHT[m.dtype], context, live.gpus_per_engine)
+        return batch if batch >= 1 else None
 
     def answer(self, live: LiveInputs) -> CrossoverAnswer:
         if not live.positions:
             return CrossoverAnswer(None, None, known=False)
         context = self.live_context(live)
+        assumption = self.assumption(live.engine_kind)
+        kernels = (PACKED, UNPACKED) if assumption.kernel == UNKNOWN else (assumption.kernel,)
         # Round the inputs so a steady route hits the cache instead of re-solving every cycle.
         positions = tuple(round(p, 3) for p in live.positions)
-        key = (positions, round(context, -1))
-        if key not in self._cache:
-            if len(self._cache) > 256:
-                self._cache.clear()
-            bstar = self.model.crossover(positions, key[1])
-            self._cache[key] = (bstar, estimate_band(self.model, self.inputs, bstar, key[1], positions))
-        speedup = self.model.speedup(live.batch, positions, context) if live.batch else None
-        bstar, band = self._cache[key]
-        return CrossoverAnswer(bstar, speedup, lower=band.lower, upper=band.upper, banded=True)
+        ctx = round(context, -1)
+        capacity = self.capacity(live, ctx)
+        limit = min(MAX_BATCH, capacity) if capacity is not None else MAX_BATCH
+        solved = {}
+        for kernel in kernels:
+            key = (kernel, positions, ctx, limit)
+            if key not in self._cache:
+                if len(self._cache) > 256:
+                    self._cache.clear()
+                model = self.models[kernel]
+                unbounded = model.crossover(positions, ctx)
+                bstar = unbounded if unbounded is None or unbounded <= limit else None
+                band = estimate_band(model, self.inputs, bstar, ctx, positions)
+                self._cache[key] = (bstar, band, unbounded is not None and bstar is None)
+            solved[kernel] = self._cache[key]
+        bstar, band, beyond = solved[kernels[0]]
+        lower, upper = band.lower, band.upper
+        if len(kernels) > 1:  # unknown kernel: the band spans both kernels' bands; no upper side if either has none
+            lowers = [b.lower for _, b, _ in solved.values() if b.lower is not None]
+            lower = min(lowers) if lowers else None
+            upper = (
+                None
+                if any(b.upper is None for _, b, _ in solved.values())
+                else max(b.upper for _, b, _ in solved.values() if b.upper is not None)
+            )
+        speedup = self.models[kernels[0]].speedup(live.batch, positions, context) if live.batch else None
+        return CrossoverAnswer(
+            bstar,
+            speedup,
+            lower=lower,
+            upper=upper,
+            banded=True,
+            attention_kernel=assumption.kernel,
+            kv_capacity_batch=float(capacity) if capacity is not None else None,
+            beyond_capacity=beyond,
+        )
 
 
 class SweptCrossover:

@@ -6,13 +6,15 @@ answer the same question the same way.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from specwatch.config import CrossoverEstimateConfig
 from specwatch.crossover import gpus
-from specwatch.crossover.band import Band, error_band
+from specwatch.crossover.band import PACKED_VALIDATION_FILE, Band, error_band, load_validation, validation_gpu
 from specwatch.crossover.hfconfig import load_hf_config
 from specwatch.crossover.inputs import ModelShape
+from specwatch.crossover.kernel import PACKED, UNPACKED
 from specwatch.crossover.speedup import BYTES_PER_WEIGHT, Draft, StepModel
 
 DEFAULT_VOCAB = 128_256
@@ -54,6 +56,14 @@ def resolve_shape(inp: EstimateInputs, default: ModelShape | None = None) -> Mod
     if default is not None:
         return default
     raise ValueError("say what the target is: --params, the shape (--layers ...) or --hf-config")
+
+
+def with_kernel(model: StepModel, kernel: str) -> StepModel:
+    """`model` with its verify attention priced for `kernel` (`kernel.py`): packed reads the KV cache once per
+    KV head, as decode does; unpacked once per query head. Every other efficiency stays the GPU's."""
+    if kernel not in (PACKED, UNPACKED):
+        raise ValueError(f"no step model for attention kernel {kernel!r}")
+    return model.with_efficiency(replace(model.efficiency, verify_reads_per_query_head=kernel == UNPACKED))
 
 
 def build_step_model(inp: EstimateInputs, default_shape: ModelShape | None = None) -> StepModel:
@@ -159,12 +169,19 @@ def validation_warnings(model: StepModel, inp: EstimateInputs, context: float) -
 def estimate_band(
     model: StepModel, inp: EstimateInputs, bstar: float | None, context: float, positions: Sequence[float]
 ) -> Band:
-    """B*'s error band from the held-out validation (`band.py`): validated where no warning applies."""
+    """B*'s error band from the held-out validation of the model's verify kernel (`band.py`): validated where no
+    warning applies (and, packed, on the GPU the packed tables were measured on)."""
+    validated = not validation_warnings(model, inp, context)
+    cells = None
+    if not model.efficiency.verify_reads_per_query_head:
+        cells = load_validation(PACKED_VALIDATION_FILE)
+        validated = validated and model.hardware.name == validation_gpu(PACKED_VALIDATION_FILE)
     return error_band(
         bstar,
         model.shape,
         context,
-        validated=not validation_warnings(model, inp, context),
+        validated=validated,
+        cells=cells,
         speedup_at_one=model.speedup(1.0, positions, context),
     )
 

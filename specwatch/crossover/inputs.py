@@ -154,6 +154,10 @@ class Efficiency:
     # True: the verify pass reads KV once per query head (attention kernels without GQA packing, e.g. the
     # SDPA kernel of the H200 tables); False: once per KV head, like decode.
     verify_reads_per_query_head: bool = False
+    # A packed verify kernel that splits each (sequence, KV head) slice across idle SMs when there are fewer
+    # slices than SMs, as decode does (FlashAttention-3's num_splits_heuristic, hopper/heuristics.h). False:
+    # one block per slice whatever the batch (PyTorch SDPA's flash kernel for q > 1, the packed tables' kernel).
+    verify_split_kv: bool = True
     # Share of the HBM rate the elementwise kernels (norms, RoPE, residual adds, SiLU, KV writes) reach on the
     # bytes `stepcost.activation_bytes_per_token` counts.
     elementwise: float = 0.85

@@ -76,6 +76,13 @@ class LiveCalibration:
             scale = MAX_BIN_WEIGHT / entry[0]
             entry[:] = [v * scale for v in entry]
 
+    def use_model(self, model: StepModel) -> None:
+        """Refit from `model` from now on (the route's engine was detected and runs another verify kernel); the
+        observed bins stay: they are the engine's step times whatever the model."""
+        if model != self.model:
+            self.model = model
+            self._cache = None
+
     def clear(self) -> None:
         """An engine restart (possibly another draft or config): start over."""
         self._bins.clear()

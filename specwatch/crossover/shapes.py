@@ -28,7 +28,11 @@ from specwatch.crossover.stepcost import activation_bytes_per_token
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TABLE_GLOB = "h200-steptimes-*-ctx*.json"
+# The second kernel's tables: the verify pass packed as FlashAttention-3 / FlashInfer run it on Hopper (`kernel.py`),
+# measured on an H100.
+PACKED_TABLE_GLOB = "h100-steptimes-*-ctx*-packed.json"
 ATTENTION_PROBE = "h200-attention-probe-ctx1024.json"
+PACKED_ATTENTION_PROBE = "h100-attention-probe-ctx1024-packed.json"
 FORWARD_PROFILE = "h200-forward-profile-ctx1024.json"
 # Profile points whose eager kernel sum exceeds the graph's time by more than this are left out: their kernels
 # ran slower than in the graph the tables time.
@@ -36,6 +40,9 @@ PROFILE_EAGER_TOLERANCE = 1.03
 FIT_TOLERANCE = 2e-3  # pattern-search step, as a share of each parameter's range
 SCORED_GAMMAS = (2, 4)
 SCORED_ALPHAS = (0.6, 0.7, 0.8)
+# With the verify pass packed, speculation pays to batch 256 at alpha >= 0.7 in every measured cell: alpha 0.5 adds
+# the cells that do cross.
+PACKED_SCORED_ALPHAS = (0.5, 0.6, 0.7, 0.8)
 # The shipped tables' verify pass runs cuDNN's 64-row-tile flash kernel, which reads KV once per query head.
 TABLE_EFFICIENCY = Efficiency(verify_reads_per_query_head=True)
 
@@ -45,6 +52,8 @@ class ShapeTable:
     name: str
     shape: ModelShape
     run: ReferenceRun
+    gpu: str = "H200"  # the hardware row of the GPU it was measured on
+    packed: bool = False  # the verify pass read KV once per KV head (provenance verify_kernel "packed")
 
     @property
     def context(self) -> int:
@@ -78,12 +87,25 @@ def load_tables(paths: Iterable[Path] | None = None) -> list[ShapeTable]:
     for path in paths:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
         run = load_reference(path).runs[0]
-        tables.append(ShapeTable(run.shape, shape_from_table(raw["runs"][0]["shape_config"]), run))
+        provenance = raw.get("provenance", {})
+        hardware, _ = gpus.lookup(str(provenance.get("gpu") or raw.get("gpu") or "H200"))
+        packed = provenance.get("verify_kernel") == "packed"
+        tables.append(
+            ShapeTable(run.shape, shape_from_table(raw["runs"][0]["shape_config"]), run, hardware.name, packed)
+        )
     return sorted(tables, key=lambda t: (t.shape.params, t.context))
 
 
+def load_packed_tables() -> list[ShapeTable]:
+    """The shipped tables measured with the verify pass packed (`PACKED_TABLE_GLOB`)."""
+    return load_tables(DATA_DIR.glob(PACKED_TABLE_GLOB))
+
+
 def table_model(table: ShapeTable, efficiency: Efficiency) -> StepModel:
-    hardware, _ = gpus.lookup("H200")
+    """The model of a table's GPU, its verify kernel as the table measured it."""
+    hardware, _ = gpus.lookup(table.gpu)
+    # The packed tables ran SDPA's flash kernel, which does not split a slice across SMs for q > 1.
+    efficiency = replace(efficiency, verify_reads_per_query_head=not table.packed, verify_split_kv=False)
     return StepModel(table.shape, hardware, efficiency, draft=Draft.parse("eagle3", table.shape))
 
 
@@ -123,6 +145,8 @@ class AttentionProbe:
 
     heads: tuple[int, int, int]  # query heads, KV heads, head dim
     points: tuple[StepPoint, ...]
+    gpu: str = "H200"
+    packed: bool = False  # its verify points ran the packed kernel
 
     def model(self, efficiency: Efficiency) -> StepModel:
         hq, hkv, hd = self.heads
@@ -135,7 +159,8 @@ class AttentionProbe:
             vocab_size=1,
             attention_heads=hq,
         )
-        hardware, _ = gpus.lookup("H200")
+        hardware, _ = gpus.lookup(self.gpu)
+        efficiency = replace(efficiency, verify_reads_per_query_head=not self.packed, verify_split_kv=False)
         return StepModel(shape, hardware, efficiency)
 
 
@@ -143,13 +168,15 @@ def load_attention_probe(path: Path | None = None) -> list[AttentionProbe]:
     """The shipped attention probe, one entry per head layout."""
     raw = json.loads((path or DATA_DIR / ATTENTION_PROBE).read_text(encoding="utf-8"))
     context = float(raw["provenance"]["context"])
+    hardware, _ = gpus.lookup(str(raw["provenance"].get("gpu") or "H200"))
+    packed = raw["provenance"].get("verify_kernel") == "packed"
     layouts: dict[tuple[int, int, int], list[StepPoint]] = {}
     for p in raw["points"]:
         key = (int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"]))
         layouts.setdefault(key, []).append(
             StepPoint(float(p["batch"]), int(p["q"]), context, float(p["ms"]) / 1e3, kind="attention")
         )
-    return [AttentionProbe(k, tuple(v)) for k, v in layouts.items()]
+    return [AttentionProbe(k, tuple(v), hardware.name, packed) for k, v in layouts.items()]
 
 
 def heads_of(shape: ModelShape) -> tuple[int, int, int]:
@@ -251,10 +278,14 @@ def fit(
     `exclude_heads`: probe layouts left out; `exclude_shapes`: profiled shapes left out (a held-out shape's
     own kernels are not fitted on). `profile` defaults to the shipped profile.
     """
-    probe = load_attention_probe() if probe is None else probe
+    packed = bool(tables) and all(t.packed for t in tables)
+    if probe is None:
+        probe = load_attention_probe(DATA_DIR / PACKED_ATTENTION_PROBE) if packed else load_attention_probe()
     excluded = set(exclude_heads)
     skipped = set(exclude_shapes)
     profile = load_forward_profile(load_tables()) if profile is None else profile
+    # The forward profile was taken on the H200: its elementwise rate, as a share of the H200's bandwidth, is
+    # assumed to hold as the same share on another GPU.
     hardware, _ = gpus.lookup("H200")
     elementwise, elementwise_layer, _ = fit_elementwise(
         [p for p in profile if p.shape not in skipped], hardware.bandwidth
@@ -317,7 +348,7 @@ def score(table: ShapeTable, efficiency: Efficiency) -> list[CellScore]:
     model = table_model(table, efficiency)
     cells = []
     for gamma in SCORED_GAMMAS:
-        for alpha in SCORED_ALPHAS:
+        for alpha in PACKED_SCORED_ALPHAS if table.packed else SCORED_ALPHAS:
             cells.append(
                 CellScore(
                     table.name,

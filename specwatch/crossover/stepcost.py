@@ -15,18 +15,19 @@ A forward with B sequences, q new tokens each (M = B x q rows) and context L cos
   expert's group also costs a fixed `expert_group_s` (its own small GEMM's setup and pipeline fill). Small
   batches of an MoE therefore grow their weight traffic with B until every expert is touched, which pushes
   B* far out.
-- **Attention**: plain decode (q = 1) reads each sequence's KV cache once: the measured kernel (cuDNN's
-  flash forward with a 16-row query tile) runs one block per (sequence, KV head) with the group's query
-  heads as its rows, so GQA costs almost nothing beyond the bytes (`decode_attention_flop_s`, 4 x head_dim
-  FLOPs per key and query head, fits to about 0 on the H200 probe). A verify pass (q > 1) on a kernel that
-  is not decode-optimised (cuDNN's 64-row-tile kernel, one block per sequence and *query* head) reads it
-  once per query head, i.e. GQA-ratio times the bytes; with fewer (sequence, head) blocks than SMs the kernel
-  cannot fill the GPU. Besides its bytes, each key costs the verify kernel a fixed `verify_key_s`: the
-  kernel runs a 64-row query tile whatever q, and its per-key softmax, masking and output rescaling over
-  those rows do not shrink with the head dimension. A head-dim-64 shape therefore pays more per KV byte
-  than a head-dim-128 one. Every attention call also lasts at least one block's loop over its slice,
-  (context + q) x `attention_slice_key_s`: however many blocks run, none finishes faster than one block
-  streams its keys, so a small call streams below the device rate.
+- **Attention**: plain decode (q = 1) reads each sequence's KV cache once: the measured kernel (cuDNN's flash
+  forward with a 16-row query tile) runs one block per (sequence, KV head) with the group's query heads as its
+  rows, so GQA costs almost nothing beyond the bytes (`decode_attention_flop_s`, 4 x head_dim FLOPs per key
+  and query head, fits to about 0 on the H200 probe). A verify pass (q > 1) on a kernel that packs GQA (the
+  serving engines' on Hopper, `kernel.py`) costs the same bytes, q times the score FLOPs. A verify pass on a
+  kernel that is not decode-optimised (cuDNN's 64-row-tile kernel, one block per sequence and *query* head)
+  reads it once per query head, i.e. GQA-ratio times the bytes; with fewer (sequence, head) blocks than SMs
+  the kernel cannot fill the GPU. Besides its bytes, each key costs the verify kernel a fixed `verify_key_s`:
+  the kernel runs a 64-row query tile whatever q, and its per-key softmax, masking and output rescaling over
+  those rows do not shrink with the head dimension. A head-dim-64 shape therefore pays more per KV byte than a
+  head-dim-128 one. Every attention call also lasts at least one block's loop over its slice, (context + q) x
+  `attention_slice_key_s`: however many blocks run, none finishes faster than one block streams its keys, so a
+  small call streams below the device rate.
 - **Elementwise kernels** (norms, RoPE, residual adds, SiLU and the gate multiply, KV-cache writes, MoE
   gather/scatter) move the bytes `activation_bytes_per_token` counts kernel by kernel, per token and layer,
   at their own rate (`elementwise`): unfused PyTorch kernels on strided head-major views run far below the
@@ -136,24 +137,26 @@ def attention_s(
     """One layer's attention over the KV cache (context + q positions per sequence)."""
     per_key = shape.head_dim * 2 * KV_BYTES  # K and V of one head, one position
     keys = context + q
-    if q == 1:
+    if q == 1 or not eff.verify_reads_per_query_head:
+        # Plain decode, or a verify kernel that packs each KV head's group of query heads with the q new tokens
+        # into one tile's rows (FlashAttention-3's pack_gqa, FlashInfer; `kernel.py`): either reads each
+        # sequence's KV cache once per KV head, so a packed verify costs what decode costs plus q times the
+        # score FLOPs.
         # Split-KV (flash-decoding): a call with fewer (sequence, KV head) blocks than SMs splits each slice of
         # the cache so the blocks fill the GPU, so its critical path is a 1/splits share of one slice.
-        splits = max(1, sms // max(1, int(batch * shape.kv_heads)))
-        scores = batch * keys * shape.attention_heads * 4 * shape.head_dim  # QK and PV FLOPs
+        splits = max(1, sms // max(1, int(batch * shape.kv_heads))) if q == 1 or eff.verify_split_kv else 1
+        scores = q * batch * keys * shape.attention_heads * 4 * shape.head_dim  # QK and PV FLOPs
         return (
             batch * keys * per_key * shape.kv_heads / (eff.decode_attention * hw.bandwidth)
             + scores * eff.decode_attention_flop_s
             + keys / splits * eff.attention_slice_key_s
         )
-    # The verify kernel runs one block per (sequence, work head) over its whole slice, no split: each wave of
-    # blocks lasts one block's loop over its keys (its KV bytes at an SM's share of the rate, plus the per-key
-    # work of its query tile) and its fixed setup and epilogue. The tables' kernel (one block per query head,
-    # every slice the same length) runs whole waves: 192 blocks on 132 SMs cost two. A GQA-packed serving
-    # kernel splits long slices and balances its last wave (fractional waves past the first).
-    heads = shape.attention_heads if eff.verify_reads_per_query_head else shape.kv_heads
-    blocks = batch * heads / sms
-    rounds = max(1.0, math.ceil(blocks) if eff.verify_reads_per_query_head else blocks)
+    # The unpacked verify kernel runs one block per (sequence, query head) over its whole slice, no split: each
+    # wave of blocks lasts one block's loop over its keys (its KV bytes at an SM's share of the rate, plus the
+    # per-key work of its query tile) and its fixed setup and epilogue, in whole waves (every slice the same
+    # length): 192 blocks on 132 SMs cost two.
+    blocks = batch * shape.attention_heads / sms
+    rounds = max(1.0, math.ceil(blocks))
     per_block_key = sms * (per_key / (eff.verify_attention * hw.bandwidth) + eff.verify_key_s)
     return rounds * (keys * per_block_key + eff.verify_block_s)
 

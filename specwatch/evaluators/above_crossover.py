@@ -235,7 +235,7 @@ class AboveCrossoverEvaluator:
         self.batch_window = min(BATCH_WINDOW_SECONDS, hold_seconds)
         self.ledger = GpuTimeLedger()
         # Live calibration needs the route's roofline model: `estimate` sources only.
-        self.live = LiveCalibration(source.model) if isinstance(source, EstimatedCrossover) else None
+        self.live = LiveCalibration(source.model_for("")) if isinstance(source, EstimatedCrossover) else None
         self._context = 1024.0
         self._live_ts: float | None = None  # the previous cycle fed to live calibration
 
@@ -275,7 +275,11 @@ class AboveCrossoverEvaluator:
             positions = positions_from_rate(obs.window_acceptance["5m"], obs.k)
         engines = max(1, len(obs.running_per_engine))
         live = LiveInputs(
-            positions=positions, batch=batch, kv_usage=obs.kv_usage, gpus_per_engine=max(1, len(obs.gpus) // engines)
+            positions=positions,
+            batch=batch,
+            kv_usage=obs.kv_usage,
+            gpus_per_engine=max(1, len(obs.gpus) // engines),
+            engine_kind=obs.engine_kind,
         )
         try:
             answer = self.source.answer(live)
@@ -297,6 +301,9 @@ class AboveCrossoverEvaluator:
             crossover_lower=answer.lower,
             crossover_upper=answer.upper,
             predicted_speedup_ratio=answer.speedup,
+            crossover_attention_kernel=answer.attention_kernel,
+            crossover_kv_capacity_batch=answer.kv_capacity_batch,
+            crossover_beyond_capacity=answer.beyond_capacity if answer.banded else None,
         )
         threshold, flag_source = answer.batch_size, self.source.name
         if answer.banded and answer.batch_size is not None:
@@ -328,6 +335,7 @@ class AboveCrossoverEvaluator:
         assert calibration is not None and isinstance(source, EstimatedCrossover)  # only estimates calibrate live
         if obs.reset:
             calibration.clear()  # a restarted engine may run another draft or configuration
+        calibration.use_model(source.model_for(obs.engine_kind))  # the verify kernel follows the detected engine
         dt = None if self._live_ts is None else obs.ts - self._live_ts
         self._live_ts = obs.ts
         for engine, times in obs.step_time_per_engine.items():
@@ -388,7 +396,9 @@ def build_source(cfg: CrossoverConfig) -> CrossoverSource:
     if cfg.kind == "sweep":
         return SweptCrossover(load_sweep(cfg.sweep_file))
     if cfg.kind == "estimate" and cfg.estimate is not None:
-        return EstimatedCrossover(build_step_model(cfg.estimate), cfg.estimate.context, cfg.estimate)
+        return EstimatedCrossover(
+            build_step_model(cfg.estimate), cfg.estimate.context, cfg.estimate, cfg.attention_kernel
+        )
     raise ValueError(f"crossover {cfg.kind!r} without its settings")
 
 
