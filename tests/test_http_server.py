@@ -208,6 +208,17 @@ class TlsOnly:
     def authorize_cached(self, headers) -> bool:
         return True
 
+    auth_required = admin_identity_required = False
+
+    def is_admin(self, user, cert_subject) -> bool:
+        return False
+
+    def host_allowed(self, host) -> bool:
+        return True
+
+    def origin_allowed(self, origin) -> bool:
+        return False
+
 
 def test_plain_http_to_the_tls_port_is_closed_unanswered_and_https_still_served(tmp_path: Path):
     cert, key = self_signed_for_localhost(tmp_path)

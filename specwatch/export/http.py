@@ -42,10 +42,11 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from specwatch import __version__
 from specwatch.export import webconfig
+from specwatch.export.webconfig import parse_basic_authorization
 from specwatch.export.admin_api import PREFIX as BASELINES_PREFIX
-from specwatch.export.admin_api import Answer, BaselineActions
+from specwatch.export.admin_api import KNOWN_ACTIONS, Answer, BaselineActions, Caller
 from specwatch.export.advice import advice_document
-from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
+from specwatch.export.prometheus import AdminRequests, ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -68,6 +69,7 @@ MAX_BODY_BYTES = 64 * 1024  # an admin POST's JSON; an Alertmanager webhook's bo
 RENDER_WORKERS = 4  # /metrics renders serialize on the RenderCache anyway
 AUTH_WORKERS = 2  # concurrent bcrypt checks: a flood of wrong passwords costs at most two cores
 MAX_PENDING_AUTH = 64
+MAX_LOGGED_NAME = 200  # a route or action named in an audit line; the path is the client's
 # Below this size gzip costs more than it saves.
 GZIP_MIN_BYTES = 1024
 # Prometheus always asks for gzip; level 1 costs a third of level 6's CPU for about 15% more bytes.
@@ -85,6 +87,16 @@ class WebConfig(Protocol):
     @property
     def auth_required(self) -> bool:
         """Whether requests need credentials (basic auth users are configured)."""
+
+    @property
+    def admin_identity_required(self) -> bool:
+        """Whether admin POSTs need an admin user or client-certificate subject."""
+
+    def is_admin(self, user: str | None, cert_subject: str | None) -> bool: ...
+
+    def host_allowed(self, host: str) -> bool: ...
+
+    def origin_allowed(self, origin: str) -> bool: ...
 
 
 def load_web_config(path: str) -> WebConfig | None:
@@ -167,21 +179,27 @@ class RenderCache:
     (pinned), never a newer one published meanwhile under the old one's key.
     """
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], errors: ExportErrors | None = None) -> None:
+    def __init__(
+        self,
+        get_snapshot: Callable[[], Snapshot],
+        errors: ExportErrors | None = None,
+        admin: AdminRequests | None = None,
+    ) -> None:
         self._get_snapshot = get_snapshot
         self.errors = errors or ExportErrors()
+        self.admin = admin
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._bodies: dict[tuple[str, bool], tuple[bytes, bool]] = {}
         self._rendering: Snapshot | None = None
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self._pinned, self.errors))
+        self.registry.register(SnapshotCollector(self._pinned, self.errors, admin))
         self.renders = 0  # for tests: how many times the registry was encoded
 
     def _render(self, snapshot: Snapshot, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
         is_openmetrics = own_writer_format(encoder)
         if is_openmetrics is not None:  # the same bytes as client_python's, from export/text_format.py
-            return render_text(snapshot, is_openmetrics, self.errors)
+            return render_text(snapshot, is_openmetrics, self.errors, self.admin)
         self._rendering = snapshot
         try:
             return encoder(self.registry)
@@ -309,9 +327,11 @@ class _App:
         renders: RenderCache,
         web_config: WebConfig | None,
         admin: BaselineActions | None,
+        admin_requests: AdminRequests,
     ) -> None:
         self._get_snapshot = get_snapshot
         self._renders = renders
+        self._admin_requests = admin_requests
         self._web_config = web_config
         self._admin = admin
         self._workers = ThreadPoolExecutor(RENDER_WORKERS, thread_name_prefix="specwatch-http")
@@ -323,8 +343,8 @@ class _App:
             return
         headers = _Headers(scope["headers"])
         try:
-            await self._read_body(headers, receive)
-            status, body, content_type, extra = await self._handle(scope, headers)
+            request_body = await self._read_body(headers, receive)
+            status, body, content_type, extra = await self._handle(scope, headers, request_body)
         except _Refused as refused:
             status, body, content_type, extra = refused.status, refused.text.encode(), _TEXT, refused.headers
         fields = [
@@ -368,13 +388,27 @@ class _App:
         finally:
             self._auth_pending -= 1
 
-    async def _handle(self, scope: dict[str, Any], headers: _Headers) -> _Response:
+    async def _handle(self, scope: dict[str, Any], headers: _Headers, request_body: bytes) -> _Response:
         """(status, body, content type, extra headers) for one request."""
         method = scope["method"]
         if method not in ("GET", "HEAD", "POST"):
             return 405, b"Method not allowed.\n", _TEXT, {"Allow": "GET, HEAD, POST"}
-        if not await self._authorized(headers):
-            return 401, b"Unauthorized\n", _TEXT, {"WWW-Authenticate": 'Basic realm="specwatch"'}
+        target = _admin_target(method, scope["raw_path"].decode("latin-1")) if self._admin is not None else None
+        audit = _Audit(self._admin_requests, target, _remote(scope))
+        web_config = self._web_config
+        if web_config is not None and not web_config.host_allowed(headers.get("Host", "")):
+            _LIMIT_LOG("host", "refused a request for Host %r, not in allowed_hosts", headers.get("Host", "")[:100])
+            return audit.refused(421, "misdirected", "Misdirected request: this Host is not served.\n")
+        cert_subject = scope.get("extensions", {}).get("tls", {}).get("client_cert_name")
+        cert_admin = web_config is not None and web_config.is_admin(None, cert_subject)
+        if not cert_admin and not await self._authorized(headers):
+            status, body, content_type, extra = audit.refused(401, "unauthorized", "Unauthorized\n")
+            return status, body, content_type, {"WWW-Authenticate": 'Basic realm="specwatch"'}
+        if target is not None:
+            user = None
+            if web_config is not None and web_config.auth_required:  # verified by _authorized
+                user = (parse_basic_authorization(headers.get("Authorization")) or (None, ""))[0]
+            return await self._admin_post(headers, request_body, target, audit, user, cert_subject)
         path = scope["path"]
         if path == BASELINES_PREFIX or path.startswith(BASELINES_PREFIX + "/"):
             return await self._baselines(method, scope["raw_path"].decode("latin-1"))
@@ -402,28 +436,61 @@ class _App:
             return 200, _INDEX.format(version=html.escape(__version__)).encode(), "text/html; charset=utf-8", None
         return 404, b"404 page not found\n", _TEXT, None
 
+    async def _admin_post(
+        self,
+        headers: _Headers,
+        request_body: bytes,
+        target: tuple[str, str],
+        audit: _Audit,
+        user: str | None,
+        cert_subject: str | None,
+    ) -> _Response:
+        """POST /api/v1/baselines/{route}/{action}: refused unless the caller is an admin and the request could
+        not have been sent by a page on another origin (a browser sends a cross-origin POST without asking only
+        with a form or text/plain body, and always names its Origin); then the action, on a worker."""
+        admin, web_config = self._admin, self._web_config
+        assert admin is not None
+        audit.user = user or cert_subject
+        if web_config is not None and web_config.admin_identity_required:
+            if not web_config.is_admin(user, cert_subject):
+                text = "Forbidden: not an admin (admin_users or admin_client_cert_subjects in --web.config.file).\n"
+                return audit.refused(403, "forbidden", text)
+        elif not admin.enabled_without_auth:
+            text = "Admin APIs disabled: set admin_users in --web.config.file, or start with --web.enable-admin-api.\n"
+            return audit.refused(403, "forbidden", text)
+        origin = headers.get("Origin")
+        if origin is not None and not _same_origin(origin, headers.get("Host", "")):
+            if web_config is None or not web_config.origin_allowed(origin):
+                return audit.refused(403, "cross_origin", "Forbidden: cross-origin request (Origin).\n")
+        if headers.get("Content-Type", "").split(";", 1)[0].strip().lower() != "application/json":
+            return audit.refused(415, "cross_origin", "Unsupported media type: send Content-Type: application/json.\n")
+        try:
+            document = json.loads(request_body) if request_body.strip() else {}
+        except ValueError:
+            document = None
+        if not isinstance(document, dict):
+            return audit.refused(400, "bad_request", "Bad request: the body must be a JSON object.\n")
+        route, action = target
+        caller = Caller(user=audit.user, remote=audit.remote)
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(self._workers, admin.act, route, action, caller, document)
+        audit.answered(answer)
+        return _json(answer)
+
     async def _baselines(self, method: str, raw_path: str) -> _Response:
-        """GET /api/v1/baselines, POST /api/v1/baselines/{route}/{accept|reset|adopt} (export/admin_api.py)."""
+        """GET /api/v1/baselines (the POSTs are `_admin_post`)."""
         admin = self._admin
         if admin is None:
             return 404, b"404 page not found\n", _TEXT, None
-        loop = asyncio.get_running_loop()
         rest = raw_path[len(BASELINES_PREFIX) :].strip("/")
-        if not rest:
-            if method == "POST":
-                return 405, b"Method not allowed.\n", _TEXT, {"Allow": "GET, HEAD"}
-            return _json(await loop.run_in_executor(self._workers, admin.listing))
-        parts = rest.split("/")
-        if len(parts) != 2 or not parts[0]:
+        if rest:
+            if len(rest.split("/")) == 2 and method != "POST":
+                return 405, b"Method not allowed.\n", _TEXT, {"Allow": "POST"}
             return 404, b"404 page not found\n", _TEXT, None
-        if method != "POST":
-            return 405, b"Method not allowed.\n", _TEXT, {"Allow": "POST"}
-        web_config = self._web_config
-        if not (web_config is not None and web_config.auth_required) and not admin.enabled_without_auth:
-            body = b"Admin APIs disabled: set basic auth in --web.config.file, or start with --web.enable-admin-api.\n"
-            return 403, body, _TEXT, None
-        route = urllib.parse.unquote(parts[0])
-        return _json(await loop.run_in_executor(self._workers, admin.act, route, parts[1]))
+        if method == "POST":
+            return 405, b"Method not allowed.\n", _TEXT, {"Allow": "GET, HEAD"}
+        loop = asyncio.get_running_loop()
+        return _json(await loop.run_in_executor(self._workers, admin.listing))
 
     def _routes_json(self) -> bytes:
         return json.dumps(routes_document(self._get_snapshot()), allow_nan=False).encode()
@@ -434,6 +501,67 @@ class _App:
     def close(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
+
+
+def _admin_target(method: str, raw_path: str) -> tuple[str, str] | None:
+    """(route, action) of an admin POST to /api/v1/baselines/{route}/{action}, else None."""
+    if method != "POST" or not raw_path.startswith(BASELINES_PREFIX + "/"):
+        return None
+    parts = raw_path[len(BASELINES_PREFIX) :].strip("/").split("/")
+    if len(parts) != 2 or not parts[0]:
+        return None
+    return urllib.parse.unquote(parts[0]), parts[1]
+
+
+def _remote(scope: dict[str, Any]) -> str:
+    client = scope.get("client")
+    if not client:
+        return ""
+    host, port = client[0], client[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    """Whether a browser's Origin (scheme://host[:port]) names the host the request was sent to."""
+    scheme, sep, netloc = origin.strip().lower().partition("://")
+    if not sep or scheme not in ("http", "https") or not host:
+        return False  # "null" (a sandboxed page, a file) included
+    default = {"http": ":80", "https": ":443"}[scheme]
+    return netloc.rstrip("/").removesuffix(default) == host.strip().lower().removesuffix(default)
+
+
+class _Audit:
+    """One admin request's audit: a log line at INFO (user, remote address, action, route, status, outcome and
+    the action's before/after) and its count in specwatch_admin_requests_total; nothing for other requests."""
+
+    def __init__(self, counts: AdminRequests, target: tuple[str, str] | None, remote: str) -> None:
+        self.counts, self.target, self.remote = counts, target, remote
+        self.user: str | None = None
+
+    def refused(self, status: int, outcome: str, text: str) -> _Response:
+        self._record(status, outcome, None, None)
+        return status, text.encode(), _TEXT, None
+
+    def answered(self, answer: Answer) -> None:
+        outcome = "performed" if 200 <= answer.status < 300 else "failed"
+        self._record(answer.status, outcome, answer.document.get("before"), answer.document.get("after"))
+
+    def _record(self, status: int, outcome: str, before: Any, after: Any) -> None:
+        if self.target is None:
+            return
+        route, action = self.target
+        self.counts.count(action if action in KNOWN_ACTIONS else "other", outcome)
+        log.info(
+            "admin request: user=%s remote=%s action=%s route=%s status=%d outcome=%s before=%s after=%s",
+            json.dumps(self.user),
+            self.remote,
+            json.dumps(action[:MAX_LOGGED_NAME]),
+            json.dumps(route[:MAX_LOGGED_NAME]),
+            status,
+            outcome,
+            json.dumps(_finite(before), sort_keys=True, default=str),
+            json.dumps(_finite(after), sort_keys=True, default=str),
+        )
 
 
 def _json(answer: Answer) -> _Response:
@@ -451,6 +579,7 @@ class _Protocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._client_cert_name = _subject_name(transport.get_extra_info("peercert"))
         self._head_bytes, self._head_fields, self._in_head = 0, 0, True
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(HEAD_TIMEOUT_SECONDS, self._head_timeout)
 
@@ -472,6 +601,8 @@ class _Protocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._client_cert_name is not None:  # the ASGI TLS extension's field, for the admin check
+            self.scope["extensions"] = {"tls": {"client_cert_name": self._client_cert_name}}
         if not self._in_head:  # the next request on a kept-alive connection: its head gets its own time
             self._in_head, self._head_bytes, self._head_fields = True, 0, 0
             self._head_timer = self.loop.call_later(HEAD_TIMEOUT_SECONDS, self._head_timeout)
@@ -516,6 +647,36 @@ class _Protocol(HttpToolsProtocol):
         self.transport.close()
 
 
+# getpeercert()'s attribute names -> RFC 4514's (the rest keep their long names)
+_RDN_NAMES = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+
+
+def _subject_name(peercert: Any) -> str | None:
+    """A verified client certificate's subject as RFC 4514 writes it ("CN=ops,O=example": the last RDN first,
+    as Go's pkix.Name.String() and `openssl x509 -subject -nameopt RFC2253` do); None without one."""
+    if not peercert or not peercert.get("subject"):
+        return None
+
+    def escape(value: str) -> str:
+        value = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+        if value.startswith(("#", " ")):
+            value = "\\" + value
+        return value[:-1] + "\\ " if value.endswith(" ") else value
+
+    rdns = ["+".join(f"{_RDN_NAMES.get(k, k)}={escape(v)}" for k, v in rdn) for rdn in peercert["subject"]]
+    return ",".join(reversed(rdns))
+
+
 class MetricsServer:
     """A running HTTP server; `shutdown()` stops it and closes the socket."""
 
@@ -542,17 +703,19 @@ def serve(
     web_config: WebConfig | None = None,
     errors: ExportErrors | None = None,
     admin: BaselineActions | None = None,
+    admin_requests: AdminRequests | None = None,
 ) -> MetricsServer:
     """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind).
     `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors);
-    `admin` serves /api/v1/baselines (None: 404 there)."""
+    `admin` serves /api/v1/baselines (None: 404 there), its requests counted in `admin_requests`."""
     host, port = parse_listen_address(address)
     family = socket.AF_INET6 if _is_ipv6(host) else socket.AF_INET
     # "[::]" takes IPv4 too, as http.server's socket did by the kernel's default
     dualstack = family == socket.AF_INET6 and ipaddress.ip_address(host).is_unspecified and socket.has_dualstack_ipv6()
     listener = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG, dualstack_ipv6=dualstack)
     ssl_context = web_config.ssl_context() if web_config is not None else None
-    app = _App(get_snapshot, RenderCache(get_snapshot, errors), web_config, admin)
+    admin_requests = admin_requests or AdminRequests()
+    app = _App(get_snapshot, RenderCache(get_snapshot, errors, admin_requests), web_config, admin, admin_requests)
     config = uvicorn.Config(
         app,
         http=_Protocol,
