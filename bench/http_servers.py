@@ -326,7 +326,7 @@ def main() -> int:
     row("slowloris 700: probe p50 / p99 / max", "slowloris", lat)
     row("slowloris 700: probe failed", "slowloris", lambda r: str(r["probe_failed"]))
     row(
-        "slowloris 700: held at least (cut, reopened)",
+        "slowloris 700: held at least (cut by the server)",
         "slowloris",
         lambda r: f"{r['load'].get('slow_held_min')} ({r['load']['slow_cut']})",
     )

@@ -44,7 +44,7 @@ from specwatch import __version__
 from specwatch.export import webconfig
 from specwatch.export.webconfig import parse_basic_authorization
 from specwatch.export.admin_api import PREFIX as BASELINES_PREFIX
-from specwatch.export.admin_api import KNOWN_ACTIONS, Answer, BaselineActions, Caller
+from specwatch.export.admin_api import KNOWN_ACTIONS, OUTCOMES, Answer, BaselineActions, Caller
 from specwatch.export.advice import advice_document
 from specwatch.export.prometheus import AdminRequests, ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
@@ -550,6 +550,7 @@ class _Audit:
         if self.target is None:
             return
         route, action = self.target
+        assert outcome in OUTCOMES, outcome
         self.counts.count(action if action in KNOWN_ACTIONS else "other", outcome)
         log.info(
             "admin request: user=%s remote=%s action=%s route=%s status=%d outcome=%s before=%s after=%s",
