@@ -146,7 +146,7 @@ def test_a_foreign_host_is_refused_on_every_path_when_allowed_hosts_is_set(start
 
 
 def test_every_admin_request_is_logged_with_user_remote_route_and_before_after(start, caplog):
-    caplog.set_level(logging.INFO, logger="specwatch.export.http")
+    caplog.set_level(logging.INFO, logger="specwatch.export.admin_api")
     server = start(users_config(), Recorder())
     url = server.url + "/api/v1/baselines/chat/reset"
     requests.post(url, json={}, auth=ADMIN, timeout=30)

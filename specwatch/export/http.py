@@ -28,7 +28,6 @@ import math
 import socket
 import threading
 import time
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
@@ -44,7 +43,7 @@ from specwatch import __version__
 from specwatch.export import webconfig
 from specwatch.export.webconfig import parse_basic_authorization
 from specwatch.export.admin_api import PREFIX as BASELINES_PREFIX
-from specwatch.export.admin_api import KNOWN_ACTIONS, OUTCOMES, Answer, BaselineActions, Caller
+from specwatch.export.admin_api import Answer, Audit, BaselineActions, Caller, admin_target, remote_address, same_origin
 from specwatch.export.advice import advice_document
 from specwatch.export.prometheus import AdminRequests, ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
@@ -69,7 +68,6 @@ MAX_BODY_BYTES = 64 * 1024  # an admin POST's JSON; an Alertmanager webhook's bo
 RENDER_WORKERS = 4  # /metrics renders serialize on the RenderCache anyway
 AUTH_WORKERS = 2  # concurrent bcrypt checks: a flood of wrong passwords costs at most two cores
 MAX_PENDING_AUTH = 64
-MAX_LOGGED_NAME = 200  # a route or action named in an audit line; the path is the client's
 # Below this size gzip costs more than it saves.
 GZIP_MIN_BYTES = 1024
 # Prometheus always asks for gzip; level 1 costs a third of level 6's CPU for about 15% more bytes.
@@ -393,16 +391,16 @@ class _App:
         method = scope["method"]
         if method not in ("GET", "HEAD", "POST"):
             return 405, b"Method not allowed.\n", _TEXT, {"Allow": "GET, HEAD, POST"}
-        target = _admin_target(method, scope["raw_path"].decode("latin-1")) if self._admin is not None else None
-        audit = _Audit(self._admin_requests, target, _remote(scope))
+        target = admin_target(method, scope["raw_path"].decode("latin-1")) if self._admin is not None else None
+        audit = Audit(self._admin_requests, target, remote_address(scope.get("client")))
         web_config = self._web_config
         if web_config is not None and not web_config.host_allowed(headers.get("Host", "")):
             _LIMIT_LOG("host", "refused a request for Host %r, not in allowed_hosts", headers.get("Host", "")[:100])
-            return audit.refused(421, "misdirected", "Misdirected request: this Host is not served.\n")
+            return _refuse(audit, 421, "misdirected", "Misdirected request: this Host is not served.\n")
         cert_subject = scope.get("extensions", {}).get("tls", {}).get("client_cert_name")
         cert_admin = web_config is not None and web_config.is_admin(None, cert_subject)
         if not cert_admin and not await self._authorized(headers):
-            status, body, content_type, extra = audit.refused(401, "unauthorized", "Unauthorized\n")
+            status, body, content_type, extra = _refuse(audit, 401, "unauthorized", "Unauthorized\n")
             return status, body, content_type, {"WWW-Authenticate": 'Basic realm="specwatch"'}
         if target is not None:
             user = None
@@ -441,7 +439,7 @@ class _App:
         headers: _Headers,
         request_body: bytes,
         target: tuple[str, str],
-        audit: _Audit,
+        audit: Audit,
         user: str | None,
         cert_subject: str | None,
     ) -> _Response:
@@ -454,22 +452,22 @@ class _App:
         if web_config is not None and web_config.admin_identity_required:
             if not web_config.is_admin(user, cert_subject):
                 text = "Forbidden: not an admin (admin_users or admin_client_cert_subjects in --web.config.file).\n"
-                return audit.refused(403, "forbidden", text)
+                return _refuse(audit, 403, "forbidden", text)
         elif not admin.enabled_without_auth:
             text = "Admin APIs disabled: set admin_users in --web.config.file, or start with --web.enable-admin-api.\n"
-            return audit.refused(403, "forbidden", text)
+            return _refuse(audit, 403, "forbidden", text)
         origin = headers.get("Origin")
-        if origin is not None and not _same_origin(origin, headers.get("Host", "")):
+        if origin is not None and not same_origin(origin, headers.get("Host", "")):
             if web_config is None or not web_config.origin_allowed(origin):
-                return audit.refused(403, "cross_origin", "Forbidden: cross-origin request (Origin).\n")
+                return _refuse(audit, 403, "cross_origin", "Forbidden: cross-origin request (Origin).\n")
         if headers.get("Content-Type", "").split(";", 1)[0].strip().lower() != "application/json":
-            return audit.refused(415, "cross_origin", "Unsupported media type: send Content-Type: application/json.\n")
+            return _refuse(audit, 415, "cross_origin", "Unsupported media type: send Content-Type: application/json.\n")
         try:
             document = json.loads(request_body) if request_body.strip() else {}
         except ValueError:
             document = None
         if not isinstance(document, dict):
-            return audit.refused(400, "bad_request", "Bad request: the body must be a JSON object.\n")
+            return _refuse(audit, 400, "bad_request", "Bad request: the body must be a JSON object.\n")
         route, action = target
         caller = Caller(user=audit.user, remote=audit.remote)
         loop = asyncio.get_running_loop()
@@ -503,66 +501,9 @@ class _App:
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
 
 
-def _admin_target(method: str, raw_path: str) -> tuple[str, str] | None:
-    """(route, action) of an admin POST to /api/v1/baselines/{route}/{action}, else None."""
-    if method != "POST" or not raw_path.startswith(BASELINES_PREFIX + "/"):
-        return None
-    parts = raw_path[len(BASELINES_PREFIX) :].strip("/").split("/")
-    if len(parts) != 2 or not parts[0]:
-        return None
-    return urllib.parse.unquote(parts[0]), parts[1]
-
-
-def _remote(scope: dict[str, Any]) -> str:
-    client = scope.get("client")
-    if not client:
-        return ""
-    host, port = client[0], client[1]
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-
-
-def _same_origin(origin: str, host: str) -> bool:
-    """Whether a browser's Origin (scheme://host[:port]) names the host the request was sent to."""
-    scheme, sep, netloc = origin.strip().lower().partition("://")
-    if not sep or scheme not in ("http", "https") or not host:
-        return False  # "null" (a sandboxed page, a file) included
-    default = {"http": ":80", "https": ":443"}[scheme]
-    return netloc.rstrip("/").removesuffix(default) == host.strip().lower().removesuffix(default)
-
-
-class _Audit:
-    """One admin request's audit: a log line at INFO (user, remote address, action, route, status, outcome and
-    the action's before/after) and its count in specwatch_admin_requests_total; nothing for other requests."""
-
-    def __init__(self, counts: AdminRequests, target: tuple[str, str] | None, remote: str) -> None:
-        self.counts, self.target, self.remote = counts, target, remote
-        self.user: str | None = None
-
-    def refused(self, status: int, outcome: str, text: str) -> _Response:
-        self._record(status, outcome, None, None)
-        return status, text.encode(), _TEXT, None
-
-    def answered(self, answer: Answer) -> None:
-        outcome = "performed" if 200 <= answer.status < 300 else "failed"
-        self._record(answer.status, outcome, answer.document.get("before"), answer.document.get("after"))
-
-    def _record(self, status: int, outcome: str, before: Any, after: Any) -> None:
-        if self.target is None:
-            return
-        route, action = self.target
-        assert outcome in OUTCOMES, outcome
-        self.counts.count(action if action in KNOWN_ACTIONS else "other", outcome)
-        log.info(
-            "admin request: user=%s remote=%s action=%s route=%s status=%d outcome=%s before=%s after=%s",
-            json.dumps(self.user),
-            self.remote,
-            json.dumps(action[:MAX_LOGGED_NAME]),
-            json.dumps(route[:MAX_LOGGED_NAME]),
-            status,
-            outcome,
-            json.dumps(_finite(before), sort_keys=True, default=str),
-            json.dumps(_finite(after), sort_keys=True, default=str),
-        )
+def _refuse(audit: Audit, status: int, outcome: str, text: str) -> _Response:
+    audit.record(status, outcome)
+    return status, text.encode(), _TEXT, None
 
 
 def _json(answer: Answer) -> _Response:
