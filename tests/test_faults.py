@@ -75,6 +75,12 @@ hostile clients of specwatch's own HTTP server (bench/http_load.py and bench/htt
     test_http_server.py::test_plain_http_to_the_tls_port_is_closed_unanswered_and_https_still_served
     test_http_server.py::test_scrapes_are_answered_while_hostile_clients_hold_connections
     test_webconfig.py::test_a_cached_right_password_is_not_held_up_by_wrong_ones_being_checked
+hostile admin requests (a scrape account, a cross-origin page, a foreign Host) change nothing and are logged
+    test_admin_protections.py::test_a_scrape_user_may_scrape_but_is_refused_admin_and_an_admin_user_may_act
+    test_admin_protections.py::test_without_auth_a_cross_origin_text_plain_or_form_post_is_refused
+    test_admin_protections.py::test_a_foreign_origin_is_refused_and_the_own_or_an_allowed_origin_served
+    test_admin_protections.py::test_a_foreign_host_is_refused_on_every_path_when_allowed_hosts_is_set
+    test_admin_protections.py::test_every_admin_request_is_logged_with_user_remote_route_and_before_after
 soak (no RSS, fd or thread growth; the full runs are bench/soak.py)
     test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat
 
