@@ -230,6 +230,21 @@ def test_plain_http_to_the_tls_port_is_closed_unanswered_and_https_still_served(
         srv.shutdown()
 
 
+def test_a_tls_client_that_never_finishes_its_handshake_is_cut_at_the_head_timeout(tmp_path: Path, monkeypatch):
+    """asyncio's own handshake timeout is 60 s, and a connection still handshaking is not counted against the
+    connection cap: silent TLS clients could hold file descriptors for a minute each."""
+    monkeypatch.setattr(http_module, "HEAD_TIMEOUT_SECONDS", 1.0, raising=False)
+    cert, key = self_signed_for_localhost(tmp_path)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT, TlsOnly(cert, key))
+    try:
+        with connect(srv, timeout=30) as silent:
+            begin = time.monotonic()
+            assert read_until_closed(silent) == b""
+            assert time.monotonic() - begin < 25  # closed by the server, well before asyncio's 60 s
+    finally:
+        srv.shutdown()
+
+
 def test_shutdown_closes_idle_tls_connections_at_once(tmp_path: Path, caplog):
     """A graceful TLS close waits for the client's close_notify, which an idle keep-alive client (Prometheus
     between scrapes) never sends: shutdown gave up after its grace and left their tasks pending."""

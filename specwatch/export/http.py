@@ -619,6 +619,17 @@ def _subject_name(peercert: Any) -> str | None:
     return ",".join(reversed(rdns))
 
 
+class _Loop(asyncio.SelectorEventLoop):
+    """The server thread's loop: a TLS handshake gets HEAD_TIMEOUT_SECONDS, not asyncio's 60 s (uvicorn has no
+    setting for it), so a client that opens connections and never finishes its handshake is cut as early as one
+    that never finishes its request head; until then it is not among the connections uvicorn counts."""
+
+    async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", HEAD_TIMEOUT_SECONDS)
+        return await super().create_server(*args, **kwargs)
+
+
 class MetricsServer:
     """A running HTTP server; `shutdown()` stops it and closes the socket."""
 
@@ -677,7 +688,7 @@ def serve(
     server = uvicorn.Server(config)
 
     def run() -> None:
-        loop = asyncio.new_event_loop()
+        loop = _Loop()
         try:
             loop.run_until_complete(server.serve(sockets=[listener]))
         finally:
