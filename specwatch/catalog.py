@@ -63,6 +63,15 @@ METRICS: tuple[MetricSpec, ...] = (
         ("section",),
     ),
     _m("otlp_export_errors_total", "counter", "OTLP exports that failed or raised; the log says why"),
+    _m(
+        "admin_requests_total",
+        "counter",
+        "Admin API requests (POST /api/v1/baselines/ROUTE/ACTION) by action and outcome: performed, failed (the "
+        "action refused it), unauthorized, forbidden (not an admin), cross_origin, misdirected (Host not "
+        "allowed), bad_request; the log has a line for each",
+        ("action", "outcome"),
+        area="service",
+    ),
     # --- sources
     _m("route_up", "gauge", "Whether the last scrape of the route's engine endpoint succeeded" + AS_OF, ("route",)),
     _m(

@@ -1,4 +1,4 @@
-"""The daemon's baselines API over loopback: POST accept/reset/adopt need auth (or --web.enable-admin-api), queue
+"""The daemon's baselines API over loopback: POST accept/reset/adopt need an admin (or --web.enable-admin-api), queue
 the CLI's own commands, and the detector applies them on its next cycle."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _config(tmp_path: Path) -> Config:
 
 
 def _auth_config(tmp_path: Path) -> WebConfig:
-    return parse_web_config({"basic_auth_users": {"ops": USER_HASH}}, str(tmp_path / "web.yml"))
+    return parse_web_config({"admin_users": {"ops": USER_HASH}}, str(tmp_path / "web.yml"))
 
 
 def _serve(config: Config, web_config: WebConfig | None, enabled: bool = False) -> MetricsServer:
@@ -79,7 +79,7 @@ def test_accept_needs_basic_auth_and_applies_on_the_next_cycle(tmp_path: Path, l
         assert requests.post(url, timeout=30).status_code == 401
         assert requests.post(url, auth=("ops", "wrong"), timeout=30).status_code == 401
         assert learned.reference is not None
-        answer = requests.post(url, auth=("ops", PASSWORD), timeout=30)
+        answer = requests.post(url, json={}, auth=("ops", PASSWORD), timeout=30)
         assert answer.status_code == 202, answer.text
         body = answer.json()
         assert body["route"] == "chat" and body["action"] == "accept" and body["status"] == "queued"
@@ -94,7 +94,7 @@ def test_accept_needs_basic_auth_and_applies_on_the_next_cycle(tmp_path: Path, l
 def test_reset_over_http_is_the_clis_reset(tmp_path: Path, learned) -> None:
     server = _serve(_config(tmp_path), _auth_config(tmp_path))
     try:
-        answer = requests.post(server.url + "/api/v1/baselines/chat/reset", auth=("ops", PASSWORD), timeout=30)
+        answer = requests.post(server.url + "/api/v1/baselines/chat/reset", json={}, auth=("ops", PASSWORD), timeout=30)
         assert answer.status_code == 202 and "relearns from scratch" in answer.json()["message"]
     finally:
         server.shutdown()
@@ -106,7 +106,7 @@ def test_without_auth_the_write_endpoints_are_off_unless_enabled(tmp_path: Path,
     config = _config(tmp_path)
     server = _serve(config, None)
     try:
-        answer = requests.post(server.url + "/api/v1/baselines/chat/reset", timeout=30)
+        answer = requests.post(server.url + "/api/v1/baselines/chat/reset", json={}, timeout=30)
         assert answer.status_code == 403 and "--web.enable-admin-api" in answer.text
         listing = requests.get(server.url + "/api/v1/baselines", timeout=30)  # reading stays open, as /api/v1/routes
         assert listing.status_code == 200 and listing.json()["baselines"][0]["route"] == "chat"
@@ -114,7 +114,7 @@ def test_without_auth_the_write_endpoints_are_off_unless_enabled(tmp_path: Path,
         server.shutdown()
     server = _serve(config, None, enabled=True)
     try:
-        assert requests.post(server.url + "/api/v1/baselines/chat/reset", timeout=30).status_code == 202
+        assert requests.post(server.url + "/api/v1/baselines/chat/reset", json={}, timeout=30).status_code == 202
     finally:
         server.shutdown()
 
@@ -125,23 +125,23 @@ def test_unknown_routes_methods_and_actions(tmp_path: Path) -> None:
     auth = ("ops", PASSWORD)
     base = server.url + "/api/v1/baselines"
     try:
-        assert requests.post(base + "/nope/accept", auth=auth, timeout=30).status_code == 404
-        assert requests.post(base + "/chat/forget", auth=auth, timeout=30).status_code == 404
+        assert requests.post(base + "/nope/accept", json={}, auth=auth, timeout=30).status_code == 404
+        assert requests.post(base + "/chat/forget", json={}, auth=auth, timeout=30).status_code == 404
         got = requests.get(base + "/chat/accept", auth=auth, timeout=30)
         assert got.status_code == 405 and got.headers["Allow"] == "POST"
         assert requests.post(base, auth=auth, timeout=30).status_code == 405
         assert requests.post(server.url + "/metrics", auth=auth, timeout=30).status_code == 405
         # no detector state yet: accept has nothing to adopt, as the CLI says
-        assert requests.post(base + "/chat/accept", auth=auth, timeout=30).status_code == 409
+        assert requests.post(base + "/chat/accept", json={}, auth=auth, timeout=30).status_code == 409
         # adopt is for canary fingerprints: a route without probes has none
-        assert requests.post(base + "/chat/adopt", auth=auth, timeout=30).status_code == 409
+        assert requests.post(base + "/chat/adopt", json={}, auth=auth, timeout=30).status_code == 409
     finally:
         server.shutdown()
     probed = dataclasses.replace(config.routes[0], probe=ProbeConfig())
     config = dataclasses.replace(config, routes=(probed,))
     server = _serve(config, _auth_config(tmp_path))
     try:
-        answer = requests.post(server.url + "/api/v1/baselines/chat/adopt", auth=auth, timeout=30)
+        answer = requests.post(server.url + "/api/v1/baselines/chat/adopt", json={}, auth=auth, timeout=30)
         assert answer.status_code == 202 and answer.json()["action"] == "adopt"
     finally:
         server.shutdown()

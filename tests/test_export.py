@@ -145,9 +145,13 @@ def full_snapshot() -> Snapshot:
     )
 
 
-def render(snapshot: Snapshot) -> str:
+def render(snapshot: Snapshot, admin_requests: bool = True) -> str:
+    admin = prom_export.AdminRequests()  # the HTTP server's counts, beside the snapshot
+    if admin_requests:
+        admin.count("accept", "performed")
+        admin.count("reset", "forbidden")
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: snapshot))
+    registry.register(SnapshotCollector(lambda: snapshot, admin=admin))
     return generate_latest(registry).decode()
 
 
@@ -252,7 +256,7 @@ def test_http_endpoints(server):
     assert requests.get(url + "/-/ready", timeout=5).status_code == 200
     r = requests.get(url + "/metrics", timeout=5, headers={"Accept-Encoding": "identity"})
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    assert r.text == render(full_snapshot())
+    assert r.text == render(full_snapshot(), admin_requests=False)
     raw = requests.get(url + "/metrics", timeout=5, headers={"Accept-Encoding": "gzip"}, stream=True).raw
     assert raw.headers["Content-Encoding"] == "gzip" and gzip.decompress(raw.read()).decode() == r.text
     om = requests.get(url + "/metrics", timeout=5, headers={"Accept": "application/openmetrics-text"})
@@ -286,6 +290,17 @@ class FakeWebConfig:
 
     def authorize_cached(self, headers) -> bool:
         return self.authorize(headers)
+
+    auth_required = admin_identity_required = True
+
+    def is_admin(self, user, cert_subject) -> bool:
+        return False
+
+    def host_allowed(self, host) -> bool:
+        return True
+
+    def origin_allowed(self, origin) -> bool:
+        return False
 
 
 @pytest.mark.slow

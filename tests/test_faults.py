@@ -65,16 +65,22 @@ fuzzed exposition bodies (parses or raises one error type, never hangs)
     test_fuzz_exposition.py::test_random_bytes_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_mutated_real_captures_parse_or_raise_the_one_error
     test_fuzz_exposition.py::test_the_engine_parse_path_raises_only_source_errors
-hostile clients of specwatch's own HTTP server (bench/http_load.py measures the p99 under load)
+hostile clients of specwatch's own HTTP server (bench/http_load.py and bench/http_servers.py measure the p99 under load)
     test_http_server.py::test_the_listen_backlog_is_the_kernels_maximum_not_five
     test_http_server.py::test_idle_connections_cost_no_thread_and_a_scrape_is_still_answered
     test_http_server.py::test_a_client_that_sends_its_request_slowly_is_cut_at_the_head_timeout
-    test_http_server.py::test_at_the_cap_the_connection_slowest_to_send_its_request_makes_room
+    test_http_server.py::test_connections_beyond_the_cap_are_answered_503_and_served_again_once_some_close
     test_http_server.py::test_oversized_or_too_many_header_fields_get_431
     test_http_server.py::test_a_body_sent_with_a_get_is_read_and_dropped_not_taken_for_a_second_request
-    test_http_server.py::test_plain_http_to_the_tls_port_gets_a_400_saying_so
+    test_http_server.py::test_plain_http_to_the_tls_port_is_closed_unanswered_and_https_still_served
     test_http_server.py::test_scrapes_are_answered_while_hostile_clients_hold_connections
     test_webconfig.py::test_a_cached_right_password_is_not_held_up_by_wrong_ones_being_checked
+hostile admin requests (a scrape account, a cross-origin page, a foreign Host) change nothing and are logged
+    test_admin_protections.py::test_a_scrape_user_may_scrape_but_is_refused_admin_and_an_admin_user_may_act
+    test_admin_protections.py::test_without_auth_a_cross_origin_text_plain_or_form_post_is_refused
+    test_admin_protections.py::test_a_foreign_origin_is_refused_and_the_own_or_an_allowed_origin_served
+    test_admin_protections.py::test_a_foreign_host_is_refused_on_every_path_when_allowed_hosts_is_set
+    test_admin_protections.py::test_every_admin_request_is_logged_with_user_remote_route_and_before_after
 soak (no RSS, fd or thread growth; the full runs are bench/soak.py)
     test_soak_smoke_accelerated_two_hours_of_eight_routes_stays_flat
 fleet Prometheus (seed_from) trickling, hanging, huge, or answering NaN / Inf / out-of-range baselines

@@ -3,7 +3,7 @@ scrape is still served while other clients hold connections. Loopback only; ever
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import re
 import socket
 import ssl
@@ -117,54 +117,18 @@ def test_a_client_that_sends_its_request_slowly_is_cut_at_the_head_timeout(monke
         srv.shutdown()
 
 
-def test_connections_beyond_the_cap_are_refused_with_503_unless_an_idle_one_can_go(monkeypatch):
+def test_connections_beyond_the_cap_are_answered_503_and_served_again_once_some_close(monkeypatch):
     monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
-    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 60.0, raising=False)
     srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
     held = [connect(srv) for _ in range(8)]
     try:
-        with connect(srv) as ninth:
-            assert statuses(read_until_closed(ninth)) == ["503"]
-        # one of the held connections completes a request and stays open, idle: a newcomer may take its place
-        held[0].sendall(get("/-/healthy", close=False))
-        assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
-        assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
-        assert held[0].recv(65536) == b""  # the idle one was closed to make room
-    finally:
-        for sock in held:
+        assert statuses(exchange(srv, get("/-/healthy"))) == ["503"]
+        for sock in held[:4]:
             sock.close()
-        srv.shutdown()
-
-
-def test_at_the_cap_the_connection_slowest_to_send_its_request_makes_room(monkeypatch):
-    """700 slow connections once blocked every real scrape for 50 s."""
-    monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
-    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 0.0, raising=False)
-    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
-    held = [connect(srv) for _ in range(8)]
-    try:
-        held[1].sendall(b"GET /-/hea")  # a head begun and not finished
-        assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
-        assert held[0].recv(65536) == b""  # the oldest silent connection was closed to make room
-    finally:
-        for sock in held:
-            sock.close()
-        srv.shutdown()
-
-
-def test_a_connection_made_room_for_before_the_server_ever_served_it_is_closed(monkeypatch):
-    """A stalled server (a loaded machine) accepts a backlog in one go: the connection it then closes to make
-    room has never run, and once stayed open, never answered."""
-    monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 8, raising=False)
-    monkeypatch.setattr(http_module, "SLOW_HEAD_SECONDS", 0.0, raising=False)
-    srv = serve("127.0.0.1:0", lambda: SNAPSHOT)
-    stalled = threading.Event()
-    srv._server.loop.call_soon_threadsafe(lambda: (stalled.set(), time.sleep(1.0)))
-    assert stalled.wait(10)
-    held = [connect(srv) for _ in range(8)]  # all queued in the kernel while the loop sleeps
-    try:
-        assert statuses(exchange(srv, get("/-/healthy"))) == ["200"]
-        assert held[0].recv(65536) == b""
+        deadline = time.monotonic() + 30
+        while statuses(answer := exchange(srv, get("/-/healthy"))) != ["200"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert statuses(answer) == ["200"]
     finally:
         for sock in held:
             sock.close()
@@ -210,21 +174,22 @@ def test_a_body_sent_with_a_get_is_read_and_dropped_not_taken_for_a_second_reque
         ("Content-Length: 5, 5\r\n", "400"),
         ("Content-Length: -5\r\n", "400"),
         ("Content-Length: 1000000000\r\n", "413"),
-        ("Transfer-Encoding: chunked\r\n", "501"),
-        ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "501"),
+        ("Transfer-Encoding: chunked\r\n", "400"),  # "hello" is no chunk
+        ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "400"),
     ],
 )
 def test_request_bodies_the_server_cannot_delimit_safely_are_refused_and_the_connection_closed(server, extra, status):
     assert statuses(exchange(server, get("/-/healthy", extra, b"hello", close=False) + get("/nope"))) == [status]
 
 
-def test_a_request_with_bare_newlines_or_leading_blank_lines_is_answered(server):
-    assert statuses(exchange(server, b"\r\nGET /-/healthy HTTP/1.0\nHost: x\n\n")) == ["200"]
+def test_a_request_with_a_leading_blank_line_is_answered_and_one_with_bare_newlines_refused(server):
+    assert statuses(exchange(server, b"\r\nGET /-/healthy HTTP/1.0\r\nHost: x\r\n\r\n")) == ["200"]
+    assert statuses(exchange(server, b"GET /-/healthy HTTP/1.0\nHost: x\n\n")) == ["400"]
 
 
 def test_methods_other_than_get_and_head_get_405(server):
     answer = exchange(server, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-    assert statuses(answer) == ["405"] and b"Allow: GET, HEAD" in answer
+    assert statuses(answer) == ["405"] and b"allow: GET, HEAD" in answer.lower().replace(b"get, head", b"GET, HEAD")
 
 
 class TlsOnly:
@@ -243,19 +208,44 @@ class TlsOnly:
     def authorize_cached(self, headers) -> bool:
         return True
 
+    auth_required = admin_identity_required = False
 
-def test_plain_http_to_the_tls_port_gets_a_400_saying_so(tmp_path: Path):
+    def is_admin(self, user, cert_subject) -> bool:
+        return False
+
+    def host_allowed(self, host) -> bool:
+        return True
+
+    def origin_allowed(self, origin) -> bool:
+        return False
+
+
+def test_plain_http_to_the_tls_port_is_closed_unanswered_and_https_still_served(tmp_path: Path):
     cert, key = self_signed_for_localhost(tmp_path)
     srv = serve("127.0.0.1:0", lambda: SNAPSHOT, TlsOnly(cert, key))
     try:
-        answer = exchange(srv, get("/metrics"))
-        assert statuses(answer) == ["400"] and answer.endswith(b"Client sent an HTTP request to an HTTPS server.\n")
+        assert exchange(srv, get("/metrics")) == b""
         assert requests.get(srv.url + "/metrics", verify=str(cert), timeout=10).status_code == 200
     finally:
         srv.shutdown()
 
 
-def test_shutdown_closes_idle_tls_connections_at_once(tmp_path: Path):
+def test_a_tls_client_that_never_finishes_its_handshake_is_cut_at_the_head_timeout(tmp_path: Path, monkeypatch):
+    """asyncio's own handshake timeout is 60 s, and a connection still handshaking is not counted against the
+    connection cap: silent TLS clients could hold file descriptors for a minute each."""
+    monkeypatch.setattr(http_module, "HEAD_TIMEOUT_SECONDS", 1.0, raising=False)
+    cert, key = self_signed_for_localhost(tmp_path)
+    srv = serve("127.0.0.1:0", lambda: SNAPSHOT, TlsOnly(cert, key))
+    try:
+        with connect(srv, timeout=30) as silent:
+            begin = time.monotonic()
+            assert read_until_closed(silent) == b""
+            assert time.monotonic() - begin < 25  # closed by the server, well before asyncio's 60 s
+    finally:
+        srv.shutdown()
+
+
+def test_shutdown_closes_idle_tls_connections_at_once(tmp_path: Path, caplog):
     """A graceful TLS close waits for the client's close_notify, which an idle keep-alive client (Prometheus
     between scrapes) never sends: shutdown gave up after its grace and left their tasks pending."""
     cert, key = self_signed_for_localhost(tmp_path)
@@ -268,7 +258,8 @@ def test_shutdown_closes_idle_tls_connections_at_once(tmp_path: Path):
         srv.shutdown()
         for session in sessions:
             session.close()
-    assert [t for t in asyncio.all_tasks(srv._server.loop) if not t.done()] == []
+    assert not srv._thread.is_alive()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 # ---------------------------------------------------------------------------------------------- under load

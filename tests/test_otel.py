@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch import catalog
 from specwatch.config import OtlpConfig
 from specwatch.export import otel
-from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
+from specwatch.export.prometheus import AdminRequests, ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import GpuSample, RouteState, Snapshot
 
 SNAPSHOT = Snapshot(
@@ -189,7 +189,7 @@ class _NullExporter(MetricExporter):
 def test_each_snapshot_is_rendered_once_per_collection(monkeypatch):
     renders = []
     real = otel.render
-    monkeypatch.setattr(otel, "render", lambda snap, errors: renders.append(snap) or real(snap, errors))
+    monkeypatch.setattr(otel, "render", lambda snap, errors, admin: renders.append(snap) or real(snap, errors, admin))
     current = [SNAPSHOT]
     export = otel.OtlpExport(
         OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600), lambda: current[0], exporter=_NullExporter()
@@ -201,6 +201,22 @@ def test_each_snapshot_is_rendered_once_per_collection(monkeypatch):
         current[0] = Snapshot(timestamp=2.0)
         export.force_flush()
         assert len(renders) == 2
+    finally:
+        export.shutdown()
+
+
+def test_the_http_servers_admin_request_counts_reach_the_otlp_export():
+    admin = AdminRequests()
+    admin.count("accept", "performed")
+    export = otel.OtlpExport(
+        OtlpConfig(endpoint="http://127.0.0.1:9", interval_seconds=3600),
+        lambda: SNAPSHOT,
+        exporter=_NullExporter(),
+        admin=admin,
+    )
+    try:
+        samples = export._samples("specwatch_admin_requests_total")
+        assert samples == [(1.0, {"action": "accept", "outcome": "performed"})]
     finally:
         export.shutdown()
 

@@ -426,3 +426,43 @@ basic_auth_users: {{prometheus: '{USER_HASH}'}}
         assert answer.status_code == 200 and answer.json()["routes"][0]["speculate"] is False
     finally:
         server.shutdown()
+
+
+@pytest.mark.slow
+def test_the_daemons_own_server_picks_up_rotated_certificates_and_requires_client_certificates(tmp_path, pki):
+    """uvicorn serves the web config's own SSLContext (not one built from file names), so its handshake callback
+    still reloads rotated files, and client certificates are still required and verified."""
+    from specwatch.export.http import serve as serve_daemon
+    from specwatch.snapshot import Snapshot
+
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki[name], tmp_path / name)
+    cfg = load_web_config(
+        write(
+            tmp_path,
+            f"""
+tls_server_config:
+  cert_file: server.crt
+  key_file: server.key
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki["ca.crt"]}
+""",
+        )
+    )
+    server = serve_daemon("127.0.0.1:0", lambda: Snapshot(timestamp=1.0), cfg)
+    client = (str(pki["client.crt"]), str(pki["client.key"]))
+    url = server.url + "/-/healthy"
+    try:
+        assert requests.get(url, verify=str(pki["ca.crt"]), cert=client, timeout=10).status_code == 200
+        with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
+            requests.get(url, verify=str(pki["ca.crt"]), timeout=10)
+        (tmp_path / "rotated").mkdir()
+        fresh = make_pki(tmp_path / "rotated")
+        time.sleep(0.01)  # distinct mtime_ns even on coarse-timestamp filesystems
+        shutil.copy(fresh["server.key"], tmp_path / "server.key")
+        shutil.copy(fresh["server.crt"], tmp_path / "server.crt")
+        assert requests.get(url, verify=str(fresh["ca.crt"]), cert=client, timeout=10).status_code == 200
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(url, verify=str(pki["ca.crt"]), cert=client, timeout=10)
+    finally:
+        server.shutdown()

@@ -33,7 +33,7 @@ class BaselineAdmin:
         self.get_config = get_config
         self.enabled_without_auth = enabled_without_auth
 
-    def act(self, route: str, action: str) -> Answer:
+    def act(self, route: str, action: str, caller: object = None, body: object = None) -> Answer:
         """Run `action` on `route` (blocking: a SQLite transaction); the caller has checked authorization."""
         config = self.get_config()
         routes = {r.name: r for r in config.routes}

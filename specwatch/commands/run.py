@@ -23,7 +23,7 @@ from specwatch.daemon import Daemon
 from specwatch.export import otel
 from specwatch.commands._admin import BaselineAdmin
 from specwatch.export.http import DEFAULT_LISTEN_ADDRESS, load_web_config, parse_listen_address, serve
-from specwatch.export.prometheus import ExportErrors
+from specwatch.export.prometheus import AdminRequests, ExportErrors
 from specwatch.scheduler import schedule, start_scheduler
 from specwatch.state.daemon_lock import StateDirBusy, StateDirLock
 
@@ -65,12 +65,14 @@ def log_config_error(exc: ConfigError, what: str) -> None:
         log.error("  %s", problem)
 
 
-def start_otlp(config: Config, daemon: Daemon, errors: ExportErrors) -> otel.OtlpExport | None:
+def start_otlp(
+    config: Config, daemon: Daemon, errors: ExportErrors, admin: AdminRequests | None = None
+) -> otel.OtlpExport | None:
     """Start OTLP export when configured; None when not configured or when it cannot start."""
     if config.otlp is None:
         return None
     try:
-        return otel.start_otlp(config.otlp, lambda: daemon.snapshot, errors)
+        return otel.start_otlp(config.otlp, lambda: daemon.snapshot, errors, admin)
     except Exception:  # noqa: BLE001 - a broken collector endpoint must not stop /metrics
         log.exception("starting OTLP export to %s failed; continuing without it", config.otlp.endpoint)
         return None
@@ -115,9 +117,17 @@ class Service:
         self._warn_if_open_to_all()
         daemon = Daemon(self.config)
         self._export_errors = ExportErrors()  # one for /metrics and OTLP, so /metrics counts OTLP's failures
+        self._admin_requests = AdminRequests()  # counted by the HTTP server, exported by /metrics and OTLP
         try:
             admin = BaselineAdmin(lambda: daemon.config, self.enable_admin_api)
-            server = serve(self.listen_address, lambda: daemon.snapshot, self.web_config, self._export_errors, admin)
+            server = serve(
+                self.listen_address,
+                lambda: daemon.snapshot,
+                self.web_config,
+                self._export_errors,
+                admin,
+                self._admin_requests,
+            )
         except (OSError, ValueError) as exc:
             log.error("cannot listen on %s: %s", self.listen_address, exc)
             daemon.close()
@@ -149,7 +159,7 @@ class Service:
             systemd_notify.watchdog()
 
         scheduler = start_scheduler(daemon, self.config.interval_seconds, on_tick=pet)
-        otlp = start_otlp(self.config, daemon, self._export_errors)
+        otlp = start_otlp(self.config, daemon, self._export_errors, self._admin_requests)
 
         while not self._stop:
             # Bounded: the handlers run on this same thread, and with an unbounded wait a SIGHUP was seen to go
@@ -241,7 +251,7 @@ class Service:
         if new.otlp != old.otlp:
             if otlp is not None:
                 otlp.shutdown()
-            otlp = start_otlp(new, daemon, self._export_errors)
+            otlp = start_otlp(new, daemon, self._export_errors, self._admin_requests)
         log.info("configuration reloaded from %s: %d route(s)", self.config_file, len(new.routes))
         systemd_notify.ready()
         return otlp

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import socket
+import ssl
 import sys
 import time
 from typing import Any, Mapping, Sequence
@@ -64,14 +66,14 @@ def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | Non
     except (requests.exceptions.InvalidHeader, requests.exceptions.SSLError) as exc:
         raise Unreachable(f"{api}: {exc}; check --http.config.file") from exc  # a secret file, the CA
     except requests.RequestException as exc:
+        if url.startswith("http://") and _speaks_tls(url, timeout):  # the server closed plain HTTP unanswered
+            raise Unreachable(f"{api}: this port serves TLS; use --url https://{url.removeprefix('http://')}") from exc
         raise Unreachable(
             f"cannot reach specwatch at {url}: {exc.__class__.__name__}. Is `specwatch run` "
             f"running and listening there (--web.listen-address)?"
         ) from exc
     if response.status_code == 401:
         raise Unreachable(f"{api}: 401 unauthorized; give basic_auth in a --http.config.file")
-    if response.status_code == 400 and url.startswith("http://") and "HTTPS" in response.text:
-        raise Unreachable(f"{api}: this port serves TLS; use --url https://{url.removeprefix('http://')}")
     if response.status_code != 200:
         raise Unreachable(f"{api}: HTTP {response.status_code}")
     try:
@@ -81,6 +83,21 @@ def fetch_routes(url: str, timeout: float = 3.0, session: requests.Session | Non
     if not isinstance(doc, dict) or not isinstance(doc.get("routes"), list):
         raise Unreachable(f"{api}: unexpected JSON; is this a specwatch daemon?")
     return doc
+
+
+def _speaks_tls(url: str, timeout: float) -> bool:
+    """Whether the URL's port answers a TLS handshake (its certificate unchecked: this only names the mistake)."""
+    parts = urlsplit(url)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((parts.hostname or "localhost", parts.port or 80), timeout=timeout) as raw:
+            with context.wrap_socket(raw):
+                return True
+    except ssl.SSLError as exc:  # a handshake refused for a client certificate is TLS too
+        return "WRONG_VERSION_NUMBER" not in str(exc)
+    except OSError:
+        return False
 
 
 def _ratio(value: Any) -> str:

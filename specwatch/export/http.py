@@ -1,21 +1,19 @@
 """The HTTP endpoint: /metrics, /api/v1/routes, /api/v1/advice, /api/v1/baselines (export/admin_api.py), /-/healthy,
 /-/ready and a tiny index page.
 
-An asyncio server (stdlib) on one background thread, over a private `CollectorRegistry` holding only the
-snapshot collector. Each connection is a coroutine, so an idle, slow or hostile client costs a little memory,
-never a thread, and a scrape never queues behind one; the work that takes CPU (rendering /metrics, a bcrypt
-check) runs on small thread pools. Everything a client controls is bounded: the connections open (beyond
-MAX_CONNECTIONS the one idle longest is closed, else the slowest to send its request head, else the newcomer
-gets 503), the time to send a request head (HEAD_TIMEOUT_SECONDS, the TLS handshake included) and to sit idle
-between requests, the head's size and field count (431), the body (413; a body is read and dropped, never
-taken for the next request; a repeated Content-Length is a 400), and password checks waiting (503). Limits
-that bite are logged, at most once a minute per kind. Plain HTTP sent to the TLS port gets a 400 saying so,
-as Go's net/http answers.
+An ASGI application served by uvicorn (httptools' parser, as vLLM and SGLang serve) on one background thread,
+over a private `CollectorRegistry` holding only the snapshot collector. Each connection is a coroutine, so an
+idle, slow or hostile client costs a little memory, never a thread, and a scrape never queues behind one; the
+work that takes CPU (rendering /metrics, a bcrypt check) runs on small thread pools. Everything a client
+controls is bounded: the connections open (beyond MAX_CONNECTIONS a request gets 503), the time to send a
+request head (HEAD_TIMEOUT_SECONDS) and to sit idle between requests, the head's size and field count (431),
+the body (413), and password checks waiting (503). Limits that bite are logged, at most once a minute per kind.
 
-TLS and basic auth come from an optional exporter-toolkit style web config (`specwatch.export.webconfig`);
-when set, auth applies to every path and a refusal says nothing beyond `401` and `WWW-Authenticate: Basic`.
-POST is taken only by the baselines API's write endpoints, which are refused (403) on a server without auth
-unless it was started with them enabled (`--web.enable-admin-api`).
+TLS and basic auth come from an optional exporter-toolkit style web config (`specwatch.export.webconfig`),
+whose own SSLContext uvicorn serves (so rotated certificate files are picked up at the next handshake); when
+set, auth applies to every path and a refusal says nothing beyond `401` and `WWW-Authenticate: Basic`. POST is
+taken only by the baselines API's write endpoints, which are refused (403) on a server without auth unless it
+was started with them enabled (`--web.enable-admin-api`).
 """
 
 from __future__ import annotations
@@ -23,36 +21,33 @@ from __future__ import annotations
 import asyncio
 import gzip
 import html
-import io
 import ipaddress
 import json
 import logging
 import math
 import socket
-import ssl
 import threading
 import time
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from email.message import Message
-from email.utils import formatdate
 from functools import partial
 from http import HTTPStatus
-from http.client import HTTPException, parse_headers
 from typing import Any, Callable, Protocol
 
+import uvicorn
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from specwatch import __version__
 from specwatch.export import webconfig
+from specwatch.export.webconfig import parse_basic_authorization
 from specwatch.export.admin_api import PREFIX as BASELINES_PREFIX
-from specwatch.export.admin_api import Answer, BaselineActions
+from specwatch.export.admin_api import Answer, Audit, BaselineActions, Caller, admin_target, remote_address, same_origin
 from specwatch.export.advice import advice_document
-from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
+from specwatch.export.prometheus import AdminRequests, ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +58,13 @@ DEFAULT_LISTEN_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 # Prometheus asks for /metrics with a 10 s scrape timeout; these keep a scrape answered while hostile clients
 # hold connections. The backlog is the kernel's maximum (net.core.somaxconn caps it), not http.server's 5.
 LISTEN_BACKLOG = socket.SOMAXCONN
-MAX_CONNECTIONS = 1024  # the unit allows 4096 file descriptors
-SHUTDOWN_GRACE_SECONDS = 2.0  # at shutdown, for answers being written to finish
-SLOW_HEAD_SECONDS = 1.0  # at the cap, a connection this long into its request head may be closed for a newcomer
-HEAD_TIMEOUT_SECONDS = 10.0  # from a request's first byte to its last header (and for the TLS handshake)
-IDLE_TIMEOUT_SECONDS = 120.0  # a kept-alive connection between requests (Prometheus scrapes every 15-60 s)
-WRITE_TIMEOUT_SECONDS = 30.0  # a client that does not read its response
-LINGER_SECONDS, LINGER_BYTES = 1.0, 1 << 20  # after a refusal, input drained so that the refusal is not lost
+MAX_CONNECTIONS = 1024  # the unit allows 4096 file descriptors; uvicorn's limit_concurrency
+SHUTDOWN_GRACE_SECONDS = 2  # at shutdown, for answers being written to finish
+HEAD_TIMEOUT_SECONDS = 10.0  # from a request's first byte (a connection's start) to its last header
+IDLE_TIMEOUT_SECONDS = 120  # a kept-alive connection between requests (Prometheus scrapes every 15-60 s)
 MAX_HEAD_BYTES = 16 * 1024  # request line and header fields (Prometheus sends about 300 bytes)
 MAX_HEADERS = 64
-MAX_BODY_BYTES = 64 * 1024  # no endpoint takes a body (an Alertmanager webhook's is dropped unread)
+MAX_BODY_BYTES = 64 * 1024  # an admin POST's JSON; an Alertmanager webhook's body is read and dropped
 RENDER_WORKERS = 4  # /metrics renders serialize on the RenderCache anyway
 AUTH_WORKERS = 2  # concurrent bcrypt checks: a flood of wrong passwords costs at most two cores
 MAX_PENDING_AUTH = 64
@@ -93,6 +85,16 @@ class WebConfig(Protocol):
     @property
     def auth_required(self) -> bool:
         """Whether requests need credentials (basic auth users are configured)."""
+
+    @property
+    def admin_identity_required(self) -> bool:
+        """Whether admin POSTs need an admin user or client-certificate subject."""
+
+    def is_admin(self, user: str | None, cert_subject: str | None) -> bool: ...
+
+    def host_allowed(self, host: str) -> bool: ...
+
+    def origin_allowed(self, origin: str) -> bool: ...
 
 
 def load_web_config(path: str) -> WebConfig | None:
@@ -175,21 +177,27 @@ class RenderCache:
     (pinned), never a newer one published meanwhile under the old one's key.
     """
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], errors: ExportErrors | None = None) -> None:
+    def __init__(
+        self,
+        get_snapshot: Callable[[], Snapshot],
+        errors: ExportErrors | None = None,
+        admin: AdminRequests | None = None,
+    ) -> None:
         self._get_snapshot = get_snapshot
         self.errors = errors or ExportErrors()
+        self.admin = admin
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._bodies: dict[tuple[str, bool], tuple[bytes, bool]] = {}
         self._rendering: Snapshot | None = None
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self._pinned, self.errors))
+        self.registry.register(SnapshotCollector(self._pinned, self.errors, admin))
         self.renders = 0  # for tests: how many times the registry was encoded
 
     def _render(self, snapshot: Snapshot, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
         is_openmetrics = own_writer_format(encoder)
         if is_openmetrics is not None:  # the same bytes as client_python's, from export/text_format.py
-            return render_text(snapshot, is_openmetrics, self.errors)
+            return render_text(snapshot, is_openmetrics, self.errors, self.admin)
         self._rendering = snapshot
         try:
             return encoder(self.registry)
@@ -243,349 +251,125 @@ class RenderCache:
 
 
 # ---------------------------------------------------------------------------------------------- the server
-class _LimitLog:
-    """At most one warning per kind a minute, saying how many more there were, so a flood cannot fill the log."""
+class _LimitLog(logging.Filter):
+    """Lets a warning of one kind through at most once a minute, saying how many more there were, so a flood
+    cannot fill the log. As a filter on uvicorn's logger it passes warnings and errors only, its start-up chatter
+    not, and keys them on their message template ("Invalid HTTP request received.", "Exceeded concurrency
+    limit.")."""
 
     def __init__(self, every: float = 60.0) -> None:
+        super().__init__()
         self._every = every
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, kind: str) -> tuple[bool, int]:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(kind, -math.inf) < self._every:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+                return False, 0
+            self._last[kind] = now
+            return True, self._suppressed.pop(kind, 0)
 
     def __call__(self, kind: str, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._last.get(kind, -math.inf) < self._every:
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
-            return
-        self._last[kind] = now
-        more = self._suppressed.pop(kind, 0)
-        log.warning("HTTP server: " + message + (f" ({more} more in the last minute)" if more else ""), *args)
+        allowed, more = self.allow(kind)
+        if allowed:
+            log.warning("HTTP server: " + message + (f" ({more} more in the last minute)" if more else ""), *args)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return False
+        allowed, more = self.allow(str(record.msg))
+        if allowed and more:
+            record.msg = f"{record.msg} ({more} more in the last minute)"
+        return allowed
+
+
+_LIMIT_LOG = _LimitLog()
+logging.getLogger("uvicorn.error").addFilter(_LIMIT_LOG)
 
 
 class _Refused(Exception):
-    """A request answered with an error status, after which the connection is closed."""
-
-    def __init__(self, status: int, text: str, kind: str = "", headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, text: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(text)
-        self.status, self.text, self.kind, self.headers = status, text, kind, headers or {}
+        self.status, self.text, self.headers = status, text, headers or {}
 
 
-class _Request:
-    __slots__ = ("method", "path", "headers", "close")
+class _Headers(dict[str, str]):
+    """A request's header fields by lower-case name (a repeated field's values joined by ", "), with the
+    case-insensitive `get` that WebConfig.authorize expects."""
 
-    def __init__(self, method: str, path: str, headers: Message, close: bool) -> None:
-        self.method, self.path, self.headers, self.close = method, path, headers, close
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        super().__init__()
+        for name, value in raw:
+            key, text = name.decode("latin-1"), value.decode("latin-1")
+            self[key] = f"{self[key]}, {text}" if key in self else text
 
-
-class _Connection:
-    """One client connection's task and what it is doing: "head" (waiting for or reading a request head),
-    "busy" (being answered) or "idle" (kept alive between requests), since when."""
-
-    __slots__ = ("sock", "task", "started", "writer", "state", "since")
-
-    def __init__(self, sock: socket.socket, now: float) -> None:
-        self.sock = sock
-        self.task: asyncio.Task[None] | None = None
-        self.started = False
-        self.writer: asyncio.StreamWriter | None = None
-        self.state, self.since = "head", now
-
-    def now_in(self, state: str, now: float) -> None:
-        self.state, self.since = state, now
-
-    def drop(self, graceful: bool = False) -> None:
-        """Close the connection; its task ends on the closed stream. At once unless `graceful`: a graceful close
-        flushes what is being written and, on TLS, waits up to 30 s for the client's close_notify, which an idle
-        keep-alive client never sends. (Python 3.10/3.11's wait_for can swallow a task's cancellation, so a task
-        is cancelled only before it has streams. A task cancelled before it first ran never reaches its
-        `finally`: then the socket, not yet watched by the loop, is closed here.)"""
-        if self.writer is not None:
-            if graceful:
-                self.writer.close()
-            else:
-                self.writer.transport.abort()
-        elif self.task is not None:
-            self.task.cancel()
-        if not self.started:
-            self.sock.close()
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key.lower(), default)
 
 
-class _Server:
-    """The event loop's side: accepts, reads and checks requests, writes responses; `_handle` routes them."""
+_Response = tuple[int, bytes, str, "dict[str, str] | None"]
+_TEXT = "text/plain; charset=utf-8"
+
+
+class _App:
+    """The ASGI application: every path and its answer. Authentication comes first on every path; the work that
+    takes CPU (a render, a bcrypt check, the JSON documents) runs on small thread pools."""
 
     def __init__(
         self,
-        listener: socket.socket,
         get_snapshot: Callable[[], Snapshot],
         renders: RenderCache,
         web_config: WebConfig | None,
-        ssl_context: ssl.SSLContext | None,
-        admin: BaselineActions | None = None,
+        admin: BaselineActions | None,
+        admin_requests: AdminRequests,
     ) -> None:
-        self._listener = listener
         self._get_snapshot = get_snapshot
         self._renders = renders
+        self._admin_requests = admin_requests
         self._web_config = web_config
-        self._ssl = ssl_context
         self._admin = admin
         self._workers = ThreadPoolExecutor(RENDER_WORKERS, thread_name_prefix="specwatch-http")
         self._auth_workers = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="specwatch-auth")
         self._auth_pending = 0
-        self._connections: set[_Connection] = set()
-        self._accept_task: asyncio.Task[None] | None = None
-        self._limit_log = _LimitLog()
-        self.loop = asyncio.new_event_loop()
 
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._listener.getsockname()[:2]
-        return str(host), int(port)
-
-    # -- accepting
-    def start(self) -> None:
-        self._accept_task = self.loop.create_task(self._accept_forever())
-
-    async def _accept_forever(self) -> None:
-        while True:
-            try:
-                sock, address = await self.loop.sock_accept(self._listener)
-            except OSError as exc:  # out of file descriptors: let the kernel's backlog hold them meanwhile
-                self._limit_log("accept", "accept failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            try:
-                if len(self._connections) >= MAX_CONNECTIONS and not self._make_room():
-                    self._limit_log(
-                        "connections", "%d connections open, none idle or slow: refusing more", MAX_CONNECTIONS
-                    )
-                    self._refuse(sock)
-                    continue
-                connection = _Connection(sock, self.loop.time())
-                self._connections.add(connection)
-                connection.task = self.loop.create_task(self._connection(address, connection))
-            except Exception:  # noqa: BLE001 - accepting must go on whatever one connection did
-                log.exception("HTTP server: accepting a connection from %s failed", address)
-                sock.close()
-
-    def _make_room(self) -> bool:
-        """Close the connection idle longest, else the one slowest to send its request head (beyond
-        SLOW_HEAD_SECONDS: Prometheus sends its head in one packet); False when there is none."""
-        now = self.loop.time()
-        idle = [c for c in self._connections if c.state == "idle"]
-        slow = [c for c in self._connections if c.state == "head" and now - c.since > SLOW_HEAD_SECONDS]
-        candidates = idle or slow
-        if not candidates:
-            return False
-        victim = min(candidates, key=lambda c: c.since)
-        if not idle:
-            self._limit_log("slow_evicted", "%d connections open: closed the slowest to send a request", len(slow))
-        self._connections.discard(victim)
-        victim.drop()
-        return True
-
-    def _refuse(self, sock: socket.socket) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http":  # lifespan is off and websockets are not served
+            return
+        headers = _Headers(scope["headers"])
         try:
-            if self._ssl is None:  # a TLS client could not read a plain answer
-                sock.setblocking(False)
-                sock.send(_plain_response(503, b"Too many open connections.\n", close=True))
-        except OSError:
-            pass
-        sock.close()
-
-    async def _connection(self, address: Any, connection: _Connection) -> None:
-        connection.started = True
-        writer = None
-        try:
-            streams = await self._open(connection.sock)
-            if streams is not None:
-                reader, writer = streams
-                connection.writer = writer
-                await self._serve(reader, writer, connection)
-        except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError) as exc:
-            log.debug("HTTP connection from %s ended: %r", address, exc)
-        except Exception:  # noqa: BLE001 - one connection's bug must not stop the server
-            log.exception("HTTP connection from %s failed", address)
-        finally:  # also when cancelled, to make room or at shutdown
-            self._connections.discard(connection)
-            if writer is not None:
-                writer.close()
-            connection.sock.close()
-
-    async def _open(self, sock: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """Streams over `sock`; on a TLS port, a client that speaks plain HTTP gets a 400 and None."""
-        reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES)
-        protocol = asyncio.StreamReaderProtocol(reader)
-        tls = self._ssl
-        if tls is not None:
-            first = await asyncio.wait_for(self._peek(sock), HEAD_TIMEOUT_SECONDS)
-            if not first:
-                return None
-            if first != b"\x16":  # not a TLS handshake record: answer as Go's net/http does
-                tls = None
-        transport, _ = await self.loop.connect_accepted_socket(
-            lambda: protocol, sock, ssl=tls, ssl_handshake_timeout=HEAD_TIMEOUT_SECONDS if tls else None
-        )
-        writer = asyncio.StreamWriter(transport, protocol, reader, self.loop)
-        if self._ssl is not None and tls is None:
-            self._limit_log("plain_on_tls", "a client sent plain HTTP to the HTTPS port")
-            refusal = _Refused(400, "Client sent an HTTP request to an HTTPS server.\n")
-            try:
-                await self._refuse_request(reader, writer, refusal)
-            finally:
-                writer.close()
-            return None
-        return reader, writer
-
-    async def _peek(self, sock: socket.socket) -> bytes:
-        readable: asyncio.Future[None] = self.loop.create_future()
-
-        def ready() -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        self.loop.add_reader(sock, ready)
-        try:
-            await readable
-        finally:
-            self.loop.remove_reader(sock)
-        return sock.recv(1, socket.MSG_PEEK)
-
-    # -- requests
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection) -> None:
-        while True:
-            # A request head must be whole HEAD_TIMEOUT_SECONDS after the connection was accepted (after its first
-            # byte, on a kept-alive connection, which may first sit idle for IDLE_TIMEOUT_SECONDS).
-            idle = connection.state == "idle"
-            wait = IDLE_TIMEOUT_SECONDS if idle else connection.since + HEAD_TIMEOUT_SECONDS - self.loop.time()
-            try:
-                first = await asyncio.wait_for(reader.read(1), max(wait, 0.0))
-            except asyncio.TimeoutError:
-                if not idle:
-                    self._limit_log("head_timeout", "a client sent no request within %gs", HEAD_TIMEOUT_SECONDS)
-                return
-            if not first:
-                return
-            if idle:
-                connection.now_in("head", self.loop.time())
-            try:
-                left = connection.since + HEAD_TIMEOUT_SECONDS - self.loop.time()
-                request = await self._read_request(first, reader, left)
-            except _Refused as refused:
-                if refused.kind:
-                    self._limit_log(refused.kind, "refused a request: %d %s", refused.status, refused.text.strip())
-                connection.now_in("busy", self.loop.time())
-                await self._refuse_request(reader, writer, refused)
-                return
-            connection.now_in("busy", self.loop.time())
-            status, body, content_type, headers = await self._handle(request)
-            if not request.close:  # from here it may be closed to make room for a newcomer
-                connection.now_in("idle", self.loop.time())
-            await self._write(writer, status, body, content_type, headers, request.close, request.method == "HEAD")
-            if request.close:
-                return
-
-    async def _read_request(self, first: bytes, reader: asyncio.StreamReader, timeout: float) -> _Request:
-        """One request's head, read within `timeout` and checked, and its body read and dropped. Raises _Refused."""
-        try:
-            request_line, fields = await asyncio.wait_for(self._read_head(first, reader), max(timeout, 0.0))
-        except asyncio.TimeoutError:
-            raise _Refused(408, "Request timeout.\n", "head_timeout") from None
-        words = request_line.decode("latin-1").split()
-        if len(words) != 3 or not words[2].startswith("HTTP/"):
-            raise _Refused(400, "Bad request line.\n", "bad_request")
-        method, target, version = words
-        if version not in ("HTTP/1.0", "HTTP/1.1"):
-            raise _Refused(505, "HTTP version not supported.\n", "bad_request")
-        try:
-            headers = parse_headers(io.BytesIO(b"".join(fields)))
-        except (HTTPException, ValueError):
-            raise _Refused(400, "Bad header fields.\n", "bad_request") from None
-        if headers.defects:
-            raise _Refused(400, "Bad header fields.\n", "bad_request")
-        await self._drop_body(headers, reader)
-        connection = {t.strip().lower() for t in ",".join(headers.get_all("Connection") or ()).split(",")}
-        close = "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection)
-        if method not in ("GET", "HEAD", "POST"):
-            raise _Refused(405, "Method not allowed.\n", headers={"Allow": "GET, HEAD, POST"})
-        return _Request(method, target.split("?", 1)[0], headers, close)
+            request_body = await self._read_body(headers, receive)
+            status, body, content_type, extra = await self._handle(scope, headers, request_body)
+        except _Refused as refused:
+            status, body, content_type, extra = refused.status, refused.text.encode(), _TEXT, refused.headers
+        fields = [
+            (b"server", SERVER_HEADER),
+            (b"content-type", content_type.encode()),
+            (b"content-length", str(len(body)).encode()),
+            *((k.lower().encode(), v.encode("latin-1")) for k, v in (extra or {}).items()),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": fields})
+        await send({"type": "http.response.body", "body": body})
 
     @staticmethod
-    async def _read_head(first: bytes, reader: asyncio.StreamReader) -> tuple[bytes, list[bytes]]:
-        """The request line and the header lines (CRLF or bare LF, as http.server takes them), up to the blank
-        line; raises _Refused when they are too many or too large."""
-        too_large = _Refused(431, "Request header fields too large.\n", "head_size")
-        lines: list[bytes] = []
-        size = 0
+    async def _read_body(headers: _Headers, receive: Callable[..., Any]) -> bytes:
+        """The request's body, refused (413) beyond MAX_BODY_BYTES before it is read when its length is declared."""
+        length = headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise _Refused(413, "Request body too large.\n", {"Connection": "close"})
+        body = b""
         while True:
-            try:
-                line = await reader.readline()
-            except ValueError:  # one line past the StreamReader's limit (MAX_HEAD_BYTES)
-                raise too_large from None
-            if first:
-                line, first = first + line, b""
-            if not line.endswith(b"\n"):
-                raise ConnectionResetError("the client closed the connection mid-request")
-            size += len(line)
-            if size > MAX_HEAD_BYTES or len(lines) > MAX_HEADERS:
-                raise too_large
-            if line in (b"\r\n", b"\n") and lines:
-                return lines[0], lines[1:]
-            if line not in (b"\r\n", b"\n"):  # blank lines before the request line are skipped (RFC 9112)
-                lines.append(line)
+            message = await receive()
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:
+                raise _Refused(413, "Request body too large.\n", {"Connection": "close"})
+            if not message.get("more_body"):
+                return body
 
-    async def _drop_body(self, headers: Message, reader: asyncio.StreamReader) -> None:
-        """Read a request's body, if any, so that it is never taken for the next request; none is used."""
-        if headers.get_all("Transfer-Encoding"):
-            raise _Refused(501, "Transfer-Encoding is not supported.\n", "bad_request")
-        lengths = headers.get_all("Content-Length") or []
-        if not lengths:
-            return
-        if len(lengths) > 1 or not lengths[0].strip().isdigit() or not lengths[0].strip().isascii():
-            raise _Refused(400, "Bad or repeated Content-Length.\n", "bad_request")
-        length = int(lengths[0])
-        if length > MAX_BODY_BYTES:
-            raise _Refused(413, "Request body too large.\n", "body_size")
-        try:
-            await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_SECONDS)
-        except asyncio.TimeoutError:
-            raise _Refused(408, "Request timeout.\n", "head_timeout") from None
-        except asyncio.IncompleteReadError:
-            raise ConnectionResetError("the client closed the connection mid-body") from None
-
-    async def _refuse_request(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, refused: _Refused
-    ) -> None:
-        """Answer `refused` and close, reading what the client still sends for a moment first: closing a
-        socket with unread input resets the connection, and the client would lose the answer."""
-        body = refused.text.encode()
-        await self._write(writer, refused.status, body, "text/plain; charset=utf-8", refused.headers, True)
-        if writer.can_write_eof():
-            writer.write_eof()
-        deadline = self.loop.time() + LINGER_SECONDS
-        drained = 0
-        while drained < LINGER_BYTES and (left := deadline - self.loop.time()) > 0:
-            try:
-                chunk = await asyncio.wait_for(reader.read(MAX_HEAD_BYTES), left)
-            except (asyncio.TimeoutError, ConnectionError, OSError):
-                return
-            if not chunk:
-                return
-            drained += len(chunk)
-
-    async def _write(
-        self,
-        writer: asyncio.StreamWriter,
-        status: int,
-        body: bytes,
-        content_type: str,
-        headers: dict[str, str] | None,
-        close: bool,
-        head_only: bool = False,
-    ) -> None:
-        writer.write(_plain_response(status, body, content_type, headers, close, head_only))
-        if writer.transport.get_write_buffer_size():  # the kernel did not take it all: wait, for so long
-            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_SECONDS)
-
-    async def _authorized(self, headers: Message) -> bool:
+    async def _authorized(self, headers: _Headers) -> bool:
         web_config = self._web_config
         if web_config is None:
             return True
@@ -593,73 +377,118 @@ class _Server:
         if decided is not None:
             return decided
         if self._auth_pending >= MAX_PENDING_AUTH:
-            self._limit_log("auth_pending", "%d password checks waiting: refusing more", MAX_PENDING_AUTH)
-            raise _Refused(503, "Too many password checks waiting.\n", headers={"Retry-After": "1"})
+            _LIMIT_LOG("auth_pending", "%d password checks waiting: refusing more", MAX_PENDING_AUTH)
+            raise _Refused(503, "Too many password checks waiting.\n", {"Retry-After": "1"})
         self._auth_pending += 1
         try:
-            return await self.loop.run_in_executor(self._auth_workers, web_config.authorize, headers)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._auth_workers, web_config.authorize, headers)
         finally:
             self._auth_pending -= 1
 
-    async def _handle(self, request: _Request) -> tuple[int, bytes, str, dict[str, str] | None]:
+    async def _handle(self, scope: dict[str, Any], headers: _Headers, request_body: bytes) -> _Response:
         """(status, body, content type, extra headers) for one request."""
-        text = "text/plain; charset=utf-8"
-        try:
-            if not await self._authorized(request.headers):
-                return 401, b"Unauthorized\n", text, {"WWW-Authenticate": 'Basic realm="specwatch"'}
-        except _Refused as refused:
-            request.close = True
-            return refused.status, refused.text.encode(), text, {**refused.headers, "Connection": "close"}
-        path = request.path
+        method = scope["method"]
+        if method not in ("GET", "HEAD", "POST"):
+            return 405, b"Method not allowed.\n", _TEXT, {"Allow": "GET, HEAD, POST"}
+        target = admin_target(method, scope["raw_path"].decode("latin-1")) if self._admin is not None else None
+        audit = Audit(self._admin_requests, target, remote_address(scope.get("client")))
+        web_config = self._web_config
+        if web_config is not None and not web_config.host_allowed(headers.get("Host", "")):
+            _LIMIT_LOG("host", "refused a request for Host %r, not in allowed_hosts", headers.get("Host", "")[:100])
+            return _refuse(audit, 421, "misdirected", "Misdirected request: this Host is not served.\n")
+        cert_subject = scope.get("extensions", {}).get("tls", {}).get("client_cert_name")
+        cert_admin = web_config is not None and web_config.is_admin(None, cert_subject)
+        if not cert_admin and not await self._authorized(headers):
+            status, body, content_type, extra = _refuse(audit, 401, "unauthorized", "Unauthorized\n")
+            return status, body, content_type, {"WWW-Authenticate": 'Basic realm="specwatch"'}
+        if target is not None:
+            user = None
+            if web_config is not None and web_config.auth_required:  # verified by _authorized
+                user = (parse_basic_authorization(headers.get("Authorization")) or (None, ""))[0]
+            return await self._admin_post(headers, request_body, target, audit, user, cert_subject)
+        path = scope["path"]
         if path == BASELINES_PREFIX or path.startswith(BASELINES_PREFIX + "/"):
-            return await self._baselines(request)
-        if request.method == "POST":
-            return 405, b"Method not allowed.\n", text, {"Allow": "GET, HEAD"}
+            return await self._baselines(method, scope["raw_path"].decode("latin-1"))
+        if method == "POST":
+            return 405, b"Method not allowed.\n", _TEXT, {"Allow": "GET, HEAD"}
+        loop = asyncio.get_running_loop()
         if path == "/metrics":
-            accept, accept_encoding = request.headers.get("Accept", ""), request.headers.get("Accept-Encoding", "")
+            accept, accept_encoding = headers.get("Accept", ""), headers.get("Accept-Encoding", "")
             answer = self._renders.rendered_body(accept, accept_encoding)
             if answer is None:  # a render, on a worker
-                answer = await self.loop.run_in_executor(self._workers, self._renders.body, accept, accept_encoding)
+                answer = await loop.run_in_executor(self._workers, self._renders.body, accept, accept_encoding)
             body, content_type, gzipped = answer
             return 200, body, content_type, {"Content-Encoding": "gzip"} if gzipped else None
         if path == "/api/v1/routes":
-            body = await self.loop.run_in_executor(self._workers, self._routes_json)
-            return 200, body, "application/json", None
+            return 200, await loop.run_in_executor(self._workers, self._routes_json), "application/json", None
         if path == "/api/v1/advice":
-            body = await self.loop.run_in_executor(self._workers, self._advice_json)
-            return 200, body, "application/json", None
+            return 200, await loop.run_in_executor(self._workers, self._advice_json), "application/json", None
         if path == "/-/healthy":
-            return 200, b"specwatch is healthy.\n", text, None
+            return 200, b"specwatch is healthy.\n", _TEXT, None
         if path == "/-/ready":
             if self._get_snapshot().timestamp > 0:
-                return 200, b"specwatch is ready.\n", text, None
-            return 503, b"specwatch is not ready: no evaluation completed yet.\n", text, None
+                return 200, b"specwatch is ready.\n", _TEXT, None
+            return 503, b"specwatch is not ready: no evaluation completed yet.\n", _TEXT, None
         if path == "/":
             return 200, _INDEX.format(version=html.escape(__version__)).encode(), "text/html; charset=utf-8", None
-        return 404, b"404 page not found\n", text, None
+        return 404, b"404 page not found\n", _TEXT, None
 
-    async def _baselines(self, request: _Request) -> tuple[int, bytes, str, dict[str, str] | None]:
-        """GET /api/v1/baselines, POST /api/v1/baselines/{route}/{accept|reset|adopt} (export/admin_api.py)."""
-        text = "text/plain; charset=utf-8"
+    async def _admin_post(
+        self,
+        headers: _Headers,
+        request_body: bytes,
+        target: tuple[str, str],
+        audit: Audit,
+        user: str | None,
+        cert_subject: str | None,
+    ) -> _Response:
+        """POST /api/v1/baselines/{route}/{action}: refused unless the caller is an admin and the request could
+        not have been sent by a page on another origin (a browser sends a cross-origin POST without asking only
+        with a form or text/plain body, and always names its Origin); then the action, on a worker."""
+        admin, web_config = self._admin, self._web_config
+        assert admin is not None
+        audit.user = user or cert_subject
+        if web_config is not None and web_config.admin_identity_required:
+            if not web_config.is_admin(user, cert_subject):
+                text = "Forbidden: not an admin (admin_users or admin_client_cert_subjects in --web.config.file).\n"
+                return _refuse(audit, 403, "forbidden", text)
+        elif not admin.enabled_without_auth:
+            text = "Admin APIs disabled: set admin_users in --web.config.file, or start with --web.enable-admin-api.\n"
+            return _refuse(audit, 403, "forbidden", text)
+        origin = headers.get("Origin")
+        if origin is not None and not same_origin(origin, headers.get("Host", "")):
+            if web_config is None or not web_config.origin_allowed(origin):
+                return _refuse(audit, 403, "cross_origin", "Forbidden: cross-origin request (Origin).\n")
+        if headers.get("Content-Type", "").split(";", 1)[0].strip().lower() != "application/json":
+            return _refuse(audit, 415, "cross_origin", "Unsupported media type: send Content-Type: application/json.\n")
+        try:
+            document = json.loads(request_body) if request_body.strip() else {}
+        except ValueError:
+            document = None
+        if not isinstance(document, dict):
+            return _refuse(audit, 400, "bad_request", "Bad request: the body must be a JSON object.\n")
+        route, action = target
+        caller = Caller(user=audit.user, remote=audit.remote)
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(self._workers, admin.act, route, action, caller, document)
+        audit.answered(answer)
+        return _json(answer)
+
+    async def _baselines(self, method: str, raw_path: str) -> _Response:
+        """GET /api/v1/baselines (the POSTs are `_admin_post`)."""
         admin = self._admin
         if admin is None:
-            return 404, b"404 page not found\n", text, None
-        rest = request.path[len(BASELINES_PREFIX) :].strip("/")
-        if not rest:
-            if request.method == "POST":
-                return 405, b"Method not allowed.\n", text, {"Allow": "GET, HEAD"}
-            return _json(await self.loop.run_in_executor(self._workers, admin.listing))
-        parts = rest.split("/")
-        if len(parts) != 2 or not parts[0]:
-            return 404, b"404 page not found\n", text, None
-        if request.method != "POST":
-            return 405, b"Method not allowed.\n", text, {"Allow": "POST"}
-        web_config = self._web_config
-        if not (web_config is not None and web_config.auth_required) and not admin.enabled_without_auth:
-            body = b"Admin APIs disabled: set basic auth in --web.config.file, or start with --web.enable-admin-api.\n"
-            return 403, body, text, None
-        route = urllib.parse.unquote(parts[0])
-        return _json(await self.loop.run_in_executor(self._workers, admin.act, route, parts[1]))
+            return 404, b"404 page not found\n", _TEXT, None
+        rest = raw_path[len(BASELINES_PREFIX) :].strip("/")
+        if rest:
+            if len(rest.split("/")) == 2 and method != "POST":
+                return 405, b"Method not allowed.\n", _TEXT, {"Allow": "POST"}
+            return 404, b"404 page not found\n", _TEXT, None
+        if method == "POST":
+            return 405, b"Method not allowed.\n", _TEXT, {"Allow": "GET, HEAD"}
+        loop = asyncio.get_running_loop()
+        return _json(await loop.run_in_executor(self._workers, admin.listing))
 
     def _routes_json(self) -> bytes:
         return json.dumps(routes_document(self._get_snapshot()), allow_nan=False).encode()
@@ -667,57 +496,147 @@ class _Server:
     def _advice_json(self) -> bytes:
         return json.dumps(_finite(advice_document(self._get_snapshot(), time.time())), allow_nan=False).encode()
 
-    # -- stopping
-    async def close(self) -> None:
-        if self._accept_task is not None:
-            self._accept_task.cancel()
-            await asyncio.gather(self._accept_task, return_exceptions=True)
-        self._listener.close()
-        tasks = [c.task for c in self._connections if c.task is not None]
-        for connection in list(self._connections):
-            connection.drop(graceful=connection.state == "busy")  # an answer being written may finish
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_SECONDS)
-            if pending:
-                for connection in list(self._connections):
-                    connection.drop()
-                await asyncio.wait(pending, timeout=1.0)
+    def close(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
 
 
-def _json(answer: Answer) -> tuple[int, bytes, str, dict[str, str] | None]:
+def _refuse(audit: Audit, status: int, outcome: str, text: str) -> _Response:
+    audit.record(status, outcome)
+    return status, text.encode(), _TEXT, None
+
+
+def _json(answer: Answer) -> _Response:
     return answer.status, json.dumps(_finite(answer.document), allow_nan=False).encode(), "application/json", None
 
 
-def _plain_response(
-    status: int,
-    body: bytes,
-    content_type: str = "text/plain; charset=utf-8",
-    headers: dict[str, str] | None = None,
-    close: bool = False,
-    head_only: bool = False,
-) -> bytes:
-    lines = [
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-        f"Server: specwatch/{__version__}",
-        f"Date: {formatdate(usegmt=True)}",
-        f"Content-Type: {content_type}",
-        f"Content-Length: {len(body)}",
-        *(f"{name}: {value}" for name, value in (headers or {}).items()),
-    ]
-    if close:
-        lines.append("Connection: close")
-    return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + (b"" if head_only else body)
+SERVER_HEADER = f"specwatch/{__version__}".encode()
+
+
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol (httptools) plus the limits it leaves to a proxy in front: a request head must
+    arrive whole within HEAD_TIMEOUT_SECONDS of its first byte (of the connection, for the first request, so the
+    TLS handshake counts) and within MAX_HEAD_BYTES and MAX_HEADERS, else 408 or 431 and the connection closes.
+    Slowloris clients are cut there; uvicorn's keep-alive timeout covers the idle time between requests."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._client_cert_name = _subject_name(transport.get_extra_info("peercert"))
+        self._head_bytes, self._head_fields, self._in_head = 0, 0, True
+        self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(HEAD_TIMEOUT_SECONDS, self._head_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+            self._refuse(431, "Request header fields too large.\n", "head_size")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._client_cert_name is not None:  # the ASGI TLS extension's field, for the admin check
+            self.scope["extensions"] = {"tls": {"client_cert_name": self._client_cert_name}}
+        if not self._in_head:  # the next request on a kept-alive connection: its head gets its own time
+            self._in_head, self._head_bytes, self._head_fields = True, 0, 0
+            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_SECONDS, self._head_timeout)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_fields += 1
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._stop_head_timer()
+        if self._head_fields > MAX_HEADERS:
+            self._refuse(431, "Request header fields too large.\n", "head_size")
+            return
+        super().on_headers_complete()
+
+    def shutdown(self) -> None:
+        """At shutdown an idle connection is aborted: a graceful TLS close waits for the client's close_notify,
+        which an idle keep-alive client (Prometheus between scrapes) never sends."""
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.abort()
+        else:
+            super().shutdown()
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            if self._head_bytes:
+                self._refuse(408, "Request timeout.\n", "head_timeout")
+            else:  # nothing sent: nothing to answer
+                self.transport.close()
+
+    def _refuse(self, status: int, text: str, kind: str) -> None:
+        _LIMIT_LOG(kind, "refused a request: %d %s", status, text.strip())
+        self._in_head = False
+        self._stop_head_timer()
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nserver: {SERVER_HEADER.decode()}\r\n"
+            f"content-type: {_TEXT}\r\ncontent-length: {len(text)}\r\nconnection: close\r\n\r\n{text}"
+        )
+        self.transport.write(head.encode("latin-1"))
+        self.transport.close()
+
+
+# getpeercert()'s attribute names -> RFC 4514's (the rest keep their long names)
+_RDN_NAMES = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+
+
+def _subject_name(peercert: Any) -> str | None:
+    """A verified client certificate's subject as RFC 4514 writes it ("CN=ops,O=example": the last RDN first,
+    as Go's pkix.Name.String() and `openssl x509 -subject -nameopt RFC2253` do); None without one."""
+    if not peercert or not peercert.get("subject"):
+        return None
+
+    def escape(value: str) -> str:
+        value = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+        if value.startswith(("#", " ")):
+            value = "\\" + value
+        return value[:-1] + "\\ " if value.endswith(" ") else value
+
+    rdns = ["+".join(f"{_RDN_NAMES.get(k, k)}={escape(v)}" for k, v in rdn) for rdn in peercert["subject"]]
+    return ",".join(reversed(rdns))
+
+
+class _Loop(asyncio.SelectorEventLoop):
+    """The server thread's loop: a TLS handshake gets HEAD_TIMEOUT_SECONDS, not asyncio's 60 s (uvicorn has no
+    setting for it), so a client that opens connections and never finishes its handshake is cut as early as one
+    that never finishes its request head; until then it is not among the connections uvicorn counts."""
+
+    async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", HEAD_TIMEOUT_SECONDS)
+        return await super().create_server(*args, **kwargs)
 
 
 class MetricsServer:
     """A running HTTP server; `shutdown()` stops it and closes the socket."""
 
-    def __init__(self, server: _Server, thread: threading.Thread, scheme: str) -> None:
-        self._server, self._thread = server, thread
+    def __init__(self, server: uvicorn.Server, app: _App, thread: threading.Thread, address: Any, scheme: str) -> None:
+        self._server, self._app, self._thread = server, app, thread
         self._stopped = False
-        host, port = server.address
+        host, port = address[:2]
         self.port = int(port)
         display = f"[{host}]" if ":" in str(host) else host
         self.url = f"{scheme}://{display}:{port}"
@@ -726,10 +645,9 @@ class MetricsServer:
         if self._stopped:
             return
         self._stopped = True
-        loop = self._server.loop
-        asyncio.run_coroutine_threadsafe(self._server.close(), loop).result(timeout=5)
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join(timeout=5)
+        self._server.should_exit = True
+        self._thread.join(timeout=SHUTDOWN_GRACE_SECONDS + 5)
+        self._app.close()
 
 
 def serve(
@@ -738,33 +656,54 @@ def serve(
     web_config: WebConfig | None = None,
     errors: ExportErrors | None = None,
     admin: BaselineActions | None = None,
+    admin_requests: AdminRequests | None = None,
 ) -> MetricsServer:
     """Start serving in a background thread. Raises ValueError (bad address) or OSError (cannot bind).
     `errors` counts the exporters' own failures (shared with the OTLP export, so /metrics shows its errors);
-    `admin` serves /api/v1/baselines (None: 404 there)."""
+    `admin` serves /api/v1/baselines (None: 404 there), its requests counted in `admin_requests`."""
     host, port = parse_listen_address(address)
     family = socket.AF_INET6 if _is_ipv6(host) else socket.AF_INET
     # "[::]" takes IPv4 too, as http.server's socket did by the kernel's default
     dualstack = family == socket.AF_INET6 and ipaddress.ip_address(host).is_unspecified and socket.has_dualstack_ipv6()
     listener = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG, dualstack_ipv6=dualstack)
-    listener.setblocking(False)
     ssl_context = web_config.ssl_context() if web_config is not None else None
-    server = _Server(listener, get_snapshot, RenderCache(get_snapshot, errors), web_config, ssl_context, admin)
-    started = threading.Event()
+    admin_requests = admin_requests or AdminRequests()
+    app = _App(get_snapshot, RenderCache(get_snapshot, errors, admin_requests), web_config, admin, admin_requests)
+    config = uvicorn.Config(
+        app,
+        http=_Protocol,
+        ws="none",
+        lifespan="off",
+        interface="asgi3",
+        log_config=None,  # the daemon's logging stays as configured; _LIMIT_LOG filters uvicorn's warnings
+        access_log=False,
+        server_header=False,
+        backlog=LISTEN_BACKLOG,
+        limit_concurrency=MAX_CONNECTIONS,
+        timeout_keep_alive=IDLE_TIMEOUT_SECONDS,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+        # our context, not one built from ssl_* file names: its SNI callback reloads rotated certificate files
+        ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context is not None else None,
+    )
+    server = uvicorn.Server(config)
 
     def run() -> None:
-        asyncio.set_event_loop(server.loop)
-        server.start()
-        server.loop.call_soon(started.set)
+        loop = _Loop()
         try:
-            server.loop.run_forever()
+            loop.run_until_complete(server.serve(sockets=[listener]))
         finally:
-            server.loop.close()
+            loop.close()
+            listener.close()
 
     thread = threading.Thread(target=run, name="specwatch-http", daemon=True)
     thread.start()
-    started.wait(5)
-    return MetricsServer(server, thread, "https" if ssl_context is not None else "http")
+    deadline = time.monotonic() + 10
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not server.started:
+        server.should_exit = True
+        raise OSError(f"the HTTP server on {address} did not start")
+    return MetricsServer(server, app, thread, listener.getsockname(), "https" if ssl_context is not None else "http")
 
 
 def _is_ipv6(host: str) -> bool:

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from specwatch import __version__, catalog
 from specwatch.config import ConfigError, OtlpConfig
-from specwatch.export.prometheus import ExportErrors, render_families
+from specwatch.export.prometheus import AdminRequests, ExportErrors, render_families
 from specwatch.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -74,11 +74,13 @@ def metrics_endpoint(endpoint: str, protocol: str) -> str:
 
 
 # --------------------------------------------------------------------------- Snapshot -> samples
-def render(snap: Snapshot, errors: ExportErrors | None = None) -> dict[str, list[Sample]]:
+def render(
+    snap: Snapshot, errors: ExportErrors | None = None, admin: AdminRequests | None = None
+) -> dict[str, list[Sample]]:
     """Every sample of `snap` keyed by catalog name, taken from the Prometheus collector's own rendering, so
     both exports carry the same names, labels and values by construction (absent values stay absent)."""
     out: dict[str, list[Sample]] = defaultdict(list)
-    for family in render_families(snap, errors):
+    for family in render_families(snap, errors, admin):
         for sample in family.samples:
             if sample.name in catalog.BY_NAME:  # counters' `_created` companions have no OTLP equivalent
                 out[sample.name].append((sample.value, sample.labels))
@@ -95,9 +97,10 @@ class OtlpExport:
         get_snapshot: Callable[[], Snapshot],
         exporter: Any = None,
         errors: ExportErrors | None = None,
+        admin: AdminRequests | None = None,
     ) -> None:
         """`exporter` replaces the OTLP exporter the config describes (tests); `errors` counts failed
-        exports and sections that fail to render."""
+        exports and sections that fail to render; `admin`: the HTTP server's admin request counts."""
         from opentelemetry.metrics import Observation
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -109,6 +112,7 @@ class OtlpExport:
         self._rendered_for: Snapshot | None = None
         self._rendered: dict[str, list[Sample]] = {}
         self.errors = errors or ExportErrors()
+        self.admin = admin
 
         self._reader = PeriodicExportingMetricReader(
             _counting(exporter if exporter is not None else _build_exporter(cfg), self.errors),
@@ -132,7 +136,7 @@ class OtlpExport:
                 snap = self._get_snapshot()
                 if snap is not self._rendered_for:
                     self._rendered_for, self._rendered = snap, {}
-                    self._rendered = render(snap, self.errors)
+                    self._rendered = render(snap, self.errors, self.admin)
             except Exception:  # a bad Snapshot must not stop the export of later ones
                 log.exception("otlp: cannot render the snapshot; exporting nothing for it")
             return self._rendered.get(name, [])
@@ -207,11 +211,14 @@ def _build_exporter(cfg: OtlpConfig) -> Any:
 
 
 def start_otlp(
-    otlp_cfg: OtlpConfig, get_snapshot: Callable[[], Snapshot], errors: ExportErrors | None = None
+    otlp_cfg: OtlpConfig,
+    get_snapshot: Callable[[], Snapshot],
+    errors: ExportErrors | None = None,
+    admin: AdminRequests | None = None,
 ) -> OtlpExport:
     """Start exporting `get_snapshot()` every `otlp_cfg.interval_seconds`. Raises ConfigError for an unusable
     protocol; network failures are the SDK's to retry and log, never the daemon's to crash on."""
-    export = OtlpExport(otlp_cfg, get_snapshot, errors=errors)
+    export = OtlpExport(otlp_cfg, get_snapshot, errors=errors, admin=admin)
     log.info(
         "otlp: exporting to %s (%s) every %gs",
         metrics_endpoint(otlp_cfg.endpoint, otlp_cfg.protocol),

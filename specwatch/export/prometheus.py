@@ -125,6 +125,23 @@ class ExportErrors:
             return dict(self._render), self._otlp
 
 
+class AdminRequests:
+    """Admin API requests by (action, outcome), for /metrics: counted by the HTTP server as they are answered,
+    read at render time, never part of the Snapshot. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], float] = {}
+
+    def count(self, action: str, outcome: str) -> None:
+        with self._lock:
+            self._counts[(action, outcome)] = self._counts.get((action, outcome), 0.0) + 1
+
+    def counts(self) -> dict[tuple[str, str], float]:
+        with self._lock:
+            return dict(self._counts)
+
+
 def _self_metrics(s: Snapshot, f: Families) -> None:
     f("build_info").add(1, __version__)
     if s.timestamp > 0:  # before the first evaluation there is no "last evaluation"
@@ -287,24 +304,31 @@ def section_name(section: Callable[[Snapshot, Families], None]) -> str:
     return section.__name__.strip("_").removesuffix("_metrics")
 
 
-def render_families(snapshot: Snapshot, errors: ExportErrors | None = None) -> list[Metric]:
+def render_families(
+    snapshot: Snapshot, errors: ExportErrors | None = None, admin: AdminRequests | None = None
+) -> list[Metric]:
     """All metric families for one snapshot. Never raises; a failing section is logged, counted in `errors`
-    (a fresh ExportErrors when not given) and left out."""
+    (a fresh ExportErrors when not given) and left out. `admin`: the HTTP server's admin request counts."""
     families = _Families(_ClientFamily)
-    _render(snapshot, families, errors or ExportErrors())
+    _render(snapshot, families, errors or ExportErrors(), admin)
     return [family.metric for family in families.rendered()]
 
 
-def render_text(snapshot: Snapshot, openmetrics: bool = False, errors: ExportErrors | None = None) -> bytes:
+def render_text(
+    snapshot: Snapshot,
+    openmetrics: bool = False,
+    errors: ExportErrors | None = None,
+    admin: AdminRequests | None = None,
+) -> bytes:
     """The snapshot in the Prometheus text format (or OpenMetrics): exactly the bytes client_python's
     `generate_latest` (`openmetrics.exposition.generate_latest`) writes for `render_families(snapshot)`,
     without building its Metric objects. Never raises, like render_families."""
     families = _Families(partial(_TextFamily, openmetrics=openmetrics))
-    _render(snapshot, families, errors or ExportErrors())
+    _render(snapshot, families, errors or ExportErrors(), admin)
     return text_body(families.rendered(), openmetrics)
 
 
-def _render(snapshot: Snapshot, families: Families, errors: ExportErrors) -> None:
+def _render(snapshot: Snapshot, families: Families, errors: ExportErrors, admin: AdminRequests | None) -> None:
     for section in _SECTIONS:
         try:
             section(snapshot, families)
@@ -317,14 +341,25 @@ def _render(snapshot: Snapshot, families: Families, errors: ExportErrors) -> Non
     for name in sorted({section_name(s) for s in _SECTIONS} | render_errors.keys()):
         family.add(render_errors.get(name, 0.0), name)
     families("otlp_export_errors_total").add(otlp_errors)
+    admin_counts = admin.counts() if admin is not None else {}
+    if admin_counts:
+        family = families("admin_requests_total")
+        for (action, outcome), value in sorted(admin_counts.items()):
+            family.add(value, action, outcome)
 
 
 class SnapshotCollector(Collector):
     """A prometheus_client collector over whatever Snapshot `get_snapshot()` returns at scrape time."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], errors: ExportErrors | None = None) -> None:
+    def __init__(
+        self,
+        get_snapshot: Callable[[], Snapshot],
+        errors: ExportErrors | None = None,
+        admin: AdminRequests | None = None,
+    ) -> None:
         self._get_snapshot = get_snapshot
         self._errors = errors or ExportErrors()
+        self._admin = admin
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -332,7 +367,7 @@ class SnapshotCollector(Collector):
         except Exception:  # noqa: BLE001
             log.exception("reading the snapshot failed; serving an empty /metrics")
             return iter(())
-        return iter(render_families(snapshot, self._errors))
+        return iter(render_families(snapshot, self._errors, self._admin))
 
     def describe(self) -> Iterator[Metric]:
         # Unchecked collector: families vary with the snapshot, so registration must not call collect().

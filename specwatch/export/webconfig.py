@@ -8,6 +8,14 @@
       min_version: TLS12                    # TLS12 (default) or TLS13
     basic_auth_users:
       prometheus: $2b$12$...                # bcrypt hash (htpasswd -nBC 12 "" | tr -d ':\\n')
+    admin_users:                            # specwatch's own keys: who may POST to the admin API
+      ops: $2b$12$...                       #   (a basic_auth_users user may scrape, never act)
+    admin_client_cert_subjects: ["CN=ops-admin,O=example"]   # verified client certificates, RFC 4514
+    allowed_hosts: [specwatch.example.com, "10.0.0.7:9448"]  # any other Host header gets 421 (DNS rebinding)
+    allowed_origins: [https://ops.example.com]               # cross-origin admin POSTs allowed from these
+
+Admin POSTs need an admin identity whenever users or admin subjects are configured; without either, only
+`--web.enable-admin-api` turns them on (commands/run.py).
 
 `load_web_config(path)` parses strictly (unknown keys are errors, every problem reported at once) and checks
 that the certificate, key and CA actually load, so a broken file fails at start-up or reload, never at the
@@ -55,7 +63,15 @@ _TLS_KEYS = {
     "max_version",
     *_IGNORED_TLS_KEYS,
 }
-_TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
+_TOP_KEYS = {
+    "tls_server_config",
+    "basic_auth_users",
+    "http_server_config",
+    "admin_users",
+    "admin_client_cert_subjects",
+    "allowed_hosts",
+    "allowed_origins",
+}
 _HTTP_SERVER_KEYS = {"http2"}  # accepted and ignored: the server speaks HTTP/1.1 only
 
 _BCRYPT_RE = re.compile(r"^\$2[aby]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
@@ -201,12 +217,39 @@ class WebConfig:
     path: str = ""
     tls: TlsServerConfig | None = None
     basic_auth_users: Mapping[str, str] = field(default_factory=dict)
+    admin_users: Mapping[str, str] = field(default_factory=dict)
+    admin_client_cert_subjects: frozenset[str] = frozenset()
+    allowed_hosts: frozenset[str] = frozenset()  # lower case; an entry without a port allows any port
+    allowed_origins: frozenset[str] = frozenset()  # lower case, scheme://host[:port]
     _auth: _BasicAuth | None = field(default=None, repr=False, compare=False)
     _tls_context: _ReloadingContext | None = field(default=None, repr=False, compare=False)
 
     @property
     def auth_required(self) -> bool:
+        """Whether requests need basic-auth credentials (scrape or admin users are configured)."""
         return self._auth is not None
+
+    @property
+    def admin_identity_required(self) -> bool:
+        """Whether admin POSTs need an admin user or subject (else they follow --web.enable-admin-api)."""
+        return self._auth is not None or bool(self.admin_client_cert_subjects)
+
+    def is_admin(self, user: str | None, cert_subject: str | None) -> bool:
+        """Whether an authenticated basic-auth `user` or a verified client certificate's subject is an admin."""
+        return (user is not None and user in self.admin_users) or (
+            cert_subject is not None and cert_subject in self.admin_client_cert_subjects
+        )
+
+    def host_allowed(self, host: str) -> bool:
+        """Whether a request's Host header is served: any when no allow list is configured."""
+        if not self.allowed_hosts:
+            return True
+        host = host.strip().lower()
+        name = host.rsplit(":", 1)[0] if host.rsplit(":", 1)[-1].isdigit() and not host.endswith("]") else host
+        return host in self.allowed_hosts or name in self.allowed_hosts
+
+    def origin_allowed(self, origin: str) -> bool:
+        return origin.strip().lower().rstrip("/") in self.allowed_origins
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The context to wrap the listening socket with, or None for plain HTTP."""
@@ -317,23 +360,45 @@ def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | N
     )
 
 
-def _parse_users(raw: Any, problems: list[str]) -> dict[str, str]:
+def _parse_users(raw: Any, problems: list[str], key: str = "basic_auth_users") -> dict[str, str]:
     if not isinstance(raw, dict):
-        problems.append(f"basic_auth_users: must be a mapping of user to bcrypt hash, got {type(raw).__name__}")
+        problems.append(f"{key}: must be a mapping of user to bcrypt hash, got {type(raw).__name__}")
         return {}
     users = {}
     for user, hashed in raw.items():
         if not isinstance(user, str) or not user or ":" in user:
-            problems.append(f"basic_auth_users.{user}: user names must be non-empty strings without ':'")
+            problems.append(f"{key}.{user}: user names must be non-empty strings without ':'")
         elif not isinstance(hashed, str) or not _BCRYPT_RE.match(hashed):
             # never echo the value: it may be a plaintext password pasted by mistake
             problems.append(
-                f"basic_auth_users.{user}: not a bcrypt hash ($2b$<cost>$...); "
-                "make one with: htpasswd -nBC 12 '' | tr -d ':\\n'"
+                f"{key}.{user}: not a bcrypt hash ($2b$<cost>$...); make one with: htpasswd -nBC 12 '' | tr -d ':\\n'"
             )
         else:
             users[user] = hashed
     return users
+
+
+def _parse_strings(
+    raw: Any, key: str, problems: list[str], check: Callable[[str], str] | None = None
+) -> frozenset[str]:
+    """A list of non-empty strings; `check` returns a problem with one, or ""."""
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list) or not all(isinstance(v, str) and v.strip() for v in raw):
+        problems.append(f"{key}: must be a list of non-empty strings")
+        return frozenset()
+    for value in raw:
+        problem = check(value) if check else ""
+        if problem:
+            problems.append(f"{key}: {value!r}: {problem}")
+    return frozenset(v.strip() for v in raw)
+
+
+def _check_origin(value: str) -> str:
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest or "/" in rest.rstrip("/"):
+        return "want scheme://host[:port], as a browser sends in Origin"
+    return ""
 
 
 def parse_web_config(raw: Any, path: str = "") -> WebConfig:
@@ -357,6 +422,18 @@ def parse_web_config(raw: Any, path: str = "") -> WebConfig:
             ]
     tls = _parse_tls(raw["tls_server_config"], base, problems) if raw.get("tls_server_config") is not None else None
     users = _parse_users(raw["basic_auth_users"], problems) if raw.get("basic_auth_users") is not None else {}
+    admins = _parse_users(raw["admin_users"], problems, "admin_users") if raw.get("admin_users") is not None else {}
+    for user in users.keys() & admins.keys():
+        if users[user] != admins[user]:
+            problems.append(f"admin_users.{user}: also in basic_auth_users with another hash; one user, one password")
+    subjects = _parse_strings(raw.get("admin_client_cert_subjects"), "admin_client_cert_subjects", problems)
+    if subjects and (tls is None or tls.client_auth_type == "NoClientCert"):
+        problems.append(
+            "admin_client_cert_subjects: needs tls_server_config with client_auth_type VerifyClientCertIfGiven "
+            "or RequireAndVerifyClientCert (and client_ca_file), so that certificates are verified"
+        )
+    hosts = _parse_strings(raw.get("allowed_hosts"), "allowed_hosts", problems)
+    origins = _parse_strings(raw.get("allowed_origins"), "allowed_origins", problems, _check_origin)
 
     tls_context = None
     if tls is not None and not problems:
@@ -366,10 +443,19 @@ def parse_web_config(raw: Any, path: str = "") -> WebConfig:
             problems.append(f"tls_server_config: cannot load certificate, key or CA: {exc}")
     if problems:
         raise ConfigError(problems, path)
-    if users and tls is None:
+    if (users or admins) and tls is None:
         log.warning("web config %s: basic auth without TLS sends passwords in the clear", path)
+    everyone = {**users, **admins}
     return WebConfig(
-        path=path, tls=tls, basic_auth_users=users, _auth=_BasicAuth(users) if users else None, _tls_context=tls_context
+        path=path,
+        tls=tls,
+        basic_auth_users=users,
+        admin_users=admins,
+        admin_client_cert_subjects=subjects,
+        allowed_hosts=frozenset(h.lower() for h in hosts),
+        allowed_origins=frozenset(o.lower().rstrip("/") for o in origins),
+        _auth=_BasicAuth(everyone) if everyone else None,
+        _tls_context=tls_context,
     )
 
 
