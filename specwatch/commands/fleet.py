@@ -115,7 +115,9 @@ def main(args: argparse.Namespace) -> int:
 
     with ThreadPoolExecutor(max_workers=min(PARALLEL, len(nodes))) as pool:
         rows = [row for rows in pool.map(one, nodes) for row in rows]
-    console = Console(width=max(160, Console().width))
+    console = Console()
+    if not console.is_terminal:  # piped or logged: one line per row, never wrapped at 80 columns
+        console = Console(width=max(400, console.width))
     console.print(render(rows))
     line, ok = summary(rows, args.dry_run)
     print(line)
@@ -258,7 +260,16 @@ def _node_routes(session: requests.Session, base: str, timeout: float) -> list[s
 
 
 def _why(exc: requests.RequestException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:300]
+    """The operator's reason, not urllib3's chain: "connection refused", "timed out", ..."""
+    if isinstance(exc, requests.Timeout):
+        return "timed out"
+    errno = _ERRNO.search(str(exc))
+    if errno:
+        return errno.group(1).strip().lower()
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
 
 
 def _row(node: str, route: str, response: requests.Response) -> Row:
@@ -270,7 +281,7 @@ def _row(node: str, route: str, response: requests.Response) -> Row:
         return Row(node, route, "refused", f"HTTP {response.status_code}: {response.text.strip()[:200]}")
     outcome = doc.get("outcome")
     if response.status_code in (200, 409) and outcome in ("adopted", "already", "would_adopt", "refused"):
-        detail = str(doc.get("reason") or doc.get("message") or "")
+        detail = str(doc.get("reason") or doc.get("message") or "").removeprefix(f"route {route}: ")
         return Row(node, route, str(outcome), detail, doc.get("before"), doc.get("after"))
     return Row(node, route, "refused", f"HTTP {response.status_code}: {doc.get('error') or doc}")
 
