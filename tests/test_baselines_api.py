@@ -173,3 +173,33 @@ def test_adopt_queues_the_canary_round(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         daemon.close()
+
+
+def test_scrapes_are_answered_while_admin_actions_wait_for_the_cycle(tmp_path: Path, learned: Running) -> None:
+    """An accept waits for the daemon's cycle (its lock); however many do, /metrics and /api/v1/routes answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specwatch.export.http import RENDER_WORKERS
+
+    daemon = learned.daemon
+    server = _serve(learned, _auth_config(tmp_path))
+    pool = ThreadPoolExecutor(RENDER_WORKERS + 2)
+    try:
+        with daemon._lock:  # a cycle that takes its time: every accept waits for it
+            waiting = [
+                pool.submit(
+                    requests.post,
+                    server.url + "/api/v1/baselines/chat/accept",
+                    json={"model": NEW},
+                    auth=AUTH,
+                    timeout=60,
+                )
+                for _ in range(RENDER_WORKERS + 2)
+            ]
+            for path in ("/metrics", "/api/v1/routes"):
+                assert requests.get(server.url + path, auth=AUTH, timeout=30).status_code == 200
+            assert not any(f.done() for f in waiting)
+        assert all(f.result().status_code == 409 for f in waiting)  # the node still runs the old model
+    finally:
+        pool.shutdown(wait=True)
+        server.shutdown()

@@ -331,6 +331,8 @@ class _Server:
         self._admin = admin
         self._workers = ThreadPoolExecutor(RENDER_WORKERS, thread_name_prefix="specwatch-http")
         self._auth_workers = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="specwatch-auth")
+        # an admin action waits for the daemon's cycle to end: on a thread of its own, never a scrape's
+        self._admin_workers = ThreadPoolExecutor(1, thread_name_prefix="specwatch-admin")
         self._auth_pending = 0
         self._connections: set[_Connection] = set()
         self._accept_task: asyncio.Task[None] | None = None
@@ -671,7 +673,7 @@ class _Server:
             return 400, b"The request body must be a JSON object.\n", text, None
         verified = web_config is not None and web_config.auth_required
         caller = Caller(_basic_user(request.headers) if verified else None, request.remote)
-        return _json(await self.loop.run_in_executor(self._workers, admin.act, route, parts[1], caller, fields))
+        return _json(await self.loop.run_in_executor(self._admin_workers, admin.act, route, parts[1], caller, fields))
 
     def _routes_json(self) -> bytes:
         return json.dumps(routes_document(self._get_snapshot()), allow_nan=False).encode()
@@ -696,6 +698,7 @@ class _Server:
                 await asyncio.wait(pending, timeout=1.0)
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
+        self._admin_workers.shutdown(wait=False, cancel_futures=True)
 
 
 def _peer(sock: socket.socket) -> str:
