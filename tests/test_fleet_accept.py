@@ -226,3 +226,71 @@ def test_the_state_file_accept_refuses_rather_than_deletes(tmp_path: Path) -> No
         assert store.get("chat", key) is not None
     finally:
         store.close()
+
+
+def test_a_broken_drafter_is_never_accepted(node: Node) -> None:
+    node.engine.bump(NEW, 0.02)  # drafts almost never accepted: a broken drafter, not a deliberate bump
+    node.run(360.0)  # the confirmation window
+    assert node.route().degraded
+    answer = node.accept(model=NEW)
+    assert answer.status == 409 and "collapsed" in answer.document["reason"]
+    assert node.stored() == {OLD: pytest.approx(0.6)}
+
+
+def _gauge_obs(ts: float, model: str, reading: float):
+    from specwatch.snapshot import RouteObservation
+
+    return RouteObservation(
+        route="chat",
+        ts=ts,
+        up=True,
+        model_name=model,
+        engine_version=VERSION,
+        k=4,
+        acceptance_source="gauge",
+        gauge_acceptance_ratio=reading,
+        running_per_engine={"0": 4.0},
+    )
+
+
+def test_a_gauge_route_adopts_the_new_models_gauge_baseline(tmp_path: Path) -> None:
+    """SGLang before 0.5.13 reports acceptance only as a gauge: its baseline lives in the detector state."""
+    from specwatch.evaluators.accept import Expected
+    from specwatch.evaluators.acceptance_drop import build_evaluator
+    from specwatch.evaluators.base import EvaluatorContext
+
+    config = parse_config(
+        {
+            "state_dir": str(tmp_path),
+            "detection": {"warmup_duration": "60s", "adopt_after": "24h"},
+            "routes": [{"name": "chat", "url": "http://127.0.0.1:9/metrics"}],
+        }
+    )
+    ev = build_evaluator(EvaluatorContext(config=config, clock=lambda: 0.0), config.routes[0])
+    ts = 0.0
+    try:
+        for _ in range(4 * 40):  # 40 minutes of 1-minute blocks
+            ts += 15.0
+            ev.evaluate(_gauge_obs(ts, OLD, 0.6))
+        assert ev.gauge.reference is not None and ev.gauge.reference.r0 == pytest.approx(0.6)
+        for _ in range(4 * 10):
+            ts += 15.0
+            ev.evaluate(_gauge_obs(ts, NEW, 0.48))
+        early = ev.accept(Expected(NEW), ts)
+        assert early.refused and "no evidence" in early.reason
+        assert ev.gauge.reference.r0 == pytest.approx(0.6)
+        for _ in range(4 * 35):
+            ts += 15.0
+            ev.evaluate(_gauge_obs(ts, NEW, 0.48))
+        dry = ev.accept(Expected(NEW), ts, dry_run=True)
+        assert dry.outcome == "would_adopt" and dry.after is not None, (dry.reason, ev.gauge.learner)
+        assert dry.after["acceptance_ratio"] == pytest.approx(0.48)
+        assert ev.gauge.reference.r0 == pytest.approx(0.6)
+        adopted = ev.accept(Expected(NEW), ts)
+        assert adopted.outcome == "adopted" and adopted.before is not None
+        assert adopted.before["acceptance_ratio"] == pytest.approx(0.6) and adopted.before["model"] is None
+        assert ev.gauge.reference.r0 == pytest.approx(0.48) and not ev.gauge.degraded
+        assert ev.accept(Expected(NEW), ts).outcome == "already"
+        assert ev.accept(Expected(OLD), ts).refused
+    finally:
+        ev.close()

@@ -118,3 +118,41 @@ def test_the_fleet_accept_table_and_exit_status_with_one_node_down(tmp_path: Pat
             server.shutdown()
         bumped.close()
         behind.close()
+
+
+class _OldDaemonsAdmin:
+    """The baselines API of a daemon that predates the accept naming a model: it would run any accept."""
+
+    enabled_without_auth = True
+
+    def __init__(self) -> None:
+        self.acts: list[str] = []
+
+    def act(self, route, action, caller, body):
+        from specwatch.export.admin_api import Answer
+
+        self.acts.append(action)
+        return Answer(202, {"route": route, "action": action, "status": "queued"})
+
+    def listing(self):
+        from specwatch.export.admin_api import Answer
+
+        return Answer(200, {"baselines": []})
+
+
+@pytest.mark.slow
+def test_a_node_whose_daemon_predates_the_named_accept_is_not_asked(tmp_path: Path, capsys) -> None:
+    from specwatch.snapshot import Snapshot
+
+    admin = _OldDaemonsAdmin()
+    server = serve("127.0.0.1:0", lambda: Snapshot(timestamp=1.0), None, admin=admin)
+    try:
+        targets = tmp_path / "targets"
+        targets.write_text(f"127.0.0.1:{server.port}\n")
+        assert cli_main(["fleet", "accept", "--model", NEW, "--route", "chat", "--targets", str(targets)]) == 1
+        out = capsys.readouterr().out
+        assert "predates the accept that names a model" in " ".join(out.split())
+        assert out.splitlines()[-1] == "adopted 0, already 0, refused 1, unreachable 0"
+        assert admin.acts == []
+    finally:
+        server.shutdown()

@@ -10,7 +10,8 @@ command (`specwatch fleet accept`) or an Alertmanager webhook reaches every node
    when the body names the route (400 otherwise); 200 with what was deleted.
 3. `POST /api/v1/baselines/{route}/adopt`: queues the canary's adopt (the next probe round becomes the current
    key's fingerprint); 202, since the round is yet to run.
-4. `GET /api/v1/baselines` lists the stored baselines.
+4. `GET /api/v1/baselines` lists the stored baselines, and the fields accept takes (`accept_fields`): a client
+   checks it first, since a daemon that predates them would take any accept as the old one (which deleted).
 
 The write endpoints are admin endpoints, off by default as Prometheus's are: they answer when the web config
 has basic auth (a request without valid credentials gets 401 before it gets here), or, without auth, only
@@ -185,15 +186,19 @@ class BaselineAdmin:
         """Every stored baseline (GET /api/v1/baselines)."""
         config = self.get_config()
         path = Path(config.state_dir) / DB_NAME
+        fields = sorted(ACCEPT_FIELDS)
         if not path.exists():
-            return Answer(200, {"baselines": []})
+            return Answer(200, {"baselines": [], "accept_fields": fields})
         errors: list[str] = []
         store = StateStore(str(path), errors, readonly=True, repair=False)
         try:
             rows = [baseline_document(b) for b in store.baselines()]
         finally:
             store.close()
-        return Answer(200, {"baselines": rows, "errors": errors} if errors else {"baselines": rows})
+        document: dict[str, Any] = {"baselines": rows, "accept_fields": fields}
+        if errors:
+            document["errors"] = errors
+        return Answer(200, document)
 
 
 def _detector(live: LiveRoute) -> AcceptanceDropEvaluator | None:

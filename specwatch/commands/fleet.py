@@ -4,10 +4,12 @@
    comments), or `--prometheus URL`: Prometheus's own active targets (`/api/v1/targets`) whose labels match
    `--selector`, healthy or not (a node that Prometheus cannot scrape is one the operator must hear about).
 2. Routes: `--route R ...`, else every route of each node (its /api/v1/routes).
-3. `accept_node`: one `POST /api/v1/baselines/{route}/accept` per route, naming the model (and optionally the
-   engine version and draft length) the route must run; each daemon decides on its live state and adopts only
-   where the route runs that key and has evidence for it, refusing elsewhere with the reason and changing
-   nothing (commands/_admin.py). Nodes are asked concurrently, at most PARALLEL at a time.
+3. `accept_node`: first `GET /api/v1/baselines`, whose `accept_fields` say that the daemon takes an accept
+   naming its model (a daemon that predates it took any accept as the old one, which could delete: such a node
+   is refused here, untouched); then one `POST /api/v1/baselines/{route}/accept` per route, naming the model
+   (and optionally the engine version and draft length) the route must run; each daemon decides on its live
+   state and adopts only where the route runs that key and has evidence for it, refusing elsewhere with the
+   reason and changing nothing (commands/_admin.py). Nodes are asked concurrently, at most PARALLEL at a time.
 4. `render`: a table of node, route, outcome and the baseline before -> after (or the reason), then the summary
    line; exit 0 only when no node refused or was unreachable, 1 otherwise, 2 on a usage error.
 
@@ -221,11 +223,12 @@ def accept_node(
     base = f"{scheme}://{node}"
     session = client_session(client)
     try:
-        if routes is None:
-            try:
+        try:
+            _check_api(session, base, timeout)
+            if routes is None:
                 routes = _node_routes(session, base, timeout)
-            except _NodeError as exc:
-                return [Row(node, "-", exc.outcome, str(exc))]
+        except _NodeError as exc:
+            return [Row(node, "-", exc.outcome, str(exc))]
         rows = []
         for route in routes:
             url = f"{base}/api/v1/baselines/{quote(route, safe='')}/accept"
@@ -246,16 +249,35 @@ class _NodeError(Exception):
         self.outcome = outcome
 
 
-def _node_routes(session: requests.Session, base: str, timeout: float) -> list[str]:
+def _check_api(session: requests.Session, base: str, timeout: float) -> None:
+    """The node's daemon takes an accept that names its model; _NodeError otherwise."""
+    doc = _get_json(session, base + "/api/v1/baselines", timeout, "its baselines API")
+    if not isinstance(doc, dict) or "model" not in (doc.get("accept_fields") or ()):
+        raise _NodeError(
+            "refused",
+            "its specwatch predates the accept that names a model (it would take this one as the old accept, "
+            "which could delete a baseline): not asked; upgrade it first",
+        )
+
+
+def _get_json(session: requests.Session, url: str, timeout: float, what: str) -> Any:
     try:
-        response = session.get(base + "/api/v1/routes", timeout=timeout, headers={"Accept": "application/json"})
+        response = session.get(url, timeout=timeout, headers={"Accept": "application/json"})
     except requests.RequestException as exc:
         raise _NodeError(UNREACHABLE, _why(exc)) from exc
     if response.status_code != 200:
-        raise _NodeError("refused", f"listing its routes: HTTP {response.status_code} {response.text.strip()[:200]}")
+        raise _NodeError("refused", f"{what}: HTTP {response.status_code} {response.text.strip()[:200]}")
     try:
-        return [str(r["name"]) for r in response.json()["routes"]]
-    except (ValueError, KeyError, TypeError) as exc:
+        return response.json()
+    except ValueError as exc:
+        raise _NodeError("refused", f"{what}: not JSON; is this a specwatch daemon?") from exc
+
+
+def _node_routes(session: requests.Session, base: str, timeout: float) -> list[str]:
+    doc = _get_json(session, base + "/api/v1/routes", timeout, "listing its routes")
+    try:
+        return [str(r["name"]) for r in doc["routes"]]
+    except (KeyError, TypeError) as exc:
         raise _NodeError("refused", f"listing its routes: not a specwatch answer ({exc!r})") from exc
 
 

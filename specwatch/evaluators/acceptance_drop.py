@@ -42,6 +42,7 @@ from specwatch.snapshot import GpuSample, RouteObservation
 from specwatch.state.baselines import Baseline, BaselineKey, BaselineLearner
 from specwatch.state.store import StateStore
 from specwatch.stats.cusum import Cusum, Sprt
+from specwatch.stats.gauge import GAUGE_MIN_BLOCKS
 from specwatch.stats.evidence import TrafficRate
 
 log = logging.getLogger(__name__)
@@ -337,7 +338,9 @@ class AcceptanceDropEvaluator:
             )
         r0 = gauge.acceptable(now)
         if r0 is None:
-            return refuse(f"no evidence for {key.label()} yet: {gauge.learner.blocks} blocks of gauge readings")
+            return refuse(
+                f"no evidence for {key.label()} yet: {gauge.learner.blocks} of {GAUGE_MIN_BLOCKS} blocks of readings"
+            )
         after = gauge_document(self.route, key, r0, pinned=False)
         if dry_run:
             return AcceptOutcome(
