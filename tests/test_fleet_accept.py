@@ -103,6 +103,11 @@ def test_an_upgraded_node_adopts_from_live_state_within_the_first_flush_period(n
     assert doc["after"]["model"] == NEW and doc["after"]["acceptance_ratio"] == pytest.approx(0.48)
     # the old model's baseline stays (a rollback uses it at once); the new one is in the file
     assert node.stored() == {OLD: pytest.approx(0.6), NEW: pytest.approx(0.48)}
+    # and so is the decision: a daemon killed before its next flush restarts judging against the new one
+    store = StateStore(str(node.state_dir / "baselines.db"), readonly=True, repair=False)
+    state = store.route_state("chat")
+    store.close()
+    assert state is not None and state["reference_key"][0] == NEW
     node.run(INTERVAL)
     assert node.route().baseline_ratio == pytest.approx(0.48) and not node.route().degraded
     again = node.accept(model=NEW)

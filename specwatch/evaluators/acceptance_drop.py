@@ -319,6 +319,7 @@ class AcceptanceDropEvaluator:
         self.decision.sprt = None
         self.decision.degraded = False
         self._use(candidate)
+        written = self.store.save(self.route) and written  # a restart must not bring the old reference back
         message = f"route {self.route}: adopted {what}"
         if not written:
             message += "; the state file could not be written: it is held in memory and written with the next flush"
@@ -347,6 +348,7 @@ class AcceptanceDropEvaluator:
                 WOULD_ADOPT, f"route {self.route}: would adopt gauge baseline {r0:.4f} for {key.label()}", before, after
             )
         gauge.accept(now)
+        self.store.save(self.route)  # the gauge baseline lives in the detector state
         message = f"route {self.route}: adopted gauge baseline {r0:.4f} for {key.label()}"
         log.info("%s", message)
         return AcceptOutcome(ADOPTED, message, before, after)
@@ -368,7 +370,7 @@ class AcceptanceDropEvaluator:
             deleted.append(self.reference_document() or {})
         ok = self.store.delete_route(self.route)
         self._apply_command("reset")
-        return ok, deleted
+        return ok and self.store.save(self.route), deleted
 
     # ------------------------------------------------------------------ persistence
     def persisted_state(self) -> dict[str, Any]:

@@ -454,6 +454,11 @@ class StateStore:
             self._last_poll = now
             self._poll_commands()
 
+    def save(self, route: str) -> bool:
+        """Write `route`'s detector state now (an operator's decision must survive a kill before the next flush)."""
+        provider = self._providers.get(route)
+        return True if provider is None else self._save_states({route: provider()})
+
     def flush(self) -> bool:
         return self._save_states({route: provider() for route, provider in self._providers.items()})
 
