@@ -179,11 +179,10 @@ def test_scrapes_are_answered_while_admin_actions_wait_for_the_cycle(tmp_path: P
     """An accept waits for the daemon's cycle (its lock); however many do, /metrics and /api/v1/routes answer."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from specwatch.export.http import RENDER_WORKERS
-
     daemon = learned.daemon
     server = _serve(learned, _auth_config(tmp_path))
-    pool = ThreadPoolExecutor(RENDER_WORKERS + 2)
+    waiters = 8  # more than the server's render workers
+    pool = ThreadPoolExecutor(waiters)
     try:
         with daemon._lock:  # a cycle that takes its time: every accept waits for it
             waiting = [
@@ -194,7 +193,7 @@ def test_scrapes_are_answered_while_admin_actions_wait_for_the_cycle(tmp_path: P
                     auth=AUTH,
                     timeout=60,
                 )
-                for _ in range(RENDER_WORKERS + 2)
+                for _ in range(waiters)
             ]
             for path in ("/metrics", "/api/v1/routes"):
                 assert requests.get(server.url + path, auth=AUTH, timeout=30).status_code == 200
