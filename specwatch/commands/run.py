@@ -119,7 +119,7 @@ class Service:
         self._export_errors = ExportErrors()  # one for /metrics and OTLP, so /metrics counts OTLP's failures
         self._admin_requests = AdminRequests()  # counted by the HTTP server, exported by /metrics and OTLP
         try:
-            admin = BaselineAdmin(lambda: daemon.config, self.enable_admin_api)
+            admin = BaselineAdmin(lambda: daemon.config, daemon, self.enable_admin_api)
             server = serve(
                 self.listen_address,
                 lambda: daemon.snapshot,

@@ -334,6 +334,8 @@ class _App:
         self._admin = admin
         self._workers = ThreadPoolExecutor(RENDER_WORKERS, thread_name_prefix="specwatch-http")
         self._auth_workers = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="specwatch-auth")
+        # An accept waits for the daemon's cycle: on the render workers, a few waiting accepts would starve /metrics.
+        self._admin_workers = ThreadPoolExecutor(1, thread_name_prefix="specwatch-admin")
         self._auth_pending = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
@@ -471,7 +473,7 @@ class _App:
         route, action = target
         caller = Caller(user=audit.user, remote=audit.remote)
         loop = asyncio.get_running_loop()
-        answer = await loop.run_in_executor(self._workers, admin.act, route, action, caller, document)
+        answer = await loop.run_in_executor(self._admin_workers, admin.act, route, action, caller, document)
         audit.answered(answer)
         return _json(answer)
 
@@ -499,6 +501,7 @@ class _App:
     def close(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
+        self._admin_workers.shutdown(wait=False, cancel_futures=True)
 
 
 def _refuse(audit: Audit, status: int, outcome: str, text: str) -> _Response:
