@@ -156,6 +156,13 @@ def write_all(dest: Path, seed: int = SEED) -> dict[str, Path]:
     return out
 
 
+def write_drafter(path: Path, noise: float, seed: int = SEED) -> Path:
+    """One more drafter of the same target at `noise` (bench/gate_power.py sweeps it); kept when already there."""
+    if not path.is_file():
+        write_model(path, _noisy(_weights(seed), noise, seed + 7919), f"specwatch-tiny-drafter-{noise:g}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dest", type=Path)
