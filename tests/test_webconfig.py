@@ -7,6 +7,7 @@ against a real loopback HTTPS server using the WebConfig exactly as the daemon's
 from __future__ import annotations
 
 import base64
+import os
 import http.server
 import shutil
 import socket
@@ -111,8 +112,9 @@ extra: true
     assert "TLS10 is insecure" in text
     assert "RequireAnyClientCert" in text and "not supported" in text
     assert "basic_auth_users.alice: not a bcrypt hash" in text
+    assert "tls_server_config.cert_file: " in text and "a.crt: No such file or directory" in text
     assert "plaintext-password" not in str(err.value)  # a pasted password is never echoed into logs
-    assert len(err.value.problems) == 6
+    assert len(err.value.problems) == 7
 
 
 @pytest.mark.slow
@@ -146,7 +148,7 @@ def test_unloadable_certificate_is_a_config_error(tmp_path, pki):
         load_web_config(
             write(tmp_path, f"tls_server_config: {{cert_file: garbage.crt, key_file: {pki['server.key']}}}")
         )
-    with pytest.raises(ConfigError, match="cannot load certificate"):
+    with pytest.raises(ConfigError, match="missing.crt: No such file or directory"):
         load_web_config(write(tmp_path, "tls_server_config: {cert_file: missing.crt, key_file: missing.key}"))
 
 
@@ -466,3 +468,14 @@ tls_server_config:
             requests.get(url, verify=str(pki["ca.crt"]), cert=client, timeout=10)
     finally:
         server.shutdown()
+
+
+def test_a_missing_or_odd_tls_file_is_named_each_in_its_own_problem(tmp_path):
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo)
+    raw = {"tls_server_config": {"cert_file": str(tmp_path / "nope.pem"), "key_file": str(fifo)}}
+    with pytest.raises(ConfigError) as caught:
+        parse_web_config(raw, str(tmp_path / "web.yml"))
+    problems = caught.value.problems
+    assert f"tls_server_config.cert_file: {tmp_path / 'nope.pem'}: No such file or directory" in problems
+    assert f"tls_server_config.key_file: {fifo}: not a regular file" in problems

@@ -33,6 +33,7 @@ import os
 import re
 import secrets
 import ssl
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -349,6 +350,9 @@ def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | N
         versions[k] = v
     if versions["max_version"] and versions["max_version"] < versions["min_version"]:
         problems.append(f"{p}.max_version: {versions['max_version']} is below min_version {versions['min_version']}")
+    for name, value in (("cert_file", cert), ("key_file", key), ("client_ca_file", ca)):
+        if value and (missing := _unreadable(_resolve(base, value))):
+            problems.append(f"{p}.{name}: {_resolve(base, value)}: {missing}")
     if not (cert and key):
         return None
     return TlsServerConfig(
@@ -358,6 +362,17 @@ def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | N
         client_ca_file=_resolve(base, ca) if ca else "",
         **versions,
     )
+
+
+def _unreadable(path: str) -> str:
+    """Why a certificate, key or CA file cannot be read ("" when it can), so the problem names the file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISREG(mode):  # a FIFO or device would hang or never end the read
+        return "not a regular file"
+    return "" if os.access(path, os.R_OK) else "permission denied"
 
 
 def _parse_users(raw: Any, problems: list[str], key: str = "basic_auth_users") -> dict[str, str]:
