@@ -179,11 +179,11 @@ def test_a_fleet_accept_adopts_where_the_bump_landed_and_nowhere_else(tmp_path: 
         assert other.returncode == 0 and _summary(other) == "adopted 0, already 1, refused 0, unreachable 0"
 
         # nothing deletes unless the request names the route; a flood of POSTs adds no row to the command log
-        unconfirmed = requests.post(b + "/api/v1/baselines/chat/reset", timeout=30)
+        unconfirmed = requests.post(b + "/api/v1/baselines/chat/reset", json={}, timeout=30)
         assert unconfirmed.status_code == 400 and '{"confirm": "chat"}' in unconfirmed.json()["error"]
         for _ in range(200):
             assert _accept(a).json()["outcome"] == "already"
-            assert requests.post(b + "/api/v1/baselines/chat/reset", timeout=30).status_code == 400
+            assert requests.post(b + "/api/v1/baselines/chat/reset", json={}, timeout=30).status_code == 400
         assert set(_baselines(b)) == {OLD}
         for name in "ab":
             conn = sqlite3.connect(tmp_path / f"state-{name}" / "baselines.db")
