@@ -32,7 +32,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
+import logging
 import socket
 import ssl
 import threading
@@ -47,7 +47,10 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from specwatch.config import DEFAULT_HTTP_CLIENT, HttpClientConfig, ScrapeConfig, TlsConfig
+from specwatch.secret_files import MAX_TLS_FILE_BYTES, SecretFileError, checked_stamp, exposure_once, read_secret
 from specwatch.sources.base import SourceError
+
+log = logging.getLogger(__name__)
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
 _CHUNK = 64 * 1024  # one read
@@ -491,12 +494,14 @@ class _TlsContext:
         self.config = config
         self._files = tuple(f for f in (config.ca_file, config.cert_file, config.key_file) if f)
         self._lock = threading.Lock()
-        self._built: tuple[tuple[int, ...], ssl.SSLContext] | None = None
+        self._built: tuple[tuple[tuple[int, int, int, int], ...], ssl.SSLContext] | None = None
 
     def context(self) -> ssl.SSLContext:
         if self.config == TlsConfig():
             return _tls_context()
-        stamp = tuple(os.stat(f).st_mtime_ns for f in self._files)
+        stamp = tuple(checked_stamp(f, MAX_TLS_FILE_BYTES) for f in self._files)  # no FIFO reaches `ssl`
+        if self.config.key_file:
+            _warn_exposed(self.config.key_file)
         with self._lock:
             if self._built is None or self._built[0] != stamp:
                 self._built = stamp, _new_tls_context(self.config)
@@ -527,10 +532,17 @@ def _secret(inline: str, file: str, url: str) -> str:
     if not file:
         return inline
     try:
-        with open(file, encoding="utf-8") as f:
-            return f.read().strip()  # a trailing newline is not part of a token, as Prometheus reads it
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError("connection", f"GET {url}: cannot read {file}: {exc}") from None
+        text = read_secret(file)
+    except SecretFileError as exc:
+        raise SourceError("connection", f"GET {url}: {exc}") from None
+    _warn_exposed(file)
+    return text
+
+
+def _warn_exposed(file: str) -> None:
+    warning = exposure_once(file)
+    if warning:
+        log.warning("secret file %s", warning)
 
 
 class _Decoder:
