@@ -348,8 +348,11 @@ class ScrapeConfig:
     timeout_seconds: float = option(
         "timeout", Duration(), "per engine /metrics request, the whole response; shorter than interval", 2.0
     )
+    # A full vLLM exposition is ~85 KB, a few thousand series (below) well under 1 MiB. Every body byte is
+    # allocated more than once (read, joined, decoded), and glibc keeps what large freed blocks leave in each
+    # thread's arena: the cap bounds that per scrape (bench/hostile_soak.py, docs/benchmarks.md).
     max_body_bytes: int = option(
-        "max_body_bytes", Number(lo=1024, hi=MAX_NUMBER, integer=True), "a larger body is refused", 16 * 1024 * 1024
+        "max_body_bytes", Number(lo=1024, hi=MAX_NUMBER, integer=True), "a larger body is refused", 4 * 1024 * 1024
     )
     # A vLLM DP=8 engine serving dozens of LoRA adapters exposes a few thousand series; 100k leaves a wide
     # margin while a 200k-series endpoint (seconds of parsing per cycle) is refused.

@@ -291,6 +291,20 @@ def test_no_thread_to_be_had_leaves_every_route_down_overloaded_and_never_raises
         d.close()
 
 
+def test_more_routes_than_scrape_threads_is_logged_at_start_and_on_reload(no_evaluators, monkeypatch, caplog):
+    monkeypatch.setattr(scrape_pool, "MAX_THREADS", 2)
+    d = Daemon(make_config("a", "b"), source_factory=lambda r, c: CountingSource(), clock=FakeClock())
+    try:
+        assert "scrape threads" not in caplog.text
+        d.reload(make_config("a", "b", "c"))
+        assert "3 routes: more scrape calls a cycle (3) than the 2 scrape threads" in caplog.text
+    finally:
+        d.close()
+    caplog.clear()
+    Daemon(make_config("a", "b", "c"), source_factory=lambda r, c: CountingSource(), clock=FakeClock()).close()
+    assert "3 routes: more scrape calls a cycle (3) than the 2 scrape threads" in caplog.text
+
+
 def test_past_the_cap_quick_calls_queue_and_every_route_is_up(no_evaluators, monkeypatch):
     monkeypatch.setattr(scrape_pool, "MAX_THREADS", 4)
     sources = {f"r{i:02d}": SleepySource(0.01) for i in range(40)}

@@ -3,7 +3,10 @@
 
 A socket timeout bounds each read, not the response: an engine that drips one byte a second would never
 time out. So the deadline and the byte cap are enforced between reads (each read waits at most what is left
-of the deadline, within `_SLACK`); a 100 MB body costs at most the cap.
+of the deadline, within `_SLACK`); a 100 MB body costs at most the cap. Past its first `SMALL_BODY_BYTES`, a
+body's bytes come out of one budget the whole process shares (`LARGE_BODY_BUDGET_BYTES`): what hostile engines
+can make the daemon hold is bounded by that, not by the number of routes times the cap. A body that finds the
+budget spent is refused (too_large) and says so; engines' usual answers (tens to hundreds of KB) never touch it.
 
 Why not http.client (or urllib3 and requests, built on it): a scrape's CPU there is mostly the client's
 Python, not the bytes. Per response http.client builds a socket file, a buffered reader, a response object
@@ -54,6 +57,8 @@ log = logging.getLogger(__name__)
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
 _CHUNK = 64 * 1024  # one read
+SMALL_BODY_BYTES = 1 << 20  # each scrape's own; a vLLM or SGLang /metrics is 10-300 KB
+LARGE_BODY_BUDGET_BYTES = 32 << 20  # shared by every scrape's bytes past SMALL_BODY_BYTES
 _SLACK = 0.05  # how far past the deadline a socket wait may end, as a share of the scrape timeout
 # No retries of a failed request (the next cycle is the retry); redirects are followed, as Prometheus does
 # (vLLM may answer /metrics with a 307 to /metrics/), and a redirect loop is a connection error.
@@ -226,28 +231,35 @@ class HttpFetcher:
         # Pieces, joined once at the end: a growing buffer would hold its old and new copies at each resize, and a
         # body refused at the cap would cost several times the cap while hostile engines on many routes send one.
         pieces: list[bytes] = []
-        size = 0
-        while True:
-            chunks, response.chunks = response.chunks, []
-            for chunk in chunks:
-                for piece in decoder.pieces(chunk, cap + 1 - size) if decoder else (chunk,):
-                    size += len(piece)
-                    if size > cap:
-                        raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
-                    pieces.append(piece)
-            if response.complete:
-                break
-            self._feed(conn, response, url, deadline)
-            if response.eof and not response.complete:
-                if response.length is not None or response.chunked:
-                    raise SourceError(
-                        "connection",
-                        f"GET {url}: response cut short: the server closed the connection before the end of its body",
-                    )
-                response.complete = True  # a body delimited by the server closing the connection
-        if decoder:
-            decoder.check_complete(url)
-        return b"".join(pieces)
+        size = reserved = 0
+        try:
+            while True:
+                chunks, response.chunks = response.chunks, []
+                for chunk in chunks:
+                    for piece in decoder.pieces(chunk, cap + 1 - size) if decoder else (chunk,):
+                        size += len(piece)
+                        if size > cap:
+                            raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
+                        if size > SMALL_BODY_BYTES + reserved:
+                            reserved += _LARGE_BODIES.take(url, size - SMALL_BODY_BYTES - reserved)
+                        pieces.append(piece)
+                if response.complete:
+                    break
+                self._feed(conn, response, url, deadline)
+                if response.eof and not response.complete:
+                    if response.length is not None or response.chunked:
+                        raise SourceError(
+                            "connection",
+                            f"GET {url}: response cut short: the server closed the connection before the end of its "
+                            "body",
+                        )
+                    response.complete = True  # a body delimited by the server closing the connection
+            if decoder:
+                decoder.check_complete(url)
+            return b"".join(pieces)
+        finally:
+            pieces.clear()
+            _LARGE_BODIES.give(reserved)
 
     def _feed(
         self, conn: _Connection, response: _Response, url: str, deadline: float, before_headers: bool = False
@@ -456,6 +468,33 @@ class _Response:
     def on_message_complete(self) -> None:
         if self.headers_complete:
             self.complete = True
+
+
+class _BodyBudget:
+    """Body bytes past each scrape's first SMALL_BODY_BYTES, shared by the whole process."""
+
+    def __init__(self, total: int) -> None:
+        self.total = self.free = total
+        self._lock = threading.Lock()
+
+    def take(self, url: str, n: int) -> int:
+        """`n` bytes, or SourceError("too_large") when fewer are free."""
+        with self._lock:
+            if n <= self.free:
+                self.free -= n
+                return n
+        raise SourceError(
+            "too_large",
+            f"GET {url}: body past {SMALL_BODY_BYTES} bytes while other scrapes hold the {self.total} bytes that large "
+            "bodies share",
+        )
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.free += n
+
+
+_LARGE_BODIES = _BodyBudget(LARGE_BODY_BUDGET_BYTES)
 
 
 def _read_buffer() -> bytearray:
