@@ -134,7 +134,7 @@ class Timed:
         self.threads: set[int] = set()
 
     def submit(self, source: str, fn: Callable[..., Any], *args: Any) -> Future:
-        if hasattr(self.inner, "reserve"):  # the daemon's own ScrapePool
+        if hasattr(self.inner, "cancel_queued"):  # the daemon's own ScrapePool
             future = self.inner.submit(source, self._on_thread, fn, *args)
         else:  # a bare executor
             future = self.inner.submit(self._on_thread, fn, *args)
@@ -149,6 +149,13 @@ class Timed:
         if not future.cancelled() and future.exception() is None and getattr(future.result(), "ok", False):
             self.ok_done.append(time.monotonic() - self.begin)
 
+    def cancel_queued(self) -> int:
+        """The daemon's deadline; a bare executor's queued calls are left to run."""
+        return self.inner.cancel_queued() if hasattr(self.inner, "cancel_queued") else 0
+
+    def why_queued(self) -> str:
+        return self.inner.why_queued() if hasattr(self.inner, "why_queued") else "queued in a bare executor"
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
@@ -159,15 +166,8 @@ def make_daemon(variant: str, urls: list[str], custom_pool: Path | None) -> tupl
     clock = SimpleNamespace(now=1_700_000_000.0)
     daemon = Daemon(config(urls, tempfile.mkdtemp(prefix="specwatch-bench-")), clock=lambda: clock.now)
     factory = executor_factory(variant, custom_pool)
-    own = daemon._executor  # noqa: SLF001 - the bench swaps the executor, nothing else
-    timed = Timed(own() if factory is None else factory(len(urls)))
-
-    def executor() -> Timed:
-        if factory is None:
-            own()  # the daemon's own sizing, every cycle
-        return timed
-
-    daemon._executor = executor  # type: ignore[method-assign]
+    timed = Timed(daemon._pool if factory is None else factory(len(urls)))  # noqa: SLF001 - the bench swaps the pool
+    daemon._pool = timed  # type: ignore[assignment]
     return daemon, clock, timed
 
 

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from specwatch import secret_files
 from specwatch.config_schema import (
     DEFAULT_HTTP_CLIENT,
     DEFAULT_STATE_DIR,
@@ -228,6 +229,9 @@ class _Checker:
             return default
         if spec.choices is not None and value not in spec.choices:
             self.fail(path, f"must be one of {', '.join(spec.choices)}, got {_q(value)}")
+            return default
+        if spec.max_length and len(value) > spec.max_length:
+            self.fail(path, f"{len(value)} characters, over the cap of {spec.max_length}: {_q(value)}")
             return default
         if spec.pattern and value and not re.fullmatch(spec.pattern, value):
             self.fail(path, f"{spec.pattern_doc}, got {_q(value)}")
@@ -760,11 +764,10 @@ def _unreadable(http: HttpClientConfig, where: str) -> list[str]:
     problems = []
     for key, name in files.items():
         if name:
-            try:
-                with open(name, "rb"):
-                    pass
-            except OSError as exc:
-                problems.append(f"{where}: {key}: cannot read {name}: {exc.strerror}")
+            cap = secret_files.MAX_TLS_FILE_BYTES if key.startswith("tls") else secret_files.MAX_SECRET_BYTES
+            found = secret_files.problem(name, cap)
+            if found:
+                problems.append(f"{where}: {key}: {found}")
     return problems
 
 

@@ -18,6 +18,8 @@ DEFAULT_STATE_DIR = "/var/lib/specwatch"
 MAX_DURATION_SECONDS = 365 * 86400.0
 # Whole numbers and ratios beyond this are refused before any arithmetic (a 400-digit integer overflows floats).
 MAX_NUMBER = 1e15
+# A route name is a label value on every per-route series and in log lines: long enough for any naming scheme.
+MAX_ROUTE_NAME_CHARS = 128
 
 _DURATION_RE = re.compile(r"^\s*(\d{1,15}(?:\.\d{1,15})?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -63,6 +65,7 @@ class Text:
     pattern: str = ""  # a regular expression the whole value must match ...
     pattern_doc: str = ""  # ... and what the error says when it does not
     secret: bool = False  # never quoted in an error
+    max_length: int = 0  # characters at most (0: no cap)
 
 
 @dataclass(frozen=True)
@@ -361,8 +364,11 @@ class ScrapeConfig:
     timeout_seconds: float = option(
         "timeout", Duration(), "per engine /metrics request, the whole response; shorter than interval", 2.0
     )
+    # A full vLLM exposition is ~85 KB, a few thousand series (below) well under 1 MiB. Every body byte is
+    # allocated more than once (read, joined, decoded), and glibc keeps what large freed blocks leave in each
+    # thread's arena: the cap bounds that per scrape (bench/hostile_soak.py, docs/benchmarks.md).
     max_body_bytes: int = option(
-        "max_body_bytes", Number(lo=1024, hi=MAX_NUMBER, integer=True), "a larger body is refused", 16 * 1024 * 1024
+        "max_body_bytes", Number(lo=1024, hi=MAX_NUMBER, integer=True), "a larger body is refused", 4 * 1024 * 1024
     )
     # A vLLM DP=8 engine serving dozens of LoRA adapters exposes a few thousand series; 100k leaves a wide
     # margin while a 200k-series endpoint (seconds of parsing per cycle) is refused.
@@ -381,7 +387,11 @@ class ScrapeConfig:
 class RouteConfig:
     name: str = option(
         "name",
-        Text(pattern=r"[A-Za-z0-9_.:-]+", pattern_doc="only letters, digits and _.:- are allowed"),
+        Text(
+            pattern=r"[A-Za-z0-9_.:-]+",
+            pattern_doc="only letters, digits and _.:- are allowed",
+            max_length=MAX_ROUTE_NAME_CHARS,
+        ),
         "the route label",
     )
     url: str = option("url", Custom(), "the engine's /metrics URL")

@@ -1,14 +1,15 @@
 """The composition root: one evaluation cycle (`tick`) from engine and GPU samples to a published Snapshot.
 
-Per cycle, every route's source and the GPU source are sampled in a `ScrapePool` (a stock thread pool with a
-thread for every call that can be in flight), each call wrapped by `run_source()`, the one
+Per cycle, every route's source and the GPU source are sampled in a `ScrapePool` (a thread pool capped to fit the
+unit's task limit), each call wrapped by `run_source()`, the one
 place that turns source failures into data. A route's outcome goes through its `RouteTracker` and then its evaluators
 (detectors, crossover); the resulting `RouteState`s form an immutable `Snapshot` that is published by
 swapping one reference, so exporters never see a half-built cycle and never need a lock.
 
 A hung or hostile source costs only its own route: the cycle waits for it at most 1.5 x the scrape timeout, a
-source whose previous call is still running is not called again (so hung calls never pile up threads), and no
-call ever queues behind another.
+source whose previous call is still running is not called again (so hung calls never pile up threads), and below
+the pool's cap no call queues behind another. Past the cap, calls queue; those not started by the deadline are
+cancelled and their routes are down with reason `overloaded` (first in line next cycle).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import dataclasses
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from specwatch.config import Config, GpuConfig, RouteConfig
+from specwatch.config_warnings import routes_past_scrape_threads
 from specwatch.evaluators.base import EvaluatorContext, ExcludesTokens, RouteEvaluator
 from specwatch.evaluators.registry import build_route_evaluators
 from specwatch.scrape_pool import ScrapePool
@@ -67,6 +69,16 @@ class ScrapeOutcome:
     @property
     def ok(self) -> bool:
         return not self.reason
+
+
+def _submit_safely(pool: ScrapePool, source: str, call: Callable[[], Any]) -> Future:
+    """`run_source(call)` on the pool; a pool that cannot take it gives a finished `overloaded` outcome instead."""
+    try:
+        return pool.submit(source, run_source, call)
+    except Exception as exc:  # noqa: BLE001 - the pool is not supposed to raise; if it does, the route is down
+        future: Future = Future()
+        future.set_result(ScrapeOutcome(reason="overloaded", message=f"the scrape pool refused the call: {exc}"))
+        return future
 
 
 def run_source(call: Callable[[], Any]) -> ScrapeOutcome:
@@ -229,7 +241,12 @@ class Daemon:
         self._build_gpu_source()
         for cfg in config.routes:
             self._routes.append(self._new_route(cfg))
+        self._warn_past_cap()
         self._snapshot = dataclasses.replace(EMPTY_SNAPSHOT, **self._control_fields())
+
+    def _warn_past_cap(self) -> None:
+        for warning in routes_past_scrape_threads(self.config, self._pool.max_threads):
+            log.warning("%s", warning)
 
     # ------------------------------------------------------------------ published state
     @property
@@ -254,14 +271,17 @@ class Daemon:
             begin = time.perf_counter()
             now = self._clock() if now is None else now
             deadline = time.monotonic() + DEADLINE_FACTOR * self.config.scrape.timeout_seconds
-            pool = self._executor()
-            futures = {id(route): self._submit(pool, route, now) for route in self._routes}
+            pool = self._pool
             gpu_future = self._submit_gpu(pool, now)
+            # Routes refused last cycle go first, so the same routes are not the ones left over cycle after cycle.
+            order = sorted(self._routes, key=lambda r: r.last_reason != "overloaded")
+            futures = {id(route): self._submit(pool, route, now) for route in order}
             # One wait for every call (rather than one per route) wakes this thread once, not up to 65 times.
             wait(
                 [f for f in (gpu_future, *futures.values()) if f is not None],
                 timeout=max(0.0, deadline - time.monotonic()),
             )
+            pool.cancel_queued()  # calls that never started: `overloaded`, and nothing carried into the next cycle
 
             nvml_up, gpus = self._gpu_result(gpu_future, deadline)
             by_index = {g.index: g for g in gpus}
@@ -285,7 +305,7 @@ class Daemon:
     def _submit(self, pool: ScrapePool, route: _Route, now: float) -> Future | None:
         if route.inflight is not None and not route.inflight.done():
             return None  # the previous call is still hanging: do not stack another thread on it
-        route.inflight = pool.submit(f"route {route.cfg.name}", run_source, lambda: route.sample(now))
+        route.inflight = _submit_safely(pool, f"route {route.cfg.name}", lambda: route.sample(now))
         return route.inflight
 
     def _result(self, future: Future | None, deadline: float) -> ScrapeOutcome:
@@ -294,6 +314,8 @@ class Daemon:
             return ScrapeOutcome(reason="timeout", message="the previous scrape has still not returned")
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except CancelledError:
+            return ScrapeOutcome(reason="overloaded", message=f"not started by the deadline: {self._pool.why_queued()}")
         except FutureTimeout:
             return ScrapeOutcome(
                 reason="timeout",
@@ -305,7 +327,7 @@ class Daemon:
         source = self._gpu_source
         if source is None or (self._gpu_inflight is not None and not self._gpu_inflight.done()):
             return None
-        self._gpu_inflight = pool.submit("GPU", run_source, lambda: source.sample(now))
+        self._gpu_inflight = _submit_safely(pool, "GPU", lambda: source.sample(now))
         return self._gpu_inflight
 
     def _gpu_result(self, future: Future | None, deadline: float) -> tuple[bool | None, tuple[GpuSample, ...]]:
@@ -436,12 +458,7 @@ class Daemon:
                     return fn(LiveRoute(route.cfg, tuple(route.evaluators), self._clock(), route.last_reason))
         raise KeyError(name)
 
-    # ------------------------------------------------------------------ pool, routes, GPUs
-    def _executor(self) -> ScrapePool:
-        # Each route and the GPU source may call once this cycle.
-        self._pool.reserve(len(self._routes) + 1)
-        return self._pool
-
+    # ------------------------------------------------------------------ routes, GPUs
     def _new_route(self, cfg: RouteConfig) -> _Route:
         route = _Route(cfg, self.config, self._source_factory)
         self._build_evaluators(route)
@@ -507,6 +524,7 @@ class Daemon:
             if old.gpu != new.gpu:
                 self._close_gpu_source()
                 self._build_gpu_source()
+            self._warn_past_cap()
             self._reload_ok, self._reload_success_ts = True, self._clock()
             self._publish(dataclasses.replace(self._snapshot, **self._control_fields()))
 

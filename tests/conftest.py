@@ -7,10 +7,20 @@ a failure to install or start the engine is an error, never a skip.
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from testbed.engine_env import cpu_support, ensure_engine_env
 from testbed.models import TinyModels, build_tiny_models
+
+# Hypothesis: the same examples on every machine and every run (CI, a fresh clone), from a fixed seed and no
+# example database, so a red run is never luck. `HYPOTHESIS_PROFILE=explore` (CONTRIBUTING.md) draws new random
+# examples on each run, for a local hunt; a failure found there becomes an @example.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # tiers: the --fast option and the unit tier's guard; pytester: tests/test_tiers.py runs pytest on made-up tests
 pytest_plugins = ("tiers", "pytester")

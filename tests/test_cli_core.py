@@ -49,12 +49,15 @@ def test_check_config_missing_file(tmp_path, capsys):
 
 def test_check_config_warns_but_passes_on_inline_secrets(tmp_path, capsys):
     path = tmp_path / "secrets.yml"
+    token = tmp_path / "token"
+    token.write_text("t")
+    token.chmod(0o600)
     path.write_text(
         "scrape:\n  basic_auth: {username: u, password: hunter2}\n"
         "routes:\n"
         "  - {name: inherits, url: 'http://127.0.0.1:8000/metrics'}\n"
         "  - {name: token, url: 'http://127.0.0.1:8001/metrics', authorization: {credentials: s3cret}}\n"
-        "  - {name: filed, url: 'http://127.0.0.1:8002/metrics', authorization: {credentials_file: /dev/null}}\n"
+        f"  - {{name: filed, url: 'http://127.0.0.1:8002/metrics', authorization: {{credentials_file: {token}}}}}\n"
     )
     assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING:")]
@@ -101,6 +104,41 @@ def test_check_config_warns_on_routes_without_gpus_under_a_dedicated_user(tmp_pa
     path.write_text("gpu: {enabled: 'false'}\n" + routes)
     assert cli_main(["check-config", "--config.file", str(path), "--service.user", "specwatch"]) == 0
     assert "no gpus:" not in capsys.readouterr().err
+
+
+def test_check_config_warns_where_the_routes_outnumber_the_scrape_threads_the_unit_allows(tmp_path, capsys):
+    from specwatch.scrape_pool import MAX_THREADS
+
+    path = tmp_path / "many.yml"
+
+    def write(routes: int) -> None:
+        path.write_text(
+            "gpu: {enabled: 'false'}\nroutes:\n"
+            + "".join(f"  - {{name: r{i}, url: 'http://127.0.0.1:8000/r{i}', gpus: [0]}}\n" for i in range(routes))
+        )
+
+    write(MAX_THREADS)
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    assert "scrape threads" not in capsys.readouterr().err
+    write(MAX_THREADS + 1)
+    assert cli_main(["check-config", "--config.file", str(path), "--service.user", ""]) == 0
+    err = capsys.readouterr().err
+    assert f"WARNING: {MAX_THREADS + 1} routes: more scrape calls a cycle ({MAX_THREADS + 1}) than the " in err
+    assert f"the {MAX_THREADS} scrape threads the unit's TasksMax allows" in err and "overloaded" in err
+
+
+def test_a_route_name_past_the_cap_is_an_error_quoting_only_its_start(tmp_path, capsys):
+    from specwatch.config_schema import MAX_ROUTE_NAME_CHARS
+
+    path = tmp_path / "long.yml"
+    path.write_text(f"routes:\n  - name: {'a' * 100_000}\n    url: http://127.0.0.1:8000/metrics\n")
+    assert cli_main(["check-config", "--config.file", str(path)]) == 1
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert f"routes[0].name: 100000 characters, over the cap of {MAX_ROUTE_NAME_CHARS}: 'aaaa" in text
+    assert "a" * 200 not in text
+    path.write_text(f"routes:\n  - name: {'a' * MAX_ROUTE_NAME_CHARS}\n    url: http://127.0.0.1:8000/metrics\n")
+    assert cli_main(["check-config", "--config.file", str(path)]) == 0
 
 
 def test_the_dedicated_user_is_the_units_account_where_it_exists(monkeypatch):

@@ -15,12 +15,14 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from specwatch import daemon as daemon_module
+from specwatch import scrape_pool
 from specwatch.commands.status import render_status
 from specwatch.config import parse_config
 from specwatch.daemon import Daemon, run_source
 from specwatch.export.http import routes_document, serve
 from specwatch.export.prometheus import SnapshotCollector
 from specwatch.scheduler import run_tick, start_scheduler
+from specwatch.scrape_pool import MAX_THREADS
 from specwatch.snapshot import EngineCounters, EngineSample, GpuSample
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.engines import parse_engine_sample
@@ -202,10 +204,10 @@ class GatedSource(CountingSource):
 
 @pytest.mark.slow
 def test_slow_engines_listed_first_never_queue_a_healthy_route_behind_them(no_evaluators):
-    """200 slow engines listed before the healthy routes, each answering only once every healthy call has started
-    (or after 5 s, past the cycle's deadline). Were a healthy call queued behind slow ones, it could not start
-    until they gave up: every route would be down. Every call has a thread of its own, so every route is up, in
-    every cycle, the first included."""
+    """As many slow engines as the pool's cap leaves room for, listed before the healthy routes, each answering
+    only once every healthy call has started (or after 5 s, past the cycle's deadline). Were a healthy call queued
+    behind slow ones, it could not start until they gave up: every route would be down. Below the cap every call
+    has a thread of its own, so every route is up, in every cycle, the first included."""
     gate = threading.Event()
 
     class Healthy(CountingSource):
@@ -216,7 +218,7 @@ def test_slow_engines_listed_first_never_queue_a_healthy_route_behind_them(no_ev
             return super().sample(now)
 
     started: list[int] = []
-    slow = {f"slow{i:03d}": GatedSource(gate, 5.0) for i in range(200)}
+    slow = {f"slow{i:03d}": GatedSource(gate, 5.0) for i in range(MAX_THREADS - 8)}
     healthy = {f"good{i}": Healthy() for i in range(4)}
     sources = {**slow, **healthy}
     clock = FakeClock()
@@ -267,6 +269,95 @@ def test_engines_each_a_little_slow_never_add_up_to_a_route_down(no_evaluators):
             down = [r.name for r in snap.routes if not r.up]
             assert not down, f"cycle {cycle}: {len(down)} routes down"
     finally:
+        d.close()
+
+
+def test_no_thread_to_be_had_leaves_every_route_down_overloaded_and_never_raises(no_evaluators, monkeypatch):
+    """At the task limit (TasksMax, RLIMIT_NPROC) no thread can be started: the cycle still completes and
+    publishes, and no route is up on the strength of an earlier cycle."""
+    sources = {f"r{i}": CountingSource() for i in range(3)}
+    clock = FakeClock()
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    d = Daemon(make_config(*sources), source_factory=lambda r, c: sources[r.name], clock=clock)
+    try:
+        for _ in range(2):
+            snap = d.tick(clock.advance(5))
+            assert {r.name: (r.up, r.error_reason) for r in snap.routes} == dict.fromkeys(
+                sources, (False, "overloaded")
+            )
+            assert snap.timestamp == clock()
+        assert all(r.errors_total["overloaded"] == 2 for r in snap.routes)
+    finally:
+        d.close()
+
+
+def test_more_routes_than_scrape_threads_is_logged_at_start_and_on_reload(no_evaluators, monkeypatch, caplog):
+    monkeypatch.setattr(scrape_pool, "MAX_THREADS", 2)
+    d = Daemon(make_config("a", "b"), source_factory=lambda r, c: CountingSource(), clock=FakeClock())
+    try:
+        assert "scrape threads" not in caplog.text
+        d.reload(make_config("a", "b", "c"))
+        assert "3 routes: more scrape calls a cycle (3) than the 2 scrape threads" in caplog.text
+    finally:
+        d.close()
+    caplog.clear()
+    Daemon(make_config("a", "b", "c"), source_factory=lambda r, c: CountingSource(), clock=FakeClock()).close()
+    assert "3 routes: more scrape calls a cycle (3) than the 2 scrape threads" in caplog.text
+
+
+def test_past_the_cap_quick_calls_queue_and_every_route_is_up(no_evaluators, monkeypatch):
+    monkeypatch.setattr(scrape_pool, "MAX_THREADS", 4)
+    sources = {f"r{i:02d}": SleepySource(0.01) for i in range(40)}
+    clock = FakeClock()
+    d = Daemon(
+        make_config(*sources, interval="5s", scrape={"timeout": "2s"}),
+        source_factory=lambda r, c: sources[r.name],
+        clock=clock,
+    )
+    try:
+        for cycle in range(2):
+            snap = d.tick(clock.advance(5))
+            assert all(r.up for r in snap.routes), cycle
+        assert d._pool.threads <= 4
+    finally:
+        d.close()
+
+
+def test_calls_the_cap_leaves_no_thread_for_are_overloaded_and_go_first_next_cycle(no_evaluators, monkeypatch, caplog):
+    """Hung engines hold every thread the cap allows: the healthy routes' calls never start, so they are down
+    with reason overloaded (never up, never `timeout`); once a thread frees, they are the first called."""
+    monkeypatch.setattr(scrape_pool, "MAX_THREADS", 3)
+    hung = {f"hang{i}": HangingSource() for i in range(3)}
+    healthy = {f"good{i}": CountingSource() for i in range(3)}
+    sources = {**hung, **healthy}
+    clock = FakeClock()
+    d = Daemon(
+        make_config(*sources, interval="5s", scrape={"timeout": "200ms"}),
+        source_factory=lambda r, c: sources[r.name],
+        clock=clock,
+    )
+    try:
+        for cycle in range(2):
+            snap = d.tick(clock.advance(5))
+            assert {n: snap.route(n).error_reason for n in healthy} == dict.fromkeys(healthy, "overloaded"), cycle
+            assert not any(snap.route(n).up for n in sources)
+        assert "all 3 scrape threads busy" in caplog.text
+        # One thread frees, and hang0 will hang again when called: only if the overloaded routes are in line
+        # before it do they get that thread.
+        hung["hang0"].release.set()
+        deadline = time.monotonic() + 30
+        while "route hang0" in d.calls_running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        hung["hang0"].release = threading.Event()
+        snap = d.tick(clock.advance(5))
+        assert all(snap.route(n).up for n in healthy)
+    finally:
+        for source in hung.values():
+            source.release.set()
         d.close()
 
 

@@ -752,7 +752,7 @@ def test_http_100mb_body_is_capped_and_the_route_is_down(engines, fault_server, 
 def test_a_refused_body_is_not_kept_alive_by_the_error_kept_for_the_cycle(engines, fault_server):
     """Routes of one cycle share their endpoint's outcome, kept until the next cycle. A kept error must not carry
     its traceback: the failed call's frames would hold what the hostile engine sent (here 1 MiB, up to the
-    16 MiB cap, on every hostile route) for a whole cycle."""
+    cap, on every hostile route) for a whole cycle."""
     config = http_config(fault_server.url("/huge"), max_body_bytes=1 << 20, timeout="2s")
     source = engines.make_source(config.routes[0], config)
     try:
@@ -823,7 +823,8 @@ def test_http_too_many_series_is_refused_unparsed_with_its_own_reason(engines, f
     line = 'vllm:spec_decode_num_drafts_total{{engine="{}",model_name="m"}} 1.0\n'
     body = "".join(line.format(i) for i in range(200_000))
     url = fault_server.serve("/explosion", body)
-    result, _ = scrape_once(engines, url, timeout="4.5s")
+    # A body cap above its 14 MB (the default 4 MiB would refuse it first, as too_large): the series count decides.
+    result, _ = scrape_once(engines, url, timeout="4.5s", max_body_bytes=16 << 20)
     assert isinstance(result, SourceError) and result.reason == "too_many_series", repr(result)
     assert "100000" in str(result)
 
@@ -877,7 +878,8 @@ def test_http_label_explosion_10000_series(engines, fault_server):
         ("/many_unrelated", "# TYPE vllm:unrelated counter\n" + noise + vllm_text(10.0)),
     ):
         cpu = time.process_time()
-        result, _ = scrape_once(engines, fault_server.serve(path, body), timeout="4.5s")
+        # A body cap above its 6.7 MB (the default 4 MiB would refuse it unparsed): the parse's cost is the test.
+        result, _ = scrape_once(engines, fault_server.serve(path, body), timeout="4.5s", max_body_bytes=16 << 20)
         took = time.process_time() - cpu  # the server's threads too: both sides of the scrape, in CPU seconds
         if isinstance(result, SourceError):
             raise AssertionError(f"{path}: {result.reason}: {result}")

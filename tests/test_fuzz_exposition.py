@@ -28,9 +28,7 @@ from specwatch.sources import vllm as vllm_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WATCHDOG_SECONDS = 5.0
-FUZZ = settings(
-    max_examples=150, deadline=1000, suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None
-)
+FUZZ = settings(max_examples=150, deadline=1000, suppress_health_check=[HealthCheck.too_slow])  # seed: conftest.py
 # What the engine sources ask the parser for: the fuzz exercises the lines that are really parsed.
 WANTED = sorted(vllm_source.WANTED | sglang_source.WANTED)
 ROUTE_CONFIG = parse_config(

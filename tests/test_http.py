@@ -505,3 +505,27 @@ def test_a_get_leaves_no_garbage_for_the_cycle_collector(server, fetcher):
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+@pytest.mark.slow
+def test_bodies_past_their_small_allowance_share_one_budget_and_give_it_back(server, fetcher, monkeypatch):
+    """Hostile engines on many routes cannot each hold a body up to the cap: past its first SMALL_BODY_BYTES a
+    body draws on one process-wide budget; one that finds it spent is refused, and every scrape returns what it
+    took, refused or not."""
+    monkeypatch.setattr(http_module, "SMALL_BODY_BYTES", 10_000)
+    budget = http_module._BodyBudget(len(BODY))
+    monkeypatch.setattr(http_module, "_LARGE_BODIES", budget)
+    assert fetcher.get(f"{server.url}/metrics") == BODY  # ~95 KB: 85 KB of it from the budget
+    assert budget.free == budget.total
+    held = budget.take("another scrape", budget.total - 50_000)  # another route's large body, mid-read
+    with pytest.raises(SourceError) as info:
+        fetcher.get(f"{server.url}/metrics")
+    assert info.value.reason == "too_large"
+    assert f"body past 10000 bytes while other scrapes hold the {len(BODY)} bytes that large bodies share" in str(
+        info.value
+    )
+    assert budget.free == budget.total - held
+    monkeypatch.setattr(http_module, "SMALL_BODY_BYTES", len(BODY))  # the usual answer: never touches the budget
+    assert fetcher.get(f"{server.url}/metrics") == BODY
+    budget.give(held)
+    assert budget.free == budget.total

@@ -25,6 +25,7 @@ FOUNDATION = (
     "specwatch.config",
     "specwatch.config_schema",  # each option's field, default and YAML name, where that table is its own module
     "specwatch.config_warnings",  # what check-config warns about in a valid config
+    "specwatch.secret_files",  # secret files read with a cap, on change only; what config and sources share
     "specwatch.engine_kinds",  # the engine names a route's `engine:` may take, keyed by the source registry
     "specwatch.stats",
 )

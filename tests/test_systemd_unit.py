@@ -81,6 +81,14 @@ def test_identity_directories_and_limits():
     assert "MALLOC_ARENA_MAX=2" in environment
 
 
+def test_the_scrape_pool_takes_half_the_units_task_limit():
+    """The scrape pool's cap (specwatch/scrape_pool.py) is half of TasksMax: the other half covers the HTTP
+    server, the scheduler, probes and NVML, so no route count can take the daemon past the unit's limit."""
+    from specwatch.scrape_pool import MAX_THREADS
+
+    assert int(one("TasksMax")) == 2 * MAX_THREADS
+
+
 def test_sandbox():
     assert one("ProtectSystem") == "strict"
     for key in ("ProtectHome", "PrivateTmp", "NoNewPrivileges"):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from specwatch.commands import add_config_file_argument
-from specwatch import config_warnings
+from specwatch import config_warnings, scrape_pool
 from specwatch.config import ConfigError, load_config, summarize, unreadable_files
 from specwatch.config import Config
 from specwatch.config_schema import ProbeConfig, default_of
@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
         print(summarize(config))
         for problem in unreadable_files(config):  # read at scrape time, so not an error: the scrapes fail
             print(f"WARNING: {problem}", file=sys.stderr)
-        for warning in config_warnings.warnings(config, args.service_user):
+        for warning in config_warnings.warnings(config, args.service_user, scrape_pool.MAX_THREADS):
             print(f"WARNING: {warning}", file=sys.stderr)
         for advice in watch_advice(config):
             print(f"ADVICE: {advice}")

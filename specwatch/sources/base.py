@@ -21,6 +21,7 @@ ERROR_REASONS = (
     "no_spec_metrics",
     "no_match",
     "internal",
+    "overloaded",  # set by the daemon: the call never started, every scrape thread busy (specwatch/scrape_pool.py)
 )
 
 

@@ -3,7 +3,10 @@
 
 A socket timeout bounds each read, not the response: an engine that drips one byte a second would never
 time out. So the deadline and the byte cap are enforced between reads (each read waits at most what is left
-of the deadline, within `_SLACK`); a 100 MB body costs at most the cap.
+of the deadline, within `_SLACK`); a 100 MB body costs at most the cap. Past its first `SMALL_BODY_BYTES`, a
+body's bytes come out of one budget the whole process shares (`LARGE_BODY_BUDGET_BYTES`): what hostile engines
+can make the daemon hold is bounded by that, not by the number of routes times the cap. A body that finds the
+budget spent is refused (too_large) and says so; engines' usual answers (tens to hundreds of KB) never touch it.
 
 Why not http.client (or urllib3 and requests, built on it): a scrape's CPU there is mostly the client's
 Python, not the bytes. Per response http.client builds a socket file, a buffered reader, a response object
@@ -32,7 +35,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
+import logging
 import socket
 import ssl
 import threading
@@ -47,10 +50,15 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from specwatch.config import DEFAULT_HTTP_CLIENT, HttpClientConfig, ScrapeConfig, TlsConfig
+from specwatch.secret_files import MAX_TLS_FILE_BYTES, SecretFileError, checked_stamp, exposure_once, read_secret
 from specwatch.sources.base import SourceError
+
+log = logging.getLogger(__name__)
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"  # never OpenMetrics: it escapes `vllm:` to `vllm_`
 _CHUNK = 64 * 1024  # one read
+SMALL_BODY_BYTES = 1 << 20  # each scrape's own; a vLLM or SGLang /metrics is 10-300 KB
+LARGE_BODY_BUDGET_BYTES = 32 << 20  # shared by every scrape's bytes past SMALL_BODY_BYTES
 _SLACK = 0.05  # how far past the deadline a socket wait may end, as a share of the scrape timeout
 # No retries of a failed request (the next cycle is the retry); redirects are followed, as Prometheus does
 # (vLLM may answer /metrics with a 307 to /metrics/), and a redirect loop is a connection error.
@@ -225,28 +233,35 @@ class HttpFetcher:
         # Pieces, joined once at the end: a growing buffer would hold its old and new copies at each resize, and a
         # body refused at the cap would cost several times the cap while hostile engines on many routes send one.
         pieces: list[bytes] = []
-        size = 0
-        while True:
-            chunks, response.chunks = response.chunks, []
-            for chunk in chunks:
-                for piece in decoder.pieces(chunk, cap + 1 - size) if decoder else (chunk,):
-                    size += len(piece)
-                    if size > cap:
-                        raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
-                    pieces.append(piece)
-            if response.complete:
-                break
-            self._feed(conn, response, url, deadline)
-            if response.eof and not response.complete:
-                if response.length is not None or response.chunked:
-                    raise SourceError(
-                        "connection",
-                        f"GET {url}: response cut short: the server closed the connection before the end of its body",
-                    )
-                response.complete = True  # a body delimited by the server closing the connection
-        if decoder:
-            decoder.check_complete(url)
-        return b"".join(pieces)
+        size = reserved = 0
+        try:
+            while True:
+                chunks, response.chunks = response.chunks, []
+                for chunk in chunks:
+                    for piece in decoder.pieces(chunk, cap + 1 - size) if decoder else (chunk,):
+                        size += len(piece)
+                        if size > cap:
+                            raise SourceError("too_large", f"GET {url}: body over the {cap}-byte cap")
+                        if size > SMALL_BODY_BYTES + reserved:
+                            reserved += _LARGE_BODIES.take(url, size - SMALL_BODY_BYTES - reserved)
+                        pieces.append(piece)
+                if response.complete:
+                    break
+                self._feed(conn, response, url, deadline)
+                if response.eof and not response.complete:
+                    if response.length is not None or response.chunked:
+                        raise SourceError(
+                            "connection",
+                            f"GET {url}: response cut short: the server closed the connection before the end of its "
+                            "body",
+                        )
+                    response.complete = True  # a body delimited by the server closing the connection
+            if decoder:
+                decoder.check_complete(url)
+            return b"".join(pieces)
+        finally:
+            pieces.clear()
+            _LARGE_BODIES.give(reserved)
 
     def _feed(
         self, conn: _Connection, response: _Response, url: str, deadline: float, before_headers: bool = False
@@ -457,6 +472,33 @@ class _Response:
             self.complete = True
 
 
+class _BodyBudget:
+    """Body bytes past each scrape's first SMALL_BODY_BYTES, shared by the whole process."""
+
+    def __init__(self, total: int) -> None:
+        self.total = self.free = total
+        self._lock = threading.Lock()
+
+    def take(self, url: str, n: int) -> int:
+        """`n` bytes, or SourceError("too_large") when fewer are free."""
+        with self._lock:
+            if n <= self.free:
+                self.free -= n
+                return n
+        raise SourceError(
+            "too_large",
+            f"GET {url}: body past {SMALL_BODY_BYTES} bytes while other scrapes hold the {self.total} bytes that large "
+            "bodies share",
+        )
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.free += n
+
+
+_LARGE_BODIES = _BodyBudget(LARGE_BODY_BUDGET_BYTES)
+
+
 def _read_buffer() -> bytearray:
     buffer = getattr(_buffers, "buffer", None)
     if buffer is None:
@@ -493,12 +535,14 @@ class _TlsContext:
         self.config = config
         self._files = tuple(f for f in (config.ca_file, config.cert_file, config.key_file) if f)
         self._lock = threading.Lock()
-        self._built: tuple[tuple[int, ...], ssl.SSLContext] | None = None
+        self._built: tuple[tuple[tuple[int, int, int, int], ...], ssl.SSLContext] | None = None
 
     def context(self) -> ssl.SSLContext:
         if self.config == TlsConfig():
             return _tls_context()
-        stamp = tuple(os.stat(f).st_mtime_ns for f in self._files)
+        stamp = tuple(checked_stamp(f, MAX_TLS_FILE_BYTES) for f in self._files)  # no FIFO reaches `ssl`
+        if self.config.key_file:
+            _warn_exposed(self.config.key_file)
         with self._lock:
             if self._built is None or self._built[0] != stamp:
                 self._built = stamp, _new_tls_context(self.config)
@@ -529,10 +573,17 @@ def _secret(inline: str, file: str, url: str) -> str:
     if not file:
         return inline
     try:
-        with open(file, encoding="utf-8") as f:
-            return f.read().strip()  # a trailing newline is not part of a token, as Prometheus reads it
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError("connection", f"GET {url}: cannot read {file}: {exc}") from None
+        text = read_secret(file)
+    except SecretFileError as exc:
+        raise SourceError("connection", f"GET {url}: {exc}") from None
+    _warn_exposed(file)
+    return text
+
+
+def _warn_exposed(file: str) -> None:
+    warning = exposure_once(file)
+    if warning:
+        log.warning("secret file %s", warning)
 
 
 class _Decoder:
