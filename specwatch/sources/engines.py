@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from typing import Mapping, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from specwatch.config import Config, HttpClientConfig, RouteConfig
@@ -33,13 +33,36 @@ from specwatch.sources.sglang_request_log import SGLangRequestLogSource
 log = logging.getLogger(__name__)
 
 
+class Extract(Protocol):
+    """An engine module's `extract`: one route's sample, in tracking's one meaning (`EngineCounters`), from the
+    parsed families. `match` and `engines` are the route's filters; `version` the engine's, where known (an
+    engine whose meaning changed between releases reads it). Raises SourceError / NoData only."""
+
+    def __call__(
+        self,
+        families: Mapping[str, Family],
+        match: Mapping[str, str],
+        engines: tuple[str, ...],
+        ts: float,
+        version: str = "",
+    ) -> EngineSample: ...
+
+
+class FinishedRequests(Protocol):
+    """An engine module's `finished_requests`: the route's finished-request count, or None when not exposed."""
+
+    def __call__(
+        self, families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...] = ()
+    ) -> float | None: ...
+
+
 @dataclass(frozen=True)
 class EngineKind:
     wanted: frozenset[str]  # the families to parse out of /metrics
-    extract: Callable[..., EngineSample]  # (families, match, engines, ts, version) -> EngineSample
+    extract: Extract
     version_endpoints: tuple[tuple[str, str], ...]  # (path beside /metrics, JSON key), tried in order
     finished_family: str = ""  # the finished-requests counter (canary probes' counter bracketing)
-    finished: Callable[..., "float | None"] | None = None  # (families, match, engines) -> count
+    finished: FinishedRequests | None = None
     # (path beside /metrics, JSON key) of the served model's name, read with the version once per engine
     # start, for engines whose /metrics does not carry it.
     model_endpoint: tuple[str, str] | None = None
@@ -146,7 +169,7 @@ def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) 
 def _parse_or_raise(body: str | bytes, wanted: frozenset[str], max_series: int | None = None) -> dict[str, Family]:
     # unique: two samples with one name and label set refuse the scrape, as Prometheus does, rather than sum.
     try:
-        return parse(body, wanted, comments=False, unique=True, max_series=max_series)
+        return parse(body, wanted, comments=False, types=True, unique=True, max_series=max_series)
     except TooManySeries as exc:
         refused = SourceError("too_many_series", f"refused: {exc}")
     except ExpositionError as exc:
@@ -284,7 +307,9 @@ class HttpEngineSource:
         try:
             kind, families = self.endpoint.families(self, self.kind or "auto", now)
             self.kind = kind
-            result = ENGINES[kind].extract(families, self.route.match, self.route.engines, now, self.version or "")
+            extract = ENGINES[kind].extract
+            version = self.version or ""
+            result = extract(families, self.route.match, self.route.engines, now, version)
         except SourceError as exc:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
             self._gone = self._gone or _engine_gone(exc, self.kind)
@@ -299,6 +324,11 @@ class HttpEngineSource:
         if self.version is None:
             self.version = self._fetch_version(result.engine_kind)
             self.model_name = self._fetch_model_name(result.engine_kind)
+            if self.version != version:
+                # Read again with the version: what some values mean depends on it (SGLang's acceptance rate).
+                result = extract(families, self.route.match, self.route.engines, now, self.version)
+                if ENGINES[kind].observed_start:
+                    result = _with_start(result, self._start)
         if self.version:
             result = replace(result, engine_version=self.version)
         if self.model_name and not result.model_name:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family
-from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into
+from specwatch.sources.vllm import check_counter_types, check_match_labels, gauge_value, label_sort_key, sum_into
 
 COUNTERS: Mapping[str, str] = {
     "llamacpp:spec_decode_num_drafts_total": "drafts",  # verification steps (n_draft_verif_steps)
@@ -54,6 +54,7 @@ def extract(
         )
     if engines and "0" not in engines:
         raise NoData(f'llama.cpp has one engine per server ("0"), not engines={list(engines)}')
+    check_counter_types(families, (*COUNTERS, PER_POSITION))
     check_match_labels(families, match)
     selected = {name: fam.matching(match) for name, fam in families.items()}
 

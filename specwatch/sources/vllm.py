@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
+from specwatch.sources.gateway import engine_id
 
 # V1 counters: exposed family -> EngineCounters field. Declared without `_total` in vLLM's code.
 COUNTERS: Mapping[str, str] = {
@@ -42,9 +43,9 @@ STEPS = "vllm:iteration_tokens_total"
 # First present wins: kv_cache_usage_perc added in 0.9.2; gpu_cache_usage_perc deprecated 0.9.2, removed 0.12.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # V0 only (removed by v0.10.0): lifetime ratios since process start, label `model_name` only.
+# The acceptance rate is the draft-token acceptance ratio since start (EngineCounters.lifetime_acceptance_ratio).
 V0_GAUGES: Mapping[str, str] = {
-    "vllm:spec_decode_draft_acceptance_rate": "lifetime_acceptance_rate",
-    "vllm:spec_decode_efficiency": "lifetime_efficiency",
+    "vllm:spec_decode_draft_acceptance_rate": "lifetime_acceptance_ratio",
 }
 # Finished requests, by `finished_reason` (stop, length, abort, error): canary probes' counter bracketing
 # (probe/runner.py) reads it; the daemon's cycle does not fetch it.
@@ -86,6 +87,7 @@ def extract(
     v0 = selected.get("vllm:spec_decode_draft_acceptance_rate")
     if v0 and not any("engine" in s.labels for s in v0):
         return _v0_sample(selected, ts, model, version)
+    check_counter_types(families, (*COUNTERS, PER_POSITION))
 
     by_engine = _by_engine(selected, engines)
     if not by_engine:
@@ -128,6 +130,7 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
             engine = sample.labels.get("engine", "0")
             if engines and engine not in engines:
                 continue
+            engine = engine_id(sample.labels, engine)
             fields = out.get(engine)
             if fields is None:
                 fields = out[engine] = {}
@@ -231,6 +234,19 @@ def label_sort_key(label: str) -> tuple[int, float | str]:
         return (0, float(label))
     except ValueError:
         return (1, label)
+
+
+def check_counter_types(families: Mapping[str, Family], names: Iterable[str], hint: str = "") -> None:
+    """Every family in `names` that is summed as a counter must be declared one (or not declared at all, as a bare
+    exposition leaves it): a gauge there holds a per-interval value, whose differences mean nothing, and fed to
+    the reset-safe counters it would read as a stream of resets. Raises SourceError (not_a_counter)."""
+    for name in names:
+        family = families.get(name)
+        if family is not None and family.type not in ("counter", "unknown"):
+            raise SourceError(
+                "not_a_counter",
+                f"{name} is declared a {family.type}, not a counter: its values cannot be read as totals" + hint,
+            )
 
 
 def check_match_labels(families: Mapping[str, Family], match: Mapping[str, str]) -> None:
