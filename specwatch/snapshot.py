@@ -54,9 +54,15 @@ class EngineCounters:
     drafted_per_pos: tuple[float, ...] = ()
     generation_tokens: float | None = None
     created: float | None = None
-    running: float | None = None  # requests in the engine's batch: the crossover's batch size
+    running: float | None = None  # requests in the engine's batch, prefills included
     waiting: float | None = None
     kv_usage: float | None = None
+    # The decode batch, where the engine tells it apart from `running`: requests decoding in its last step
+    # (TensorRT-LLM), or cumulative decode steps and the requests summed over them (llama.cpp), whose increases
+    # give the mean batch of the cycle's steps. Tracking hands the crossover this batch where present.
+    decode_batch: float | None = None
+    decode_steps: float | None = None
+    decode_step_requests: float | None = None
     # Engines that count verify steps (`drafts`) and generated tokens but neither draft nor accepted tokens:
     # every verify step emits its accepted tokens and one more, so tracking takes accepted = Δgeneration -
     # Δdrafts and draft tokens = Δdrafts x `draft_length`, the draft tokens per verify step now (0: not
@@ -238,6 +244,8 @@ class RouteObservation:
     d_accepted_per_pos: tuple[float, ...] = ()
     d_generation_tokens: float = 0.0
     gauge_acceptance_ratio: float | None = None
+    # engine -> the batch the crossover judges: its decode batch where the engine tells it, else its running
+    # requests
     running_per_engine: Mapping[str, float] = field(default_factory=dict)
     waiting_requests: float | None = None  # summed over the route's engines
     kv_usage: float | None = None

@@ -212,3 +212,21 @@ def test_gauge_typed_token_families_give_their_reason_and_move_no_counter():
     state = tracker.state(error_reason="not_a_counter")
     assert (state.drafts_total, state.draft_tokens_total, state.accepted_tokens_total) == (0.0, 0.0, 0.0)
     assert not state.up and state.error_reason == "not_a_counter"
+
+
+def test_the_crossover_batch_is_the_decode_batch_not_every_running_request():
+    """trtllm_num_generation_requests (inflightBatchingStats.numGenRequests) counts the requests decoding;
+    num_requests_running counts context requests too. The crossover judges the decode batch."""
+    text, truth = fixture("trtllm/serve_k3")
+    (engine,) = parse_engine_sample("trtllm", text, route(), 1.0).engines
+    assert engine.decode_batch == truth["num_generation_requests"]
+    stats = IterationStatsTotals()
+    stats.add((FIXTURES / "trtllm/iteration_stats.json").read_bytes())
+    families = stats.families()
+    assert families["trtllm_num_generation_requests"].samples[0].value == truth["num_generation_requests"]
+    prefilling = text.replace(
+        'trtllm_num_requests_running{engine_type="trtllm",model_name="llama-3.1-8b-instruct"} 1.0',
+        'trtllm_num_requests_running{engine_type="trtllm",model_name="llama-3.1-8b-instruct"} 4.0',
+    )
+    obs = RouteTracker("r").observe(parse_engine_sample("trtllm", prefilling, route(), 1.0))
+    assert obs.running_per_engine == {"0": truth["num_generation_requests"]}

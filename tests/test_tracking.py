@@ -380,3 +380,26 @@ def test_stray_drafts_under_one_per_hundred_generated_tokens_read_inactive():
     assert tracker.state().speculation_active is False
     tracker.observe(_vllm(800.0, 105.0, 2300.0, k=3))  # 12 draft tokens, 1000 generated
     assert tracker.state().speculation_active is True
+
+
+def test_the_crossover_batch_prefers_the_engines_decode_batch():
+    def sample(ts, **fields):
+        e = EngineCounters(engine="0", running=7.0, **fields)
+        return EngineSample(ts=ts, engine_kind="x", acceptance_source="none", engines=(e,))
+
+    tracker = RouteTracker("r")
+    assert tracker.observe(sample(0.0)).running_per_engine == {"0": 7.0}
+    assert tracker.observe(sample(5.0, decode_batch=5.0)).running_per_engine == {"0": 5.0}
+    # counted steps: the mean over the cycle's steps; none yet, or none this cycle, or counts that went back
+    # (a restart): the gauges
+    assert tracker.observe(sample(10.0, decode_steps=100.0, decode_step_requests=300.0)).running_per_engine == {
+        "0": 7.0
+    }
+    assert tracker.observe(sample(15.0, decode_steps=150.0, decode_step_requests=400.0)).running_per_engine == {
+        "0": 2.0
+    }
+    assert tracker.observe(sample(20.0, decode_steps=150.0, decode_step_requests=400.0)).running_per_engine == {
+        "0": 7.0
+    }
+    assert tracker.observe(sample(25.0, decode_steps=10.0, decode_step_requests=30.0)).running_per_engine == {"0": 7.0}
+    assert tracker.state().running_requests == 7.0

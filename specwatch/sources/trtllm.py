@@ -60,6 +60,9 @@ GAUGES: Mapping[str, str] = {
     "num_requests_running": "running",  # numActiveRequests of the last iteration stats
     "num_requests_waiting": "waiting",  # numQueuedRequests
     "kv_cache_utilization": "kv_usage",  # usedNumBlocks / maxNumBlocks, 0-1
+    # inflightBatchingStats.numGenRequests of the last iteration stats: the requests decoding, where
+    # num_requests_running counts context (prefill) requests too (collector.py, log_iteration_stats)
+    "num_generation_requests": "decode_batch",
 }
 # Info gauge set once at startup, labels from the server's speculative config. The label names
 # spec_enabled / spec_num_tokens come from the issue text and PR #12545, not from code read here: unconfirmed.
@@ -278,6 +281,10 @@ def _gauges(stat: dict) -> dict[str, float]:
         value = stat.get(key)
         if isinstance(value, (int, float)) and math.isfinite(value):
             out[name] = float(value)
+    ifb = stat.get("inflightBatchingStats")
+    generating = ifb.get("numGenRequests") if isinstance(ifb, dict) else None
+    if isinstance(generating, (int, float)) and math.isfinite(generating):
+        out["num_generation_requests"] = float(generating)
     kv = stat.get("kvCacheStats")
     if isinstance(kv, dict) and isinstance(kv.get("maxNumBlocks"), (int, float)) and kv["maxNumBlocks"] > 0:
         used = kv.get("usedNumBlocks")

@@ -259,6 +259,7 @@ class RouteTracker:
         self._mean_lengths: dict[str, float] = {}  # by window, as of the last observe()
         self._excluded = Sums()  # canary probe tokens still to be taken out of the next increases
         self._rejected: dict[str, float] = dict.fromkeys(REJECT_REASONS, 0.0)  # counter samples that cannot be true
+        self._decode_totals: dict[str, tuple[float, float]] = {}  # engine -> (decode steps, requests over them)
 
     def exclude(self, drafts: float, draft_tokens: float, accepted: float, per_pos: tuple[float, ...] = ()) -> None:
         """Leave these tokens (a canary probe's own) out of the windows and detector deltas: they are taken out
@@ -348,9 +349,7 @@ class RouteTracker:
                 if sample.acceptance_source == "lifetime_gauge"
                 else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)
             ),
-            running_per_engine={
-                e.engine: running for e in sample.engines if (running := _finite(e.running)) is not None
-            },
+            running_per_engine={e.engine: batch for e in sample.engines if (batch := self._batch(e)) is not None},
             waiting_requests=_sum_present([e.waiting for e in sample.engines]),
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
@@ -493,6 +492,19 @@ class RouteTracker:
                 if d.gauge_length_weight > 0:
                     lengths[window] = d.gauge_length_weighted / d.gauge_length_weight
         return ratios, lengths
+
+    def _batch(self, e: EngineCounters) -> float | None:
+        """The engine's batch for the crossover: the mean over this cycle's decode steps where the engine counts
+        them, else its decode batch gauge, else its running requests. Counts that went back (a restart) or did
+        not move (no step) give no mean this cycle."""
+        steps, requests = _finite(e.decode_steps), _finite(e.decode_step_requests)
+        if steps is not None and requests is not None:
+            last = self._decode_totals.get(e.engine)
+            self._decode_totals[e.engine] = (steps, requests)
+            if last is not None and steps > last[0] and requests >= last[1]:
+                return (requests - last[1]) / (steps - last[0])
+        batch = _finite(e.decode_batch)
+        return batch if batch is not None else _finite(e.running)
 
     @staticmethod
     def _k(sample: EngineSample) -> int | None:
