@@ -235,3 +235,14 @@ def test_a_gateway_gives_each_workers_acceptance_and_their_sum_exactly():
     summed = _tracked(gateway)
     assert summed.acceptance_ratio["1m"] == totals["accepted"] / totals["draft_tokens"]
     assert summed.mean_acceptance_length["1m"] == 1.0 + totals["accepted"] / totals["drafts"]
+
+
+def test_a_gateway_that_names_its_workers_by_another_label_is_split_by_the_routes_worker_label():
+    text, truth = fixture(SMG[0])
+    renamed = text.replace('worker_addr="', 'pod="')
+    merged = parse_engine_sample("sglang", renamed, route(), 1.0)
+    assert len(merged.engines) == 1, "without the label named, both workers' dp_rank 0 are one engine"
+    split = parse_engine_sample("sglang", renamed, route(worker_label="pod"), 1.0)
+    assert [e.engine for e in split.engines] == [f"{w}|0" for w in sorted(truth)]
+    with pytest.raises(Exception, match="worker_label"):
+        route(worker_label="not a label")

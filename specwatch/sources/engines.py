@@ -25,6 +25,7 @@ from specwatch.snapshot import EngineSample
 from specwatch.sources import llamacpp, sglang, trtllm, vllm
 from specwatch.sources.base import SourceError
 from specwatch.sources.exposition import ExpositionError, Family, TooManySeries, parse
+from specwatch.sources.gateway import WORKER_LABEL
 from specwatch.sources.http import HttpFetcher
 from specwatch.engine_kinds import REQUEST_LOG
 from specwatch.sources.name_filter import NameFilter
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 class Extract(Protocol):
     """An engine module's `extract`: one route's sample, in tracking's one meaning (`EngineCounters`), from the
     parsed families. `match` and `engines` are the route's filters; `version` the engine's, where known (an
-    engine whose meaning changed between releases reads it). Raises SourceError / NoData only."""
+    engine whose meaning changed between releases reads it); `worker_label` the label that names each worker
+    of a gateway's merged exposition (sources/gateway.py). Raises SourceError / NoData only."""
 
     def __call__(
         self,
@@ -45,6 +47,7 @@ class Extract(Protocol):
         engines: tuple[str, ...],
         ts: float,
         version: str = "",
+        worker_label: str = WORKER_LABEL,
     ) -> EngineSample: ...
 
 
@@ -132,7 +135,7 @@ def parse_engine_sample(
     state across scrapes and are read through `SharedEndpoint` only.
     """
     kind, families = parse_families(kind, body)
-    return ENGINES[kind].extract(families, route.match, route.engines, now, version)
+    return ENGINES[kind].extract(families, route.match, route.engines, now, version, route.worker_label)
 
 
 def parse_families(kind: str, body: str | bytes, max_series: int | None = None) -> tuple[str, dict[str, Family]]:
@@ -161,7 +164,7 @@ def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) 
         raise SourceError("no_spec_metrics", "neither vllm: nor sglang: families in the exposition")
     engine = ENGINES[kind]
     families = _parse_or_raise(body, engine.wanted | {engine.finished_family})
-    sample = engine.extract(families, route.match, route.engines, now, "")
+    sample = engine.extract(families, route.match, route.engines, now, "", route.worker_label)
     finished = engine.finished(families, route.match, route.engines) if engine.finished else None
     return sample, finished
 
@@ -309,7 +312,7 @@ class HttpEngineSource:
             self.kind = kind
             extract = ENGINES[kind].extract
             version = self.version or ""
-            result = extract(families, self.route.match, self.route.engines, now, version)
+            result = extract(families, self.route.match, self.route.engines, now, version, self.route.worker_label)
         except SourceError as exc:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
             self._gone = self._gone or _engine_gone(exc, self.kind)
@@ -326,7 +329,9 @@ class HttpEngineSource:
             self.model_name = self._fetch_model_name(result.engine_kind)
             if self.version != version:
                 # Read again with the version: what some values mean depends on it (SGLang's acceptance rate).
-                result = extract(families, self.route.match, self.route.engines, now, self.version)
+                result = extract(
+                    families, self.route.match, self.route.engines, now, self.version, self.route.worker_label
+                )
                 if ENGINES[kind].observed_start:
                     result = _with_start(result, self._start)
         if self.version:

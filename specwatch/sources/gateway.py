@@ -10,7 +10,8 @@ repeat from worker to worker: without the worker label, one worker's gauges woul
 
 So the engine modules key each engine by (worker, engine label): every worker's engines are engines of their own,
 their counters summed over engines as any engine's are, their gauges (the batch) kept per worker. A route that
-names a worker in `match` (`worker_addr: http://...`) reads that worker alone.
+names a worker in `match` (`worker_addr: http://...`) reads that worker alone. A gateway that names its workers
+by another label is read with the route's `worker_label`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from typing import Mapping
 WORKER_LABEL = "worker_addr"
 
 
-def engine_id(labels: Mapping[str, str], engine: str) -> str:
+def engine_id(labels: Mapping[str, str], engine: str, worker_label: str = WORKER_LABEL) -> str:
     """The engine's id: its own engine label, prefixed by its worker where a gateway names one."""
-    worker = labels.get(WORKER_LABEL)
+    worker = labels.get(worker_label)
     return engine if worker is None else f"{worker}|{engine}"
 
 
-def worker_of(labels: Mapping[str, str]) -> str:
+def worker_of(labels: Mapping[str, str], worker_label: str = WORKER_LABEL) -> str:
     """The worker a series comes from ("" for an engine's own /metrics)."""
-    return labels.get(WORKER_LABEL, "")
+    return labels.get(worker_label, "")

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.gateway import WORKER_LABEL
 from specwatch.sources.exposition import Family
 from specwatch.sources.vllm import check_counter_types, check_match_labels, gauge_value, label_sort_key, sum_into
 
@@ -53,7 +54,12 @@ WANTED = frozenset(COUNTERS) | {PER_POSITION, DECODES, BUSY_SLOTS_PER_DECODE} | 
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in WANTED):

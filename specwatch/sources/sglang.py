@@ -22,7 +22,7 @@ from typing import Mapping
 from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
-from specwatch.sources.gateway import engine_id, worker_of
+from specwatch.sources.gateway import WORKER_LABEL, engine_id, worker_of
 from specwatch.sources.vllm import (
     check_counter_types,
     check_match_labels,
@@ -67,7 +67,12 @@ WANTED = frozenset(SCHEDULER_GAUGES) | frozenset(TOKENIZER_COUNTERS) | {STEP_TIM
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in SCHEDULER_GAUGES):
@@ -85,11 +90,11 @@ def extract(
     per_rank: dict[str, dict] = {}
     worker_ranks: dict[str, list[str]] = {}  # worker -> its schedulers' engine ids (one worker: "")
     for family, field_name in SCHEDULER_GAUGES.items():
-        for rank, sample in _one_per_scheduler(selected.get(family, [])).items():
+        for rank, sample in _one_per_scheduler(selected.get(family, []), worker_label).items():
             if not engines or sample.labels.get("dp_rank", "0") in engines:
                 if rank not in per_rank:
                     per_rank[rank] = {}
-                    worker_ranks.setdefault(worker_of(sample.labels), []).append(rank)
+                    worker_ranks.setdefault(worker_of(sample.labels, worker_label), []).append(rank)
                 per_rank[rank][field_name] = gauge_value(sample.value)
     if not per_rank:
         raise NoData(f"no SGLang scheduler matches engines={list(engines)}")
@@ -103,7 +108,7 @@ def extract(
     server_wide: dict[str, dict] = {}
     for family, field_name in TOKENIZER_COUNTERS.items():
         for sample in selected.get(family, ()):
-            sum_into(server_wide.setdefault(worker_of(sample.labels), {}), field_name, sample)
+            sum_into(server_wide.setdefault(worker_of(sample.labels, worker_label), {}), field_name, sample)
     firsts = {worker: min(ranks, key=label_sort_key) for worker, ranks in worker_ranks.items()}
     for worker, totals in server_wide.items():
         if worker in firsts:
@@ -111,7 +116,7 @@ def extract(
     ranks = sorted(per_rank, key=label_sort_key)
 
     step_times = {}
-    for worker, samples in _by_worker(selected.get(STEP_TIME, ())).items():
+    for worker, samples in _by_worker(selected.get(STEP_TIME, ()), worker_label).items():
         itl = _per_token_latency(samples)
         if itl is not None and worker in firsts:
             step_times[firsts[worker]] = itl  # server-wide, like the tokenizer counters
@@ -226,14 +231,14 @@ def finished_requests(
     return sum_samples(samples)
 
 
-def _by_worker(samples) -> dict[str, list[Sample]]:
+def _by_worker(samples, worker_label: str) -> dict[str, list[Sample]]:
     out: dict[str, list[Sample]] = {}
     for sample in samples:
-        out.setdefault(worker_of(sample.labels), []).append(sample)
+        out.setdefault(worker_of(sample.labels, worker_label), []).append(sample)
     return out
 
 
-def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:
+def _one_per_scheduler(samples: list[Sample], worker_label: str = WORKER_LABEL) -> dict[str, Sample]:
     """engine id (dp_rank, and the worker behind a gateway) -> the one sample that stands for that scheduler.
 
     Never sums over `priority` (0.5.23 puts the total under priority="" beside per-priority breakdowns);
@@ -244,7 +249,7 @@ def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:
         labels = sample.labels
         if labels.get(_PRIORITY, "") != "":
             continue
-        rank = engine_id(labels, labels.get("dp_rank", "0"))
+        rank = engine_id(labels, labels.get("dp_rank", "0"), worker_label)
         preference = (0, label_sort_key(labels.get(_TP_RANK, "0"))[1])
         if rank not in best or preference < best[rank][0]:
             best[rank] = (preference, sample)

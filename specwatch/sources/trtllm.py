@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.gateway import WORKER_LABEL
 from specwatch.sources.exposition import Family, Sample
 from specwatch.sources.vllm import (
     check_counter_types,
@@ -94,7 +95,12 @@ JSON_DRAFTS = JSON_COUNTERS["numRequestsWithDraftTokens"]
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     resolved = _resolve(families)

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
-from specwatch.sources.gateway import engine_id
+from specwatch.sources.gateway import WORKER_LABEL, engine_id
 
 # V1 counters: exposed family -> EngineCounters field. Declared without `_total` in vLLM's code.
 COUNTERS: Mapping[str, str] = {
@@ -73,7 +73,12 @@ _PRESENCE = (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)  # any of them with samples: a
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in _PRESENCE):
@@ -89,7 +94,7 @@ def extract(
         return _v0_sample(selected, ts, model, version)
     check_counter_types(families, (*COUNTERS, PER_POSITION))
 
-    by_engine = _by_engine(selected, engines)
+    by_engine = _by_engine(selected, engines, worker_label)
     if not by_engine:
         raise NoData(f"no vLLM engine matches engines={list(engines)}")
     spec_on = bool(selected.get("vllm:spec_decode_num_drafts_total"))
@@ -120,7 +125,9 @@ def extract(
     )
 
 
-def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
+def _by_engine(
+    selected: Mapping[str, list[Sample]], engines: tuple[str, ...], worker_label: str = WORKER_LABEL
+) -> dict[str, dict]:
     """engine label -> EngineCounters keyword arguments (per_pos as {position: value})."""
     out: dict[str, dict] = {}
     kv_family = next((f for f in KV_USAGE if selected.get(f)), None)
@@ -130,7 +137,7 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
             engine = sample.labels.get("engine", "0")
             if engines and engine not in engines:
                 continue
-            engine = engine_id(sample.labels, engine)
+            engine = engine_id(sample.labels, engine, worker_label)
             fields = out.get(engine)
             if fields is None:
                 fields = out[engine] = {}
