@@ -62,6 +62,7 @@ class FinishedRequests(Protocol):
 @dataclass(frozen=True)
 class EngineKind:
     wanted: frozenset[str]  # the families to parse out of /metrics
+    counters: frozenset[str]  # those summed as counters: their `# TYPE` lines are read too (checked by extract)
     extract: Extract
     version_endpoints: tuple[tuple[str, str], ...]  # (path beside /metrics, JSON key), tried in order
     finished_family: str = ""  # the finished-requests counter (canary probes' counter bracketing)
@@ -78,6 +79,7 @@ class EngineKind:
 ENGINES: Mapping[str, EngineKind] = {
     "vllm": EngineKind(
         vllm.WANTED,
+        vllm.COUNTER_FAMILIES,
         vllm.extract,
         (("/version", "version"),),
         vllm.FINISHED_REQUESTS,
@@ -87,6 +89,7 @@ ENGINES: Mapping[str, EngineKind] = {
     # SGLang answers on one of these two paths depending on the release; both carry `version`.
     "sglang": EngineKind(
         sglang.WANTED,
+        sglang.COUNTER_FAMILIES,
         sglang.extract,
         (("/get_server_info", "version"), ("/server_info", "version")),
         sglang.FINISHED_REQUESTS,
@@ -94,10 +97,11 @@ ENGINES: Mapping[str, EngineKind] = {
         observed_start=True,
     ),
     # trtllm-serve lists /version among its endpoints; the JSON key is assumed, not checked.
-    "trtllm": EngineKind(trtllm.WANTED, trtllm.extract, (("/version", "version"),)),
+    "trtllm": EngineKind(trtllm.WANTED, trtllm.COUNTER_FAMILIES, trtllm.extract, (("/version", "version"),)),
     # llama-server's /props carries `build_info` ("b<build>-<commit>") and the model file's path.
     "llamacpp": EngineKind(
         llamacpp.WANTED,
+        llamacpp.COUNTER_FAMILIES,
         llamacpp.extract,
         llamacpp.VERSION_ENDPOINTS,
         model_endpoint=llamacpp.MODEL_ENDPOINT,
@@ -152,7 +156,7 @@ def parse_families(kind: str, body: str | bytes, max_series: int | None = None) 
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
-    return kind, _parse_or_raise(body, ENGINES[kind].wanted, max_series)
+    return kind, _parse_or_raise(body, ENGINES[kind].wanted, max_series, ENGINES[kind].counters)
 
 
 def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) -> tuple[EngineSample, float | None]:
@@ -163,16 +167,18 @@ def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) 
     if kind not in ENGINES:
         raise SourceError("no_spec_metrics", "neither vllm: nor sglang: families in the exposition")
     engine = ENGINES[kind]
-    families = _parse_or_raise(body, engine.wanted | {engine.finished_family})
+    families = _parse_or_raise(body, engine.wanted | {engine.finished_family}, types=engine.counters)
     sample = engine.extract(families, route.match, route.engines, now, "", route.worker_label)
     finished = engine.finished(families, route.match, route.engines) if engine.finished else None
     return sample, finished
 
 
-def _parse_or_raise(body: str | bytes, wanted: frozenset[str], max_series: int | None = None) -> dict[str, Family]:
+def _parse_or_raise(
+    body: str | bytes, wanted: frozenset[str], max_series: int | None = None, types: frozenset[str] = frozenset()
+) -> dict[str, Family]:
     # unique: two samples with one name and label set refuse the scrape, as Prometheus does, rather than sum.
     try:
-        return parse(body, wanted, comments=False, types=True, unique=True, max_series=max_series)
+        return parse(body, wanted, comments=False, types=types, unique=True, max_series=max_series)
     except TooManySeries as exc:
         refused = SourceError("too_many_series", f"refused: {exc}")
     except ExpositionError as exc:

@@ -51,6 +51,7 @@ SPEC_FAMILIES = frozenset(COUNTERS) - {"llamacpp:tokens_predicted_total"} | {PER
 VERSION_ENDPOINTS = (("/props", "build_info"),)
 MODEL_ENDPOINT = ("/props", "model_alias")
 WANTED = frozenset(COUNTERS) | {PER_POSITION, DECODES, BUSY_SLOTS_PER_DECODE} | frozenset(GAUGES)
+COUNTER_FAMILIES = frozenset(COUNTERS) | {PER_POSITION, DECODES}  # their `# TYPE` is read and checked
 
 
 def extract(
@@ -68,7 +69,7 @@ def extract(
         )
     if engines and "0" not in engines:
         raise NoData(f'llama.cpp has one engine per server ("0"), not engines={list(engines)}')
-    check_counter_types(families, (*COUNTERS, PER_POSITION, DECODES))
+    check_counter_types(families, COUNTER_FAMILIES)
     check_match_labels(families, match)
     selected = {name: fam.matching(match) for name, fam in families.items()}
 

@@ -64,6 +64,7 @@ FINISHED_REQUESTS = "sglang:num_requests_total"
 # Labels that split one scheduler's gauge into copies or breakdowns rather than into other engines.
 _PRIORITY, _TP_RANK, _PID = "priority", "tp_rank", "pid"
 WANTED = frozenset(SCHEDULER_GAUGES) | frozenset(TOKENIZER_COUNTERS) | {STEP_TIME}
+COUNTER_FAMILIES = frozenset(TOKENIZER_COUNTERS)  # their `# TYPE` is read and checked
 
 
 def extract(
@@ -80,7 +81,7 @@ def extract(
             "no_spec_metrics",
             "no SGLang scheduler families in the exposition (is the server started with --enable-metrics?)",
         )
-    check_counter_types(families, TOKENIZER_COUNTERS)
+    check_counter_types(families, COUNTER_FAMILIES)
     check_match_labels(families, match)
     selected = {name: fam.matching(match) for name, fam in families.items()}
     if not any(selected.values()):

@@ -80,7 +80,7 @@ _SPEC = (*(n for n in COUNTERS if n.startswith("spec_decode_")), *PER_POSITION)
 # Every spelling of a family summed as a counter, checked against its `# TYPE`. PR #12545 (NVIDIA/TensorRT-LLM,
 # merged 2026-03) describes its own change of the draft and accepted token families "from Gauge to Counter to
 # enable rate()": a gauge there holds one iteration's count.
-_COUNTER_SPELLINGS = tuple(prefix + name for prefix in PREFIXES for name in (*COUNTERS, *PER_POSITION))
+COUNTER_FAMILIES = frozenset(prefix + name for prefix in PREFIXES for name in (*COUNTERS, *PER_POSITION))
 _GAUGE_HINT = " (TensorRT-LLM's draft and accepted token families are counters since PR #12545)"
 
 # JSON iteration stats (trtllm-serve GET /metrics with `enable_iter_perf_stats: true`), keys as
@@ -111,7 +111,7 @@ def extract(
         )
     if engines and "0" not in engines:
         raise NoData(f'TensorRT-LLM has one engine per server ("0"), not engines={list(engines)}')
-    check_counter_types(families, _COUNTER_SPELLINGS, _GAUGE_HINT)
+    check_counter_types(families, COUNTER_FAMILIES, _GAUGE_HINT)
     check_match_labels(families, match)
     selected = {name: _matching(samples, match) for name, samples in resolved.items()}
     if not any(selected.values()):

@@ -52,6 +52,8 @@ V0_GAUGES: Mapping[str, str] = {
 FINISHED_REQUESTS = "vllm:request_success_total"
 SPEC_FAMILIES = frozenset(COUNTERS) - {"vllm:generation_tokens_total"} | {PER_POSITION}
 WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED, STEP_TIME, STEPS} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
+# The families summed as counters: their `# TYPE` is read and checked (check_counter_types).
+COUNTER_FAMILIES = frozenset(COUNTERS) | {PER_POSITION}
 # A filtered /metrics (prometheus_client's restricted registry) keeps the samples whose *sample* names are
 # asked for: a histogram's family name alone returns none of its samples.
 FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count", STEPS + "_count"))
@@ -92,7 +94,7 @@ def extract(
     v0 = selected.get("vllm:spec_decode_draft_acceptance_rate")
     if v0 and not any("engine" in s.labels for s in v0):
         return _v0_sample(selected, ts, model, version)
-    check_counter_types(families, (*COUNTERS, PER_POSITION))
+    check_counter_types(families, COUNTER_FAMILIES)
 
     by_engine = _by_engine(selected, engines, worker_label)
     if not by_engine:
