@@ -180,7 +180,10 @@ def test_gauge_typed_token_families_give_their_reason_and_move_no_counter():
     with pytest.raises(SourceError) as raised:
         parse_engine_sample("auto", text, route(engine="auto"), 1.0)
     assert raised.value.reason == "not_a_counter"
-    assert "trtllm_spec_decode_num_draft_tokens_total is declared a gauge" in str(raised.value)
+    assert str(raised.value).startswith(
+        "trtllm_spec_decode_num_accepted_tokens_total is declared a gauge; "
+        "trtllm_spec_decode_num_draft_tokens_total is declared a gauge, not a counter"
+    )
 
     drafted = 'trtllm_spec_decode_num_draft_tokens_total{engine_type="trtllm",model_name="llama-3.1-8b-instruct"}'
     last = f"{drafted} {float(truth['last_iteration_draft_tokens'])}"

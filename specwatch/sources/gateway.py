@@ -4,9 +4,10 @@ SGLang's model gateway (SMG) serves `GET /engine_metrics`: it fetches every regi
 replaces `:` by `_` in the whole text, adds the label `worker_addr` (the worker's URL) to every family and merges
 the families by name (`aggregate_metrics`, model_gateway/src/core/metrics_aggregator.rs at lightseekorg/smg
 24634ae98431, the same code as sgl-model-gateway/src/core/metrics_aggregator.rs at sgl-project/sglang
-30d1e5aeee6b; the label is set where `get_engine_metrics` builds each worker's `MetricPack`, in
-core/worker_manager.rs). Each worker keeps its own engine labels (vLLM `engine`, SGLang `dp_rank`), which
-repeat from worker to worker: without the worker label, one worker's gauges would stand for all of them.
+30d1e5aeee6b; the label is set where `get_engine_metrics` builds each worker's `MetricPack`,
+`labels: vec![("worker_addr", resp.url)]`, in core/worker_manager.rs at lightseekorg/smg 059da7af9f94). Each
+worker keeps its own engine labels (vLLM `engine`, SGLang `dp_rank`), which repeat from worker to worker: without
+the worker label, one worker's gauges would stand for all of them.
 
 So the engine modules key each engine by (worker, engine label): every worker's engines are engines of their own,
 their counters summed over engines as any engine's are, their gauges (the batch) kept per worker. A route that

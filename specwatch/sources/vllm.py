@@ -249,13 +249,13 @@ def check_counter_types(families: Mapping[str, Family], names: Iterable[str], hi
     """Every family in `names` that is summed as a counter must be declared one (or not declared at all, as a bare
     exposition leaves it): a gauge there holds a per-interval value, whose differences mean nothing, and fed to
     the reset-safe counters it would read as a stream of resets. Raises SourceError (not_a_counter)."""
-    for name in names:
-        family = families.get(name)
-        if family is not None and family.type not in ("counter", "unknown"):
-            raise SourceError(
-                "not_a_counter",
-                f"{name} is declared a {family.type}, not a counter: its values cannot be read as totals" + hint,
-            )
+    wrong = [
+        f"{name} is declared a {family.type}"
+        for name in sorted(names)
+        if (family := families.get(name)) is not None and family.type not in ("counter", "unknown")
+    ]
+    if wrong:
+        raise SourceError("not_a_counter", "; ".join(wrong) + ", not a counter: not read as totals" + hint)
 
 
 def check_match_labels(families: Mapping[str, Family], match: Mapping[str, str]) -> None:
