@@ -111,9 +111,9 @@ def bench_daemons(mode: str, rounds: int) -> dict[str, Any]:
 
 
 def bench_parse(rounds: int) -> list[dict[str, Any]]:
-    from specwatch.sources import exposition, vllm
+    from specwatch.sources import engines, vllm
 
-    base_exposition = import_module("specwatch_base.sources.exposition")
+    base_engines = import_module("specwatch_base.sources.engines")
     base_vllm = import_module("specwatch_base.sources.vllm")
 
     def timed(fn: Callable[[], Any], n: int = 300) -> float:
@@ -130,14 +130,13 @@ def bench_parse(rounds: int) -> list[dict[str, Any]]:
     bodies = {"full": (REPO / "tests/fixtures/vllm/v1_k4_2engines.prom").read_bytes(), "filtered": filtered}
     out = []
     for label, body in bodies.items():
-        ours = exposition.parse(body, vllm.WANTED, comments=False, unique=True)
-        theirs = base_exposition.parse(body, base_vllm.WANTED, comments=False, unique=True)
+        # Each tree's own parse of a vLLM body, with the options its daemon passes (parse_families).
+        ours = engines.parse_families("vllm", body)[1]
+        theirs = base_engines.parse_families("vllm", body)[1]
         times: dict[str, list[float]] = {k: [] for k in ("parse_base", "parse_this", "extract_base", "extract_this")}
         for _ in range(rounds):
-            times["parse_base"].append(
-                timed(lambda: base_exposition.parse(body, base_vllm.WANTED, comments=False, unique=True))
-            )
-            times["parse_this"].append(timed(lambda: exposition.parse(body, vllm.WANTED, comments=False, unique=True)))
+            times["parse_base"].append(timed(lambda: base_engines.parse_families("vllm", body)))
+            times["parse_this"].append(timed(lambda: engines.parse_families("vllm", body)))
             times["extract_base"].append(timed(lambda: base_vllm.extract(theirs, {}, (), 1.0, "")))
             times["extract_this"].append(timed(lambda: vllm.extract(ours, {}, (), 1.0, "")))
         row: dict[str, Any] = {"body": label, "bytes": len(body)}

@@ -401,6 +401,12 @@ class RouteConfig:
     )
     match: Mapping[str, str] = option("match", StringMap(), "only series with these labels", factory=dict)
     engines: tuple[str, ...] = option("engines", Custom(), "only these DP engines; empty: all", ())
+    worker_label: str = option(
+        "worker_label",
+        Text(pattern=r"[a-zA-Z_][a-zA-Z0-9_]*", pattern_doc="a label name"),
+        "the label naming each worker in a gateway's merged /metrics",
+        "worker_addr",
+    )
     gpus: tuple[int, ...] | None = option("gpus", Custom(), "GPU indexes; None: found from the processes", None)
     version_url: str = option("version_url", Custom(), "empty: derived from url", "")
     detection: DetectionConfig = option(

@@ -35,7 +35,9 @@ class StepTimes(NamedTuple):
 
 @dataclass(frozen=True)
 class EngineCounters:
-    """One DP engine (vLLM `engine`, SGLang `dp_rank`) of one route at one scrape.
+    """One DP engine (vLLM `engine`, SGLang `dp_rank`) of one route at one scrape, in one meaning whatever the
+    engine: each source module turns its engine's names, versions and definitions into these fields
+    (docs/engines.md), so tracking holds no engine rule.
 
     Counter fields are the engine's own cumulative values (None when the engine does not expose them).
     Gauge fields are instantaneous. `created` is the counter's `_created` timestamp when exposed; a change of
@@ -43,27 +45,37 @@ class EngineCounters:
     """
 
     engine: str
-    drafts: float | None = None
+    drafts: float | None = None  # verify steps that drafted (or, with `verify_counts`, every verify step)
     draft_tokens: float | None = None
-    accepted_tokens: float | None = None
+    accepted_tokens: float | None = None  # bonus token excluded
     accepted_per_pos: tuple[float, ...] = ()
     # Draft tokens proposed at each position (TensorRT-LLM): the denominators that keep per-position rates
     # true when the draft length varies. Empty where the engine exports none (p_j is then per draft).
     drafted_per_pos: tuple[float, ...] = ()
     generation_tokens: float | None = None
     created: float | None = None
-    running: float | None = None
+    running: float | None = None  # requests in the engine's batch, prefills included
     waiting: float | None = None
     kv_usage: float | None = None
-    # SGLang interval gauges (averages over the last --decode-log-interval decode steps).
-    spec_accept_length: float | None = None
-    spec_accept_rate: float | None = None
-    spec_num_draft_tokens: float | None = None
-    spec_num_steps: float | None = None
-    spec_verify_calls: float | None = None  # counter, tokenizer side (0.5.13+)
-    # vLLM V0 lifetime gauges (legacy; counters of V0 are known-wrong and never read).
-    lifetime_acceptance_rate: float | None = None
-    lifetime_efficiency: float | None = None
+    # The decode batch, where the engine tells it apart from `running`: requests decoding in its last step
+    # (TensorRT-LLM), or cumulative decode steps and the requests summed over them (llama.cpp), whose increases
+    # give the mean batch of the cycle's steps. Tracking hands the crossover this batch where present.
+    decode_batch: float | None = None
+    decode_steps: float | None = None
+    decode_step_requests: float | None = None
+    # Engines that count verify steps (`drafts`) and generated tokens but neither draft nor accepted tokens:
+    # every verify step emits its accepted tokens and one more, so tracking takes accepted = Δgeneration -
+    # Δdrafts and draft tokens = Δdrafts x `draft_length`, the draft tokens per verify step now (0: not
+    # drafting; None: unknown, so no draft tokens).
+    verify_counts: bool = False
+    draft_length: float | None = None
+    # Interval averages the engine computes itself (acceptance source "gauge"): the acceptance ratio without the
+    # bonus token and the mean acceptance length with it, each None while it says nothing about acceptance
+    # (an idle tier, a step that verified without drafting). Tracking weights them by `running`.
+    interval_acceptance_ratio: float | None = None
+    interval_acceptance_length: float | None = None
+    # The acceptance ratio since the engine started (acceptance source "lifetime_gauge").
+    lifetime_acceptance_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +252,8 @@ class RouteObservation:
     d_accepted_per_pos: tuple[float, ...] = ()
     d_generation_tokens: float = 0.0
     gauge_acceptance_ratio: float | None = None
+    # engine -> the batch the crossover judges: its decode batch where the engine tells it, else its running
+    # requests
     running_per_engine: Mapping[str, float] = field(default_factory=dict)
     waiting_requests: float | None = None  # summed over the route's engines
     kv_usage: float | None = None

@@ -232,3 +232,15 @@ def test_max_series_refuses_a_label_explosion_before_reading_it():
     body = "".join(f'vllm:spec_decode_num_drafts_total{{engine="{i}"}} 1\n' for i in range(200_000))
     with pytest.raises(TooManySeries):
         parse(body, {"vllm:spec_decode_num_drafts_total"}, unique=True, max_series=100_000)
+
+
+def test_types_without_comments_reads_the_type_lines_of_the_named_families_with_samples():
+    text = (
+        "# HELP a_total A.\n# TYPE a_total gauge\na_total 3\n"
+        "# HELP b_total B.\n# TYPE b_total counter\n"  # declared, no samples
+        "# TYPE c_total counter\nc_total 1\n"  # declared, but not named in types
+    )
+    families = parse(text, ["a_total", "b_total", "c_total"], comments=False, types=frozenset({"a_total", "b_total"}))
+    assert sorted(families) == ["a_total", "c_total"]
+    assert (families["a_total"].type, families["a_total"].help, families["c_total"].type) == ("gauge", "", "unknown")
+    assert parse(text, ["a_total"], comments=False)["a_total"].type == "unknown"

@@ -93,7 +93,7 @@ def test_engines_are_summed_before_dividing_not_averaged():
 
 def test_sglang_counter_accept_length_matches_the_fed_requests():
     (a, truth_a), (b, truth_b) = scrape("sglang/0.5.23_dp2"), scrape("sglang/0.5.23_dp2_scrape2")
-    d_verify = b.engines[0].spec_verify_calls - a.engines[0].spec_verify_calls
+    d_verify = b.engines[0].drafts - a.engines[0].drafts
     d_generated = b.engines[0].generation_tokens - a.engines[0].generation_tokens
     fed = {
         key: sum(truth_b["tokenizer"][r][key] - truth_a["tokenizer"][r][key] for r in truth_b["tokenizer"])
@@ -103,6 +103,6 @@ def test_sglang_counter_accept_length_matches_the_fed_requests():
     # SGLang's own accept length (completion_tokens / spec_verify_ct): per request it includes one prefill
     # token, so over many requests it sits just above the per-verify mean of the gauges.
     length = d_generated / d_verify
-    gauge = sum(e.spec_accept_length for e in b.engines) / len(b.engines)
+    gauge = sum(e.interval_acceptance_length for e in b.engines) / len(b.engines)
     assert 1 <= length <= b.num_speculative_tokens + 1 + 0.05
     assert length == pytest.approx(gauge, abs=0.15)

@@ -332,6 +332,35 @@ def test_a_canary_probe_reads_each_answers_own_timings(server, tmp_path):
     assert sum(a.accepted for a in read.values()) == after["accepted"] - before["accepted"]
 
 
+def test_the_crossover_batch_is_the_mean_busy_slots_per_decode_of_the_cycle(server, tmp_path):
+    """b11434's n_busy_slots_per_decode is a since-start ratio beside n_decode_total: their product's increase
+    over n_decode's is the mean busy slots per llama_decode() of the cycle. One request at a time keeps exactly
+    one slot busy in every decode, while requests_processing reads 0 once the requests are done."""
+    from specwatch.sources.engines import parse_engine_sample
+    from specwatch.tracking.routes import RouteTracker
+
+    route = _config(tmp_path, server.metrics_url).routes[0]
+
+    def totals(body: str) -> tuple[float, float]:
+        values = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
+        decodes = values["llamacpp:n_decode_total"]
+        return decodes, values["llamacpp:n_busy_slots_per_decode"] * decodes
+
+    tracker = RouteTracker("r")
+    drive(server, 1, N_PREDICT)
+    first = server.get("/metrics")
+    tracker.observe(parse_engine_sample("llamacpp", first, route, 0.0))
+    drive(server, 4, N_PREDICT)
+    last = server.get("/metrics")
+    obs = tracker.observe(parse_engine_sample("llamacpp", last, route, 15.0))
+    (d0, s0), (d1, s1) = totals(first), totals(last)
+    print(f"\nllama.cpp: {d1 - d0:.0f} decodes, {s1 - s0:.1f} busy slot-decodes over the cycle")
+    assert d1 > d0
+    assert obs.running_per_engine["0"] == pytest.approx((s1 - s0) / (d1 - d0), rel=1e-9)
+    assert obs.running_per_engine["0"] == pytest.approx(1.0, abs=0.01)
+    assert tracker.state().running_requests == 0.0
+
+
 def test_the_gate_passes_the_same_drafter_and_fails_a_noisier_one(server, gguf, tmp_path):
     """`specwatch gate` on llama-server with the built-in probe set: the drafter the reference was recorded on
     passes in each of five runs, the noisier drafter fails in each of five, 2 tokens a prompt is inconclusive."""

@@ -252,4 +252,4 @@ def test_specwatch_sources_parse_the_simulator_like_the_fixture(engine):
         assert all(e.created for e in sample.engines)
     else:
         assert sample.acceptance_source in ("counter", "gauge")
-        assert all(e.spec_accept_length for e in sample.engines)
+        assert all(e.interval_acceptance_length for e in sample.engines)

@@ -98,3 +98,18 @@ def test_filters():
         parse_engine_sample("llamacpp", text, route(match={"route": "chat"}), 1.0)  # no labels at all
     with pytest.raises(SourceError):
         parse_engine_sample("llamacpp", "# nothing here\n", route(), 1.0)
+
+
+def test_the_crossover_batch_is_the_mean_busy_slots_of_the_cycles_decodes():
+    """n_busy_slots_per_decode is a since-start ratio (b11434 server-task.cpp); times n_decode_total it gives the
+    busy-slot count back, and the increases over a cycle the mean slots per llama_decode() of that cycle, not the
+    requests_processing gauge of its last instant."""
+    (t1, a), (t2, b) = fixture("server_k3"), fixture("server_k3_scrape2")
+    (first,) = parse_engine_sample("llamacpp", t1, route(), 0.0).engines
+    assert first.decode_steps == a["n_decode"]
+    assert first.decode_step_requests == pytest.approx(a["n_busy_slots"], rel=1e-5)  # the gauge's 6 digits
+    tracker = RouteTracker("r")
+    assert tracker.observe(parse_engine_sample("llamacpp", t1, route(), 0.0)).running_per_engine == {"0": 2.0}
+    obs = tracker.observe(parse_engine_sample("llamacpp", t2, route(), 30.0))
+    assert obs.running_per_engine["0"] == pytest.approx(b["busy_slots_per_decode_since_previous_scrape"], rel=1e-4)
+    assert tracker.state().running_requests == 1.0, "running requests stay the requests_processing gauge"

@@ -168,3 +168,68 @@ def test_match_and_engine_filters():
         parse_engine_sample("trtllm", text, route(match={"model_name": "other"}), 1.0)
     with pytest.raises(NoData):
         parse_engine_sample("trtllm", text, route(engines=["1"]), 1.0)
+
+
+def test_gauge_typed_token_families_give_their_reason_and_move_no_counter():
+    """TensorRT-LLM's draft and accepted token families as per-iteration gauges (the form PR #12545 changed to
+    counters): each cycle's value is one iteration's count, so the route is down with reason not_a_counter and its
+    exported totals never move, however the gauges go up and down."""
+    from specwatch.sources.engines import HttpEngineSource, parse_families
+
+    text, truth = fixture("trtllm/iteration_gauges")
+    with pytest.raises(SourceError) as raised:
+        parse_engine_sample("auto", text, route(engine="auto"), 1.0)
+    assert raised.value.reason == "not_a_counter"
+    assert str(raised.value).startswith(
+        "trtllm_spec_decode_num_accepted_tokens_total is declared a gauge; "
+        "trtllm_spec_decode_num_draft_tokens_total is declared a gauge, not a counter"
+    )
+
+    drafted = 'trtllm_spec_decode_num_draft_tokens_total{engine_type="trtllm",model_name="llama-3.1-8b-instruct"}'
+    last = f"{drafted} {float(truth['last_iteration_draft_tokens'])}"
+    assert last in text
+    bodies = [text, text.replace(last, f"{drafted} 12.0"), text]  # up, then back down: gauges, not restarts
+
+    class Endpoint:
+        body = text
+
+        def families(self, reader, kind, now):
+            return parse_families(kind, self.body)
+
+    class Fetcher:
+        def get_json_field(self, url, key):
+            return ""
+
+        def close(self):
+            pass
+
+    endpoint = Endpoint()
+    source = HttpEngineSource(route(), Fetcher(), endpoint)  # type: ignore[arg-type]
+    tracker = RouteTracker("r")
+    for ts, body in enumerate(bodies):
+        endpoint.body = body
+        with pytest.raises(SourceError) as cycle:
+            source.sample(float(ts))
+        assert cycle.value.reason == "not_a_counter"
+        tracker.observe_down(float(ts))
+    state = tracker.state(error_reason="not_a_counter")
+    assert (state.drafts_total, state.draft_tokens_total, state.accepted_tokens_total) == (0.0, 0.0, 0.0)
+    assert not state.up and state.error_reason == "not_a_counter"
+
+
+def test_the_crossover_batch_is_the_decode_batch_not_every_running_request():
+    """trtllm_num_generation_requests (inflightBatchingStats.numGenRequests) counts the requests decoding;
+    num_requests_running counts context requests too. The crossover judges the decode batch."""
+    text, truth = fixture("trtllm/serve_k3")
+    (engine,) = parse_engine_sample("trtllm", text, route(), 1.0).engines
+    assert engine.decode_batch == truth["num_generation_requests"]
+    stats = IterationStatsTotals()
+    stats.add((FIXTURES / "trtllm/iteration_stats.json").read_bytes())
+    families = stats.families()
+    assert families["trtllm_num_generation_requests"].samples[0].value == truth["num_generation_requests"]
+    prefilling = text.replace(
+        'trtllm_num_requests_running{engine_type="trtllm",model_name="llama-3.1-8b-instruct"} 1.0',
+        'trtllm_num_requests_running{engine_type="trtllm",model_name="llama-3.1-8b-instruct"} 4.0',
+    )
+    obs = RouteTracker("r").observe(parse_engine_sample("trtllm", prefilling, route(), 1.0))
+    assert obs.running_per_engine == {"0": truth["num_generation_requests"]}

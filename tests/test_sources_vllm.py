@@ -92,7 +92,7 @@ def test_v0_reads_lifetime_gauges_and_never_its_counters():
     sample = parse_engine_sample("vllm", body, route(), 1.0)
     assert (sample.engine_kind, sample.acceptance_source) == ("vllm-v0", "lifetime_gauge")
     (engine,) = sample.engines
-    assert engine.lifetime_acceptance_rate == pytest.approx(truth["lifetime_acceptance_rate"])
+    assert engine.lifetime_acceptance_ratio == pytest.approx(truth["lifetime_acceptance_rate"])
     assert engine.drafts is None and engine.draft_tokens is None and engine.accepted_tokens is None
     assert engine.kv_usage == 0.31, "falls back to gpu_cache_usage_perc"
 
@@ -320,3 +320,16 @@ def test_a_misspelled_match_value_is_no_match():
     with pytest.raises(NoData) as caught:
         parse_engine_sample("vllm", text, config_route, 2.0)
     assert caught.value.reason == "no_match" and "'llama-3.1-8b-instruct'" in str(caught.value)
+
+
+def test_a_counter_family_declared_a_gauge_is_refused_with_its_reason():
+    body, _ = fixture("v1_k1_1engine")
+    text = body.decode()
+    declared = "# TYPE vllm:spec_decode_num_accepted_tokens_total counter"
+    assert declared in text
+    with pytest.raises(SourceError) as raised:
+        parse_engine_sample("vllm", text.replace(declared, declared.replace("counter", "gauge")), route(), 1.0)
+    assert raised.value.reason == "not_a_counter" and "vllm:spec_decode_num_accepted_tokens_total" in str(raised.value)
+    # no TYPE line at all (a bare exposition) is taken at its word
+    bare = "\n".join(line for line in text.splitlines() if not line.startswith("# TYPE")) + "\n"
+    assert parse_engine_sample("vllm", bare, route(), 1.0).engines[0].accepted_tokens is not None

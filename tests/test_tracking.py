@@ -1,4 +1,5 @@
-"""Tracking: reset-safe sums over engines, windows, and the SGLang / vLLM V0 acceptance modes (fake clock)."""
+"""Tracking: reset-safe sums over engines, windows, and the verify-step, interval-gauge and lifetime acceptance
+modes (fake clock)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 import pytest
 
 from specwatch.snapshot import EngineCounters, EngineSample, RouteState
-from specwatch.tracking.routes import RouteTracker, parse_version, sglang_acceptance_ratio
+from specwatch.tracking.routes import RouteTracker
 from specwatch.tracking.windows import MAX_POINTS, Sums, WindowRing
 
 K = 3
@@ -211,10 +212,10 @@ def sglang_sample(ts: float, version: str, source: str, *engines: EngineCounters
 def test_sglang_counter_mode_derives_drafts_accepted_and_draft_tokens():
     tracker = RouteTracker("s")
     e = lambda verify, gen: EngineCounters(
-        engine="0", spec_verify_calls=verify, generation_tokens=gen, spec_num_draft_tokens=4.0, running=10.0
+        engine="0", drafts=verify, generation_tokens=gen, verify_counts=True, draft_length=3.0, running=10.0
     )
-    tracker.observe(sglang_sample(0.0, "0.5.13", "counter", e(1000, 3000)))
-    obs = tracker.observe(sglang_sample(5.0, "0.5.13", "counter", e(1100, 3250)))
+    tracker.observe(sglang_sample(0.0, "0.5.13", "counter", e(1000, 3000), k=3))
+    obs = tracker.observe(sglang_sample(5.0, "0.5.13", "counter", e(1100, 3250), k=3))
     assert obs.d_drafts == 100 and obs.d_accepted == 150 and obs.d_draft_tokens == 300 and obs.k == 3
     state = tracker.state()
     assert state.acceptance_ratio["1m"] == pytest.approx(0.5)
@@ -225,12 +226,7 @@ def test_sglang_counter_mode_derives_drafts_accepted_and_draft_tokens():
 def test_sglang_gauge_mode_weights_engines_by_running_requests():
     tracker = RouteTracker("s")
     e = lambda name, rate, tau, running: EngineCounters(
-        engine=name,
-        spec_accept_rate=rate,
-        spec_accept_length=tau,
-        spec_num_draft_tokens=4.0,
-        spec_num_steps=3.0,
-        running=running,
+        engine=name, interval_acceptance_ratio=rate, interval_acceptance_length=tau, running=running
     )
     tracker.observe(sglang_sample(0.0, "0.5.23", "gauge", e("0", 0.9, 3.7, 30), e("1", 0.3, 1.9, 10)))
     obs = tracker.observe(sglang_sample(5.0, "0.5.23", "gauge", e("0", 0.9, 3.7, 30), e("1", 0.3, 1.9, 10)))
@@ -240,44 +236,24 @@ def test_sglang_gauge_mode_weights_engines_by_running_requests():
     # two cycles in the window, both (0.9 x 30 + 0.3 x 10) / 40
     assert state.acceptance_ratio["1m"] == pytest.approx(0.75)
     assert state.mean_acceptance_length["1m"] == pytest.approx((3.7 * 30 + 1.9 * 10) / 40)
-    # an idle engine (gauges keep their last value) and an adaptive step-0 tier carry no weight
-    idle = EngineCounters(engine="0", spec_accept_rate=0.1, spec_num_draft_tokens=4.0, running=0.0)
-    step0 = EngineCounters(engine="1", spec_accept_rate=0.1, spec_num_draft_tokens=1.0, spec_num_steps=0.0, running=9)
+    # an idle engine (gauges keep their last value) and one whose gauges say nothing (the source's adaptive
+    # step 0, tests/test_sources_sglang.py) carry no weight
+    idle = EngineCounters(engine="0", interval_acceptance_ratio=0.1, running=0.0)
+    step0 = EngineCounters(engine="1", running=9)
     obs = tracker.observe(sglang_sample(10.0, "0.5.23", "gauge", idle, step0))
     assert obs.gauge_acceptance_ratio is None
     assert tracker.state().acceptance_ratio["1m"] == pytest.approx(0.75)
 
 
-def test_sglang_old_rate_definition_is_converted():
-    # <= 0.5.10: rate counted the bonus token: (accepted + verify) / (verify x n). With k = 3 (n = 4) and
-    # 1.8 accepted per verify: tau = 2.8, old rate = 2.8 / 4 = 0.7, new rate = 1.8 / 3 = 0.6.
-    old = EngineCounters(engine="0", spec_accept_rate=0.7, spec_accept_length=2.8, running=5)
-    assert sglang_acceptance_ratio(old, (0, 5, 10), k_hint=3) == pytest.approx(0.6)
-    assert sglang_acceptance_ratio(old, (0, 5, 10), k_hint=None) == pytest.approx(0.6)  # n = tau / rate
-    assert sglang_acceptance_ratio(old, None, k_hint=3) == pytest.approx(0.6)  # no version, no n gauge: old
-    new = EngineCounters(engine="0", spec_accept_rate=0.6, spec_accept_length=2.8, spec_num_draft_tokens=4.0)
-    assert sglang_acceptance_ratio(new, (0, 5, 23), k_hint=None) == pytest.approx(0.6)
-    length_only = EngineCounters(engine="0", spec_accept_length=2.8)  # < 0.5.4
-    assert sglang_acceptance_ratio(length_only, (0, 4, 3), k_hint=3) == pytest.approx(0.6)
-    assert sglang_acceptance_ratio(length_only, (0, 4, 3), k_hint=None) is None
-
-
 def test_vllm_v0_lifetime_gauge_is_every_window():
     tracker = RouteTracker("v0")
-    e = EngineCounters(engine="", lifetime_acceptance_rate=0.42, drafts=1e9, draft_tokens=1e9, accepted_tokens=5e8)
+    e = EngineCounters(engine="", lifetime_acceptance_ratio=0.42, drafts=1e9, draft_tokens=1e9, accepted_tokens=5e8)
     sample = EngineSample(ts=0.0, engine_kind="vllm-v0", acceptance_source="lifetime_gauge", engines=(e,))
     obs = tracker.observe(sample)
     state = tracker.state()
     assert state.acceptance_ratio == {"1m": 0.42, "5m": 0.42, "1h": 0.42}
     assert state.acceptance_source == "lifetime_gauge" and obs.gauge_acceptance_ratio == 0.42
     assert state.drafts_total == 0  # V0 counters are known-wrong and never read
-
-
-def test_parse_version():
-    assert parse_version("0.5.10") == (0, 5, 10)
-    assert parse_version("v0.5.13.post2") == (0, 5, 13)
-    assert parse_version("0.5.13rc1") == (0, 5, 13)
-    assert parse_version("dev") is None
 
 
 def test_nan_and_infinite_values_never_poison_the_sums():
@@ -291,9 +267,7 @@ def test_nan_and_infinite_values_never_poison_the_sums():
     state = tracker.state()
     assert state.drafts_total == 200 and state.acceptance_ratio["1m"] == pytest.approx(0.5)
     gauge = RouteTracker("g")
-    e = lambda rate, running: EngineCounters(
-        engine="0", spec_accept_rate=rate, spec_num_draft_tokens=4.0, running=running
-    )
+    e = lambda rate, running: EngineCounters(engine="0", interval_acceptance_ratio=rate, running=running)
     for ts, engine in ((0.0, e(0.6, 10)), (5.0, e(nan, 10)), (10.0, e(0.9, inf)), (15.0, e(0.6, 10))):
         gauge.observe(sglang_sample(ts, "0.5.23", "gauge", engine))
     assert gauge.state().acceptance_ratio["1m"] == pytest.approx(0.6)
@@ -367,15 +341,16 @@ def test_speculation_active_is_absent_without_speculation_or_counters():
 
 
 def test_sglang_adaptive_step_zero_is_speculation_inactive():
-    """At adaptive step 0 SGLang still counts 1-token verify calls: no draft tokens, so inactive."""
+    """At adaptive step 0 SGLang still counts 1-token verify calls: no draft tokens, so inactive. The source gives
+    that step a draft length of 0 (tests/test_sources_sglang.py)."""
 
     def sample(ts, verify, gen, steps, draft_tokens):
         e = EngineCounters(
             engine="0",
-            spec_verify_calls=verify,
+            drafts=verify,
             generation_tokens=gen,
-            spec_num_steps=steps,
-            spec_num_draft_tokens=draft_tokens,
+            verify_counts=True,
+            draft_length=0.0 if steps == 0 else draft_tokens - 1,
             running=70.0,
         )
         return EngineSample(
@@ -405,3 +380,26 @@ def test_stray_drafts_under_one_per_hundred_generated_tokens_read_inactive():
     assert tracker.state().speculation_active is False
     tracker.observe(_vllm(800.0, 105.0, 2300.0, k=3))  # 12 draft tokens, 1000 generated
     assert tracker.state().speculation_active is True
+
+
+def test_the_crossover_batch_prefers_the_engines_decode_batch():
+    def sample(ts, **fields):
+        e = EngineCounters(engine="0", running=7.0, **fields)
+        return EngineSample(ts=ts, engine_kind="x", acceptance_source="none", engines=(e,))
+
+    tracker = RouteTracker("r")
+    assert tracker.observe(sample(0.0)).running_per_engine == {"0": 7.0}
+    assert tracker.observe(sample(5.0, decode_batch=5.0)).running_per_engine == {"0": 5.0}
+    # counted steps: the mean over the cycle's steps; none yet, or none this cycle, or counts that went back
+    # (a restart): the gauges
+    assert tracker.observe(sample(10.0, decode_steps=100.0, decode_step_requests=300.0)).running_per_engine == {
+        "0": 7.0
+    }
+    assert tracker.observe(sample(15.0, decode_steps=150.0, decode_step_requests=400.0)).running_per_engine == {
+        "0": 2.0
+    }
+    assert tracker.observe(sample(20.0, decode_steps=150.0, decode_step_requests=400.0)).running_per_engine == {
+        "0": 7.0
+    }
+    assert tracker.observe(sample(25.0, decode_steps=10.0, decode_step_requests=30.0)).running_per_engine == {"0": 7.0}
+    assert tracker.state().running_requests == 7.0

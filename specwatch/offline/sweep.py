@@ -251,8 +251,8 @@ def acceptance_between(before: EngineSample | None, after: EngineSample | None) 
             "draft_length": draft_tokens / drafts,
             "position_acceptance": [round(p, 4) for p in positions],
         }
-    verify, generated = delta("spec_verify_calls"), delta("generation_tokens")
-    if verify > 0 and generated > 0:
+    verify, generated = delta("drafts"), delta("generation_tokens")
+    if any(e.verify_counts for e in after.engines) and verify > 0 and generated > 0:
         out: dict[str, Any] = {"mean_acceptance_length": generated / verify}
         k = after.num_speculative_tokens
         if k:

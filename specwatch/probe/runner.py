@@ -412,10 +412,11 @@ def _busy(sample: EngineSample) -> bool:
 
 
 def _counter(sample: EngineSample, name: str) -> float:
-    """A counter summed over the route's engines; SGLang's are derived as tracking does (routes.py)."""
-    if sample.engine_kind == "sglang":
+    """A counter summed over the route's engines; an engine that counts verify steps only (`verify_counts`) has
+    them derived as tracking does (routes.py)."""
+    if any(e.verify_counts for e in sample.engines):
         k = sample.num_speculative_tokens or 0
-        verify = sum(e.spec_verify_calls or 0.0 for e in sample.engines)
+        verify = sum(e.drafts or 0.0 for e in sample.engines)
         generated = sum(e.generation_tokens or 0.0 for e in sample.engines)
         return {"drafts": verify, "draft_tokens": verify * k, "accepted_tokens": generated - verify}[name]
     return sum(getattr(e, name) or 0.0 for e in sample.engines)

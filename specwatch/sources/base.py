@@ -20,6 +20,7 @@ ERROR_REASONS = (
     "parse",
     "no_spec_metrics",
     "no_match",
+    "not_a_counter",
     "internal",
     "overloaded",  # set by the daemon: the call never started, every scrape thread busy (specwatch/scrape_pool.py)
 )

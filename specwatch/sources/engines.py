@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from typing import Mapping, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from specwatch.config import Config, HttpClientConfig, RouteConfig
@@ -25,6 +25,7 @@ from specwatch.snapshot import EngineSample
 from specwatch.sources import llamacpp, sglang, trtllm, vllm
 from specwatch.sources.base import SourceError
 from specwatch.sources.exposition import ExpositionError, Family, TooManySeries, parse
+from specwatch.sources.gateway import WORKER_LABEL
 from specwatch.sources.http import HttpFetcher
 from specwatch.engine_kinds import REQUEST_LOG
 from specwatch.sources.name_filter import NameFilter
@@ -33,13 +34,39 @@ from specwatch.sources.sglang_request_log import SGLangRequestLogSource
 log = logging.getLogger(__name__)
 
 
+class Extract(Protocol):
+    """An engine module's `extract`: one route's sample, in tracking's one meaning (`EngineCounters`), from the
+    parsed families. `match` and `engines` are the route's filters; `version` the engine's, where known (an
+    engine whose meaning changed between releases reads it); `worker_label` the label that names each worker
+    of a gateway's merged exposition (sources/gateway.py). Raises SourceError / NoData only."""
+
+    def __call__(
+        self,
+        families: Mapping[str, Family],
+        match: Mapping[str, str],
+        engines: tuple[str, ...],
+        ts: float,
+        version: str = "",
+        worker_label: str = WORKER_LABEL,
+    ) -> EngineSample: ...
+
+
+class FinishedRequests(Protocol):
+    """An engine module's `finished_requests`: the route's finished-request count, or None when not exposed."""
+
+    def __call__(
+        self, families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...] = ()
+    ) -> float | None: ...
+
+
 @dataclass(frozen=True)
 class EngineKind:
     wanted: frozenset[str]  # the families to parse out of /metrics
-    extract: Callable[..., EngineSample]  # (families, match, engines, ts, version) -> EngineSample
+    counters: frozenset[str]  # those summed as counters: their `# TYPE` lines are read too (checked by extract)
+    extract: Extract
     version_endpoints: tuple[tuple[str, str], ...]  # (path beside /metrics, JSON key), tried in order
     finished_family: str = ""  # the finished-requests counter (canary probes' counter bracketing)
-    finished: Callable[..., "float | None"] | None = None  # (families, match, engines) -> count
+    finished: FinishedRequests | None = None
     # (path beside /metrics, JSON key) of the served model's name, read with the version once per engine
     # start, for engines whose /metrics does not carry it.
     model_endpoint: tuple[str, str] | None = None
@@ -52,6 +79,7 @@ class EngineKind:
 ENGINES: Mapping[str, EngineKind] = {
     "vllm": EngineKind(
         vllm.WANTED,
+        vllm.COUNTER_FAMILIES,
         vllm.extract,
         (("/version", "version"),),
         vllm.FINISHED_REQUESTS,
@@ -61,6 +89,7 @@ ENGINES: Mapping[str, EngineKind] = {
     # SGLang answers on one of these two paths depending on the release; both carry `version`.
     "sglang": EngineKind(
         sglang.WANTED,
+        sglang.COUNTER_FAMILIES,
         sglang.extract,
         (("/get_server_info", "version"), ("/server_info", "version")),
         sglang.FINISHED_REQUESTS,
@@ -68,10 +97,11 @@ ENGINES: Mapping[str, EngineKind] = {
         observed_start=True,
     ),
     # trtllm-serve lists /version among its endpoints; the JSON key is assumed, not checked.
-    "trtllm": EngineKind(trtllm.WANTED, trtllm.extract, (("/version", "version"),)),
+    "trtllm": EngineKind(trtllm.WANTED, trtllm.COUNTER_FAMILIES, trtllm.extract, (("/version", "version"),)),
     # llama-server's /props carries `build_info` ("b<build>-<commit>") and the model file's path.
     "llamacpp": EngineKind(
         llamacpp.WANTED,
+        llamacpp.COUNTER_FAMILIES,
         llamacpp.extract,
         llamacpp.VERSION_ENDPOINTS,
         model_endpoint=llamacpp.MODEL_ENDPOINT,
@@ -109,7 +139,7 @@ def parse_engine_sample(
     state across scrapes and are read through `SharedEndpoint` only.
     """
     kind, families = parse_families(kind, body)
-    return ENGINES[kind].extract(families, route.match, route.engines, now, version)
+    return ENGINES[kind].extract(families, route.match, route.engines, now, version, route.worker_label)
 
 
 def parse_families(kind: str, body: str | bytes, max_series: int | None = None) -> tuple[str, dict[str, Family]]:
@@ -126,7 +156,7 @@ def parse_families(kind: str, body: str | bytes, max_series: int | None = None) 
         kind = detected
     if kind not in ENGINES:
         raise SourceError("internal", f"unknown engine kind {kind!r}")
-    return kind, _parse_or_raise(body, ENGINES[kind].wanted, max_series)
+    return kind, _parse_or_raise(body, ENGINES[kind].wanted, max_series, ENGINES[kind].counters)
 
 
 def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) -> tuple[EngineSample, float | None]:
@@ -137,16 +167,18 @@ def parse_bracket(kind: str, body: str | bytes, route: RouteConfig, now: float) 
     if kind not in ENGINES:
         raise SourceError("no_spec_metrics", "neither vllm: nor sglang: families in the exposition")
     engine = ENGINES[kind]
-    families = _parse_or_raise(body, engine.wanted | {engine.finished_family})
-    sample = engine.extract(families, route.match, route.engines, now, "")
+    families = _parse_or_raise(body, engine.wanted | {engine.finished_family}, types=engine.counters)
+    sample = engine.extract(families, route.match, route.engines, now, "", route.worker_label)
     finished = engine.finished(families, route.match, route.engines) if engine.finished else None
     return sample, finished
 
 
-def _parse_or_raise(body: str | bytes, wanted: frozenset[str], max_series: int | None = None) -> dict[str, Family]:
+def _parse_or_raise(
+    body: str | bytes, wanted: frozenset[str], max_series: int | None = None, types: frozenset[str] = frozenset()
+) -> dict[str, Family]:
     # unique: two samples with one name and label set refuse the scrape, as Prometheus does, rather than sum.
     try:
-        return parse(body, wanted, comments=False, unique=True, max_series=max_series)
+        return parse(body, wanted, comments=False, types=types, unique=True, max_series=max_series)
     except TooManySeries as exc:
         refused = SourceError("too_many_series", f"refused: {exc}")
     except ExpositionError as exc:
@@ -284,7 +316,9 @@ class HttpEngineSource:
         try:
             kind, families = self.endpoint.families(self, self.kind or "auto", now)
             self.kind = kind
-            result = ENGINES[kind].extract(families, self.route.match, self.route.engines, now, self.version or "")
+            extract = ENGINES[kind].extract
+            version = self.version or ""
+            result = extract(families, self.route.match, self.route.engines, now, version, self.route.worker_label)
         except SourceError as exc:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
             self._gone = self._gone or _engine_gone(exc, self.kind)
@@ -299,6 +333,13 @@ class HttpEngineSource:
         if self.version is None:
             self.version = self._fetch_version(result.engine_kind)
             self.model_name = self._fetch_model_name(result.engine_kind)
+            if self.version != version:
+                # Read again with the version: what some values mean depends on it (SGLang's acceptance rate).
+                result = extract(
+                    families, self.route.match, self.route.engines, now, self.version, self.route.worker_label
+                )
+                if ENGINES[kind].observed_start:
+                    result = _with_start(result, self._start)
         if self.version:
             result = replace(result, engine_version=self.version)
         if self.model_name and not result.model_name:

@@ -99,13 +99,16 @@ def parse(
     comments: bool = True,
     unique: bool = False,
     max_series: int | None = None,
+    types: frozenset[str] = frozenset(),
 ) -> dict[str, Family]:
     """Parse the families named in `wanted` (exact names) out of `text`.
 
     `comments=False` leaves `# TYPE` and `# HELP` lines unread (`Family.type` stays "unknown", `help` ""):
-    they are a third of the lines of a body filtered down to the wanted families, and no caller that
-    extracts samples needs them. `unique=True` refuses an exposition in which a wanted sample name carries
-    the same label set twice, as Prometheus refuses such a scrape (label order does not matter).
+    they are a third of the lines of a body filtered down to the wanted families. `types` names wanted families
+    whose `# TYPE` lines are read all the same (HELP still is not), so that a caller can check that a family it
+    sums as a counter is declared one; only families with samples are returned, as without comments. `unique=True`
+    refuses an exposition in which a wanted sample name carries the same label set twice, as Prometheus refuses
+    such a scrape (label order does not matter).
     `max_series` refuses (TooManySeries) an exposition with more sample lines than that, of any family, before
     reading any of them: counting stops at the cap, so a hostile body costs one scan, not a parse.
 
@@ -122,7 +125,9 @@ def parse(
     text = "\n" + text  # every line, the first included, now starts after a "\n": one anchor for the scan
     if max_series is not None and text.count("\n") > max_series:  # fewer lines than the cap: fewer samples
         _check_series(text, max_series)
-    samples, metadata, scanner = _reader(wanted if isinstance(wanted, frozenset) else frozenset(wanted), comments)
+    samples, metadata, scanner = _reader(
+        wanted if isinstance(wanted, frozenset) else frozenset(wanted), comments, frozenset() if comments else types
+    )
     families: dict[str, Family] = {}
     seen: set[tuple[str, frozenset]] | None = set() if unique else None
     # One C-level regex scan stops only at `# EOF`, at garbage and at lines of wanted families; Python only
@@ -176,6 +181,8 @@ def parse(
                 metadata,
                 families,
             )
+    if types and not comments:
+        return {name: family for name, family in families.items() if family.samples}
     return families
 
 
@@ -187,16 +194,22 @@ def _check_series(text: str, max_series: int) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _reader(
-    wanted: frozenset[str], comments: bool = True
+    wanted: frozenset[str], comments: bool = True, types: frozenset[str] = frozenset()
 ) -> tuple[dict[str, tuple[str, str]], dict[str, str], re.Pattern[str]]:
-    """Everything `parse` derives from `wanted`, built once per set of names: the aliases and the line
-    scanner."""
+    """Everything `parse` derives from `wanted`, built once per set of names: the aliases and the line scanner
+    (which stops at every comment of a wanted family with `comments`, else at the TYPE lines of `types`)."""
     samples, metadata = _aliases(wanted)
-    scanner = _line_scanner(frozenset(samples), frozenset(metadata) if comments else frozenset())
+    if comments:
+        scanner = _line_scanner(frozenset(samples), frozenset(metadata))
+    else:
+        typed = frozenset(spelled for spelled, family in metadata.items() if family in types)
+        scanner = _line_scanner(frozenset(samples), typed, "TYPE")
     return samples, metadata, scanner
 
 
-def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str]) -> re.Pattern[str]:
+def _line_scanner(
+    sample_names: frozenset[str], metadata_names: frozenset[str], comments: str = "TYPE|HELP"
+) -> re.Pattern[str]:
     """Matches at the start of each line that the parser must look at; what it matched (indentation aside)
     says why:
 
@@ -209,7 +222,9 @@ def _line_scanner(sample_names: frozenset[str], metadata_names: frozenset[str]) 
     after a few characters on the ~95% of lines that belong to other families. The pattern has no groups:
     saving and restoring group marks at every line cost a quarter of the scan.
     """
-    comment = r"|# (?:TYPE|HELP) " + _trie_pattern(metadata_names) + r"(?=[{ \t\r]|\n|\Z)" if metadata_names else ""
+    comment = (
+        r"|# (?:" + comments + ") " + _trie_pattern(metadata_names) + r"(?=[{ \t\r]|\n|\Z)" if metadata_names else ""
+    )
     sample = r"|" + _trie_pattern(sample_names) + r"(?=[{ \t\r]|\n|\Z)" if sample_names else ""
     return re.compile(r"\n(?:# EOF[ \t\r]*(?=\n|\Z)|[ \t]*(?:[^\sa-zA-Z_:#]" + comment + sample + "))")
 

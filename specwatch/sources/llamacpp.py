@@ -18,8 +18,9 @@ from typing import Any, Mapping
 
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.gateway import WORKER_LABEL
 from specwatch.sources.exposition import Family
-from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into
+from specwatch.sources.vllm import check_counter_types, check_match_labels, gauge_value, label_sort_key, sum_into
 
 COUNTERS: Mapping[str, str] = {
     "llamacpp:spec_decode_num_drafts_total": "drafts",  # verification steps (n_draft_verif_steps)
@@ -35,17 +36,31 @@ GAUGES: Mapping[str, str] = {
     "llamacpp:requests_processing": "running",  # slots processing a request
     "llamacpp:requests_deferred": "waiting",  # requests waiting for a free slot
 }
+# The decode batch (b11434, tools/server/server-context.cpp `metrics_post_decode`): every llama_decode() call of
+# the main loop adds 1 to `n_decode` and the number of slots processing (prefill or decode) to `n_busy_slots`,
+# both since the server started (never reset by /metrics?reset_bucket); tools/server/server-task.cpp writes
+# n_decode as a counter and n_busy_slots / max(n_decode, 1) as a gauge. Their product gives the busy-slot count
+# back, so the increases over a cycle give the mean slots per decode of that cycle's calls (6 significant
+# digits each, so small increases on large totals are quantised).
+DECODES = "llamacpp:n_decode_total"
+BUSY_SLOTS_PER_DECODE = "llamacpp:n_busy_slots_per_decode"
 SPEC_FAMILIES = frozenset(COUNTERS) - {"llamacpp:tokens_predicted_total"} | {PER_POSITION}
 # /props (tools/server/server-context.cpp, get_res_props): `build_info` is "b<build>-<commit>"; `model_path` is
 # the file served (`model_alias` is --alias, else the file name). Neither is on /metrics, whose series have no
 # labels at all, and nothing there or in /props tells when the server started.
 VERSION_ENDPOINTS = (("/props", "build_info"),)
 MODEL_ENDPOINT = ("/props", "model_alias")
-WANTED = frozenset(COUNTERS) | {PER_POSITION} | frozenset(GAUGES)
+WANTED = frozenset(COUNTERS) | {PER_POSITION, DECODES, BUSY_SLOTS_PER_DECODE} | frozenset(GAUGES)
+COUNTER_FAMILIES = frozenset(COUNTERS) | {PER_POSITION, DECODES}  # their `# TYPE` is read and checked
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in WANTED):
@@ -54,6 +69,7 @@ def extract(
         )
     if engines and "0" not in engines:
         raise NoData(f'llama.cpp has one engine per server ("0"), not engines={list(engines)}')
+    check_counter_types(families, COUNTER_FAMILIES)
     check_match_labels(families, match)
     selected = {name: fam.matching(match) for name, fam in families.items()}
 
@@ -72,6 +88,13 @@ def extract(
             sum_into(per_pos, position, sample)
     if per_pos and not any(v is None for v in per_pos.values()):
         fields["accepted_per_pos"] = tuple(per_pos[p] for p in sorted(per_pos, key=label_sort_key))
+    decodes: dict[str, Any] = {}
+    for sample in selected.get(DECODES, ()):
+        sum_into(decodes, "steps", sample)
+    per_decode = [gauge_value(s.value) for s in selected.get(BUSY_SLOTS_PER_DECODE, ())]
+    steps, slots = decodes.get("steps"), (per_decode[-1] if per_decode else None)
+    if steps is not None and slots is not None and slots >= 0:
+        fields.update(decode_steps=steps, decode_step_requests=slots * steps)
 
     # The spec counters are written whether or not a draft model is loaded; they say speculation is
     # configured only once they have counted something (or the per-position vector, sized by n_max, exists).

@@ -4,32 +4,52 @@ SGLang always renders in multiprocess mode. Scheduler gauges come per scheduler 
 when --enable-metrics-for-all-schedulers duplicates them); tokenizer counters are server-wide, per request
 label set (`is_streaming`, `priority`, custom labels such as `route`). Spec gauges are interval averages over
 the last --decode-log-interval decode steps; counters exist from 0.5.13 (docs/engines.md §2).
+
+What the sample carries, in tracking's one meaning (`EngineCounters`):
+- drafts: `spec_verify_calls_total`, the verify steps, with `verify_counts` (SGLang counts no draft or accepted
+  tokens); draft_length: `spec_num_draft_tokens` - 1 of the active tier, 0 at an adaptive step 0;
+- interval acceptance ratio: `spec_accept_rate` in today's definition (bonus token excluded), converted from
+  the old one by version (`acceptance_ratio`); interval acceptance length: `spec_accept_length`.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 from typing import Mapping
 
 from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
-from specwatch.sources.vllm import check_match_labels, gauge_value, label_sort_key, sum_into, sum_samples
+from specwatch.sources.gateway import WORKER_LABEL, engine_id, worker_of
+from specwatch.sources.vllm import (
+    check_counter_types,
+    check_match_labels,
+    gauge_value,
+    label_sort_key,
+    sum_into,
+    sum_samples,
+)
 
-# Scheduler-side gauges: exposed family -> EngineCounters field.
+# Scheduler-side gauges: exposed family -> the name it is read under here (the first three are EngineCounters
+# fields as they are; the spec ones are turned into EngineCounters' by `_engine`).
 SCHEDULER_GAUGES: Mapping[str, str] = {
     "sglang:num_running_reqs": "running",  # 0.4.0+; the batch size, set at log ticks
     "sglang:num_queue_reqs": "waiting",  # 0.4.0+
     "sglang:token_usage": "kv_usage",  # 0.4.0+; max over the KV pools (full, SWA, mamba)
-    "sglang:spec_accept_length": "spec_accept_length",  # 0.4.3+; includes the bonus token
-    "sglang:spec_accept_rate": "spec_accept_rate",  # 0.5.4+; bonus included <=0.5.10, excluded >=0.5.13
-    "sglang:spec_num_draft_tokens": "spec_num_draft_tokens",  # 0.5.13+; the active adaptive tier
-    "sglang:spec_num_steps": "spec_num_steps",  # 0.5.13+; 0 = not drafting (adaptive step 0)
+    "sglang:spec_accept_length": "accept_length",  # 0.4.3+; includes the bonus token
+    "sglang:spec_accept_rate": "accept_rate",  # 0.5.4+; bonus included <=0.5.10, excluded >=0.5.13
+    "sglang:spec_num_draft_tokens": "num_draft_tokens",  # 0.5.13+; the active adaptive tier
+    "sglang:spec_num_steps": "num_steps",  # 0.5.13+; 0 = not drafting (adaptive step 0)
 }
-# Tokenizer-side counters (server-wide, summed over is_streaming and priority): family -> field.
+# Tokenizer-side counters (server-wide, summed over is_streaming and priority): family -> EngineCounters field.
 TOKENIZER_COUNTERS: Mapping[str, str] = {
-    "sglang:spec_verify_calls_total": "spec_verify_calls",  # 0.5.11-0.5.13+; grows at request completion
+    "sglang:spec_verify_calls_total": "drafts",  # 0.5.11-0.5.13+; verify steps, grows at request completion
     "sglang:generation_tokens_total": "generation_tokens",  # 0.4.0+; `is_streaming` label (0.5.23)
 }
+# spec_accept_rate switched from counting the bonus token to excluding it between these releases.
+NEW_RATE_SINCE = (0, 5, 11)
 # Per-token decode latency (tokenizer side, server-wide, 0.4.0+). In 0.5.23 `TokenizerManager.collect_metrics`
 # (srt/managers/tokenizer_manager.py:3249-3258) passes, per request and output batch, the time since that
 # request's previous output and the tokens it brought; `observe_inter_token_latency`
@@ -41,14 +61,19 @@ FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count"))
 # Finished requests, server-wide (tokenizer side, 0.4.0+; split by is_streaming and custom labels): canary
 # probes' counter bracketing (probe/runner.py) reads it; the daemon's cycle does not fetch it.
 FINISHED_REQUESTS = "sglang:num_requests_total"
-SPEC_GAUGES = ("spec_accept_length", "spec_accept_rate", "spec_num_draft_tokens", "spec_num_steps")
 # Labels that split one scheduler's gauge into copies or breakdowns rather than into other engines.
 _PRIORITY, _TP_RANK, _PID = "priority", "tp_rank", "pid"
 WANTED = frozenset(SCHEDULER_GAUGES) | frozenset(TOKENIZER_COUNTERS) | {STEP_TIME}
+COUNTER_FAMILIES = frozenset(TOKENIZER_COUNTERS)  # their `# TYPE` is read and checked
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in SCHEDULER_GAUGES):
@@ -56,6 +81,7 @@ def extract(
             "no_spec_metrics",
             "no SGLang scheduler families in the exposition (is the server started with --enable-metrics?)",
         )
+    check_counter_types(families, COUNTER_FAMILIES)
     check_match_labels(families, match)
     selected = {name: fam.matching(match) for name, fam in families.items()}
     if not any(selected.values()):
@@ -63,38 +89,49 @@ def extract(
     model = next((s.labels["model_name"] for ss in selected.values() for s in ss if "model_name" in s.labels), "")
 
     per_rank: dict[str, dict] = {}
+    worker_ranks: dict[str, list[str]] = {}  # worker -> its schedulers' engine ids (one worker: "")
     for family, field_name in SCHEDULER_GAUGES.items():
-        for dp_rank, sample in _one_per_scheduler(selected.get(family, [])).items():
-            if not engines or dp_rank in engines:
-                per_rank.setdefault(dp_rank, {})[field_name] = gauge_value(sample.value)
+        for rank, sample in _one_per_scheduler(selected.get(family, []), worker_label).items():
+            if not engines or sample.labels.get("dp_rank", "0") in engines:
+                if rank not in per_rank:
+                    per_rank[rank] = {}
+                    worker_ranks.setdefault(worker_of(sample.labels, worker_label), []).append(rank)
+                per_rank[rank][field_name] = gauge_value(sample.value)
     if not per_rank:
         raise NoData(f"no SGLang scheduler matches engines={list(engines)}")
     for fields in per_rank.values():
-        if fields.get("spec_num_steps") == 0:
+        if fields.get("num_steps") == 0:
             # Adaptive speculation at step 0 still runs a 1-token verify that pulls the gauges toward 1.0.
-            fields.update(spec_accept_length=None, spec_accept_rate=None)
+            fields.update(accept_length=None, accept_rate=None)
 
-    server_wide: dict = {}
+    # The tokenizer counters are server-wide (per worker behind a gateway): each rides on its server's first
+    # engine, so that sums over engines are exact.
+    server_wide: dict[str, dict] = {}
     for family, field_name in TOKENIZER_COUNTERS.items():
         for sample in selected.get(family, ()):
-            sum_into(server_wide, field_name, sample)
+            sum_into(server_wide.setdefault(worker_of(sample.labels, worker_label), {}), field_name, sample)
+    firsts = {worker: min(ranks, key=label_sort_key) for worker, ranks in worker_ranks.items()}
+    for worker, totals in server_wide.items():
+        if worker in firsts:
+            per_rank[firsts[worker]].update(totals)
     ranks = sorted(per_rank, key=label_sort_key)
-    # The tokenizer counters are server-wide: they ride on the first engine so sums over engines are exact.
-    per_rank[ranks[0]].update(server_wide)
-    counters = tuple(EngineCounters(engine=rank, **per_rank[rank]) for rank in ranks)
 
     step_times = {}
-    itl = _per_token_latency(selected.get(STEP_TIME, ()))
-    if itl is not None:
-        step_times[ranks[0]] = itl  # server-wide, like the tokenizer counters
+    for worker, samples in _by_worker(selected.get(STEP_TIME, ()), worker_label).items():
+        itl = _per_token_latency(samples)
+        if itl is not None and worker in firsts:
+            step_times[firsts[worker]] = itl  # server-wide, like the tokenizer counters
 
     has_counters = "sglang:spec_verify_calls_total" in families or "sglang:spec_num_steps" in families
-    draft_tokens = [c.spec_num_draft_tokens for c in counters if c.spec_num_draft_tokens]
-    steps = [c.spec_num_steps for c in counters if c.spec_num_steps]
-    enabled = bool(
-        draft_tokens or steps or server_wide.get("spec_verify_calls") or any(c.spec_accept_length for c in counters)
-    )
+    raw = per_rank.values()
+    draft_tokens = [n for f in raw if (n := f.get("num_draft_tokens"))]
+    steps = [n for f in raw if (n := f.get("num_steps"))]
+    verified = any(totals.get("drafts") for totals in server_wide.values())
+    enabled = bool(draft_tokens or steps or verified or any(f.get("accept_length") for f in raw))
     k = int(max(draft_tokens)) - 1 if draft_tokens else (int(max(steps)) if steps else None)
+    route_k = k if enabled else None
+    parsed_version = parse_version(version) if version else None
+    counters = tuple(_engine(rank, per_rank[rank], route_k, parsed_version) for rank in ranks)
     return EngineSample(
         ts=ts,
         engine_kind="sglang",
@@ -106,6 +143,69 @@ def extract(
         engines=counters,
         step_time_totals=step_times,
     )
+
+
+def _engine(rank: str, fields: dict, k: int | None, version: tuple[int, ...] | None) -> EngineCounters:
+    """One scheduler's EngineCounters: the spec gauges in tracking's meaning (module docstring)."""
+    n, steps = _finite(fields.pop("num_draft_tokens", None)), fields.pop("num_steps", None)
+    rate, tau = fields.pop("accept_rate", None), fields.pop("accept_length", None)
+    # Adaptive speculation at step 0 verifies without drafting: no draft tokens, and gauges that say nothing.
+    draft_length = 0.0 if steps == 0 else ((n - 1) if n else k)
+    drafting = steps is None or steps > 0
+    return EngineCounters(
+        engine=rank,
+        verify_counts=True,
+        draft_length=draft_length,
+        interval_acceptance_ratio=acceptance_ratio(rate, tau, n, version, k) if drafting else None,
+        interval_acceptance_length=_finite(tau) if drafting else None,
+        **fields,
+    )
+
+
+@functools.lru_cache(maxsize=64)  # a route's version string is the same cycle after cycle
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """'0.5.10' -> (0, 5, 10); '0.5.13rc1' / 'v0.5.13.post2' -> (0, 5, 13); None when there are no digits."""
+    m = re.match(r"^v?(\d+(?:\.\d+)*)", text.strip())
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def acceptance_ratio(
+    rate: float | None,
+    tau: float | None,
+    n: float | None,
+    version: tuple[int, ...] | None,
+    k_hint: int | None,
+) -> float | None:
+    """Draft-token acceptance ratio (bonus token excluded) from SGLang's interval gauges `spec_accept_rate`,
+    `spec_accept_length` (tau) and `spec_num_draft_tokens` (n = k + 1), or None.
+
+    With tau = 1 + accepted / verify:
+    - new definition (>= 0.5.13, recognised by the spec_num_draft_tokens gauge of the same release, or a
+      known version >= 0.5.11): rate = accepted / (verify x (n - 1)) = (tau - 1) / k, used as is;
+    - old definition (<= 0.5.10): rate_old = (accepted + verify) / (verify x n) = tau / n, converted with
+      k from the route (server info) or, failing that, n = tau / rate_old;
+    - no rate gauge (< 0.5.4): (tau - 1) / k when k is known.
+    """
+    n = _finite(n)
+    k: float | None = (n - 1) if n is not None and n > 1 else (k_hint if k_hint else None)
+    rate, tau = _finite(rate), _finite(tau)
+    if rate is not None:
+        if n is not None or (version is not None and version >= NEW_RATE_SINCE):
+            return _clamp01(rate)
+        if k is None and tau is not None and rate > 0 and tau / rate > 1:
+            k = tau / rate - 1
+        return _clamp01((rate * (k + 1) - 1) / k) if k else None
+    if tau is not None and k:
+        return _clamp01((tau - 1) / k)
+    return None
+
+
+def _clamp01(x: float) -> float | None:
+    return min(1.0, max(0.0, x)) if math.isfinite(x) else None
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _per_token_latency(samples) -> StepTimes | None:
@@ -132,8 +232,15 @@ def finished_requests(
     return sum_samples(samples)
 
 
-def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:
-    """dp_rank -> the one sample that stands for that scheduler.
+def _by_worker(samples, worker_label: str) -> dict[str, list[Sample]]:
+    out: dict[str, list[Sample]] = {}
+    for sample in samples:
+        out.setdefault(worker_of(sample.labels, worker_label), []).append(sample)
+    return out
+
+
+def _one_per_scheduler(samples: list[Sample], worker_label: str = WORKER_LABEL) -> dict[str, Sample]:
+    """engine id (dp_rank, and the worker behind a gateway) -> the one sample that stands for that scheduler.
 
     Never sums over `priority` (0.5.23 puts the total under priority="" beside per-priority breakdowns);
     keeps tp_rank 0 when all TP ranks report (--enable-metrics-for-all-schedulers); ignores `pid`.
@@ -143,7 +250,7 @@ def _one_per_scheduler(samples: list[Sample]) -> dict[str, Sample]:
         labels = sample.labels
         if labels.get(_PRIORITY, "") != "":
             continue
-        rank = labels.get("dp_rank", "0")
+        rank = engine_id(labels, labels.get("dp_rank", "0"), worker_label)
         preference = (0, label_sort_key(labels.get(_TP_RANK, "0"))[1])
         if rank not in best or preference < best[rank][0]:
             best[rank] = (preference, sample)

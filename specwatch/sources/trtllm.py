@@ -29,8 +29,16 @@ from typing import Any, Mapping
 
 from specwatch.snapshot import EngineCounters, EngineSample
 from specwatch.sources.base import NoData, SourceError
+from specwatch.sources.gateway import WORKER_LABEL
 from specwatch.sources.exposition import Family, Sample
-from specwatch.sources.vllm import check_match_labels, counter_value, gauge_value, label_sort_key, sum_into
+from specwatch.sources.vllm import (
+    check_counter_types,
+    check_match_labels,
+    counter_value,
+    gauge_value,
+    label_sort_key,
+    sum_into,
+)
 
 # Spellings of one family, tried in order: trtllm-serve and Dynamo's pass-through; older Dynamo docs;
 # prefix-stripped with backend="trtllm" (unconfirmed, see above).
@@ -53,6 +61,9 @@ GAUGES: Mapping[str, str] = {
     "num_requests_running": "running",  # numActiveRequests of the last iteration stats
     "num_requests_waiting": "waiting",  # numQueuedRequests
     "kv_cache_utilization": "kv_usage",  # usedNumBlocks / maxNumBlocks, 0-1
+    # inflightBatchingStats.numGenRequests of the last iteration stats: the requests decoding, where
+    # num_requests_running counts context (prefill) requests too (collector.py, log_iteration_stats)
+    "num_generation_requests": "decode_batch",
 }
 # Info gauge set once at startup, labels from the server's speculative config. The label names
 # spec_enabled / spec_num_tokens come from the issue text and PR #12545, not from code read here: unconfirmed.
@@ -66,6 +77,11 @@ CREATED = "generation_tokens_created"
 _LOGICAL = (*COUNTERS, *PER_POSITION, *GAUGES, SPEC_CONFIG_INFO, CREATED)
 WANTED = frozenset(prefix + name for prefix in PREFIXES for name in _LOGICAL)
 _SPEC = (*(n for n in COUNTERS if n.startswith("spec_decode_")), *PER_POSITION)
+# Every spelling of a family summed as a counter, checked against its `# TYPE`. PR #12545 (NVIDIA/TensorRT-LLM,
+# merged 2026-03) describes its own change of the draft and accepted token families "from Gauge to Counter to
+# enable rate()": a gauge there holds one iteration's count.
+COUNTER_FAMILIES = frozenset(prefix + name for prefix in PREFIXES for name in (*COUNTERS, *PER_POSITION))
+_GAUGE_HINT = " (TensorRT-LLM's draft and accepted token families are counters since PR #12545)"
 
 # JSON iteration stats (trtllm-serve GET /metrics with `enable_iter_perf_stats: true`), keys as
 # `log_iteration_stats` reads them. The drafts count is in the JSON only.
@@ -79,7 +95,12 @@ JSON_DRAFTS = JSON_COUNTERS["numRequestsWithDraftTokens"]
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     resolved = _resolve(families)
@@ -90,6 +111,7 @@ def extract(
         )
     if engines and "0" not in engines:
         raise NoData(f'TensorRT-LLM has one engine per server ("0"), not engines={list(engines)}')
+    check_counter_types(families, COUNTER_FAMILIES, _GAUGE_HINT)
     check_match_labels(families, match)
     selected = {name: _matching(samples, match) for name, samples in resolved.items()}
     if not any(selected.values()):
@@ -265,6 +287,10 @@ def _gauges(stat: dict) -> dict[str, float]:
         value = stat.get(key)
         if isinstance(value, (int, float)) and math.isfinite(value):
             out[name] = float(value)
+    ifb = stat.get("inflightBatchingStats")
+    generating = ifb.get("numGenRequests") if isinstance(ifb, dict) else None
+    if isinstance(generating, (int, float)) and math.isfinite(generating):
+        out["num_generation_requests"] = float(generating)
     kv = stat.get("kvCacheStats")
     if isinstance(kv, dict) and isinstance(kv.get("maxNumBlocks"), (int, float)) and kv["maxNumBlocks"] > 0:
         used = kv.get("usedNumBlocks")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
 from specwatch.sources.exposition import Family, Sample
+from specwatch.sources.gateway import WORKER_LABEL, engine_id
 
 # V1 counters: exposed family -> EngineCounters field. Declared without `_total` in vLLM's code.
 COUNTERS: Mapping[str, str] = {
@@ -42,15 +43,17 @@ STEPS = "vllm:iteration_tokens_total"
 # First present wins: kv_cache_usage_perc added in 0.9.2; gpu_cache_usage_perc deprecated 0.9.2, removed 0.12.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # V0 only (removed by v0.10.0): lifetime ratios since process start, label `model_name` only.
+# The acceptance rate is the draft-token acceptance ratio since start (EngineCounters.lifetime_acceptance_ratio).
 V0_GAUGES: Mapping[str, str] = {
-    "vllm:spec_decode_draft_acceptance_rate": "lifetime_acceptance_rate",
-    "vllm:spec_decode_efficiency": "lifetime_efficiency",
+    "vllm:spec_decode_draft_acceptance_rate": "lifetime_acceptance_ratio",
 }
 # Finished requests, by `finished_reason` (stop, length, abort, error): canary probes' counter bracketing
 # (probe/runner.py) reads it; the daemon's cycle does not fetch it.
 FINISHED_REQUESTS = "vllm:request_success_total"
 SPEC_FAMILIES = frozenset(COUNTERS) - {"vllm:generation_tokens_total"} | {PER_POSITION}
 WANTED = frozenset(COUNTERS) | {PER_POSITION, CREATED, STEP_TIME, STEPS} | set(GAUGES) | set(KV_USAGE) | set(V0_GAUGES)
+# The families summed as counters: their `# TYPE` is read and checked (check_counter_types).
+COUNTER_FAMILIES = frozenset(COUNTERS) | {PER_POSITION}
 # A filtered /metrics (prometheus_client's restricted registry) keeps the samples whose *sample* names are
 # asked for: a histogram's family name alone returns none of its samples.
 FILTER_EXTRA = frozenset((STEP_TIME + "_sum", STEP_TIME + "_count", STEPS + "_count"))
@@ -72,7 +75,12 @@ _PRESENCE = (*GAUGES, *SPEC_FAMILIES, *V0_GAUGES)  # any of them with samples: a
 
 
 def extract(
-    families: Mapping[str, Family], match: Mapping[str, str], engines: tuple[str, ...], ts: float, version: str = ""
+    families: Mapping[str, Family],
+    match: Mapping[str, str],
+    engines: tuple[str, ...],
+    ts: float,
+    version: str = "",
+    worker_label: str = WORKER_LABEL,
 ) -> EngineSample:
     """Build the route's EngineSample from parsed families. Raises SourceError / NoData."""
     if not any(families.get(n) and families[n].samples for n in _PRESENCE):
@@ -86,8 +94,9 @@ def extract(
     v0 = selected.get("vllm:spec_decode_draft_acceptance_rate")
     if v0 and not any("engine" in s.labels for s in v0):
         return _v0_sample(selected, ts, model, version)
+    check_counter_types(families, COUNTER_FAMILIES)
 
-    by_engine = _by_engine(selected, engines)
+    by_engine = _by_engine(selected, engines, worker_label)
     if not by_engine:
         raise NoData(f"no vLLM engine matches engines={list(engines)}")
     spec_on = bool(selected.get("vllm:spec_decode_num_drafts_total"))
@@ -118,7 +127,9 @@ def extract(
     )
 
 
-def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -> dict[str, dict]:
+def _by_engine(
+    selected: Mapping[str, list[Sample]], engines: tuple[str, ...], worker_label: str = WORKER_LABEL
+) -> dict[str, dict]:
     """engine label -> EngineCounters keyword arguments (per_pos as {position: value})."""
     out: dict[str, dict] = {}
     kv_family = next((f for f in KV_USAGE if selected.get(f)), None)
@@ -128,6 +139,7 @@ def _by_engine(selected: Mapping[str, list[Sample]], engines: tuple[str, ...]) -
             engine = sample.labels.get("engine", "0")
             if engines and engine not in engines:
                 continue
+            engine = engine_id(sample.labels, engine, worker_label)
             fields = out.get(engine)
             if fields is None:
                 fields = out[engine] = {}
@@ -231,6 +243,19 @@ def label_sort_key(label: str) -> tuple[int, float | str]:
         return (0, float(label))
     except ValueError:
         return (1, label)
+
+
+def check_counter_types(families: Mapping[str, Family], names: Iterable[str], hint: str = "") -> None:
+    """Every family in `names` that is summed as a counter must be declared one (or not declared at all, as a bare
+    exposition leaves it): a gauge there holds a per-interval value, whose differences mean nothing, and fed to
+    the reset-safe counters it would read as a stream of resets. Raises SourceError (not_a_counter)."""
+    wrong = [
+        f"{name} is declared a {family.type}"
+        for name in sorted(names)
+        if (family := families.get(name)) is not None and family.type not in ("counter", "unknown")
+    ]
+    if wrong:
+        raise SourceError("not_a_counter", "; ".join(wrong) + ", not a counter: not read as totals" + hint)
 
 
 def check_match_labels(families: Mapping[str, Family], match: Mapping[str, str]) -> None:

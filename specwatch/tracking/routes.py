@@ -4,15 +4,16 @@ Pure and clock-free: every timestamp comes from the samples. One `RouteTracker` 
 `ResetSafeCounter` per engine and counter, sums increases over engines (never averages ratios), and keeps
 a `WindowRing` of the summed increases for the 1m/5m/1h windows.
 
-Three ways an engine reports acceptance (`EngineSample.acceptance_source`):
+Three ways an engine reports acceptance (`EngineSample.acceptance_source`), each already in one meaning
+(the sources translate every engine's names, versions and definitions; `EngineCounters` says what each field
+means):
 
-- "counter": vLLM V1 counters, or SGLang >= 0.5.13 where drafts = Δverify_calls, accepted =
-  Δgeneration_tokens - Δverify_calls and draft tokens = Δverify_calls x (spec_num_draft_tokens - 1).
-- "gauge": SGLang interval gauges, weighted by each engine's running requests. `spec_accept_rate` up to
-  0.5.10 counted the bonus token, (accepted + 1) / num_draft_tokens per verify; it is converted to the
-  current definition accepted / (num_draft_tokens - 1), see `sglang_acceptance_ratio`.
-- "lifetime_gauge": vLLM V0's since-start acceptance gauge, exported as the ratio of every window (its
-  counters are known-wrong and never read).
+- "counter": cumulative drafts, draft tokens, accepted tokens and per-position counts; or, for engines that
+  count only verify steps and generated tokens (`verify_counts`), accepted = Δgeneration - Δdrafts and draft
+  tokens = Δdrafts x the engine's current draft length.
+- "gauge": interval acceptance ratios and lengths computed by the engine, weighted by each engine's running
+  requests.
+- "lifetime_gauge": a since-start acceptance ratio, exported as the ratio of every window.
 
 Exported totals start at the engines' own values when first seen (so they equal the engine sums) and grow
 by reset-corrected increases, so they never go backwards. Windows use only the increases seen while
@@ -21,9 +22,7 @@ tracking, so an engine appearing mid-way does not pour its whole history into th
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,39 +45,6 @@ DETAIL_WINDOW = "5m"
 # drafter that is off. Any step that drafts proposes at least one token per generated 1 + accepted, so a route
 # drafting on even a few percent of its steps stays well above it.
 MIN_ACTIVE_DRAFT_SHARE = 0.01
-# spec_accept_rate switched from counting the bonus token to excluding it between these releases.
-_SGLANG_NEW_RATE_SINCE = (0, 5, 11)
-
-
-@functools.lru_cache(maxsize=64)  # a route's version string is the same cycle after cycle
-def parse_version(text: str) -> tuple[int, ...] | None:
-    """'0.5.10' -> (0, 5, 10); '0.5.13rc1' / 'v0.5.13.post2' -> (0, 5, 13); None when there are no digits."""
-    m = re.match(r"^v?(\d+(?:\.\d+)*)", text.strip())
-    return tuple(int(x) for x in m.group(1).split(".")) if m else None
-
-
-def sglang_acceptance_ratio(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int | None) -> float | None:
-    """Draft-token acceptance ratio (bonus token excluded) from SGLang's interval gauges, or None.
-
-    With n = num_draft_tokens (k + 1) and tau = spec_accept_length = 1 + accepted / verify:
-    - new definition (>= 0.5.13, recognised by the spec_num_draft_tokens gauge of the same release, or a
-      known version >= 0.5.11): rate = accepted / (verify x (n - 1)) = (tau - 1) / k, used as is;
-    - old definition (<= 0.5.10): rate_old = (accepted + verify) / (verify x n) = tau / n, converted with
-      k from the route (server info) or, failing that, n = tau / rate_old;
-    - no rate gauge (< 0.5.4): (tau - 1) / k when k is known.
-    """
-    n = _finite(e.spec_num_draft_tokens)
-    k: float | None = (n - 1) if n is not None and n > 1 else (k_hint if k_hint else None)
-    rate, tau = _finite(e.spec_accept_rate), _finite(e.spec_accept_length)
-    if rate is not None:
-        if n is not None or (version is not None and version >= _SGLANG_NEW_RATE_SINCE):
-            return _clamp01(rate)
-        if k is None and tau is not None and rate > 0 and tau / rate > 1:
-            k = tau / rate - 1
-        return _clamp01((rate * (k + 1) - 1) / k) if k else None
-    if tau is not None and k:
-        return _clamp01((tau - 1) / k)
-    return None
 
 
 def _clamp01(x: float) -> float | None:
@@ -226,13 +192,14 @@ def _step_time(eng: _Engine, totals: StepTimes, ts: float) -> StepTimes:
     return StepTimes(seconds, count, None if totals.steps is None else steps, totals.per_token)
 
 
-_SGLANG_KEYS = ("verify_calls", "generation_tokens")
+_VERIFY_KEYS = ("verify_steps", "generation_tokens")
 
 
-def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None, ts: float) -> tuple[Sums, Sums | None, bool]:
-    """`_vllm_sums` for SGLang's counters (0.5.13+), from which drafts, draft tokens and accepted are derived."""
-    increases, initials, reset = eng.update(_SGLANG_KEYS, (e.spec_verify_calls, e.generation_tokens), e.created, ts)
-    per_verify = k or 0.0  # draft tokens per verify call; unknown k leaves draft tokens (and the ratio) absent
+def _verify_sums(eng: _Engine, e: EngineCounters, ts: float) -> tuple[Sums, Sums | None, bool]:
+    """`_vllm_sums` for an engine that counts verify steps and generated tokens only (`verify_counts`): each
+    step emits its accepted tokens and one more, and proposed the engine's current draft length."""
+    increases, initials, reset = eng.update(_VERIFY_KEYS, (e.drafts, e.generation_tokens), e.created, ts)
+    per_verify = e.draft_length or 0.0  # unknown leaves draft tokens (and the ratio) absent
 
     def derived(verify: float, gen: float) -> Sums:
         return Sums(
@@ -242,14 +209,13 @@ def _sglang_counter_sums(eng: _Engine, e: EngineCounters, k: float | None, ts: f
     return derived(*increases), (None if initials is None else derived(*initials)), reset
 
 
-def _gauge_sums(e: EngineCounters, version: tuple[int, ...] | None, k_hint: int | None) -> Sums:
+def _gauge_sums(e: EngineCounters) -> Sums:
     weight = _finite(e.running) or 0.0
-    # An idle engine's interval gauges keep their last value, and an adaptive tier at step 0 runs a
-    # 1-token verify that drags the length toward 1: neither says anything about acceptance.
-    if weight <= 0 or (e.spec_num_steps is not None and e.spec_num_steps <= 0):
+    # An idle engine's interval averages keep their last value: they say nothing about acceptance now.
+    if weight <= 0:
         return Sums()
-    ratio = sglang_acceptance_ratio(e, version, k_hint)
-    tau = _finite(e.spec_accept_length)
+    ratio = _clamp01(e.interval_acceptance_ratio) if e.interval_acceptance_ratio is not None else None
+    tau = _finite(e.interval_acceptance_length)
     return Sums(
         gauge_ratio_weight=weight if ratio is not None else 0.0,
         gauge_ratio_weighted=weight * ratio if ratio is not None else 0.0,
@@ -293,6 +259,7 @@ class RouteTracker:
         self._mean_lengths: dict[str, float] = {}  # by window, as of the last observe()
         self._excluded = Sums()  # canary probe tokens still to be taken out of the next increases
         self._rejected: dict[str, float] = dict.fromkeys(REJECT_REASONS, 0.0)  # counter samples that cannot be true
+        self._decode_totals: dict[str, tuple[float, float]] = {}  # engine -> (decode steps, requests over them)
 
     def exclude(self, drafts: float, draft_tokens: float, accepted: float, per_pos: tuple[float, ...] = ()) -> None:
         """Leave these tokens (a canary probe's own) out of the windows and detector deltas: they are taken out
@@ -302,7 +269,6 @@ class RouteTracker:
 
     # ------------------------------------------------------------------ updates
     def observe(self, sample: EngineSample, gpus: tuple[int, ...] = ()) -> RouteObservation:
-        version = parse_version(sample.engine_version) if sample.engine_version else None
         k = self._k(sample)
         source = sample.acceptance_source
         inc = gauge_now = Sums()
@@ -312,19 +278,12 @@ class RouteTracker:
         self._lifetime_ratio = None
         step_times: dict[str, StepTimes] = {}
         if source == "counter":
-            sglang = sample.engine_kind == "sglang"
             for e in sample.engines:
                 eng = self._engines.get(e.engine)
                 if eng is None:
                     eng = self._engines[e.engine] = _Engine(rejected=self._rejected)
-                if sglang:
-                    # Adaptive speculation at step 0 verifies without drafting: no draft tokens.
-                    engine_k = (
-                        0
-                        if e.spec_num_steps == 0
-                        else ((e.spec_num_draft_tokens - 1) if e.spec_num_draft_tokens else k)
-                    )
-                    i, a, r = _sglang_counter_sums(eng, e, engine_k, sample.ts)
+                if e.verify_counts:
+                    i, a, r = _verify_sums(eng, e, sample.ts)
                 else:
                     i, a, r, d = _vllm_sums(eng, e, sample.ts)
                     if d:
@@ -339,7 +298,7 @@ class RouteTracker:
                     step_times[engine] = _step_time(eng, totals, sample.ts)
         elif source == "gauge":
             for e in sample.engines:
-                gauge_now = gauge_now.plus(_gauge_sums(e, version, k))
+                gauge_now = gauge_now.plus(_gauge_sums(e))
         elif source == "none":
             # Engines whose spec counters appear only once they count (llama.cpp before its first drafted
             # request finished) are being sampled already: what then appears started from 0.
@@ -349,7 +308,7 @@ class RouteTracker:
                     eng = self._engines[e.engine] = _Engine(rejected=self._rejected)
                 eng.seen = True
         elif source == "lifetime_gauge":
-            rates = [r for r in (_finite(e.lifetime_acceptance_rate) for e in sample.engines) if r is not None]
+            rates = [r for r in (_finite(e.lifetime_acceptance_ratio) for e in sample.engines) if r is not None]
             self._lifetime_ratio = _clamp01(sum(rates) / len(rates)) if rates else None
 
         engine_inc = inc
@@ -390,9 +349,7 @@ class RouteTracker:
                 if sample.acceptance_source == "lifetime_gauge"
                 else _div(gauge_now.gauge_ratio_weighted, gauge_now.gauge_ratio_weight)
             ),
-            running_per_engine={
-                e.engine: running for e in sample.engines if (running := _finite(e.running)) is not None
-            },
+            running_per_engine={e.engine: batch for e in sample.engines if (batch := self._batch(e)) is not None},
             waiting_requests=_sum_present([e.waiting for e in sample.engines]),
             kv_usage=self._kv_usage(sample),
             window_acceptance=window_acceptance,
@@ -536,15 +493,25 @@ class RouteTracker:
                     lengths[window] = d.gauge_length_weighted / d.gauge_length_weight
         return ratios, lengths
 
+    def _batch(self, e: EngineCounters) -> float | None:
+        """The engine's batch for the crossover: the mean over this cycle's decode steps where the engine counts
+        them, else its decode batch gauge, else its running requests. Counts that went back (a restart) or did
+        not move (no step) give no mean this cycle."""
+        steps, requests = _finite(e.decode_steps), _finite(e.decode_step_requests)
+        if steps is not None and requests is not None:
+            last = self._decode_totals.get(e.engine)
+            self._decode_totals[e.engine] = (steps, requests)
+            if last is not None and steps > last[0] and requests >= last[1]:
+                return (requests - last[1]) / (steps - last[0])
+        batch = _finite(e.decode_batch)
+        return batch if batch is not None else _finite(e.running)
+
     @staticmethod
     def _k(sample: EngineSample) -> int | None:
         if sample.num_speculative_tokens:
             return sample.num_speculative_tokens
         positions = max((len(e.accepted_per_pos) for e in sample.engines), default=0)
-        if positions:
-            return positions
-        n = max((e.spec_num_draft_tokens or 0 for e in sample.engines), default=0)
-        return int(n) - 1 if n > 1 else None
+        return positions or None
 
     @staticmethod
     def _kv_usage(sample: EngineSample) -> float | None:
