@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("simulate", "serve a SIMULATED vLLM or SGLang engine (metrics + OpenAI API)"),
     "demo": ("demo", "run simulated engines and the daemon together, with a live status table"),
     "baseline": ("baseline", "list, show, reset or accept per-route acceptance baselines"),
+    "fleet": ("fleet", "accept a model bump on every node of a fleet, where each node runs it"),
     "replay": ("replay", "run the detection pipeline offline over a JSONL trace of scrapes"),
     "backtest": ("backtest", "replay a route's counters pulled from a Prometheus server"),
     "simulate-trace": ("simulate_trace", "write a realistic SIMULATED acceptance trace (JSONL)"),

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from specwatch.config import Config, GpuConfig, RouteConfig
 from specwatch.evaluators.base import EvaluatorContext, ExcludesTokens, RouteEvaluator
@@ -48,6 +48,7 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
+T = TypeVar("T")
 SourceFactory = Callable[[RouteConfig, Config], EngineSource]
 GpuSourceFactory = Callable[[GpuConfig], "GpuSource | None"]
 
@@ -183,6 +184,16 @@ class _Route:
     def close(self) -> None:
         self.close_evaluators()
         self.close_source()
+
+
+@dataclass(frozen=True)
+class LiveRoute:
+    """A route's live parts as an operator action sees them between two cycles (`Daemon.with_route`)."""
+
+    cfg: RouteConfig
+    evaluators: tuple[RouteEvaluator, ...]
+    now: float
+    last_reason: str | None  # None: never scraped; "": its last scrape worked; else why it failed
 
 
 # --------------------------------------------------------------------------------------------- daemon
@@ -410,6 +421,16 @@ class Daemon:
         for message in errors:
             log.debug("state store error: %s", message)
         self._state_errors += len(errors)
+
+    # ------------------------------------------------------------------ operator actions
+    def with_route(self, name: str, fn: Callable[[LiveRoute], T]) -> T:
+        """`fn` on route `name`'s live parts, between two cycles (under the loop's lock): an operator action
+        decided on what the loop knows now, not on state flushed a minute ago. KeyError for an unknown route."""
+        with self._lock:
+            for route in self._routes:
+                if route.cfg.name == name:
+                    return fn(LiveRoute(route.cfg, tuple(route.evaluators), self._clock(), route.last_reason))
+        raise KeyError(name)
 
     # ------------------------------------------------------------------ pool, routes, GPUs
     def _executor(self) -> ScrapePool:

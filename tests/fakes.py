@@ -34,3 +34,45 @@ def vllm_sample(
         num_speculative_tokens=num_speculative_tokens,
         engines=tuple(engines),
     )
+
+
+OLD, NEW = "llama-3.1-8b", "llama-3.3-8b"  # the model before and after a bump
+VERSION = "0.33.0"
+
+
+class SwitchableEngine:
+    """A vLLM route whose model the test swaps (a rolling deploy restarts the engine: counters start over)."""
+
+    def __init__(self, model: str = OLD, ratio: float = 0.6, k: int = 4) -> None:
+        self.model, self.ratio, self.k = model, ratio, k
+        self.drafts = 0.0
+        self.accepted = 0.0
+        self.created = 1.0
+
+    def bump(self, model: str, ratio: float) -> None:
+        self.model, self.ratio = model, ratio
+        self.drafts, self.accepted, self.created = 0.0, 0.0, self.created + 1.0
+
+    def sample(self, now: float) -> EngineSample:
+        self.drafts += 1000.0  # 4000 drafted tokens a cycle
+        self.accepted += 4000.0 * self.ratio
+        engine = EngineCounters(
+            engine="0",
+            drafts=self.drafts,
+            draft_tokens=self.k * self.drafts,
+            accepted_tokens=self.accepted,
+            created=self.created,
+            running=8.0,
+        )
+        return EngineSample(
+            ts=now,
+            engine_kind="vllm",
+            acceptance_source="counter",
+            model_name=self.model,
+            engine_version=VERSION,
+            num_speculative_tokens=self.k,
+            engines=(engine,),
+        )
+
+    def close(self) -> None:
+        pass

@@ -6,9 +6,10 @@ open it read-only (a read-only state directory works); no command moves or repai
 a stopped daemon applies the written state when it starts.
 
 - reset ROUTE: forget every baseline and the detector state of ROUTE; it learns again from scratch.
-- accept ROUTE: adopt the current model's acceptance after a deliberate change. When the model changed
-  and the daemon has seen at least `warmup_drafted_tokens` of it, that traffic becomes the baseline at once;
-  otherwise the current model's baseline is relearned from now on (detection resumes after the warm-up).
+- accept ROUTE: adopt the current model's acceptance after a deliberate change: once the daemon has seen at
+  least `warmup_drafted_tokens` of it (as of its last save, every 60 s), that traffic becomes the baseline at
+  once. Without that evidence it refuses and changes nothing; it never deletes a baseline. For a fleet, and
+  decided on each daemon's live state, use `specwatch fleet accept --model NAME`.
 """
 
 from __future__ import annotations
@@ -189,8 +190,11 @@ def _report(outcome: tuple[bool, str]) -> int:
         if message:
             print(f"specwatch baseline: {message}", file=sys.stderr)
         return 1
-    print(message + " (a running daemon applies it within ~10 s)")
+    print(message if message.endswith(NOTHING_CHANGED) else message + " (a running daemon applies it within ~10 s)")
     return 0
+
+
+NOTHING_CHANGED = "nothing changed"
 
 
 def reset_route(store: StateStore, route: str) -> tuple[bool, str]:
@@ -202,8 +206,9 @@ def reset_route(store: StateStore, route: str) -> tuple[bool, str]:
 
 
 def accept_route(store: StateStore, route: str, detection: DetectionConfig) -> tuple[bool, str]:
-    """Adopt the current model's traffic (or relearn it) and queue "accept"; (done, what was done or why not).
-    The one implementation of `accept`, for the CLI and the daemon's HTTP API."""
+    """Adopt the current model's traffic as its baseline and queue "accept"; (done, what was done or why not).
+    The state file's accept, for the CLI beside a running or a stopped daemon (a running daemon's baselines API
+    decides on its live state instead). Never deletes: without evidence for the current key it refuses."""
     state = store.route_state(route)
     if state is None or not state.get("key"):
         return False, f"route {route!r} has no detector state yet (has the daemon seen it?)"
@@ -213,21 +218,19 @@ def accept_route(store: StateStore, route: str, detection: DetectionConfig) -> t
         learner = BaselineLearner.from_json(state["learner"], detection.block_seconds)
     except (KeyError, TypeError, ValueError) as exc:
         return False, f"unreadable detector state of {route!r}: {exc!r}"
+    if ref is not None and list(ref) == list(state["key"]) and store.get(route, key) is not None:
+        return True, f"route {route}: {key.label()} already has its own baseline; {NOTHING_CHANGED}"
     now = store.clock()
-    changed = ref is not None and list(ref) != list(state["key"])
-    if changed and learner.has(now, detection.warmup_drafted_tokens, 0.0):
-        baseline = learner.baseline(route, key, now, "accepted", pinned=False)
-        ok = store.put(baseline)
-        message = (
-            f"route {route}: accepted {baseline.acceptance_ratio:.4f} for {key.label()} from "
-            f"{baseline.drafted_tokens:.0f} drafted tokens since the change"
+    if not learner.has(now, detection.warmup_drafted_tokens, 0.0):
+        return False, (
+            f"route {route}: no evidence for {key.label()} yet ({learner.drafted:.0f} of "
+            f"{detection.warmup_drafted_tokens:.0f} drafted tokens as of the daemon's last save); nothing changed. "
+            f"To forget its baselines and relearn from scratch: specwatch baseline reset {route}"
         )
-    else:
-        ok = store.delete(route, key)
-        message = (
-            f"route {route}: {key.label()} will relearn its baseline from now on "
-            f"({detection.warmup_drafted_tokens} drafted tokens and {detection.warmup_seconds:g}s of warm-up)"
-        )
-    if not ok or not store.append_command(route, "accept"):
+    baseline = learner.baseline(route, key, now, "accepted", pinned=False)
+    if not store.put(baseline) or not store.append_command(route, "accept"):
         return False, ""
-    return True, message
+    return True, (
+        f"route {route}: accepted {baseline.acceptance_ratio:.4f} for {key.label()} from "
+        f"{baseline.drafted_tokens:.0f} drafted tokens"
+    )

@@ -102,7 +102,7 @@ class Service:
         daemon = Daemon(self.config)
         self._export_errors = ExportErrors()  # one for /metrics and OTLP, so /metrics counts OTLP's failures
         try:
-            admin = BaselineAdmin(lambda: daemon.config, self.enable_admin_api)
+            admin = BaselineAdmin(lambda: daemon.config, daemon, self.enable_admin_api)
             server = serve(self.listen_address, lambda: daemon.snapshot, self.web_config, self._export_errors, admin)
         except (OSError, ValueError) as exc:
             log.error("cannot listen on %s: %s", self.listen_address, exc)

@@ -9,7 +9,11 @@ One evaluator per route wires two parts, each with one job (docs/detection.md ha
 3. A broken drafter (acceptance <= COLLAPSE_RATIO over the confirmation window) pages at once, with or without
    a baseline (`CollapseCheck`).
 4. Gauge-only sources (SGLang < 0.5.13, vLLM V0) go to `GaugeDrop`, a lower-power detector on the readings.
-5. Operator commands (`specwatch baseline reset/accept`) and the state saved for a restart.
+5. Operator commands (`specwatch baseline reset/accept` through the state file's queue) and the state saved
+   for a restart.
+6. Operator actions decided on the live state (the baselines API, between two cycles): `accept` adopts the
+   current key's baseline only where the route runs the expected key and has evidence for it
+   (evaluators/accept.py); `reset` forgets the route's baselines.
 
 Cost per cycle: a few float operations; the store writes only on learning events and every persist period.
 """
@@ -20,6 +24,16 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from specwatch.config import DetectionConfig, PinnedBaseline, RouteConfig
+from specwatch.evaluators.accept import (
+    ADOPTED,
+    ALREADY,
+    REFUSED,
+    WOULD_ADOPT,
+    AcceptOutcome,
+    Expected,
+    baseline_document,
+    gauge_document,
+)
 from specwatch.evaluators.base import EvaluatorContext
 from specwatch.evaluators.baseline_selection import BaselineSelection
 from specwatch.evaluators.drop_decision import HORIZON_TRAFFIC_SECONDS, CollapseCheck, DropDecision
@@ -61,6 +75,7 @@ class AcceptanceDropEvaluator:
         self.collapse = CollapseCheck(self.cfg.confirm_window_seconds, self.cfg.min_drafted_tokens)
         self.gauge = GaugeDrop(self.route, self.cfg)
         self._last_scrape: float | None = None  # the start of the next interval
+        self._gauge_route = False  # the source reports acceptance only as a gauge
         self._restore()
         store.register(self.route, self.persisted_state)
 
@@ -110,7 +125,8 @@ class AcceptanceDropEvaluator:
                 self._model_changed(key, now)
             elif obs.reset:
                 self._count_change(now)  # a restart may have swapped weights under the same name
-            if obs.acceptance_source in GAUGE_SOURCES:
+            self._gauge_route = obs.acceptance_source in GAUGE_SOURCES
+            if self._gauge_route:
                 self._observe_gauge(obs)
             else:
                 self._observe(
@@ -254,6 +270,102 @@ class AcceptanceDropEvaluator:
         if action == "accept" and key is not None:
             self._use(self.selection.enter_key(key))  # the CLI has written the accepted baseline for the current key
         # "reset": the CLI deleted the route's baselines; learn again from scratch
+
+    # ------------------------------------------------------------------ operator actions, decided live
+    def accept(self, expected: Expected, now: float, dry_run: bool = False) -> AcceptOutcome:
+        """An operator's accept of a deliberate bump (evaluators/accept.py), on this detector's live state. The
+        caller holds the daemon loop's lock. Refused, changing nothing, unless the route runs `expected`."""
+        key = self.selection.key
+        before = self.reference_document()
+
+        def refuse(reason: str) -> AcceptOutcome:
+            return AcceptOutcome(REFUSED, f"route {self.route}: {reason}", before, before)
+
+        if key is None or self._last_scrape is None:
+            return refuse("its engine has not answered since the daemon started; retry after its next cycle")
+        wrong = expected.mismatch(key)
+        if wrong:
+            return refuse(f"{wrong}; its baseline is kept")
+        if self.collapse.collapsed:
+            return refuse("its draft acceptance has collapsed (a broken drafter?): nothing to adopt")
+        if self._gauge_route:
+            return self._accept_gauge(key, now, dry_run, before, refuse)
+        ref, selection = self.selection.reference, self.selection
+        if ref is not None and ref.key == key:
+            return AcceptOutcome(
+                ALREADY,
+                f"route {self.route}: {key.label()} has its own baseline {ref.acceptance_ratio:.4f} ({ref.source})",
+                before,
+                before,
+            )
+        if selection.pin_for(key) is not None:
+            return refuse(f"the configured baseline applies to {key.label()}; it takes effect after the warm-up")
+        if not selection.has_evidence(now):
+            return refuse(
+                f"no evidence for {key.label()} yet: {selection.learner.drafted:.0f} of "
+                f"{self.cfg.warmup_drafted_tokens:.0f} drafted tokens with a dispersion estimate"
+            )
+        candidate = selection.accepted(now)
+        what = (
+            f"{candidate.acceptance_ratio:.4f} for {key.label()} from {candidate.drafted_tokens:.0f} drafted tokens"
+            + (f" (the reference was {ref.acceptance_ratio:.4f} for {ref.key.label()})" if ref is not None else "")
+        )
+        if dry_run:
+            return AcceptOutcome(
+                WOULD_ADOPT, f"route {self.route}: would adopt {what}", before, baseline_document(candidate)
+            )
+        written = selection.accept(candidate)
+        self.decision.sprt = None
+        self.decision.degraded = False
+        self._use(candidate)
+        message = f"route {self.route}: adopted {what}"
+        if not written:
+            message += "; the state file could not be written: it is held in memory and written with the next flush"
+        log.info("%s", message)
+        return AcceptOutcome(ADOPTED, message, before, baseline_document(candidate))
+
+    def _accept_gauge(
+        self, key: BaselineKey, now: float, dry_run: bool, before: dict[str, Any] | None, refuse: Any
+    ) -> AcceptOutcome:
+        gauge = self.gauge
+        if gauge.reference is not None and gauge.change_ts is None:
+            return AcceptOutcome(
+                ALREADY,
+                f"route {self.route}: {key.label()} has its own gauge baseline {gauge.reference.r0:.4f}",
+                before,
+                before,
+            )
+        r0 = gauge.acceptable(now)
+        if r0 is None:
+            return refuse(f"no evidence for {key.label()} yet: {gauge.learner.blocks} blocks of gauge readings")
+        after = gauge_document(self.route, key, r0, pinned=False)
+        if dry_run:
+            return AcceptOutcome(
+                WOULD_ADOPT, f"route {self.route}: would adopt gauge baseline {r0:.4f} for {key.label()}", before, after
+            )
+        gauge.accept(now)
+        message = f"route {self.route}: adopted gauge baseline {r0:.4f} for {key.label()}"
+        log.info("%s", message)
+        return AcceptOutcome(ADOPTED, message, before, after)
+
+    def reference_document(self) -> dict[str, Any] | None:
+        if self._gauge_route:
+            ref = self.gauge.reference
+            own = self.gauge.change_ts is None
+            return gauge_document(
+                self.route, self.key if own else None, ref.r0 if ref else None, bool(ref and ref.pinned)
+            )
+        return baseline_document(self.selection.reference)
+
+    def reset(self) -> tuple[bool, list[dict[str, Any]]]:
+        """An operator's reset, named as such: the route's stored baselines and detector state go and it learns
+        from scratch; (the file written, what was deleted). The caller holds the daemon loop's lock."""
+        deleted = [d for d in (baseline_document(b) for b in self.store.baselines(self.route)) if d is not None]
+        if self._gauge_route and self.gauge.reference is not None:
+            deleted.append(self.reference_document() or {})
+        ok = self.store.delete_route(self.route)
+        self._apply_command("reset")
+        return ok, deleted
 
     # ------------------------------------------------------------------ persistence
     def persisted_state(self) -> dict[str, Any]:

@@ -370,6 +370,25 @@ class BaselineSelection:
         return adopted
 
     # ------------------------------------------------------------------ operator commands and restarts
+    def has_evidence(self, now: float) -> bool:
+        """The current key's traffic is enough for a baseline of its own (what an operator's accept adopts)."""
+        return self.learner.has(now, self.cfg.warmup_drafted_tokens, 0.0)
+
+    def accepted(self, now: float) -> Baseline:
+        """The baseline an operator's accept would adopt for the current key: its traffic since it started."""
+        assert self.key is not None
+        return self.learner.baseline(self.route, self.key, now, "accepted", pinned=False)
+
+    def accept(self, baseline: Baseline) -> bool:
+        """Make `baseline` (from `accepted`) the reference and store it; False when the file write failed (it
+        holds in memory and is written again with the next flush that reaches the file)."""
+        assert self.key is not None
+        self._operator_keys.add(self.key)
+        self.change_ts = None
+        self.reference = baseline
+        self._relearn_dispersion = False
+        return self.store.put(baseline)
+
     def forget(self) -> None:
         """No reference and a fresh learner (an operator reset, or accept before re-entering the key). The
         operator decided about this node's current key: it learns its own, never the fleet's."""

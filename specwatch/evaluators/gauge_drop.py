@@ -114,6 +114,19 @@ class GaugeDrop:
         self.window.clear()
         self.change_ts = now if self.reference is not None else None
 
+    def acceptable(self, now: float) -> float | None:
+        """The r0 an operator's accept would adopt from the current key's blocks; None without enough of them."""
+        if not self.learner.has(now, 0.0):
+            return None
+        return self.learner.baseline(self.reference.lifetime if self.reference else False)[0]
+
+    def accept(self, now: float) -> None:
+        """An operator's accept: the current key's learned r0 is the reference from now on, nothing pending."""
+        lifetime = self.reference.lifetime if self.reference else False
+        self.change_ts = None
+        self.degraded = False
+        self._adopt(now, lifetime)
+
     def reset(self) -> None:
         """Operator reset / accept: forget everything and learn again."""
         self.__init__(self.route, self.cfg)  # type: ignore[misc]

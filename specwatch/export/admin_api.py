@@ -11,6 +11,12 @@ PREFIX = "/api/v1/baselines"
 
 
 @dataclass(frozen=True)
+class Caller:
+    user: str | None
+    remote: str
+
+
+@dataclass(frozen=True)
 class Answer:
     status: int
     document: dict[str, Any]
@@ -19,6 +25,6 @@ class Answer:
 class BaselineActions(Protocol):
     enabled_without_auth: bool
 
-    def act(self, route: str, action: str) -> Answer: ...
+    def act(self, route: str, action: str, caller: Caller, body: dict[str, Any]) -> Answer: ...
 
     def listing(self) -> Answer: ...

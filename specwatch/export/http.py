@@ -7,10 +7,10 @@ never a thread, and a scrape never queues behind one; the work that takes CPU (r
 check) runs on small thread pools. Everything a client controls is bounded: the connections open (beyond
 MAX_CONNECTIONS the one idle longest is closed, else the slowest to send its request head, else the newcomer
 gets 503), the time to send a request head (HEAD_TIMEOUT_SECONDS, the TLS handshake included) and to sit idle
-between requests, the head's size and field count (431), the body (413; a body is read and dropped, never
-taken for the next request; a repeated Content-Length is a 400), and password checks waiting (503). Limits
-that bite are logged, at most once a minute per kind. Plain HTTP sent to the TLS port gets a 400 saying so,
-as Go's net/http answers.
+between requests, the head's size and field count (431), the body (413; a body is read whole, never taken
+for the next request, and used by the baselines API's POSTs alone; a repeated Content-Length is a 400), and
+password checks waiting (503). Limits that bite are logged, at most once a minute per kind. Plain HTTP sent to
+the TLS port gets a 400 saying so, as Go's net/http answers.
 
 TLS and basic auth come from an optional exporter-toolkit style web config (`specwatch.export.webconfig`);
 when set, auth applies to every path and a refusal says nothing beyond `401` and `WWW-Authenticate: Basic`.
@@ -21,6 +21,7 @@ unless it was started with them enabled (`--web.enable-admin-api`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import html
 import io
@@ -49,7 +50,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from specwatch import __version__
 from specwatch.export import webconfig
 from specwatch.export.admin_api import PREFIX as BASELINES_PREFIX
-from specwatch.export.admin_api import Answer, BaselineActions
+from specwatch.export.admin_api import Answer, BaselineActions, Caller
 from specwatch.export.advice import advice_document
 from specwatch.export.prometheus import ExportErrors, SnapshotCollector, render_text
 from specwatch.snapshot import Snapshot
@@ -72,7 +73,7 @@ WRITE_TIMEOUT_SECONDS = 30.0  # a client that does not read its response
 LINGER_SECONDS, LINGER_BYTES = 1.0, 1 << 20  # after a refusal, input drained so that the refusal is not lost
 MAX_HEAD_BYTES = 16 * 1024  # request line and header fields (Prometheus sends about 300 bytes)
 MAX_HEADERS = 64
-MAX_BODY_BYTES = 64 * 1024  # no endpoint takes a body (an Alertmanager webhook's is dropped unread)
+MAX_BODY_BYTES = 64 * 1024  # only the baselines API's POSTs read theirs (an Alertmanager webhook's is dropped)
 RENDER_WORKERS = 4  # /metrics renders serialize on the RenderCache anyway
 AUTH_WORKERS = 2  # concurrent bcrypt checks: a flood of wrong passwords costs at most two cores
 MAX_PENDING_AUTH = 64
@@ -270,10 +271,11 @@ class _Refused(Exception):
 
 
 class _Request:
-    __slots__ = ("method", "path", "headers", "close")
+    __slots__ = ("method", "path", "headers", "close", "body", "remote")
 
-    def __init__(self, method: str, path: str, headers: Message, close: bool) -> None:
-        self.method, self.path, self.headers, self.close = method, path, headers, close
+    def __init__(self, method: str, path: str, headers: Message, close: bool, body: bytes = b"") -> None:
+        self.method, self.path, self.headers, self.close, self.body = method, path, headers, close, body
+        self.remote = ""
 
 
 class _Connection:
@@ -329,6 +331,8 @@ class _Server:
         self._admin = admin
         self._workers = ThreadPoolExecutor(RENDER_WORKERS, thread_name_prefix="specwatch-http")
         self._auth_workers = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="specwatch-auth")
+        # an admin action waits for the daemon's cycle to end: on a thread of its own, never a scrape's
+        self._admin_workers = ThreadPoolExecutor(1, thread_name_prefix="specwatch-admin")
         self._auth_pending = 0
         self._connections: set[_Connection] = set()
         self._accept_task: asyncio.Task[None] | None = None
@@ -469,6 +473,7 @@ class _Server:
             try:
                 left = connection.since + HEAD_TIMEOUT_SECONDS - self.loop.time()
                 request = await self._read_request(first, reader, left)
+                request.remote = _peer(connection.sock)
             except _Refused as refused:
                 if refused.kind:
                     self._limit_log(refused.kind, "refused a request: %d %s", refused.status, refused.text.strip())
@@ -501,12 +506,12 @@ class _Server:
             raise _Refused(400, "Bad header fields.\n", "bad_request") from None
         if headers.defects:
             raise _Refused(400, "Bad header fields.\n", "bad_request")
-        await self._drop_body(headers, reader)
+        body = await self._read_body(headers, reader)
         connection = {t.strip().lower() for t in ",".join(headers.get_all("Connection") or ()).split(",")}
         close = "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection)
         if method not in ("GET", "HEAD", "POST"):
             raise _Refused(405, "Method not allowed.\n", headers={"Allow": "GET, HEAD, POST"})
-        return _Request(method, target.split("?", 1)[0], headers, close)
+        return _Request(method, target.split("?", 1)[0], headers, close, body)
 
     @staticmethod
     async def _read_head(first: bytes, reader: asyncio.StreamReader) -> tuple[bytes, list[bytes]]:
@@ -532,20 +537,21 @@ class _Server:
             if line not in (b"\r\n", b"\n"):  # blank lines before the request line are skipped (RFC 9112)
                 lines.append(line)
 
-    async def _drop_body(self, headers: Message, reader: asyncio.StreamReader) -> None:
-        """Read a request's body, if any, so that it is never taken for the next request; none is used."""
+    async def _read_body(self, headers: Message, reader: asyncio.StreamReader) -> bytes:
+        """Read a request's body, if any, so that it is never taken for the next request; only the baselines
+        API's POSTs use it."""
         if headers.get_all("Transfer-Encoding"):
             raise _Refused(501, "Transfer-Encoding is not supported.\n", "bad_request")
         lengths = headers.get_all("Content-Length") or []
         if not lengths:
-            return
+            return b""
         if len(lengths) > 1 or not lengths[0].strip().isdigit() or not lengths[0].strip().isascii():
             raise _Refused(400, "Bad or repeated Content-Length.\n", "bad_request")
         length = int(lengths[0])
         if length > MAX_BODY_BYTES:
             raise _Refused(413, "Request body too large.\n", "body_size")
         try:
-            await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_SECONDS)
+            return await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_SECONDS)
         except asyncio.TimeoutError:
             raise _Refused(408, "Request timeout.\n", "head_timeout") from None
         except asyncio.IncompleteReadError:
@@ -659,7 +665,15 @@ class _Server:
             body = b"Admin APIs disabled: set basic auth in --web.config.file, or start with --web.enable-admin-api.\n"
             return 403, body, text, None
         route = urllib.parse.unquote(parts[0])
-        return _json(await self.loop.run_in_executor(self._workers, admin.act, route, parts[1]))
+        try:
+            fields = json.loads(request.body) if request.body.strip() else {}
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            return 400, b"The request body must be a JSON object.\n", text, None
+        verified = web_config is not None and web_config.auth_required
+        caller = Caller(_basic_user(request.headers) if verified else None, request.remote)
+        return _json(await self.loop.run_in_executor(self._admin_workers, admin.act, route, parts[1], caller, fields))
 
     def _routes_json(self) -> bytes:
         return json.dumps(routes_document(self._get_snapshot()), allow_nan=False).encode()
@@ -684,6 +698,26 @@ class _Server:
                 await asyncio.wait(pending, timeout=1.0)
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._auth_workers.shutdown(wait=False, cancel_futures=True)
+        self._admin_workers.shutdown(wait=False, cancel_futures=True)
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return ""
+    return f"[{peer[0]}]:{peer[1]}" if ":" in str(peer[0]) else f"{peer[0]}:{peer[1]}"
+
+
+def _basic_user(headers: Message) -> str | None:
+    """The user named by a basic-auth header (already checked by the web config), None without one."""
+    scheme, _, token = (headers.get("Authorization") or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        return base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")[0]
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def _json(answer: Answer) -> tuple[int, bytes, str, dict[str, str] | None]:

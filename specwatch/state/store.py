@@ -102,6 +102,7 @@ class StateStore:
         self._last_poll: float | None = None
         self._last_retry: float | None = None
         self._last_command_id = 0
+        self._marked_command_id: int | None = None  # the last id recorded as taken (commands.mark_seen)
         self._pending: dict[str, list[str]] = {}
         # Every baseline this process read or wrote, so that a file moved aside or replaced is written again
         # with them, and the ones whose write failed (served from here, since the file lacks them).
@@ -465,6 +466,7 @@ class StateStore:
 
     # ------------------------------------------------------------------ operator commands
     def append_command(self, route: str, action: str) -> bool:
+        """Queue a command for the daemon (or find the same one already waiting); False when the write failed."""
         now = self.clock()
         return self._transaction("queueing an operator command", lambda c: commands.append(c, route, action, now))
 
@@ -491,6 +493,13 @@ class StateStore:
             self._pending.setdefault(route, []).append(action)
             if action in BASELINE_ACTIONS:
                 self._forget_route(route)  # the command changed the route's baselines in the file
+        taken = self._last_command_id
+        if (
+            taken != self._marked_command_id
+            and self.mode != "read_only"
+            and self._transaction("recording the commands taken", lambda c: commands.mark_seen(c, taken))
+        ):
+            self._marked_command_id = taken  # a command equal to one taken is queued again (commands.append)
 
     def close(self) -> None:
         self.closed = True
