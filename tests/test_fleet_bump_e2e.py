@@ -89,6 +89,9 @@ QUIET_SECONDS = 20.0
 # and group_interval, with slack for a loaded machine (test_e2e_alerting.py allows 140 s for a drop of 30%).
 PAGE_DEADLINE_SECONDS = 180.0
 RESOLVE_DEADLINE_SECONDS = 90.0
+# An accept adopts only with evidence: three closed 1-minute blocks of the new model's traffic for a φ estimate,
+# so the last bumped node is ready a little over three minutes after its bump.
+EVIDENCE_DEADLINE_SECONDS = 300.0
 # A fresh node with a degraded drafter pages within 140 s of its start (tests/test_fleet_e2e.py); the node added
 # last is watched that long.
 LATE_NODE_WATCH_SECONDS = 140.0
@@ -229,6 +232,14 @@ class Fleet:
         return {inst for _, inst, _, status in delivery["alerts"] if status == "firing"}
 
 
+def _describe(alerts: list[tuple[str, str, str, str]], names: dict[str, str]) -> str:
+    """ "AlertName firing on node00 node03; ..." for one notification's (alertname, instance, route, status)."""
+    nodes: dict[tuple[str, str], list[str]] = {}
+    for name, instance, _, status in alerts:
+        nodes.setdefault((name, status), []).append(names.get(instance, instance))
+    return "; ".join(f"{name} {status} on {' '.join(sorted(n))}" for (name, status), n in sorted(nodes.items()))
+
+
 def _monotonic_of(wall: float) -> float:
     return time.monotonic() - (time.time() - wall)
 
@@ -366,7 +377,7 @@ def fleet(tmp_path_factory):
         names = {inst: _node_name(i) for i, inst in f.instances.items()}
         log = [
             f"{d['at']:+7.1f}s {d['receiver']} {json.dumps(d['group_labels'], sort_keys=True)} {d['status']}: "
-            + ", ".join(f"{name}@{names.get(inst, inst)}:{status}" for name, inst, _, status in d["alerts"])
+            + _describe(d["alerts"], names)
             for d in f.deliveries()
         ]
         print(
@@ -455,42 +466,71 @@ def test_the_broken_drafter_pages_for_its_node_alone(fleet: Fleet) -> None:
     }
 
 
-def _fleet_accept(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def _fleet_accept(*args: str) -> tuple[subprocess.CompletedProcess, dict[tuple[str, str], str]]:
+    """`specwatch fleet accept --model NEW_MODEL ARGS`, and its table as {(node, route): outcome}."""
+    done = subprocess.run(
         [sys.executable, "-m", "specwatch", "fleet", "accept", "--model", NEW_MODEL, *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=REPO,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
+    outcomes = {}
+    for line in done.stdout.splitlines():
+        fields = [field.strip() for field in line.split("│")]
+        if len(fields) >= 3 and fields[0].startswith("127.0.0.1:"):
+            outcomes[(fields[0], fields[1])] = fields[2]
+    return done, outcomes
 
 
-ACCEPT_PENDING = pytest.mark.xfail(
-    strict=False, reason="`specwatch fleet accept` is being built on branch h-fleet; written against its contract"
-)
-
-
-@ACCEPT_PENDING
 def test_the_fleet_accept_adopts_where_bumped_refuses_elsewhere_and_resolves(fleet: Fleet) -> None:
     bumped = sorted(fleet.bumped_at)
     old = [i for i in range(NODES) if i not in fleet.bumped_at]
     from_prometheus = ("--prometheus", fleet.prometheus, "--selector", SELECTOR)
     before = {i: fleet.baselines(i) for i in range(NODES)}
 
-    dry = _fleet_accept(fleet, *from_prometheus, "--dry-run")
-    assert dry.returncode == 1, dry.stdout + dry.stderr  # the nodes on the old model would refuse
+    def expect(outcome_if_bumped: str) -> dict[tuple[str, str], str]:
+        return {
+            (fleet.instances[i], route): outcome_if_bumped if i in fleet.bumped_at else "refused"
+            for i in range(NODES)
+            for route in ROUTES
+        }
+
+    # The operator's gate: dry runs until every bumped node has evidence for the new model, three closed
+    # 1-minute blocks of its traffic for a φ estimate (until then it would refuse, saying so).
+    dry_runs: list[subprocess.CompletedProcess] = []
+
+    def ready() -> bool:
+        dry, outcomes = _fleet_accept(*from_prometheus, "--dry-run")
+        dry_runs.append(dry)
+        assert dry.returncode == 1, dry.stdout + dry.stderr  # the nodes on the old model would refuse
+        if outcomes == expect("would_adopt"):
+            return True
+        time.sleep(10)  # a dry run costs a second or two of CPU
+        return False
+
+    last_bump = max(fleet.bumped_at.values())
+    try:
+        fleet.wait(
+            "every bumped node to have evidence for the new model",
+            ready,
+            last_bump + EVIDENCE_DEADLINE_SECONDS - time.time(),
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe last dry run:\n{dry_runs[-1].stdout}") from None
+    fleet.figures["last_bump_to_evidence_everywhere_seconds"] = round(time.time() - last_bump, 1)
+    fleet.figures["dry_runs"] = len(dry_runs)
     assert {i: fleet.baselines(i) for i in range(NODES)} == before, "a dry run changed a baseline"
 
     fleet.accepted_at = time.time()
-    run = _fleet_accept(fleet, *from_prometheus)
+    run, outcomes = _fleet_accept(*from_prometheus)
     fleet.figures["fleet_accept_seconds"] = round(time.time() - fleet.accepted_at, 1)
+    fleet.figures["fleet_accept_summary"] = run.stdout.strip().splitlines()[-1]
     assert run.returncode == 1, run.stdout + run.stderr  # the nodes on the old model refuse
+    assert outcomes == expect("adopted"), run.stdout
     for i in old:
-        assert fleet.instances[i] in run.stdout, run.stdout
         assert fleet.baselines(i) == before[i], f"{_node_name(i)} (old model) lost or changed a baseline"
     for i in bumped:
-        assert fleet.instances[i] in run.stdout, run.stdout
         adopted = {b["route"]: b for b in fleet.baselines(i) if b["model"] == NEW_MODEL}
         assert set(adopted) == set(ROUTES), f"{_node_name(i)} did not adopt {NEW_MODEL} on every route: {adopted}"
         assert adopted["chat"]["acceptance_ratio"] == pytest.approx(
@@ -515,15 +555,17 @@ def test_the_fleet_accept_adopts_where_bumped_refuses_elsewhere_and_resolves(fle
         fleet.instances[i] for i in bumped
     }
     assert {d["group_key"] for d in fleet.pages("chat")} == {resolved["group_key"]}
+    # The broken drafter's node refused (it runs the old model): its page stands.
+    assert [d["status"] for d in fleet.pages("code")][-1] == "firing"
 
     # Idempotent: on the bumped nodes alone it has nothing left to do, and says so with exit 0.
     targets = fleet.workdir / "bumped-targets.txt"
     targets.write_text("".join(f"{fleet.instances[i]}\n" for i in bumped))
-    again = _fleet_accept(fleet, "--targets", str(targets))
+    again, outcomes = _fleet_accept("--targets", str(targets))
     assert again.returncode == 0, again.stdout + again.stderr
+    assert set(outcomes.values()) == {"already"}, again.stdout
 
 
-@ACCEPT_PENDING
 def test_a_node_added_afterwards_seeds_from_the_fleet_and_pages_nothing(fleet: Fleet) -> None:
     late = NODES
     fleet.bump(late)  # provisioned with the new model: its engines serve it before its daemon starts
