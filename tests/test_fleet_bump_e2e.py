@@ -3,7 +3,7 @@ Prometheus with the rules `specwatch generate` renders for the site, one real Al
 config it renders, and a webhook receiver in this test recording what is delivered, when, and to whom.
 
 Wall-clock budget: BUDGET_SECONDS (15 minutes) from the first process started to the last assertion, enforced
-as a deadline on every wait; a run takes about 8 minutes on a loaded 2-core machine (figures in
+as a deadline on every wait; a run takes 8-8.5 minutes on a 2-core machine at load 7-20 (figures in
 docs/benchmarks.md). The tests share one module fixture and run in file order, each step on the last one's state.
 
 The fleet:
@@ -25,14 +25,16 @@ The scenario:
 2. A rolling bump, one node after another BUMP_SPACING_SECONDS apart, of all nodes but the last two to
    NEW_MODEL, whose drafts are accepted 20% less often on `chat`; `code` keeps its acceptance.
 3. Half-way through, the drafter of the last node (not bumped) breaks on `code`: acceptance x0.5.
-4. `specwatch fleet accept --model NEW_MODEL --prometheus ... --selector 'job="gpu-fleet"'`: the bumped nodes
-   adopt, the two on the old model refuse and keep their baselines (exit 1), and the `chat` alerts resolve.
+4. `specwatch fleet accept --model NEW_MODEL --prometheus ... --selector 'job="gpu-fleet"'`, in dry runs until
+   every bumped node has evidence for the new model (three closed 1-minute blocks, for φ), then for real: the
+   bumped nodes adopt on both routes, the two on the old model refuse and keep their baselines (exit 1), and
+   the `chat` alerts resolve; again on the bumped nodes alone (`--targets`), everything is "already" (exit 0).
 5. A node added afterwards, already on NEW_MODEL, seeds its baselines from the fleet through Prometheus and
    pages nothing for as long as a degraded fresh node takes to page (tests/test_fleet_e2e.py).
 
 What is not the production path, and why: alert `for:` is 5 s (`with_all_for`), Prometheus scrapes and evaluates
 every second, Alertmanager groups with group_wait 5s / group_interval 10s (production 30s / 5m), the daemons
-evaluate every second with short guards (`min_duration`, `confirm_window`); detectors, rules and routing tree
+evaluate every 2 s with short guards (`min_duration`, `confirm_window`); detectors, rules and routing tree
 are the production ones. The simulators run at a quarter of real time (TIME_SCALE).
 """
 
@@ -97,6 +99,7 @@ EVIDENCE_DEADLINE_SECONDS = 300.0
 LATE_NODE_WATCH_SECONDS = 140.0
 BASELINE = {"acceptance_ratio": 0.443, "overdispersion": 2.45}  # k=4 at 0.7 per position; φ of that profile
 ROUTES = ("chat", "code")
+DROP_ALERTS = "SpecwatchAcceptanceDegraded|SpecwatchAcceptanceDegradedAfterModelChange"
 # The daemons evaluate every 2 s (the e2e tests of one node use 1 s): 13 of them share a loaded 2-core machine.
 INTERVAL_SECONDS = 2.0
 # The simulated engines run at a quarter of real time, still drafting ~1,700 tokens a second each: 26 of them in
@@ -238,6 +241,11 @@ def _describe(alerts: list[tuple[str, str, str, str]], names: dict[str, str]) ->
     for name, instance, _, status in alerts:
         nodes.setdefault((name, status), []).append(names.get(instance, instance))
     return "; ".join(f"{name} {status} on {' '.join(sorted(n))}" for (name, status), n in sorted(nodes.items()))
+
+
+def _runs(timestamps: list[float], step: float = 1.0) -> int:
+    """How many unbroken runs a range query's 1-second samples make (a gap: the series was absent)."""
+    return sum(1 for a, b in zip([float("-inf"), *timestamps], timestamps) if b - a > 1.5 * step)
 
 
 def _monotonic_of(wall: float) -> float:
@@ -391,8 +399,10 @@ def fleet(tmp_path_factory):
 def test_a_quiet_fleet_pages_nothing(fleet: Fleet) -> None:
     time.sleep(QUIET_SECONDS)
     fleet.procs.check_alive()
-    assert fleet.deliveries() == []
-    assert query(fleet.prometheus, f"ALERTS{{{SELECTOR}}}") == []
+    assert [d for d in fleet.deliveries() if d["path"] == "/page"] == []
+    # Not even pending: no route's acceptance is in doubt. (A ticket about the box itself, a stale daemon on a
+    # starved machine, is no part of this; the delivery log printed at the end lists any.)
+    assert query(fleet.prometheus, f'ALERTS{{{SELECTOR},alertname=~"{DROP_ALERTS}"}}') == []
 
 
 def test_the_rolling_bump_pages_one_group_naming_every_bumped_node(fleet: Fleet) -> None:
@@ -432,8 +442,9 @@ def test_the_rolling_bump_pages_one_group_naming_every_bumped_node(fleet: Fleet)
 
 
 def test_no_node_alerts_before_its_own_bump(fleet: Fleet) -> None:
-    """Prometheus's own record of every chat alert, pending or firing, against each node's bump time."""
-    series = query_range(fleet.prometheus, f'ALERTS{{{SELECTOR},route="chat"}}', fleet.started_wall, time.time(), 1.0)
+    """Prometheus's own record of every chat drop alert, pending or firing, against each node's bump time."""
+    chat = f'ALERTS{{{SELECTOR},route="chat",alertname=~"{DROP_ALERTS}"}}'
+    series = query_range(fleet.prometheus, chat, fleet.started_wall, time.time(), 1.0)
     first: dict[str, float] = {}
     for s in series:
         inst = s["metric"]["instance"]
@@ -611,5 +622,20 @@ def test_figures(fleet: Fleet) -> None:
         key = f"{d['receiver']} {json.dumps(d['group_labels'], sort_keys=True)} {d['status']}"
         counts[key] = counts.get(key, 0) + 1
     fleet.figures["notifications"] = counts
+    # Scrapes that failed (a loaded box) and alerts that stopped firing and fired again, from Prometheus.
+    now, names = time.time(), {inst: _node_name(i) for i, inst in fleet.instances.items()}
+    failed = query_range(fleet.prometheus, f"up{{{SELECTOR}}} == 0", fleet.started_wall, now, 1.0)
+    fleet.figures["failed_scrapes"] = {names[s["metric"]["instance"]]: len(s["values"]) for s in failed}
+    firing = query_range(
+        fleet.prometheus,
+        f'ALERTS{{{SELECTOR},alertstate="firing",alertname=~"{DROP_ALERTS}"}}',
+        fleet.started_wall,
+        now,
+    )
+    fleet.figures["drop_alerts_firing_more_than_once"] = {
+        f"{names[s['metric']['instance']]} {s['metric']['route']}": _runs([float(t) for t, _ in s["values"]])
+        for s in firing
+        if _runs([float(t) for t, _ in s["values"]]) > 1
+    }
     fleet.figures["test_seconds_so_far"] = round(time.monotonic() - fleet.started, 1)
     assert time.monotonic() < fleet.deadline
