@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -90,12 +91,22 @@ class Processes:
         self.workdir = workdir
         self.running: list[tuple[str, subprocess.Popen, Path]] = []
 
-    def start(self, name: str, argv: list[str]) -> None:
+    def start(self, name: str, argv: list[str], stdin: bool = False) -> subprocess.Popen:
+        """Start `argv` logging to NAME.log; with `stdin`, its standard input is a pipe the caller writes to."""
         log = self.workdir / f"{name}.log"
         proc = subprocess.Popen(
-            argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            argv,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.running.append((name, proc, log))
+        return proc
+
+    def log_of(self, name: str) -> Path:
+        return next(log for n, _, log in self.running if n == name)
 
     def check_alive(self) -> None:
         for name, proc, _ in self.running:
@@ -112,6 +123,8 @@ class Processes:
 
     def stop_all(self) -> None:
         for _, proc, _ in reversed(self.running):
+            if proc.stdin is not None:
+                proc.stdin.close()
             if proc.poll() is None:
                 proc.terminate()
         for _, proc, _ in self.running:
@@ -188,16 +201,68 @@ def prometheus_config(
     return path
 
 
-def alertmanager_config(workdir: Path, webhook: Webhook) -> Path:
-    config = yaml.safe_load((REPO / render.ALERTMANAGER_PATH).read_text())
+def generate_site(workdir: Path, settings: dict[str, Any]) -> tuple[Path, Path]:
+    """`specwatch generate --settings FILE --out-dir DIR`, as a site renders its own rules: `settings` holds
+    specwatch/mixin/settings.py fields. Returns (recording and alert rules, Alertmanager example config)."""
+    site = workdir / "site"
+    (workdir / "site-settings.yaml").write_text(yaml.safe_dump(settings))
+    subprocess.run(
+        [sys.executable, "-m", "specwatch", "generate", "--settings", str(workdir / "site-settings.yaml")]
+        + ["--out-dir", str(site)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    return site / render.RULES_PATH, site / render.ALERTMANAGER_PATH
+
+
+def alertmanager_config(
+    workdir: Path,
+    webhook: Webhook,
+    example: Path = REPO / render.ALERTMANAGER_PATH,
+    timing: dict[str, str] | None = None,
+) -> Path:
+    """The generated Alertmanager `example` with its receivers pointed at `webhook` (/page, /ticket) and the
+    top route's group_wait, group_interval and repeat_interval replaced by `timing` (default 1s, 1s, 1m)."""
+    config = yaml.safe_load(example.read_text())
     urls = {DEFAULT.page_receiver: f"{webhook.url}/page", DEFAULT.ticket_receiver: f"{webhook.url}/ticket"}
     for receiver in config["receivers"]:
         for hook in receiver["webhook_configs"]:
             hook["url"] = urls[receiver["name"]]
-    config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1m")
+    config["route"].update(timing or {"group_wait": "1s", "group_interval": "1s", "repeat_interval": "1m"})
     path = workdir / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def start_alertmanager(procs: Processes, workdir: Path, config: Path, port: int) -> str:
+    """A real Alertmanager with `config` on 127.0.0.1:`port`, clustering off; returns its URL."""
+    procs.start(
+        "alertmanager",
+        [
+            binaries()["alertmanager"],
+            f"--config.file={config}",
+            f"--storage.path={workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+    )
+    return f"http://127.0.0.1:{port}"
+
+
+def start_prometheus(procs: Processes, workdir: Path, config: Path, port: int) -> str:
+    """A real Prometheus with `config` on 127.0.0.1:`port`; returns its URL."""
+    procs.start(
+        "prometheus",
+        [
+            binaries()["prometheus"],
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+    )
+    return f"http://127.0.0.1:{port}"
 
 
 def answers(url: str) -> bool:
@@ -231,6 +296,16 @@ def query(prometheus: str, expr: str) -> list[dict]:
     return query_or_error(prometheus, expr)[0]
 
 
+def query_range(prometheus: str, expr: str, start: float, end: float, step: float = 1.0) -> list[dict]:
+    """Range query: the matrix of (timestamp, value) series; raises on an error (a broken query is a bug)."""
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    url = f"{prometheus}/api/v1/query_range?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=30) as response:
+        body = json.load(response)
+    assert body.get("status") == "success", body
+    return body["data"]["result"]
+
+
 def start_alerting(
     procs: Processes,
     workdir: Path,
@@ -245,30 +320,12 @@ def start_alerting(
     scraping the daemon on ports["daemon"]) on ports["alertmanager"] and ports["prometheus"]; wait until
     Prometheus scrapes the daemon (unless not `wait_for_daemon`); `fleet_targets` are scraped as job "fleet".
     Returns (Prometheus URL, Alertmanager URL). Skips if they cannot be had."""
-    found = binaries()
-    procs.start(
-        "alertmanager",
-        [
-            found["alertmanager"],
-            f"--config.file={alertmanager_config(workdir, webhook)}",
-            f"--storage.path={workdir / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
-            "--cluster.listen-address=",
-        ],
-    )
+    binaries()  # skips the test here when they cannot be had
+    alertmanager = start_alertmanager(procs, workdir, alertmanager_config(workdir, webhook), ports["alertmanager"])
     config = prometheus_config(
         workdir, ports["daemon"], ports["alertmanager"], evaluation_interval_seconds, alert_for, fleet_targets
     )
-    procs.start(
-        "prometheus",
-        [
-            found["prometheus"],
-            f"--config.file={config}",
-            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
-        ],
-    )
-    prometheus = f"http://127.0.0.1:{ports['prometheus']}"
+    prometheus = start_prometheus(procs, workdir, config, ports["prometheus"])
     if wait_for_daemon:
         wait_until("Prometheus to scrape specwatch", lambda: query(prometheus, 'up{job="specwatch"} == 1'), 60, procs)
-    return prometheus, f"http://127.0.0.1:{ports['alertmanager']}"
+    return prometheus, alertmanager
