@@ -488,3 +488,40 @@ def test_the_callback_counts_its_decisions_and_each_nodes_advice_age(fleet):
     routing.advice.refresh_now()
     assert sample("specwatch_routing_advice_up", node=b) == 0.0
     assert sample("specwatch_routing_advice_age_seconds", node=b) >= 7.0  # the age of what it still holds
+
+
+def test_a_hanging_node_neither_blocks_a_request_nor_the_other_nodes_advice(fleet):
+    servers = fleet["servers"]
+    hang = threading.Event()
+
+    class Hanging(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hang.wait(30)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    hanging = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    threading.Thread(target=hanging.serve_forever, daemon=True).start()
+    cache = AdviceCache(url(hanging), timeout=0.2, refresh_seconds=0.05, registry=CollectorRegistry())
+    try:
+        servers["advice-b"].RequestHandlerClass.doc = node_advice(False, -4.0)
+        plugin = SpecwatchRouting(advice=cache)
+        spec_a = {"model_info": {"id": "a", "specwatch_role": "spec", "specwatch_route": "chat"}}  # the hanging one
+        spec_b = {
+            "model_info": {
+                "id": "b",
+                "specwatch_role": "spec",
+                "specwatch_route": "chat",
+                "specwatch_url": url(servers["advice-b"]),
+            }
+        }
+        plain = {"model_info": {"id": "p", "specwatch_role": "plain"}}
+        plugin.narrow([spec_a, spec_b, plain])  # starts the refresher, names node B
+        wait_until(lambda: cache.current(url(servers["advice-b"])) is not None)
+        assert [d["model_info"]["id"] for d in plugin.narrow([spec_a, spec_b, plain])] == ["a", "p"]
+    finally:
+        cache.close()
+        hang.set()
+        hanging.shutdown()
+        hanging.server_close()

@@ -97,7 +97,7 @@ class RoutingMetrics:
         )
 
 
-_metrics: dict[int, RoutingMetrics] = {}
+_metrics: dict[CollectorRegistry, RoutingMetrics] = {}  # keyed by the registry itself: an id could be reused
 _metrics_lock = threading.Lock()
 
 
@@ -105,9 +105,9 @@ def routing_metrics(registry: CollectorRegistry = REGISTRY) -> RoutingMetrics:
     """The metrics in `registry`, registered once however many callbacks share it (a registry refuses a name
     twice)."""
     with _metrics_lock:
-        if id(registry) not in _metrics:
-            _metrics[id(registry)] = RoutingMetrics(registry)
-        return _metrics[id(registry)]
+        if registry not in _metrics:
+            _metrics[registry] = RoutingMetrics(registry)
+        return _metrics[registry]
 
 
 class NodeAdvice:
