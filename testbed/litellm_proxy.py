@@ -1,9 +1,7 @@
 """A real LiteLLM proxy (`litellm --config FILE --port N`) in a venv of its own, for the routing end-to-end test.
 
-`pip install 'litellm[proxy]==1.110.2'` fails on the package index: the extra requires `litellm-proxy==1.110.2`, of
-which the index has no version, and pins `litellm-enterprise` and `litellm-proxy-extras` to `.post1` releases it
-lacks. The proxy's code ships in the `litellm` wheel itself (`litellm/proxy/`, the console script `litellm`), so
-`requirements-litellm-proxy.txt` is the rest of the extra, frozen (its header says what changed), and
+`requirements-litellm-proxy.txt` is `pip install 'litellm[proxy]==1.108.7'` (the pinned release, whose extra
+installs from the package index in full) frozen, plus prometheus-client for the callback (its header says why);
 `ensure_proxy_env()` installs it with `pip --no-deps` once per machine into
 `~/.cache/specwatch/litellm-proxy-<hash of the list>/` (testbed/cache.py; about 800 MB, a minute or two); a stamp
 written last marks the install complete, and a changed list installs a new venv beside the old one.
@@ -30,7 +28,7 @@ from testbed.server_process import ServerProcess
 
 REQUIREMENTS = Path(__file__).with_name("requirements-litellm-proxy.txt")
 DEFAULT_VENV = cache.pinned_venv_dir("litellm-proxy", REQUIREMENTS)
-LITELLM_VERSION = "1.110.2"
+LITELLM_VERSION = "1.108.7"
 
 
 class ProxyEnvError(RuntimeError):

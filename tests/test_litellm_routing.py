@@ -17,6 +17,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 litellm = pytest.importorskip("litellm", reason="the litellm extra is not installed: pip install '.[litellm]'")
 
+from prometheus_client import CollectorRegistry  # noqa: E402
+
 from specwatch.integrations.litellm import AdviceCache, SpecwatchRouting  # noqa: E402
 
 pytestmark = pytest.mark.slow  # loopback servers
@@ -149,14 +151,21 @@ def wait_until(condition: Any, seconds: float = 30.0) -> None:
 
 @pytest.fixture
 def routing(servers, monkeypatch) -> Iterator[SpecwatchRouting]:
-    plugin = SpecwatchRouting(advice=AdviceCache(url(servers["advice"]), timeout=2.0, refresh_seconds=3600.0))
+    registry = CollectorRegistry()
+    plugin = SpecwatchRouting(
+        advice=AdviceCache(url(servers["advice"]), timeout=2.0, refresh_seconds=3600.0, registry=registry)
+    )
+    fresh_callbacks(monkeypatch, plugin)
+    yield plugin
+    plugin.advice.close()
+
+
+def fresh_callbacks(monkeypatch: Any, plugin: SpecwatchRouting) -> None:
     monkeypatch.setattr(litellm, "callbacks", [plugin])
     # LiteLLM copies its callbacks into these lists on first use and keeps them: a fresh set per test, or the
     # hooks of one test's request would go to an earlier test's callback
     for name in ("success_callback", "failure_callback", "_async_success_callback", "_async_failure_callback"):
         monkeypatch.setattr(litellm, name, [])
-    yield plugin
-    plugin.advice.close()
 
 
 def test_below_the_crossover_every_request_goes_to_the_speculative_deployment(servers, routing):
@@ -321,3 +330,198 @@ def test_a_request_never_waits_for_the_advice_server():
         hang.set()
         server.shutdown()
         server.server_close()
+
+
+# --- a fleet: speculative deployments on two nodes, each with its own specwatch
+
+
+@pytest.fixture
+def fleet(monkeypatch) -> Iterator[dict[str, Any]]:
+    """Two nodes, each a speculative OpenAI stub and its specwatch's advice, one shared plain stub, and a
+    callback whose own URL is neither node's (every deployment names its node in `model_info`)."""
+    started = {}
+    for name in ("spec-a", "spec-b", "plain", "advice-a", "advice-b"):
+        handler = type(name, (_Stub,), {"name": name, "doc": None})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        started[name] = server
+    registry = CollectorRegistry()
+    plugin = SpecwatchRouting(
+        advice=AdviceCache("http://127.0.0.1:9", timeout=2.0, refresh_seconds=3600.0, registry=registry)
+    )
+    fresh_callbacks(monkeypatch, plugin)
+    for node in ("advice-a", "advice-b"):  # known before the first request, as after a proxy's first requests
+        plugin.advice.node(url(started[node]))
+    yield {"servers": started, "routing": plugin, "registry": registry}
+    plugin.advice.close()
+    for server in started.values():
+        server.shutdown()
+        server.server_close()
+
+
+def fleet_router(fleet: dict[str, Any]) -> Any:
+    servers = fleet["servers"]
+
+    def deployment(name: str, info: dict[str, str]) -> dict[str, Any]:
+        params = {"model": "openai/m", "api_base": url(servers[name]) + "/v1", "api_key": "x"}
+        role = "plain" if name == "plain" else "spec"
+        return {
+            "model_name": "chat",
+            "litellm_params": params,
+            "model_info": {"id": name, "specwatch_role": role, **info},
+        }
+
+    return litellm.Router(
+        num_retries=0,
+        model_list=[
+            # the same route name on both nodes: two routes, one per node's specwatch
+            deployment("spec-a", {"specwatch_url": url(servers["advice-a"]) + "/", "specwatch_route": "chat"}),
+            deployment("spec-b", {"specwatch_url": url(servers["advice-b"]), "specwatch_route": "chat"}),
+            deployment("plain", {}),
+        ],
+        routing_strategy="simple-shuffle",
+    )
+
+
+def node_advice(speculate: bool | None, headroom: float) -> dict[str, Any]:
+    doc = advice(speculate, headroom)
+    doc["routes"][0]["route"] = "chat"
+    return doc
+
+
+def test_each_speculative_deployment_follows_its_own_nodes_advice(fleet):
+    servers, routing = fleet["servers"], fleet["routing"]
+    router_ = fleet_router(fleet)
+    servers["advice-a"].RequestHandlerClass.doc = node_advice(False, -4.0)  # node A above its crossover
+    servers["advice-b"].RequestHandlerClass.doc = node_advice(True, 100.0)  # node B below it
+    routing.advice.refresh_now()
+    assert served(router_, 12) == ["spec-b"] * 12
+    servers["advice-a"].RequestHandlerClass.doc = node_advice(True, 100.0)
+    servers["advice-b"].RequestHandlerClass.doc = node_advice(False, -4.0)
+    routing.advice.refresh_now()
+    assert served(router_, 12) == ["spec-a"] * 12
+    assert routing.counted("chat", url(servers["advice-a"])) == 0.0  # each ended on its own node's route
+
+
+def test_a_node_without_specwatch_is_served_unfiltered_and_the_other_still_filtered(fleet):
+    servers, routing = fleet["servers"], fleet["routing"]
+    router_ = fleet_router(fleet)
+    servers["advice-a"].shutdown()  # node A's specwatch is down
+    servers["advice-a"].server_close()
+    servers["advice-b"].RequestHandlerClass.doc = node_advice(False, -4.0)  # node B above its crossover
+    routing.advice.refresh_now()
+    assert set(served(router_, 40)) == {"spec-a", "plain"}  # as without the callback, less spec-b
+    servers["advice-b"].RequestHandlerClass.doc = node_advice(True, 100.0)  # node B below it: plain goes
+    routing.advice.refresh_now()
+    assert set(served(router_, 40)) == {"spec-a", "spec-b"}
+    requests = {
+        decision: fleet["registry"].get_sample_value(
+            "specwatch_routing_requests_total", {"model_group": "chat", "decision": decision}
+        )
+        for decision in ("kept", "spilled", "failed_open")
+    }
+    assert requests == {"kept": None, "spilled": None, "failed_open": 80.0}
+    assert fleet["registry"].get_sample_value("specwatch_routing_advice_up", {"node": url(servers["advice-a"])}) == 0
+
+
+def test_one_advice_request_per_node_and_refresh_whatever_its_deployments(fleet):
+    servers, routing = fleet["servers"], fleet["routing"]
+    a, b = servers["advice-a"].RequestHandlerClass, servers["advice-b"].RequestHandlerClass
+    a.doc, b.doc = node_advice(True, 100.0), node_advice(True, 100.0)
+    deployments = [
+        {
+            "model_info": {
+                "id": f"a{i}",
+                "specwatch_role": "spec",
+                "specwatch_route": "chat",
+                "specwatch_url": url(servers["advice-a"]),
+            }
+        }
+        for i in range(5)
+    ] + [
+        {
+            "model_info": {
+                "id": "b",
+                "specwatch_role": "spec",
+                "specwatch_route": "chat",
+                "specwatch_url": url(servers["advice-b"]),
+            }
+        },
+        {"model_info": {"id": "p", "specwatch_role": "plain"}},
+    ]
+    routing.narrow(deployments)  # the first sight of the nodes: no advice yet, all left in
+    routing.advice.refresh_now()
+    before = (a.gets, b.gets)
+    routing.advice.refresh_now()
+    assert (a.gets - before[0], b.gets - before[1]) == (1, 1)
+    assert [d["model_info"]["id"] for d in routing.narrow(deployments)] == ["a0", "a1", "a2", "a3", "a4", "b"]
+
+
+def test_the_callback_counts_its_decisions_and_each_nodes_advice_age(fleet):
+    servers, routing, registry = fleet["servers"], fleet["routing"], fleet["registry"]
+    a, b = url(servers["advice-a"]), url(servers["advice-b"])
+    spec_a = {"model_info": {"id": "a", "specwatch_role": "spec", "specwatch_route": "chat", "specwatch_url": a}}
+    spec_b = {"model_info": {"id": "b", "specwatch_role": "spec", "specwatch_route": "chat", "specwatch_url": b}}
+    plain = {"model_info": {"id": "p", "specwatch_role": "plain"}}
+    servers["advice-a"].RequestHandlerClass.doc = node_advice(True, 2.0)
+    evaluated_b = time.time() - 7.0
+    servers["advice-b"].RequestHandlerClass.doc = {**node_advice(False, -4.0), "evaluated": evaluated_b}
+    routing.narrow([spec_a, spec_b, plain], model_group="chat")  # no advice yet: failed open
+    routing.advice.refresh_now()
+    ids = [
+        [d["model_info"]["id"] for d in routing.narrow([spec_a, spec_b, plain], model_group="chat")] for _ in range(4)
+    ]
+    assert ids == [["a"], ["a"], ["p"], ["p"]]  # node A's headroom of 2, then spilled
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert [
+        sample("specwatch_routing_requests_total", model_group="chat", decision=d)
+        for d in ("kept", "spilled", "failed_open")
+    ] == [2.0, 2.0, 1.0]
+    assert sample("specwatch_routing_advice_up", node=a) == sample("specwatch_routing_advice_up", node=b) == 1.0
+    assert 0.0 <= sample("specwatch_routing_advice_age_seconds", node=a) < 5.0
+    assert 7.0 <= sample("specwatch_routing_advice_age_seconds", node=b) < 60.0
+    servers["advice-b"].shutdown()
+    servers["advice-b"].server_close()
+    routing.advice.refresh_now()
+    assert sample("specwatch_routing_advice_up", node=b) == 0.0
+    assert sample("specwatch_routing_advice_age_seconds", node=b) >= 7.0  # the age of what it still holds
+
+
+def test_a_hanging_node_neither_blocks_a_request_nor_the_other_nodes_advice(fleet):
+    servers = fleet["servers"]
+    hang = threading.Event()
+
+    class Hanging(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hang.wait(30)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    hanging = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    threading.Thread(target=hanging.serve_forever, daemon=True).start()
+    cache = AdviceCache(url(hanging), timeout=0.2, refresh_seconds=0.05, registry=CollectorRegistry())
+    try:
+        servers["advice-b"].RequestHandlerClass.doc = node_advice(False, -4.0)
+        plugin = SpecwatchRouting(advice=cache)
+        spec_a = {"model_info": {"id": "a", "specwatch_role": "spec", "specwatch_route": "chat"}}  # the hanging one
+        spec_b = {
+            "model_info": {
+                "id": "b",
+                "specwatch_role": "spec",
+                "specwatch_route": "chat",
+                "specwatch_url": url(servers["advice-b"]),
+            }
+        }
+        plain = {"model_info": {"id": "p", "specwatch_role": "plain"}}
+        plugin.narrow([spec_a, spec_b, plain])  # starts the refresher, names node B
+        wait_until(lambda: cache.current(url(servers["advice-b"])) is not None)
+        assert [d["model_info"]["id"] for d in plugin.narrow([spec_a, spec_b, plain])] == ["a", "p"]
+    finally:
+        cache.close()
+        hang.set()
+        hanging.shutdown()
+        hanging.server_close()

@@ -21,7 +21,15 @@ real specwatch daemon through `SpecwatchRouting` loaded from the proxy's own con
    routed requests go to it; at concurrency 1 while it is advised below it with room for a request, at least
    90% do. Without the plugin about half do either way. Tokens/s of the pair at each level, with and without
    the plugin, go to `routing.json` in the test's workdir and are printed (`-s`).
-5. The daemon is stopped in the middle of a routed load: every request is still served (the callback fails open)
+5. Two nodes, each with its own `specwatch run` on its own port: a third group, `fleet`, has a speculative
+   deployment per node, each naming its node's specwatch in `model_info.specwatch_url`, and the plain server.
+   Node B's deployment is the same speculative vLLM process seen by node B's daemon with a B* of its own far above
+   any load here (one server fewer to start on two cores: what the callback judges is each deployment's own
+   node's advice). With node A above its crossover (the direct client) and node B below, at most 10% of the new
+   requests go to node A's deployment and at least 90% to node B's; with node B's specwatch stopped, node B's
+   deployment is served unfiltered (LiteLLM's own shuffle between it and the plain one) while node A's is still
+   kept off.
+6. The daemon is stopped in the middle of a routed load: every request is still served (the callback fails open)
    and the proxy logs that it routes unchanged.
 """
 
@@ -38,6 +46,7 @@ from typing import Any, Callable
 import pytest
 import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from alerting_stack import Processes, answers, free_ports, wait_until
 from specwatch.config import parse_config
@@ -66,6 +75,8 @@ ADVICE_LAG = 1.5  # seconds of unchanged advice before a request for it to count
 MASTER_KEY = "sk-specwatch-e2e-0123456789abcdef0123456789abcdef"
 REQUEST_TIMEOUT = 180.0
 FAIL_OPEN_CLIENTS = 3
+NODE_B_STAR = 1000  # node B's B*: far above any load here, so node B is advised below its crossover throughout
+FLEET_LOAD = (2, 5)  # (concurrency, requests per client) through `fleet` in each phase
 
 
 @pytest.fixture(scope="module")
@@ -74,20 +85,22 @@ def stack(engine_env, tmp_path_factory):
     started = time.monotonic()
     target, drafter = build_heavy_successor(engine_env, DRAFTER_WRONG_FRACTION, TARGET_LAYERS, workdir / "models")
     script = ensure_proxy_env()
-    ports = free_ports("plain", "spec", "daemon", "proxy")
+    ports = free_ports("plain", "spec", "daemon", "proxy", "daemon_b")
     plain = VllmServer(engine_env, VllmServerSpec(model=target), workdir / "plain", ports["plain"])
     speculative = {"method": "draft_model", "num_speculative_tokens": K, "model": str(drafter)}
     spec = VllmServer(
         engine_env, VllmServerSpec(model=target, speculative=speculative), workdir / "spec", ports["spec"]
     )
     daemon = f"http://127.0.0.1:{ports['daemon']}"
+    daemon_b = f"http://127.0.0.1:{ports['daemon_b']}"
     proxy = LitellmProxy(
         script,
-        LitellmProxySpec(_write_proxy_config(workdir, spec, plain, daemon), MASTER_KEY),
+        LitellmProxySpec(_write_proxy_config(workdir, spec, plain, daemon, daemon_b), MASTER_KEY),
         workdir / "proxy",
         ports["proxy"],
     )
     procs = Processes(workdir)
+    procs_b = Processes(workdir)  # node B's specwatch, stopped on its own
     try:
         for server in (plain, spec, proxy):
             server.start(wait=False)
@@ -96,16 +109,32 @@ def stack(engine_env, tmp_path_factory):
         listen = f"127.0.0.1:{ports['daemon']}"
         argv = [sys.executable, "-m", "specwatch", "run", "--config.file", str(config), "--web.listen-address", listen]
         procs.start("specwatch", argv)
+        config_b = workdir / "specwatch-node-b.yml"
+        config_b.write_text(yaml.safe_dump(_node_b_config(workdir, spec)))
+        listen_b = f"127.0.0.1:{ports['daemon_b']}"
+        argv_b = [sys.executable, "-m", "specwatch", "run", "--config.file", str(config_b)]
+        procs_b.start("specwatch-node-b", argv_b + ["--web.listen-address", listen_b])
         for server in (plain, spec, proxy):
             server.wait_healthy()
         wait_until("the spec route's first advice", lambda: _spec_advice(daemon), 120, procs)
+        wait_until("node B's first advice", lambda: _spec_advice(daemon_b), 120, procs_b)
         for server in (plain, spec):  # the first request on a server pays for its warm-up
             assert complete(server.base_url, "tiny", PROMPTS[0], MAX_TOKENS, REQUEST_TIMEOUT).ok
         with requests.Session() as session:  # and the first through the proxy starts the callback's refresher
             assert not _gateway_request(session, proxy.base_url, "routed", PROMPTS[0])["error"]
         print(f"\nstack ready after {time.monotonic() - started:.0f} s")
-        yield {"plain": plain, "spec": spec, "proxy": proxy, "daemon": daemon, "procs": procs, "workdir": workdir}
+        yield {
+            "plain": plain,
+            "spec": spec,
+            "proxy": proxy,
+            "daemon": daemon,
+            "daemon_b": daemon_b,
+            "procs": procs,
+            "procs_b": procs_b,
+            "workdir": workdir,
+        }
     finally:
+        procs_b.stop_all()
         procs.stop_all()
         for server in (proxy, spec, plain):
             server.stop()
@@ -129,7 +158,19 @@ def _daemon_config(workdir: Path, spec: VllmServer, plain: VllmServer) -> dict[s
     }
 
 
-def _write_proxy_config(workdir: Path, spec: VllmServer, plain: VllmServer, daemon: str) -> Path:
+def _node_b_config(workdir: Path, spec: VllmServer) -> dict[str, Any]:
+    return {
+        "interval": "1s",
+        "state_dir": str(workdir / "state-node-b"),
+        "gpu": {"enabled": "false"},
+        "scrape": {"timeout": "0.9s"},
+        "routes": [
+            {"name": "spec", "url": spec.metrics_url, "engine": "vllm", "crossover": {"batch_size": NODE_B_STAR}}
+        ],
+    }
+
+
+def _write_proxy_config(workdir: Path, spec: VllmServer, plain: VllmServer, daemon: str, daemon_b: str) -> Path:
     """LiteLLM's config with the callback module beside it, as docs/routing.md sets it up."""
     folder = workdir / "proxy-config"
     folder.mkdir()
@@ -148,13 +189,22 @@ def _write_proxy_config(workdir: Path, spec: VllmServer, plain: VllmServer, daem
             deployment("routed", plain, {"id": "plain", "specwatch_role": "plain"}),
             deployment("balanced", spec, {"id": "spec-balanced"}),
             deployment("balanced", plain, {"id": "plain-balanced"}),
+            # two nodes, each deployment naming its own node's specwatch
+            deployment("fleet", spec, {"id": "spec-a", **_on_node(daemon)}),
+            deployment("fleet", spec, {"id": "spec-b", **_on_node(daemon_b)}),
+            deployment("fleet", plain, {"id": "plain-fleet", "specwatch_role": "plain"}),
         ],
         "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 0},
-        "litellm_settings": {"callbacks": "specwatch_routing.handler", "num_retries": 0},
+        # LiteLLM's own prometheus callback mounts /metrics, where the callback's metrics show too
+        "litellm_settings": {"callbacks": ["prometheus", "specwatch_routing.handler"], "num_retries": 0},
     }
     path = folder / "litellm.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def _on_node(specwatch: str) -> dict[str, str]:
+    return {"specwatch_url": specwatch, "specwatch_route": "spec", "specwatch_role": "spec"}
 
 
 def _spec_advice(daemon: str) -> dict[str, Any] | None:
@@ -403,6 +453,76 @@ def test_the_plugin_keeps_speculation_below_the_crossover_and_spills_above_it(st
     assert 0.2 <= shares["all, no plugin"][0] <= 0.8, shares  # LiteLLM's own balancing: about half
 
 
+def test_each_node_is_routed_by_its_own_specwatch_and_a_stopped_one_fails_open_alone(stack):
+    proxy, daemon_b, procs_b = stack["proxy"], stack["daemon_b"], stack["procs_b"]
+    with Sampler(stack) as sampler, DirectLoad(stack["spec"], DIRECT):
+        wait_until(
+            "node A advised above its crossover", lambda: sampler.advised(time.time()) == "above", 120, stack["procs"]
+        )
+        with requests.Session() as session:  # the first request through `fleet` makes the callback see node B
+            assert not _gateway_request(session, proxy.base_url, "fleet", PROMPTS[0])["error"]
+        time.sleep(ADVICE_LAG)
+        b_before = _spec_advice(daemon_b)
+        both = _level(proxy.base_url, "fleet", *FLEET_LOAD)
+        b_after = _spec_advice(daemon_b)
+        procs_b.stop_all()
+        wait_until("node B's specwatch stopped", lambda: not answers(f"{daemon_b}/-/ready"), 60, stack["procs"])
+        time.sleep(5.0 + 2 * 0.5)  # the callback's max_age_seconds and two refreshes: node B's advice expires
+        a_only = _level(proxy.base_url, "fleet", *FLEET_LOAD)
+    for record in both + a_only:
+        record["advised"] = sampler.advised(record["start"])
+    above_both = [r for r in both if r["advised"] == "above"]
+    above_a_only = [r for r in a_only if r["advised"] == "above"]
+
+    def share(records: list[dict[str, Any]], deployment: str) -> float:
+        return sum(r["served"] == deployment for r in records) / len(records) if records else float("nan")
+
+    shares = {
+        "both up: node A (above)": (share(above_both, "spec-a"), len(above_both)),
+        "both up: node B (below)": (share(above_both, "spec-b"), len(above_both)),
+        "node B stopped: node A (above)": (share(above_a_only, "spec-a"), len(above_a_only)),
+        "node B stopped: node B (unfiltered)": (share(above_a_only, "spec-b"), len(above_a_only)),
+        "node B stopped: plain": (share(above_a_only, "plain-fleet"), len(above_a_only)),
+    }
+    (stack["workdir"] / "routing-fleet.json").write_text(
+        json.dumps({"shares": shares, "requests": both + a_only, "samples": sampler.samples}, indent=1)
+    )
+    print(f"\nfleet shares (share, requests): {shares}")
+
+    errors = [r["error"] for r in both + a_only if r["error"]]
+    assert not errors, errors[:5]
+    for advice in (b_before, b_after):  # node B was below its crossover with room throughout
+        assert advice is not None and advice["speculate"] is True and advice["headroom"]["requests"] >= 1, advice
+    assert len(above_both) >= 4 and len(above_a_only) >= 4, shares
+    assert shares["both up: node A (above)"][0] <= 0.10, shares
+    assert shares["both up: node B (below)"][0] >= 0.90, shares
+    assert shares["node B stopped: node A (above)"][0] <= 0.10, shares  # still filtered by node A's advice
+    served_b_stopped = {r["served"] for r in above_a_only}
+    assert {"spec-b", "plain-fleet"} <= served_b_stopped, shares  # unfiltered: LiteLLM's own shuffle over both
+    log = proxy.log_path.read_text(errors="replace")
+    assert f"specwatch advice from {daemon_b}/api/v1/advice failed" in log
+    metrics = _proxy_metrics(proxy.base_url)
+    decisions = {
+        d: metrics.get(("specwatch_routing_requests_total", (("decision", d), ("model_group", "fleet"))), 0.0)
+        for d in ("kept", "spilled", "failed_open")
+    }
+    print(f"the proxy's /metrics, fleet decisions: {decisions}")
+    assert decisions["kept"] >= len(above_both) and decisions["failed_open"] >= len(above_a_only), decisions
+    assert metrics[("specwatch_routing_advice_up", (("node", stack["daemon"]),))] == 1.0
+    assert metrics[("specwatch_routing_advice_up", (("node", daemon_b),))] == 0.0
+    assert metrics[("specwatch_routing_advice_age_seconds", (("node", daemon_b),))] > 5.0
+
+
+def _proxy_metrics(proxy: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = requests.get(f"{proxy}/metrics", headers={"Authorization": f"Bearer {MASTER_KEY}"}, timeout=30)
+    response.raise_for_status()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
 def test_the_proxy_serves_every_request_with_specwatch_stopped_mid_ramp(stack):
     procs: Processes = stack["procs"]
     done = threading.Event()
@@ -420,4 +540,4 @@ def test_the_proxy_serves_every_request_with_specwatch_stopped_mid_ramp(stack):
         r["error"] for r in records if r["error"]
     ]
     log = stack["proxy"].log_path.read_text(errors="replace")
-    assert "specwatch advice from" in log and "routing unchanged until it works" in log
+    assert "specwatch advice from" in log and "routed unchanged until it works" in log
