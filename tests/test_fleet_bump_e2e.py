@@ -16,7 +16,7 @@ The fleet:
   (this Prometheus, job="gpu-fleet") included.
 - Prometheus scrapes job "gpu-fleet" (file-based discovery, so a node can join) every second and evaluates the
   rules `specwatch generate --settings` renders with selector `job="gpu-fleet"` (not the default), drop alerts
-  paging (`severity_drop: critical`).
+  paging (`severity_drop` and `severity_model_change`: critical).
 - Alertmanager runs the example config `specwatch generate` renders with those settings (grouped by route), its
   receivers pointed at this test.
 
@@ -289,6 +289,7 @@ def _site_settings() -> dict[str, Any]:
         **shortened,
         "selector": SELECTOR,
         "severity_drop": "critical",
+        "severity_model_change": "critical",
         "evaluation_interval_seconds": INTERVAL_SECONDS,
     }
 
