@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 import pytest
+
+from specwatch.config import parse_config
+from specwatch.sources.base import SourceError
+from specwatch.sources.engines import parse_engine_sample
 
 from specwatch.sources.engines import detect_kind
 
@@ -33,3 +38,14 @@ def test_auto_detects_the_engine(path):
 def test_other_expositions_name_no_engine():
     assert detect_kind(b"# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n") is None
     assert detect_kind(b'spec_decode_num_draft_tokens_total{backend="other"} 3\n') is None
+
+
+def test_the_wrong_engine_for_an_endpoint_names_the_engine_it_serves():
+    vllm_text = (Path(__file__).parent / "fixtures" / "vllm" / "v1_k4_2engines.prom").read_text()
+    route = parse_config(
+        {"gpu": {"enabled": "false"}, "routes": [{"name": "r", "url": "http://h/m", "engine": "sglang"}]}
+    )
+    with pytest.raises(SourceError) as caught:
+        parse_engine_sample("sglang", vllm_text, route.routes[0], 1.0)
+    assert "serves vllm metrics, not sglang: set engine: vllm (or auto)" in str(caught.value)
+    assert "--enable-metrics" not in str(caught.value)

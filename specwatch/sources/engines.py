@@ -139,7 +139,21 @@ def parse_engine_sample(
     state across scrapes and are read through `SharedEndpoint` only.
     """
     kind, families = parse_families(kind, body)
-    return ENGINES[kind].extract(families, route.match, route.engines, now, version, route.worker_label)
+    try:
+        return ENGINES[kind].extract(families, route.match, route.engines, now, version, route.worker_label)
+    except SourceError as exc:
+        raise _another_engine(exc, kind, body) from exc
+
+
+def _another_engine(exc: SourceError, kind: str, body: str | bytes) -> SourceError:
+    """A route whose `engine:` names another engine than the endpoint serves: say which one it does serve,
+    rather than the engine module's guess at a missing server flag."""
+    served = detect_kind(body) if exc.reason == "no_spec_metrics" else None
+    if served is None or served == kind:
+        return exc
+    return SourceError(
+        "no_spec_metrics", f"the endpoint serves {served} metrics, not {kind}: set engine: {served} (or auto)"
+    )
 
 
 def parse_families(kind: str, body: str | bytes, max_series: int | None = None) -> tuple[str, dict[str, Family]]:
