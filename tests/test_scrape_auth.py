@@ -222,7 +222,7 @@ def test_inline_credentials_and_a_missing_token_file_at_scrape_time(bearer_serve
     token_file.unlink()  # gone after the config was checked
     with pytest.raises(SourceError) as info:
         sample(config)
-    assert info.value.reason == "connection" and str(token_file) in str(info.value)
+    assert info.value.reason == "credentials" and str(token_file) in str(info.value)
     assert TOKEN not in str(info.value)
 
 

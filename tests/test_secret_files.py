@@ -110,7 +110,7 @@ def test_a_fifo_credentials_file_fails_the_scrape_at_once_with_its_name(fifo):
     client = _client(authorization={"credentials_file": fifo})
     with pytest.raises(SourceError) as info:
         finishes(lambda: scrape_http._authorization_header(client, "http://127.0.0.1:9/metrics"))
-    assert info.value.reason == "connection"
+    assert info.value.reason == "credentials"
     assert f"{fifo} is a FIFO, not a regular file: refused" in str(info.value)
 
 

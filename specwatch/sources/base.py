@@ -14,6 +14,7 @@ from specwatch.snapshot import EngineSample
 ERROR_REASONS = (
     "timeout",
     "connection",
+    "credentials",  # the route's password or token file cannot be read, or holds what no header can carry
     "http_status",
     "too_large",
     "too_many_series",

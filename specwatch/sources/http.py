@@ -563,9 +563,9 @@ def _authorization_header(client: HttpClientConfig, url: str) -> bytes:
     try:
         line = f"Authorization: {value}\r\n".encode("latin-1")
     except UnicodeEncodeError:
-        raise SourceError("connection", f"GET {url}: the credentials are not ASCII/Latin-1 text") from None
+        raise SourceError("credentials", f"GET {url}: the credentials are not ASCII/Latin-1 text") from None
     if line.count(b"\n") != 1 or b"\r" in line[:-2]:
-        raise SourceError("connection", f"GET {url}: the credentials span several lines")
+        raise SourceError("credentials", f"GET {url}: the credentials span several lines")
     return line
 
 
@@ -575,7 +575,7 @@ def _secret(inline: str, file: str, url: str) -> str:
     try:
         text = read_secret(file)
     except SecretFileError as exc:
-        raise SourceError("connection", f"GET {url}: {exc}") from None
+        raise SourceError("credentials", f"GET {url}: {exc}") from None
     _warn_exposed(file)
     return text
 
