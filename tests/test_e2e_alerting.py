@@ -28,6 +28,7 @@ Everything listens on free loopback ports. A run takes about 1.5-2.5 minutes (th
 from __future__ import annotations
 
 import json
+from typing import Any
 import re
 import sys
 import time
@@ -332,7 +333,7 @@ def test_every_dashboard_query_returns_data(stack):
         for title, expr in dashboards.iter_queries(board):
             if "specwatch_route_probe_" in expr:
                 continue  # canary panels: no route probes here; tests/test_real_probe.py runs probes for real
-            result, error = query_or_error(stack["prometheus"], _concrete(expr))
+            result, error = _query_until_data(stack["prometheus"], _concrete(expr))
             if error:
                 failures.append(f"{name} / {title}: {error}: {expr}")
             elif not result:
@@ -346,6 +347,18 @@ def test_every_dashboard_query_returns_data(stack):
             if not values:
                 failures.append(f"{name} / variable {variable['name']}: no values: {variable['query']}")
     assert not failures, "\n".join(failures)
+
+
+def _query_until_data(prometheus: str, expr: str, within: float = 60.0) -> tuple[Any, str]:
+    """An instant query, asked again for up to `within` seconds while it has no data: a panel shows a time
+    range, and an instant can fall between the flag changing its source (estimate, then live as calibration
+    settles) and the first sample of that source's band."""
+    deadline = time.monotonic() + within
+    while True:
+        result, error = query_or_error(prometheus, expr)
+        if error or result or time.monotonic() > deadline:
+            return result, error
+        time.sleep(2.0)
 
 
 def _label_values(prometheus: str, label: str, selector: str) -> list[str]:
