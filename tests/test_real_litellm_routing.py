@@ -76,7 +76,7 @@ MASTER_KEY = "sk-specwatch-e2e-0123456789abcdef0123456789abcdef"
 REQUEST_TIMEOUT = 180.0
 FAIL_OPEN_CLIENTS = 3
 NODE_B_STAR = 1000  # node B's B*: far above any load here, so node B is advised below its crossover throughout
-FLEET_LOAD = (2, 10)  # (concurrency, requests per client) through `fleet` in each phase: enough judged above on a loaded box
+FLEET_LOAD = (2, 10)  # (concurrency, requests per client) through `fleet` in each phase
 
 
 @pytest.fixture(scope="module")
