@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -171,6 +172,37 @@ def server_threads_and_rss(pid: int) -> tuple[int, float]:
     return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) / 1024
 
 
+def probe(
+    port: int, seconds: float, every: float = 0.25, after_each: Callable[[], None] = lambda: None
+) -> tuple[list[float], int]:
+    """A Prometheus-like scraper (OpenMetrics, gzip) every `every` s for `seconds`: the answered scrapes'
+    latencies, sorted, and the number that failed; `after_each` runs after every scrape (to sample the server)."""
+    import requests
+
+    latencies, failures = [], 0
+    with requests.Session() as prometheus:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            begin = time.monotonic()
+            try:
+                answer = prometheus.get(
+                    f"http://127.0.0.1:{port}/metrics",
+                    headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"},
+                    timeout=10,
+                )
+                ok = answer.status_code == 200 and answer.text.endswith("# EOF\n")
+            except requests.RequestException:
+                ok = False
+            took = time.monotonic() - begin
+            if ok:
+                latencies.append(took)
+            else:
+                failures += 1
+            after_each()
+            time.sleep(max(0.0, every - took))
+    return sorted(latencies), failures
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_serve":
         serve_child()
@@ -184,7 +216,6 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the Prometheus-like scraper runs")
     parser.add_argument("--every", type=float, default=0.25, help="seconds between its scrapes")
     args = parser.parse_args()
-    import requests
 
     server = subprocess.Popen([sys.executable, __file__, "_serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert server.stdout is not None and server.stdin is not None
@@ -195,31 +226,17 @@ def main() -> int:
         stdout=subprocess.PIPE,
         text=True,
     )
-    latencies, failures, peak_threads, peak_rss = [], 0, 0, 0.0
+    peak_threads, peak_rss = 0, 0.0
+
+    def sample_server() -> None:
+        nonlocal peak_threads, peak_rss
+        threads, rss = server_threads_and_rss(server.pid)
+        peak_threads, peak_rss = max(peak_threads, threads), max(peak_rss, rss)
+
     try:
         time.sleep(3.0)  # let the load connect
         cpu_before, wall_before = cpu_seconds(server.pid), time.monotonic()
-        with requests.Session() as prometheus:
-            end = time.monotonic() + args.seconds
-            while time.monotonic() < end:
-                begin = time.monotonic()
-                try:
-                    answer = prometheus.get(
-                        f"http://127.0.0.1:{port}/metrics",
-                        headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"},
-                        timeout=10,
-                    )
-                    ok = answer.status_code == 200 and answer.text.endswith("# EOF\n")
-                except requests.RequestException:
-                    ok = False
-                took = time.monotonic() - begin
-                if ok:
-                    latencies.append(took)
-                else:
-                    failures += 1
-                threads, rss = server_threads_and_rss(server.pid)
-                peak_threads, peak_rss = max(peak_threads, threads), max(peak_rss, rss)
-                time.sleep(max(0.0, args.every - took))
+        latencies, failures = probe(port, args.seconds, args.every, after_each=sample_server)
         server_cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - wall_before)
     finally:
         assert load.stdin is not None
@@ -228,7 +245,6 @@ def main() -> int:
         load.wait(30)
         server.stdin.close()
         server.wait(30)
-    latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("inf")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print(

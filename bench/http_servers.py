@@ -39,7 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-PROMETHEUS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 USER, PASSWORD = "prometheus", "scrape-secret"
 
 
@@ -189,32 +188,6 @@ def load_child(port: int, mode: str, clients: int, slow: int, ca: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the driver
-def probe(port: int, seconds: float, every: float = 0.25) -> tuple[list[float], int]:
-    import requests
-
-    latencies, failures = [], 0
-    with requests.Session() as prometheus:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            begin = time.monotonic()
-            try:
-                answer = prometheus.get(
-                    f"http://127.0.0.1:{port}/metrics",
-                    headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"},
-                    timeout=10,
-                )
-                ok = answer.status_code == 200 and answer.text.endswith("# EOF\n")
-            except requests.RequestException:
-                ok = False
-            took = time.monotonic() - begin
-            if ok:
-                latencies.append(took)
-            else:
-                failures += 1
-            time.sleep(max(0.0, every - took))
-    return sorted(latencies), failures
-
-
 def run_phase(kind: str, phase: str, args: argparse.Namespace, web_dir: str, ca: str) -> dict:
     log_path = Path(tempfile.mkstemp(prefix=f"http-{kind}-{phase}-", suffix=".log")[1])
     with log_path.open("w") as log_file:
@@ -236,6 +209,8 @@ def run_phase(kind: str, phase: str, args: argparse.Namespace, web_dir: str, ca:
                 time.sleep(args.seconds)
                 latencies, failures = [], 0
             else:
+                from http_load import probe
+
                 latencies, failures = probe(int(port), args.seconds)
         finally:
             assert load.stdin is not None and load.stdout is not None

@@ -1,4 +1,5 @@
-"""Fixtures shared across test modules: the real vLLM engine of testbed.
+"""Fixtures shared across test modules: the real vLLM engine of testbed, and the simulated engine canary probes
+run against.
 
 The engine venv is built on first use (a few minutes, once per checkout) and its tests carry the
 `real_engine` marker. Where the processor cannot run vLLM's CPU build, they skip and say why; where it can,
@@ -45,3 +46,32 @@ def engine_env():
 @pytest.fixture(scope="session")
 def tiny_models(engine_env) -> TinyModels:
     return build_tiny_models(engine_env)
+
+
+@pytest.fixture
+def simulator():
+    """Starts simulated engines the canary probe can run rounds against (greedy answers repeat, so rounds compare
+    prompt by prompt): `simulator(kind="vllm", per_request="summary", **spec)`; each is stopped at the end."""
+    from specwatch.simulator.server import RunningSimulator
+    from specwatch.simulator.simulation import Simulation, SimulationSpec
+
+    started = []
+
+    def start(kind="vllm", per_request="summary", **kw):
+        spec = SimulationSpec(
+            engine_kind=kind,
+            k=3,
+            acceptance=0.7,
+            time_scale=50,
+            seed=3,
+            per_request_spec_decode_metrics=per_request,
+            repeatable_greedy=True,
+            **kw,
+        )
+        sim = RunningSimulator(Simulation(spec)).start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()

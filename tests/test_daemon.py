@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pytest
 import requests
@@ -102,6 +103,31 @@ def make_config(*names: str, **top: Any) -> Any:
     return parse_config(raw)
 
 
+@contextlib.contextmanager
+def daemon_over(
+    sources: dict[str, Any], before_close: Callable[[], object] = lambda: None, **top: Any
+) -> Iterator[tuple[Daemon, FakeClock]]:
+    """A daemon whose routes are `sources` (config `top` over make_config's) on a fake clock, closed at the end
+    after `before_close` (which frees hung sources, so that none outlives the test)."""
+    clock = FakeClock()
+    d = Daemon(make_config(*sources, **top), source_factory=lambda r, c: sources[r.name], clock=clock)
+    try:
+        yield d, clock
+    finally:
+        before_close()
+        d.close()
+
+
+def release_all(hung: dict[str, HangingSource]) -> Callable[[], None]:
+    """Frees every hung source (a `before_close`)."""
+
+    def release() -> None:
+        for source in hung.values():
+            source.release.set()
+
+    return release
+
+
 @pytest.fixture
 def no_evaluators(monkeypatch):
     monkeypatch.setattr(daemon_module, "build_route_evaluators", lambda ctx, route: [])
@@ -121,46 +147,43 @@ def test_failing_sources_cost_only_their_route_and_metrics_still_answer(no_evalu
         "wrongtype": CountingSource(),
     }
     sources["wrongtype"].sample = lambda now: {"not": "a sample"}
-    clock = FakeClock()
-    d = Daemon(make_config(*sources), source_factory=lambda r, c: sources[r.name], clock=clock)
-    server = serve("127.0.0.1:0", lambda: d.snapshot)
-    try:
-        with caplog.at_level(logging.DEBUG, logger="specwatch.daemon"):
-            for _ in range(3):
-                begin = time.monotonic()
-                snap = d.tick(clock.advance(5))
-                assert time.monotonic() - begin < 1.0  # the hung source costs 1.5 x 100 ms, not 10 s
-        good = snap.route("good")
-        assert good.up and good.drafts_total == 300 and good.acceptance_ratio["1m"] == pytest.approx(0.75)
-        expected = {
-            "dead": "connection",
-            "hang": "timeout",
-            "garbage": "parse",
-            "huge": "too_large",
-            "buggy": "internal",
-            "nomatch": "no_match",
-            "wrongtype": "internal",
-        }
-        for name, reason in expected.items():
-            state = snap.route(name)
-            assert not state.up and state.error_reason == reason, name
-            assert state.errors_total[reason] == 3, name
-        assert hanging.calls == 1  # never stacked a second call on the hung one
-        # logged once per state change, not once per cycle
-        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "route dead" in r.getMessage()]
-        assert len(warnings) == 1
-        assert sum("route buggy" in r.getMessage() and r.exc_info is not None for r in caplog.records) == 1
+    with daemon_over(sources, before_close=hanging.release.set) as (d, clock):
+        server = serve("127.0.0.1:0", lambda: d.snapshot)
+        try:
+            with caplog.at_level(logging.DEBUG, logger="specwatch.daemon"):
+                for _ in range(3):
+                    begin = time.monotonic()
+                    snap = d.tick(clock.advance(5))
+                    assert time.monotonic() - begin < 1.0  # the hung source costs 1.5 x 100 ms, not 10 s
+            good = snap.route("good")
+            assert good.up and good.drafts_total == 300 and good.acceptance_ratio["1m"] == pytest.approx(0.75)
+            expected = {
+                "dead": "connection",
+                "hang": "timeout",
+                "garbage": "parse",
+                "huge": "too_large",
+                "buggy": "internal",
+                "nomatch": "no_match",
+                "wrongtype": "internal",
+            }
+            for name, reason in expected.items():
+                state = snap.route(name)
+                assert not state.up and state.error_reason == reason, name
+                assert state.errors_total[reason] == 3, name
+            assert hanging.calls == 1  # never stacked a second call on the hung one
+            # logged once per state change, not once per cycle
+            warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "route dead" in r.getMessage()]
+            assert len(warnings) == 1
+            assert sum("route buggy" in r.getMessage() and r.exc_info is not None for r in caplog.records) == 1
 
-        response = requests.get(server.url + "/metrics", timeout=5)
-        assert response.status_code == 200
-        assert 'specwatch_route_up{route="good"} 1.0' in response.text
-        assert 'specwatch_route_up{route="hang"} 0.0' in response.text
-        assert 'specwatch_source_errors_total{reason="too_large",route="huge"} 3.0' in response.text
-        assert 'specwatch_route_drafts_total{route="good"} 300.0' in response.text
-    finally:
-        server.shutdown()
-        hanging.release.set()
-        d.close()
+            response = requests.get(server.url + "/metrics", timeout=5)
+            assert response.status_code == 200
+            assert 'specwatch_route_up{route="good"} 1.0' in response.text
+            assert 'specwatch_route_up{route="hang"} 0.0' in response.text
+            assert 'specwatch_source_errors_total{reason="too_large",route="huge"} 3.0' in response.text
+            assert 'specwatch_route_drafts_total{route="good"} 300.0' in response.text
+        finally:
+            server.shutdown()
 
 
 @pytest.mark.slow
@@ -170,23 +193,13 @@ def test_hung_sources_listed_first_do_not_hold_up_the_healthy_routes(no_evaluato
     hung = {f"hang{i}": HangingSource() for i in range(3)}  # submitted first
     healthy = {f"good{i}": CountingSource() for i in range(4)}
     sources = {**hung, **healthy}
-    clock = FakeClock()
-    d = Daemon(
-        make_config(*sources, interval="5s", scrape={"timeout": "1s"}),
-        source_factory=lambda r, c: sources[r.name],
-        clock=clock,
-    )
-    try:
+    with daemon_over(sources, before_close=release_all(hung), interval="5s", scrape={"timeout": "1s"}) as (d, clock):
         for cycle in range(2):
             snap = d.tick(clock.advance(5))
             assert all(snap.route(name).up for name in healthy), cycle
             assert all(snap.route(name).error_reason == "timeout" for name in hung), cycle
         assert all(source.calls == 1 for source in hung.values()), "a hung call is never stacked"
         assert sorted(d.calls_running()) == sorted(f"route {name}" for name in hung)
-    finally:
-        for source in hung.values():
-            source.release.set()
-        d.close()
 
 
 class GatedSource(CountingSource):
@@ -221,22 +234,13 @@ def test_slow_engines_listed_first_never_queue_a_healthy_route_behind_them(no_ev
     slow = {f"slow{i:03d}": GatedSource(gate, 5.0) for i in range(MAX_THREADS - 8)}
     healthy = {f"good{i}": Healthy() for i in range(4)}
     sources = {**slow, **healthy}
-    clock = FakeClock()
-    d = Daemon(
-        make_config(*sources, interval="5s", scrape={"timeout": "2s"}),
-        source_factory=lambda r, c: sources[r.name],
-        clock=clock,
-    )
-    try:
+    with daemon_over(sources, before_close=gate.set, interval="5s", scrape={"timeout": "2s"}) as (d, clock):
         for cycle in range(3):
             started.clear()
             gate.clear()
             snap = d.tick(clock.advance(5))
             down = {name: snap.route(name).error_reason for name in sources if not snap.route(name).up}
             assert not down, f"cycle {cycle}: routes down {down}"
-    finally:
-        gate.set()
-        d.close()
 
 
 class SleepySource(CountingSource):
@@ -257,33 +261,23 @@ def test_engines_each_a_little_slow_never_add_up_to_a_route_down(no_evaluators):
     that were quick last cycle) they take 6 s, twice the cycle's deadline; each on its own thread, every route is
     up in every cycle."""
     sources = {f"r{i:02d}": SleepySource(0.1) for i in range(60)}
-    clock = FakeClock()
-    d = Daemon(
-        make_config(*sources, interval="5s", scrape={"timeout": "2s"}),
-        source_factory=lambda r, c: sources[r.name],
-        clock=clock,
-    )
-    try:
+    with daemon_over(sources, interval="5s", scrape={"timeout": "2s"}) as (d, clock):
         for cycle in range(3):
             snap = d.tick(clock.advance(5))
             down = [r.name for r in snap.routes if not r.up]
             assert not down, f"cycle {cycle}: {len(down)} routes down"
-    finally:
-        d.close()
 
 
 def test_no_thread_to_be_had_leaves_every_route_down_overloaded_and_never_raises(no_evaluators, monkeypatch):
     """At the task limit (TasksMax, RLIMIT_NPROC) no thread can be started: the cycle still completes and
     publishes, and no route is up on the strength of an earlier cycle."""
     sources = {f"r{i}": CountingSource() for i in range(3)}
-    clock = FakeClock()
 
     def refuse(self):
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
-    d = Daemon(make_config(*sources), source_factory=lambda r, c: sources[r.name], clock=clock)
-    try:
+    with daemon_over(sources) as (d, clock):
         for _ in range(2):
             snap = d.tick(clock.advance(5))
             assert {r.name: (r.up, r.error_reason) for r in snap.routes} == dict.fromkeys(
@@ -291,8 +285,6 @@ def test_no_thread_to_be_had_leaves_every_route_down_overloaded_and_never_raises
             )
             assert snap.timestamp == clock()
         assert all(r.errors_total["overloaded"] == 2 for r in snap.routes)
-    finally:
-        d.close()
 
 
 def test_more_routes_than_scrape_threads_is_logged_at_start_and_on_reload(no_evaluators, monkeypatch, caplog):
@@ -312,19 +304,11 @@ def test_more_routes_than_scrape_threads_is_logged_at_start_and_on_reload(no_eva
 def test_past_the_cap_quick_calls_queue_and_every_route_is_up(no_evaluators, monkeypatch):
     monkeypatch.setattr(scrape_pool, "MAX_THREADS", 4)
     sources = {f"r{i:02d}": SleepySource(0.01) for i in range(40)}
-    clock = FakeClock()
-    d = Daemon(
-        make_config(*sources, interval="5s", scrape={"timeout": "2s"}),
-        source_factory=lambda r, c: sources[r.name],
-        clock=clock,
-    )
-    try:
+    with daemon_over(sources, interval="5s", scrape={"timeout": "2s"}) as (d, clock):
         for cycle in range(2):
             snap = d.tick(clock.advance(5))
             assert all(r.up for r in snap.routes), cycle
         assert d._pool.threads <= 4
-    finally:
-        d.close()
 
 
 def test_calls_the_cap_leaves_no_thread_for_are_overloaded_and_go_first_next_cycle(no_evaluators, monkeypatch, caplog):
@@ -334,13 +318,7 @@ def test_calls_the_cap_leaves_no_thread_for_are_overloaded_and_go_first_next_cyc
     hung = {f"hang{i}": HangingSource() for i in range(3)}
     healthy = {f"good{i}": CountingSource() for i in range(3)}
     sources = {**hung, **healthy}
-    clock = FakeClock()
-    d = Daemon(
-        make_config(*sources, interval="5s", scrape={"timeout": "200ms"}),
-        source_factory=lambda r, c: sources[r.name],
-        clock=clock,
-    )
-    try:
+    with daemon_over(sources, before_close=release_all(hung), interval="5s", scrape={"timeout": "200ms"}) as (d, clock):
         for cycle in range(2):
             snap = d.tick(clock.advance(5))
             assert {n: snap.route(n).error_reason for n in healthy} == dict.fromkeys(healthy, "overloaded"), cycle
@@ -355,10 +333,6 @@ def test_calls_the_cap_leaves_no_thread_for_are_overloaded_and_go_first_next_cyc
         hung["hang0"].release = threading.Event()
         snap = d.tick(clock.advance(5))
         assert all(snap.route(n).up for n in healthy)
-    finally:
-        for source in hung.values():
-            source.release.set()
-        d.close()
 
 
 def test_a_route_that_starts_hanging_holds_up_no_other_route(no_evaluators):
@@ -376,22 +350,13 @@ def test_a_route_that_starts_hanging_holds_up_no_other_route(no_evaluators):
     first.sample = sample  # type: ignore[method-assign]
     healthy = {f"good{i}": CountingSource() for i in range(4)}
     sources = {"first": first, **healthy}
-    clock = FakeClock()
-    d = Daemon(
-        make_config(*sources, interval="5s", scrape={"timeout": "1s"}),
-        source_factory=lambda r, c: sources[r.name],
-        clock=clock,
-    )
-    try:
+    with daemon_over(sources, before_close=release.set, interval="5s", scrape={"timeout": "1s"}) as (d, clock):
         for _ in range(2):
             assert all(r.up for r in d.tick(clock.advance(5)).routes)
         hang_now.set()
         snap = d.tick(clock.advance(5))
         assert all(snap.route(name).up for name in healthy)
         assert snap.route("first").error_reason == "timeout"
-    finally:
-        release.set()
-        d.close()
 
 
 def test_recovery_is_logged_and_counters_continue(no_evaluators, caplog):

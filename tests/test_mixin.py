@@ -222,6 +222,28 @@ def test_self_monitoring_expressions(rule_groups):
 def test_with_all_for_shortens_every_alert():
     groups = alerts.alert_groups(DEFAULT.with_all_for("2s"))
     assert {r["for"] for g in groups for r in g["rules"]} == {"2s"}
+    assert {r.get("keep_firing_for") for g in groups for r in g["rules"]} == {"2s", None}
+
+
+def test_every_alert_a_failed_scrape_would_resolve_keeps_firing(rule_groups):
+    """Alerts on specwatch's gauges keep firing through a stale scrape; `up` and the increase() alerts need not."""
+    keeps = {a["alert"]: a.get("keep_firing_for") for a in all_alerts(rule_groups)}
+    assert {name for name, keep in keeps.items() if keep is None} == alerts.SURVIVES_A_FAILED_SCRAPE
+    assert {keep for keep in keeps.values() if keep is not None} == {DEFAULT.keep_firing_for}
+    # Long enough that a blind spell too short for TargetDown never resolves a page.
+    assert DEFAULT.keep_firing_for == DEFAULT.target_down_for
+
+
+def test_keep_firing_for_is_a_setting_and_0s_leaves_it_out(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli_main(["generate", "--out-dir", str(out), "--keep-firing-for", "0s"]) == 0
+    text = (out / render.RULES_PATH).read_text()
+    assert "keep_firing_for" not in text
+    assert cli_main(["generate", "--out-dir", str(out), "--keep-firing-for", "10m"]) == 0
+    by_name = {a["alert"]: a for a in all_alerts(yaml.safe_load((out / render.RULES_PATH).read_text())["groups"])}
+    assert by_name["SpecwatchAcceptanceDegraded"]["keep_firing_for"] == "10m"
+    assert cli_main(["generate", "--out-dir", str(out), "--keep-firing-for", "5 min"]) == 2
+    assert "keep_firing_for: '5 min' is not a duration like 5m" in capsys.readouterr().err
 
 
 def test_runbook_has_no_orphan_sections(rule_groups):

@@ -380,33 +380,6 @@ def test_an_exclusion_larger_than_the_interval_is_carried_over():
 
 
 # ----------------------------------------------------------------------------------------- against the simulator
-@pytest.fixture
-def simulator():
-    from specwatch.simulator.server import RunningSimulator
-    from specwatch.simulator.simulation import Simulation, SimulationSpec
-
-    started = []
-
-    def start(kind="vllm", per_request="summary", **kw):
-        spec = SimulationSpec(
-            engine_kind=kind,
-            k=3,
-            acceptance=0.7,
-            time_scale=50,
-            seed=3,
-            per_request_spec_decode_metrics=per_request,
-            repeatable_greedy=True,
-            **kw,
-        )
-        sim = RunningSimulator(Simulation(spec)).start()
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
-
-
 def _runner(sim, kind, api="auto", prompts=None):
     cfg = parse_config(
         {"routes": [{"name": "r", "url": sim.url + "/metrics", "probe": {"every": "1m", "max_tokens": 24, "api": api}}]}

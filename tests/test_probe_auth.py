@@ -36,32 +36,6 @@ def pki(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def simulator():
-    from specwatch.simulator.server import RunningSimulator
-    from specwatch.simulator.simulation import Simulation, SimulationSpec
-
-    started = []
-
-    def start(per_request: str) -> RunningSimulator:
-        spec = SimulationSpec(
-            engine_kind="vllm",
-            k=3,
-            acceptance=0.7,
-            time_scale=50,
-            seed=3,
-            per_request_spec_decode_metrics=per_request,
-            repeatable_greedy=True,
-        )
-        sim = RunningSimulator(Simulation(spec)).start()
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
-
-
-@pytest.fixture
 def guarded(tmp_path, pki):
     """guard(kind, upstream URL) -> (engine, the route keys that get in, the route keys that do not)."""
     engines = []
@@ -103,12 +77,12 @@ def _runner(cfg, prompts: int = 4) -> ProbeRunner:
 
 @pytest.mark.parametrize("kind", GUARDS)
 def test_probe_rounds_and_bracketing_reads_use_the_routes_credentials(simulator, guarded, kind):
-    direct_engine, good, _ = guarded(kind, simulator("summary").url)
+    direct_engine, good, _ = guarded(kind, simulator(per_request="summary").url)
     direct = _runner(_config(direct_engine.url, good)).run_now()
     assert direct.outcome == "ok" and direct.method == "vllm_response", direct.message
     assert len(direct.read()) == 4
 
-    bracket_engine, good, _ = guarded(kind, simulator("none").url)
+    bracket_engine, good, _ = guarded(kind, simulator(per_request="none").url)
     cfg = _config(bracket_engine.url, good)
     bracketed = _runner(cfg).run_now()
     assert bracketed.outcome == "ok" and bracketed.method == "bracketing", bracketed.message
@@ -120,7 +94,7 @@ def test_probe_rounds_and_bracketing_reads_use_the_routes_credentials(simulator,
 
 @pytest.mark.parametrize("kind", GUARDS)
 def test_without_the_routes_credentials_rounds_and_bracketing_reads_fail_cleanly(simulator, guarded, kind):
-    engine, _, bad = guarded(kind, simulator("none").url)
+    engine, _, bad = guarded(kind, simulator(per_request="none").url)
     cfg = _config(engine.url, bad)
     rnd = _runner(cfg).run_now()
     assert rnd.outcome == "error" and not rnd.read()
@@ -174,7 +148,7 @@ def test_a_probe_session_sends_the_token_to_its_own_origin_only():
 
 @pytest.mark.parametrize("server_name, outcome", [("engine.test", "ok"), ("other.test", "error")])
 def test_a_probe_verifies_the_tls_server_name_of_the_route(simulator, guarded, pki, server_name, outcome):
-    engine, good, _ = guarded("client_certificate", simulator("summary").url)
+    engine, good, _ = guarded("client_certificate", simulator(per_request="summary").url)
     rnd = _runner(_config(engine.url, {"tls_config": {**good["tls_config"], "server_name": server_name}})).run_now()
     assert rnd.outcome == outcome, rnd.message
     if outcome == "error":
@@ -184,7 +158,7 @@ def test_a_probe_verifies_the_tls_server_name_of_the_route(simulator, guarded, p
 def test_sessions_without_a_tls_config_share_one_context_that_still_verifies(simulator, guarded, pki):
     """Without a tls_config a session uses the one shared context (a sweep opens a session per client), and
     that context still checks the server against the system's CAs: a server of a private CA is refused."""
-    engine, good, _ = guarded("client_certificate", simulator("summary").url)
+    engine, good, _ = guarded("client_certificate", simulator(per_request="summary").url)
     plain = _config(engine.url, {})
     first, second = client_session(plain.routes[0].http), client_session(plain.routes[0].http)
     try:

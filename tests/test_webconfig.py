@@ -7,6 +7,7 @@ against a real loopback HTTPS server using the WebConfig exactly as the daemon's
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import http.server
 import shutil
@@ -21,6 +22,7 @@ import bcrypt
 import pytest
 import requests
 
+from specwatch import secret_files
 from specwatch.config import ConfigError
 from specwatch.export import webconfig
 from specwatch.export.webconfig import load_web_config, parse_basic_authorization, parse_web_config
@@ -477,5 +479,68 @@ def test_a_missing_or_odd_tls_file_is_named_each_in_its_own_problem(tmp_path):
     with pytest.raises(ConfigError) as caught:
         parse_web_config(raw, str(tmp_path / "web.yml"))
     problems = caught.value.problems
-    assert f"tls_server_config.cert_file: {tmp_path / 'nope.pem'}: No such file or directory" in problems
-    assert f"tls_server_config.key_file: {fifo}: not a regular file" in problems
+    assert f"tls_server_config.cert_file: cannot read {tmp_path / 'nope.pem'}: No such file or directory" in problems
+    assert f"tls_server_config.key_file: {fifo} is a FIFO, not a regular file: refused" in problems
+
+
+@pytest.mark.slow
+def test_an_oversized_tls_file_is_refused_at_load_and_a_readable_key_warned_about(tmp_path, pki, caplog):
+    big = tmp_path / "bundle.pem"
+    big.write_bytes(pki["ca.crt"].read_bytes() * (secret_files.MAX_TLS_FILE_BYTES // 500))
+    size = big.stat().st_size
+    raw = {"tls_server_config": {"cert_file": str(big), "key_file": str(pki["server.key"])}}
+    with pytest.raises(ConfigError) as caught:
+        parse_web_config(raw)
+    assert caught.value.problems == [
+        f"tls_server_config.cert_file: {big} is {size} bytes, over the "
+        f"{secret_files.MAX_TLS_FILE_BYTES}-byte cap for this file: refused"
+    ]
+    key = tmp_path / "server.key"
+    shutil.copy(pki["server.key"], key)
+    key.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="specwatch.export.webconfig"):
+        parse_web_config({"tls_server_config": {"cert_file": str(pki["server.crt"]), "key_file": str(key)}})
+    assert f"web config: TLS key file {key} is world-readable (mode 0644): chmod o-r it" in caplog.messages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("swap", ["fifo", "oversized"])
+def test_a_rotated_key_that_is_a_fifo_or_oversized_is_refused_and_the_previous_one_serves(tmp_path, pki, caplog, swap):
+    """On the daemon's own server the check runs at the handshake, before `ssl` opens anything: a FIFO would
+    block that open on the event loop (every connection with it); an oversized file is refused unread. The last
+    good certificate keeps serving, and a good key is picked up again."""
+    from specwatch.export.http import serve as serve_daemon
+    from specwatch.snapshot import Snapshot
+
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki[name], tmp_path / name)
+    cfg = load_web_config(write(tmp_path, "tls_server_config: {cert_file: server.crt, key_file: server.key}"))
+    server = serve_daemon("127.0.0.1:0", lambda: Snapshot(timestamp=1.0), cfg)
+    url, ca = server.url + "/-/healthy", str(pki["ca.crt"])
+    key = tmp_path / "server.key"
+    try:
+        assert requests.get(url, verify=ca, timeout=10).status_code == 200
+        key.unlink()
+        cap = secret_files.MAX_TLS_FILE_BYTES
+        if swap == "fifo":
+            os.mkfifo(key)
+            expected = f"{key} is a FIFO, not a regular file: refused"
+        else:
+            key.write_bytes(b"A" * (cap + 1))
+            expected = f"{key} is {cap + 1} bytes, over the {cap}-byte cap for this file: refused"
+        with caplog.at_level(logging.INFO, logger="specwatch.export.webconfig"):
+            for _ in range(2):
+                assert requests.get(url, verify=ca, timeout=10).status_code == 200
+        assert [r.getMessage() for r in caplog.records if r.name == "specwatch.export.webconfig"] == [
+            f"web config: rotated TLS files refused, keeping the previous ones: {expected}"
+        ]
+        key.unlink()
+        shutil.copy(pki["server.key"], key)
+        assert requests.get(url, verify=ca, timeout=10).status_code == 200
+    finally:
+        if key.is_fifo():  # a server blocked opening the FIFO is freed by a writer that comes and goes
+            try:
+                os.close(os.open(key, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass  # no reader: nothing is blocked
+        server.shutdown()

@@ -88,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the daemons' evaluation interval (config `interval`), which the staleness alert is derived "
         f"from (default {DEFAULT.evaluation_interval_seconds:g}s)",
     )
+    parser.add_argument(
+        "--keep-firing-for",
+        metavar="DURATION",
+        help="how long an alert keeps firing once its expression stops returning, so one failed scrape does not "
+        f"resolve it and page again (default {DEFAULT.keep_firing_for}; 0s leaves the field out, for Prometheus "
+        "older than 2.42)",
+    )
     for cls in ALERT_CLASSES:
         parser.add_argument(
             f"--severity.{cls}",
@@ -108,6 +115,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "runbook_url": args.runbook_url,
         "dashboard_url": args.dashboard_url,
         "evaluation_interval_seconds": args.interval,
+        "keep_firing_for": args.keep_firing_for,
         **{f"severity_{cls}": getattr(args, f"severity_{cls}") for cls in ALERT_CLASSES},
         "alert_labels": tuple(args.label) if getattr(args, "label", None) else None,
     }

@@ -19,7 +19,10 @@ Admin POSTs need an admin identity whenever users or admin subjects are configur
 
 `load_web_config(path)` parses strictly (unknown keys are errors, every problem reported at once) and checks
 that the certificate, key and CA actually load, so a broken file fails at start-up or reload, never at the
-first scrape. The returned `WebConfig` gives the HTTP server an `ssl_context()` and an `authorize(headers)`.
+first scrape. The certificate, key and CA files pass `secret_files`' checks (a size cap; a FIFO, device or
+directory refused before anything opens it) at load and again at every rotation, and a key file others can
+read is warned about. The returned `WebConfig` gives the HTTP server an `ssl_context()` and an
+`authorize(headers)`.
 """
 
 from __future__ import annotations
@@ -33,13 +36,13 @@ import os
 import re
 import secrets
 import ssl
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from specwatch import secret_files
 from specwatch.config import ConfigError, read_yaml_file
 
 log = logging.getLogger(__name__)
@@ -104,41 +107,58 @@ def build_ssl_context(tls: TlsServerConfig) -> ssl.SSLContext:
     return ctx
 
 
+def _warn_exposed_key(tls: TlsServerConfig) -> None:
+    """The certificate and CA are public; the key is the one file others must not read."""
+    warning = secret_files.exposure(tls.key_file, os.getegid())
+    if warning:
+        log.warning("web config: TLS key file %s", warning)
+
+
 class _ReloadingContext:
     """Picks up rotated certificate/key/CA files (cert-manager, ACME) without a restart, as exporter-toolkit
     does: on each handshake the files' stat is compared, and a changed set is loaded into a new context that
-    the connection switches to. A rotation that fails to load is logged once and the old context keeps serving.
+    the connection switches to. The stat is `secret_files.checked_stamp`'s, so a file swapped for a FIFO (whose
+    open would block the event loop, and every connection with it), a device or an oversized file is refused
+    before `ssl` opens it. A rotation that is refused or fails to load is logged once and the old context keeps
+    serving.
     """
 
     def __init__(self, tls: TlsServerConfig) -> None:
         self._tls = tls
         self._lock = threading.Lock()
-        self._stamp = self._files_stamp()
+        self._stamp, refused = self._files_stamp()
+        if refused:
+            raise secret_files.SecretFileError(refused)
         self._current = build_ssl_context(tls)
         self.context = build_ssl_context(tls)  # the listening socket's context; only its callback is used
         self.context.sni_callback = self._on_client_hello
 
-    def _files_stamp(self) -> tuple:
-        paths = (self._tls.cert_file, self._tls.key_file, self._tls.client_ca_file)
-        stamp: list[tuple[int, int, int] | str | None] = []
-        for p in paths:
+    def _files_stamp(self) -> tuple[tuple[Any, ...], str]:
+        """The files' stamps (a refusal's text in place of one) and the first refusal, "" for none."""
+        stamp: list[Any] = []
+        refused = ""
+        for path in (self._tls.cert_file, self._tls.key_file, self._tls.client_ca_file):
             try:
-                st = os.stat(p) if p else None
-                stamp.append((st.st_mtime_ns, st.st_size, st.st_ino) if st else None)
-            except OSError:
-                stamp.append("missing")
-        return tuple(stamp)
+                stamp.append(secret_files.checked_stamp(path, secret_files.MAX_TLS_FILE_BYTES) if path else None)
+            except secret_files.SecretFileError as exc:
+                stamp.append(str(exc))
+                refused = refused or str(exc)
+        return tuple(stamp), refused
 
     def _on_client_hello(self, sock: ssl.SSLObject, server_name: str | None, _ctx: ssl.SSLContext) -> None:
         with self._lock:
-            stamp = self._files_stamp()
+            stamp, refused = self._files_stamp()
             if stamp != self._stamp:
                 self._stamp = stamp
-                try:
-                    self._current = build_ssl_context(self._tls)
-                    log.info("web config: reloaded TLS certificate %s", self._tls.cert_file)
-                except (OSError, ssl.SSLError) as exc:
-                    log.error("web config: rotated TLS files do not load, keeping the previous ones: %s", exc)
+                if refused:
+                    log.error("web config: rotated TLS files refused, keeping the previous ones: %s", refused)
+                else:
+                    try:
+                        self._current = build_ssl_context(self._tls)
+                        log.info("web config: reloaded TLS certificate %s", self._tls.cert_file)
+                        _warn_exposed_key(self._tls)
+                    except (OSError, ssl.SSLError) as exc:
+                        log.error("web config: rotated TLS files do not load, keeping the previous ones: %s", exc)
             sock.context = self._current
 
 
@@ -351,8 +371,8 @@ def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | N
     if versions["max_version"] and versions["max_version"] < versions["min_version"]:
         problems.append(f"{p}.max_version: {versions['max_version']} is below min_version {versions['min_version']}")
     for name, value in (("cert_file", cert), ("key_file", key), ("client_ca_file", ca)):
-        if value and (missing := _unreadable(_resolve(base, value))):
-            problems.append(f"{p}.{name}: {_resolve(base, value)}: {missing}")
+        if value and (found := secret_files.problem(_resolve(base, value), secret_files.MAX_TLS_FILE_BYTES)):
+            problems.append(f"{p}.{name}: {found}")
     if not (cert and key):
         return None
     return TlsServerConfig(
@@ -362,17 +382,6 @@ def _parse_tls(raw: Any, base: Path, problems: list[str]) -> TlsServerConfig | N
         client_ca_file=_resolve(base, ca) if ca else "",
         **versions,
     )
-
-
-def _unreadable(path: str) -> str:
-    """Why a certificate, key or CA file cannot be read ("" when it can), so the problem names the file."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    if not stat.S_ISREG(mode):  # a FIFO or device would hang or never end the read
-        return "not a regular file"
-    return "" if os.access(path, os.R_OK) else "permission denied"
 
 
 def _parse_users(raw: Any, problems: list[str], key: str = "basic_auth_users") -> dict[str, str]:
@@ -454,12 +463,16 @@ def parse_web_config(raw: Any, path: str = "") -> WebConfig:
     if tls is not None and not problems:
         try:
             tls_context = _ReloadingContext(tls)
+        except secret_files.SecretFileError as exc:  # changed since the check above
+            problems.append(f"tls_server_config: {exc}")
         except (OSError, ssl.SSLError) as exc:
             problems.append(f"tls_server_config: cannot load certificate, key or CA: {exc}")
     if problems:
         raise ConfigError(problems, path)
     if (users or admins) and tls is None:
         log.warning("web config %s: basic auth without TLS sends passwords in the clear", path)
+    if tls is not None:
+        _warn_exposed_key(tls)
     everyone = {**users, **admins}
     return WebConfig(
         path=path,

@@ -56,11 +56,19 @@ CLASS_OF: dict[str, str] = {
 }
 
 
+# Alerts a failed scrape of specwatch leaves as they are: TargetDown reads `up`, which every scrape writes, and
+# the error alerts read `increase()` over a window, which skips the stale markers. Every other alert reads
+# specwatch's gauges, which one failed scrape marks stale, so they get `keep_firing_for:`.
+SURVIVES_A_FAILED_SCRAPE = frozenset({"SpecwatchTargetDown", "SpecwatchStateStoreErrors", "SpecwatchInternalErrors"})
+
+
 def _alert(s: Settings, name: str, expr: str, for_: str, summary: str, description: str) -> dict[str, Any]:
+    keep = {"keep_firing_for": s.keep_firing_for} if s.keeps_firing and name not in SURVIVES_A_FAILED_SCRAPE else {}
     return {
         "alert": name,
         "expr": expr,
         "for": for_,
+        **keep,
         "labels": {"severity": s.severity(CLASS_OF[name]), **dict(s.alert_labels)},
         "annotations": {"summary": summary, "description": description},
     }

@@ -42,14 +42,15 @@ def render() -> str:
 
 
 def render_alerts() -> str:
-    """The alert table, markers included: every alert of the default rules with its severity and `for`."""
+    """The alert table, markers included: every alert of the default rules with its severity, `for` and
+    `keep_firing_for`."""
     out = [
         ALERTS_BEGIN,
         "_Generated from `specwatch/mixin/alerts.py` by `tools/metrics_reference.py`; severities are the defaults "
         "(`specwatch generate --severity.<class>=...` changes them)._",
         "",
-        "| Alert | Class | Severity | For | Summary |",
-        "|---|---|---|---|---|",
+        "| Alert | Class | Severity | For | Keep firing for | Summary |",
+        "|---|---|---|---|---|---|",
     ]
     for group in alerts.alert_groups(DEFAULT):
         for a in group["rules"]:
@@ -57,7 +58,7 @@ def render_alerts() -> str:
             summary = a["annotations"]["summary"].replace("|", "/")
             out.append(
                 f"| [`{name}`](docs/runbook.md#{anchor}) | {alerts.CLASS_OF[name]} | {a['labels']['severity']} "
-                f"| {a['for']} | {summary} |"
+                f"| {a['for']} | {a.get('keep_firing_for', '—')} | {summary} |"
             )
     out.append(ALERTS_END)
     return "\n".join(out)

@@ -20,6 +20,8 @@ SEVERITIES = ("critical", "warning", "info")
 # and a canary drop are three events a site may page on differently.
 ALERT_CLASSES = ("drop", "model_change", "canary", "crossover", "source", "self", "gpu", "watch")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# A duration as Prometheus's rule files write it (model.ParseDuration): 90s, 1h30m.
+_PROM_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,12 @@ class Settings:
     internal_errors_for: str = "15m"
     # The traffic horizon follows the last hour's traffic: a lull shorter than this opens no ticket.
     under_watched_for: str = "1h"
+    # `keep_firing_for:` of every alert whose series a failed scrape of specwatch marks stale (all but
+    # TargetDown, StateStoreErrors and InternalErrors). Without it one failed scrape resolves a firing alert and
+    # it pages again `for:` later. As long as TargetDown's `for:`, a blind spell either keeps the alert firing or
+    # hands over to TargetDown, which inhibits it; every firing alert resolves this much later. Needs Prometheus
+    # >= 2.42 (older ones refuse the rule file): "0s" leaves the field out.
+    keep_firing_for: str = "5m"
 
     # Fleet recording-rule windows: a short one for dashboards and a long one that rides out task-mix noise.
     fleet_windows: tuple[str, ...] = ("5m", "1h")
@@ -120,6 +128,8 @@ class Settings:
                 problems.append(f"alert_labels: {name!r} is not a Prometheus label name")
             elif name in reserved:
                 problems.append(f"alert_labels: {name!r} is set by the alerts themselves")
+        if not _PROM_DURATION.fullmatch(self.keep_firing_for):
+            problems.append(f"keep_firing_for: {self.keep_firing_for!r} is not a duration like 5m (0s leaves it out)")
         if not self.evaluation_interval_seconds > 0:
             problems.append(f"evaluation_interval_seconds: {self.evaluation_interval_seconds!r} is not positive")
         if problems:
@@ -137,8 +147,13 @@ class Settings:
         """Labels that identify one route on one node, for `on(...)` joins."""
         return ", ".join((*self.node_labels, "route"))
 
+    @property
+    def keeps_firing(self) -> bool:
+        """Whether the alerts carry `keep_firing_for:` at all ("0s" leaves it out, for Prometheus < 2.42)."""
+        return any(int(n) for n in re.findall(r"\d+", self.keep_firing_for))
+
     def with_all_for(self, duration: str) -> "Settings":
-        """A copy with every alert's `for:` set to `duration` (fast end-to-end tests)."""
+        """A copy with every alert's `for:` and `keep_firing_for:` set to `duration` (fast end-to-end tests)."""
         changes: dict[str, Any] = {f.name: duration for f in dataclasses.fields(self) if f.name.endswith("_for")}
         return dataclasses.replace(self, **changes)
 
