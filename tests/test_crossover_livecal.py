@@ -108,6 +108,7 @@ def test_live_crossover_converges_on_the_simulated_engine():
     # The engine's step-time histogram reached the evaluator: a live B* with a band around it.
     assert final["live_crossover_batch_size"] is not None
     assert final["live_crossover_lower"] <= final["live_crossover_batch_size"] <= final["live_crossover_upper"]
+    assert final["live_crossover_attention_kernel"] == "unpacked"  # the kernel the live refit prices
     # Within 30% of the engine's own crossover once batches 8-128 were seen.
     assert final["live_crossover_batch_size"] == pytest.approx(true_b_star, rel=0.3)
     # The band narrowed as batches were observed, unless the first one was already narrow: with fewer than 3
