@@ -256,8 +256,9 @@ METRICS: tuple[MetricSpec, ...] = (
         "route_crossover_band_batch_size",
         "gauge",
         "Band of the crossover batch size: the estimate's held-out validation error (source estimate) or a "
-        "jackknife over observed batches (source live)" + AS_OF,
-        ("route", "source", "bound"),
+        "jackknife over observed batches (source live); kernel is the verify attention kernel the step model "
+        "prices (packed, unpacked, or unknown: the estimate's band then spans both)" + AS_OF,
+        ("route", "source", "bound", "kernel"),
         area="crossover",
     ),
     _m(
@@ -267,6 +268,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "the live calibration settled, else the configured source (an estimate's band upper side); absent "
         "when the flag cannot fire" + AS_OF,
         ("route", "source"),
+        area="crossover",
+    ),
+    _m(
+        "route_kv_capacity_batch_size",
+        "gauge",
+        "Largest batch whose KV cache fits the route's GPUs at the live context (estimate source); an estimated "
+        "crossover above it is reported as none" + AS_OF,
+        ("route",),
         area="crossover",
     ),
     _m(

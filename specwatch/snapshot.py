@@ -186,6 +186,7 @@ class RouteState:
     live_crossover_lower: float | None = None
     live_crossover_upper: float | None = None
     live_crossover_bins: int | None = None  # batch bins the live calibration has seen
+    live_crossover_attention_kernel: str = ""  # the verify kernel the live refit's step model prices
     # What the flag compares the batch with now: its source (sweep, estimate, batch_size, or live once settled)
     # and that batch size (an estimate's band's upper side; None: no crossover)
     crossover_flag_source: str = ""

@@ -323,7 +323,8 @@ def test_daemon_load_ramp_drives_the_exported_flag_up_and_down():
             "bstar": get("specwatch_route_crossover_batch_size", {"route": "chat", "source": "estimate"}),
             "speedup": get("specwatch_route_predicted_speedup_ratio", {"route": "chat"}),
             "upper": get(
-                "specwatch_route_crossover_band_batch_size", {"route": "chat", "source": "estimate", "bound": "upper"}
+                "specwatch_route_crossover_band_batch_size",
+                {"route": "chat", "source": "estimate", "bound": "upper", "kernel": "unpacked"},
             ),
         }
 

@@ -359,6 +359,8 @@ def test_the_route_dashboard_shows_the_flags_source_its_band_and_live_bins(board
     assert "({{source}})" in next(legend for expr, legend in targets.items() if expr.startswith(flag))
     band = next(expr for expr in targets if expr.startswith("specwatch_route_crossover_band_batch_size"))
     assert f"and on (instance, route, source) {flag}" in band and "{{bound}}" in targets[band]
+    assert "{{kernel}}" in targets[band]  # the kernel assumption is named with the band
+    assert any(expr.startswith("specwatch_route_kv_capacity_batch_size") for expr in targets)
     assert any(expr.startswith("specwatch_route_crossover_live_bins") for expr in targets)
     stat = panels["Flag judges against"]
     assert stat["targets"][0]["expr"].startswith(flag) and "{{source}}" in stat["targets"][0]["legendFormat"]
@@ -366,6 +368,7 @@ def test_the_route_dashboard_shows_the_flags_source_its_band_and_live_bins(board
     by_name = {m.name: m for m in catalog.METRICS}
     for name in (flag, "specwatch_route_crossover_band_batch_size"):
         assert "source" in by_name[name].labels
+    assert "kernel" in by_name["specwatch_route_crossover_band_batch_size"].labels
 
 
 def test_every_dashboard_query_honours_the_job_and_instance_variables(boards):

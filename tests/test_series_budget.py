@@ -93,6 +93,7 @@ def fully_configured(name: str = "chat") -> RouteState:
         live_crossover_lower=27.0,
         live_crossover_upper=33.0,
         live_crossover_bins=6,
+        live_crossover_attention_kernel="packed",
         crossover_flag_source="live",
         crossover_attention_kernel="packed",
         crossover_kv_capacity_batch=240.0,

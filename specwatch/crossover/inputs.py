@@ -164,3 +164,19 @@ class Efficiency:
     # Fixed seconds per layer of the elementwise kernels whatever the bytes (each kernel's shortest run), read
     # from a profiled forward with `elementwise`; the rest of a layer's fixed cost is `layer_overhead_s`.
     elementwise_layer_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """Seconds a serving engine adds to each step beyond the kernels the step model prices (scheduling,
+    sampling, rejection, launches outside the CUDA graph), fitted from its live step times (`overhead.py`).
+
+    step_s is paid once per step, token_s once per token the target scores in it (batch x q: B x (k + 1) in a
+    verify step, B in a plain one). Both are taken to apply to plain steps as to speculative ones: a speculating
+    engine never shows a plain step, so nothing observed can split them."""
+
+    step_s: float = 0.0
+    token_s: float = 0.0
+
+    def seconds(self, batch: float, q: int) -> float:
+        return self.step_s + self.token_s * batch * q

@@ -10,6 +10,12 @@ verify-attention efficiencies, the verify kernel's per-key cost and one fixed co
 whichever the hardware row's prior puts first) re-fitted to the bins; the refitted model predicts the plain
 step time, which the engine never shows while it speculates, and B* is re-solved from it.
 
+On a GPU whose kernels were measured (`gpus.CALIBRATED`) the kernel-level model is held and only the engine's
+own cost is fitted (`overhead.py`: a per-step and a per-token term, least squares on the bins, shrunk toward
+zero): what the engine adds to the kernels is what differs from the calibration there, and two parameters
+fitted in closed form do not wander as the efficiencies do. Elsewhere (another GPU, a CPU build) the model
+itself is unknown and the efficiencies are refitted as above.
+
 The band is a jackknife over batch bins: B* refitted with each bin left out in turn; its lowest and highest
 values bound the estimate. One or two bins cannot separate the efficiencies (the band spans the calibrated
 GPU's B* and the refit's); it narrows as more distinct batches are observed. A bin keeps the mean of its
@@ -22,7 +28,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specwatch.crossover.calibrate import BOUNDS, StepPoint, fit_models
+from specwatch.crossover.calibrate import BOUNDS, StepPoint, fit_models, predict
+from specwatch.crossover.gpus import CALIBRATED
+from specwatch.crossover.inputs import EngineOverhead
+from specwatch.crossover.overhead import fit_overhead
 from specwatch.crossover.speedup import StepModel
 
 BINS_PER_DOUBLING = 4  # batch bins: 2^(i/4), so neighbouring bins differ by ~19%
@@ -38,6 +47,10 @@ MIN_BIN_OBSERVATIONS = 100
 # (kernel boundaries inside CUDA graphs), an eager CPU build's per forward (Python around every forward).
 FIT_PARAMETERS = ("memory", "compute", "verify_attention", "verify_key_s")
 FIT_TOLERANCE = 5e-3
+# With the kernel model held, the fit can only add an engine's overhead: it cannot make an engine that runs
+# faster than the model, or whose steps grow otherwise than the model's plus an overhead, fit. Past this RMS log
+# error on the bins the live answer does not settle, and the flag stays on the configured estimate's band.
+MAX_OVERHEAD_RMS = 0.10
 REFIT_SECONDS = 60.0
 
 
@@ -48,11 +61,15 @@ class LiveAnswer:
     upper: float | None
     bins: int  # distinct batch bins observed
     rms: float | None  # RMS log error of the refit on the observed step times
+    overhead_only: bool = False  # the kernel model was held and only the engine's overhead fitted
 
     @property
     def settled(self) -> bool:
-        """Enough batches seen and a band within ±25% of B*: good enough to drive the flag."""
+        """Enough batches seen and a band within ±25% of B*: good enough to drive the flag. With the kernel
+        model held, the fitted steps must also match the engine's within MAX_OVERHEAD_RMS."""
         if self.batch_size is None or self.lower is None or self.upper is None or self.bins < MIN_BINS:
+            return False
+        if self.overhead_only and (self.rms is None or self.rms > MAX_OVERHEAD_RMS):
             return False
         return self.upper - self.lower <= 0.5 * self.batch_size
 
@@ -119,7 +136,7 @@ class LiveCalibration:
         known = [b for b in estimates if b is not None]
         lower = min(known) if known else None
         upper = None if any(b is None for b in estimates) else max(known, default=None)
-        result = LiveAnswer(b_star, lower, upper, len(points), rms)
+        result = LiveAnswer(b_star, lower, upper, len(points), rms, self.fits_overhead)
         self._cache = (key, now, result, model)
         return result
 
@@ -137,7 +154,25 @@ class LiveCalibration:
         """The model of the last refit (None before any)."""
         return None if self._cache is None else self._cache[3]
 
+    @property
+    def fits_overhead(self) -> bool:
+        """True: the model's GPU is calibrated, so only the engine's overhead is fitted (module docstring)."""
+        return self.model.hardware.name in CALIBRATED
+
     def _fit(self, points: list[StepPoint]) -> tuple[StepModel, float]:
+        if self.fits_overhead:
+            return self._fit_overhead(points)
+        return self._fit_efficiency(points)
+
+    def _fit_overhead(self, points: list[StepPoint]) -> tuple[StepModel, float]:
+        prior = replace(self.model, overhead=EngineOverhead())
+        predicted = [predict(prior, p) for p in points]
+        overhead = fit_overhead([(p.batch, p.q, p.seconds) for p in points], predicted)
+        fitted = replace(prior, overhead=overhead)
+        errors = [math.log((m + overhead.seconds(p.batch, p.q)) / p.seconds) for p, m in zip(points, predicted)]
+        return fitted, math.sqrt(sum(e * e for e in errors) / len(errors))
+
+    def _fit_efficiency(self, points: list[StepPoint]) -> tuple[StepModel, float]:
         # A fixed cost cannot exceed the fastest observed step: searching up to it lets a slow engine (a CPU
         # build's framework costs milliseconds a layer) fit without changing a GPU's search range.
         fastest = min(p.seconds for p in points)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specwatch.crossover.inputs import Efficiency, Hardware, ModelShape
+from specwatch.crossover.inputs import Efficiency, EngineOverhead, Hardware, ModelShape
 from specwatch.crossover.stepcost import forward_s
 
 BYTES_PER_WEIGHT = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5, "fp32": 4.0}
@@ -106,6 +106,8 @@ class StepModel:
     efficiency: Efficiency
     dtype: str = "bf16"
     draft: Draft | None = None
+    # The engine's own per-step costs beyond the kernels (live calibration fits it; zero elsewhere).
+    overhead: EngineOverhead = EngineOverhead()
 
     def target_step_s(self, batch: float, q: int, context: float) -> float:
         return self._forward_s(self.shape, batch, q, context)
@@ -129,7 +131,9 @@ class StepModel:
         gamma = len(positions)
         if gamma == 0:
             return 1.0
-        return tau(positions) * self.target_step_s(batch, 1, context) / self.spec_step_s(batch, gamma, context)
+        plain = self.target_step_s(batch, 1, context) + self.overhead.seconds(batch, 1)
+        spec = self.spec_step_s(batch, gamma, context) + self.overhead.seconds(batch, gamma + 1)
+        return tau(positions) * plain / spec
 
     def crossover(self, positions: Sequence[float], context: float, max_batch: float = MAX_BATCH) -> float | None:
         """B*. On the tables' verify kernel (whole waves of blocks) the speedup curve has steps between batches,

@@ -25,6 +25,7 @@ from specwatch.crossover.configured import (
     SweptCrossover,
     positions_from_rate,
 )
+from specwatch.crossover.kernel import PACKED, UNPACKED
 from specwatch.crossover.livecal import LiveAnswer, LiveCalibration
 from specwatch.crossover.speedup import tau
 from specwatch.crossover.sweepfile import load_sweep
@@ -316,6 +317,7 @@ class AboveCrossoverEvaluator:
                 live_crossover_lower=live_answer.lower,
                 live_crossover_upper=live_answer.upper,
                 live_crossover_bins=live_answer.bins,
+                live_crossover_attention_kernel=live_kernel(self.live),
             )
             update["live_crossover_settled"] = live_answer.settled
             if live_answer.settled:  # the route's own step times, once they pin B* down, beat the prior
@@ -365,6 +367,13 @@ class AboveCrossoverEvaluator:
 
     def close(self) -> None:
         pass
+
+
+def live_kernel(calibration: LiveCalibration | None) -> str:
+    """The verify kernel the live refit's step model prices ("" without live calibration)."""
+    if calibration is None:
+        return ""
+    return UNPACKED if calibration.model.efficiency.verify_reads_per_query_head else PACKED
 
 
 def _request_steps(times: StepTimes, positions: Sequence[float], dt: float | None, engines: int) -> StepTimes | None:

@@ -219,14 +219,16 @@ def _crossover_metrics(s: Snapshot, f: Families) -> None:
     for r in routes:
         crossover.add(r.crossover_batch_size, r.name, r.crossover_source)
         crossover.add(r.live_crossover_batch_size, r.name, "live")
-        band.add(r.crossover_lower, r.name, r.crossover_source, "lower")
-        band.add(r.crossover_upper, r.name, r.crossover_source, "upper")
-        band.add(r.live_crossover_lower, r.name, "live", "lower")
-        band.add(r.live_crossover_upper, r.name, "live", "upper")
+        kernel, live_kernel = r.crossover_attention_kernel, r.live_crossover_attention_kernel
+        band.add(r.crossover_lower, r.name, r.crossover_source, "lower", kernel)
+        band.add(r.crossover_upper, r.name, r.crossover_source, "upper", kernel)
+        band.add(r.live_crossover_lower, r.name, "live", "lower", live_kernel)
+        band.add(r.live_crossover_upper, r.name, "live", "upper", live_kernel)
     flag = f("route_crossover_flag_batch_size")
     for r in routes:
         if r.crossover_flag_source:
             flag.add(r.crossover_flag_batch_size, r.name, r.crossover_flag_source)
+    _per_route(f, "route_kv_capacity_batch_size", routes, "crossover_kv_capacity_batch")
     _per_route(f, "route_crossover_live_bins", routes, "live_crossover_bins")
     _per_route(f, "route_batch_size", routes, "batch_size")
     _per_route(f, "route_above_crossover", routes, "above_crossover")

@@ -172,9 +172,12 @@ def crossover_row(s: Settings, sel: Selectors) -> Row:
                 "Batch vs crossover",
                 "Time-weighted running requests per engine, against the batch size above which speculation "
                 "lowers throughput (each source's B*), the batch the flag judges against now (flag, with "
-                "its source: sweep, estimate, batch_size or live) and that source's band (dashed), and the "
-                "batch bins live calibration has (right axis). No flag line: the flag cannot fire (no "
-                "crossover, or an estimate whose band has no upper side).",
+                "its source: sweep, estimate, batch_size or live) and that source's band (dashed), named with "
+                "the verify attention kernel its step model prices (packed, unpacked, or unknown: the band "
+                "spans both), the largest batch whose KV cache fits at the live context (KV fits; an "
+                "estimated crossover above it is none), and the batch bins live calibration has (right "
+                "axis). No flag line: the flag cannot fire (no crossover, or an estimate whose band has no "
+                "upper side).",
                 [
                     (f"specwatch_route_batch_size{{{sel.route}}}", "{{instance}} {{route}} batch"),
                     (
@@ -188,8 +191,9 @@ def crossover_row(s: Settings, sel: Selectors) -> Row:
                     (
                         f"specwatch_route_crossover_band_batch_size{{{sel.route}}} and on (instance, route, source) "
                         f"specwatch_route_crossover_flag_batch_size{{{sel.route}}}",
-                        "{{instance}} {{route}} flag band {{bound}} ({{source}})",
+                        "{{instance}} {{route}} flag band {{bound}} ({{source}}, {{kernel}} kernel)",
                     ),
+                    (f"specwatch_route_kv_capacity_batch_size{{{sel.route}}}", "{{instance}} {{route}} KV fits"),
                     (
                         f"specwatch_route_running_requests{{{sel.route}}}",
                         "{{instance}} {{route}} running (all engines)",
@@ -199,7 +203,7 @@ def crossover_row(s: Settings, sel: Selectors) -> Row:
                 ],
                 "none",
                 minimum=0,
-                overrides=[dashed(".* flag band .*"), right_axis(".* live bins", "none")],
+                overrides=[dashed(".* flag band .*"), dashed(".* KV fits"), right_axis(".* live bins", "none")],
             ),
             12,
             8,
