@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         source.close()
-    key = BaselineKey(sample.model_name, sample.engine_version, int(sample.num_speculative_tokens or 0))
+    key = BaselineKey(sample.model_name, sample.engine_version, int(sample.num_speculative_tokens or 0), sample.drafter)
     runner = ProbeRunner(
         route,
         probe,
@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
             state = store.probe_state(route.name) or {}
             ref = state.get("reference_key")
             if ref and state.get("prompt_set") == prompt_set.hash:
-                reference_key = BaselineKey(str(ref[0]), str(ref[1]), int(ref[2]))
+                reference_key = BaselineKey.from_json(ref)
                 fingerprint = store.fingerprint(route.name, reference_key, prompt_set.hash)
         reference = {pid: Acceptance(d, a, s) for pid, (d, a, s) in fingerprint.items()}
         console.print(_table(rnd, reference))
@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
                     **(store.probe_state(route.name) or {}),
                     "version": 1,
                     "prompt_set": prompt_set.hash,
-                    "reference_key": [key.model_name, key.engine_version, key.k],
+                    "reference_key": key.to_json(),
                     "low_rounds": 0,
                     "clean_rounds": 0,
                     "degraded": False,

@@ -103,7 +103,7 @@ def queries(route: str, key: BaselineKey, selector: str) -> tuple[str, str]:
     base = f"route={_quote(route)}{extra}"
     info = (
         f"{INFO}{{{base},model_name={_quote(key.model_name)},engine_version={_quote(key.engine_version)},"
-        f"draft_length={_quote(str(key.k) if key.k else '')}}}"
+        f"draft_length={_quote(str(key.k) if key.k else '')},drafter={_quote(key.drafter)}}}"
     )
     join = " * on(job, instance, route) group_left() "
     return f"{RATIO}{{{base}}}{join}{info}", f"{DISPERSION}{{{base}}}{join}{info}"
