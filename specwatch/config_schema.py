@@ -187,7 +187,7 @@ DEFAULT_HTTP_CLIENT = HttpClientConfig()
 
 @dataclass(frozen=True)
 class SeedFrom:
-    """Where a route with no baseline for its (model, engine version, k) takes one from: the fleet's median in
+    """Where a route with no baseline for its (model, engine version, k, drafter) takes one from: the fleet's median in
     Prometheus of the nodes that have one (evaluators/fleet_seed.py), instead of its own traffic."""
 
     prometheus: str = option("prometheus", Custom(), "the Prometheus base URL, e.g. http://prometheus:9090")
@@ -267,7 +267,7 @@ class PinnedBaseline:
         "variance inflation of per-window counts; None: estimated from the warm-up traffic",
         None,
     )
-    # The (model, engine version, k) the baseline was measured on: it applies only where each given one matches
+    # The (model, engine version, k, drafter) the baseline was measured on: it applies only where each given one matches
     # the route's current one, so that one decision rolled out by config management cannot judge another model.
     model: str = option("model", Text(), "the served model name it applies to; empty: any", "")
     engine_version: str = option("engine_version", Text(), "the engine version it applies to; empty: any", "")

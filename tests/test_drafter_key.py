@@ -120,23 +120,23 @@ class FixtureSource:
         pass
 
 
+def _route(drafter: str, drop: float = 0.2) -> dict[str, Any]:
+    return {
+        "name": "chat",
+        "url": "http://127.0.0.1:1/metrics",
+        "engine": "vllm",
+        "drop": drop,
+        "baseline": {"acceptance_ratio": 0.6, "overdispersion": 2.0},
+        "speculative": {"method": "eagle3", "drafter": drafter},
+    }
+
+
+def _raw(state_dir: Path, drafter: str, drop: float = 0.2) -> dict[str, Any]:
+    return {"state_dir": str(state_dir), "gpu": {"enabled": "false"}, "routes": [_route(drafter, drop)]}
+
+
 def _config(state_dir: Path, drafter: str, drop: float = 0.2) -> Any:
-    return parse_config(
-        {
-            "state_dir": str(state_dir),
-            "gpu": {"enabled": "false"},
-            "routes": [
-                {
-                    "name": "chat",
-                    "url": "http://127.0.0.1:1/metrics",
-                    "engine": "vllm",
-                    "drop": drop,
-                    "baseline": {"acceptance_ratio": 0.6, "overdispersion": 2.0},
-                    "speculative": {"method": "eagle3", "drafter": drafter},
-                }
-            ],
-        }
-    )
+    return parse_config(_raw(state_dir, drafter, drop))
 
 
 def _daemon(config: Any, clock: FakeClock, bodies: list[str]) -> Daemon:
@@ -189,6 +189,28 @@ def test_a_pinned_baseline_that_names_a_drafter_applies_only_to_that_drafter():
     assert not pinned.applies_to("m", "0.33.0", 4, "eagle3:org/b")
     assert not pinned.applies_to("m", "0.33.0", 4, "")
     assert PinnedBaseline(acceptance_ratio=0.6).applies_to("m", "0.33.0", 4, "eagle3:org/b")  # not named: any
+
+
+def test_a_drafter_not_told_after_a_daemon_or_engine_restart_keeps_the_key(tmp_path):
+    clock = FakeClock()
+    first = _daemon(_config(tmp_path, "org/eagle3-a"), clock, list(VLLM_SCRAPES))
+    try:
+        first.tick()
+    finally:
+        first.close()
+    untold = parse_config({**_raw(tmp_path, "org/eagle3-a"), "routes": [{**_route("x"), "speculative": None}]})
+    second = _daemon(untold, clock, [VLLM_SCRAPES[1], VLLM_SCRAPES[0]])  # then counters going back: a restart
+    try:
+        clock.advance(60.0)
+        (after,) = second.tick().routes
+        clock.advance(5.0)
+        (restarted,) = second.tick().routes
+    finally:
+        second.close()
+    assert after.drafter == "" and after.model_changes_total == 0
+    assert restarted.model_changes_total == 1  # the restart itself, counted as ever
+    stored = StateStore.in_state_dir(str(tmp_path), readonly=True, repair=False).route_state("chat")
+    assert stored is not None and stored["key"][3] == "eagle3:org/eagle3-a"  # the key it knew is kept
 
 
 # ------------------------------------------------------------------ fleet and operators

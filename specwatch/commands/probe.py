@@ -1,6 +1,6 @@
 """`specwatch probe ROUTE`: one canary round now, as a per-prompt table against the route's fingerprint.
 
-The route's engine is scraped once for its key (model, engine version, k); the round is sent as the daemon
+The route's engine is scraped once for its key (model, engine version, k, drafter); the round is sent as the daemon
 would send it (the route's `probe:` settings, or the defaults when it has none); each prompt's acceptance
 and accepted length are shown beside its fingerprint's. The fingerprint is read from the daemon's state
 directory: the key's own, else the one the daemon judges this route against. `--adopt` stores this round as

@@ -20,6 +20,7 @@ Cost per cycle: a few float operations; the store writes only on learning events
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping, Sequence
 
@@ -120,6 +121,8 @@ class AcceptanceDropEvaluator:
             self._apply_command(action)
         if obs.up:
             key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0), obs.drafter)
+            if self.selection.key is not None and not key.drafter:  # not told (yet): no change
+                key = dataclasses.replace(key, drafter=self.selection.key.drafter)
             if self.selection.key is None:
                 self._use(self.selection.enter_key(key))
             elif key != self.selection.key and not self.selection.schedule_driven(key, obs):

@@ -2,9 +2,9 @@
 
 Per route (docs/detection.md has the reasoning), `BaselineSelection` owns the key, the reference and the learner:
 
-1. Warm-up: the first `warmup` tokens of a (model, engine version, k) key give a provisional baseline r0 with its
-   overdispersion φ. A baseline pinned in the config is used as is for the keys it names (all keys when it names
-   none), from the first cycle when it gives φ (else φ is learned from the warm-up); a key it does not name
+1. Warm-up: the first `warmup` tokens of a (model, engine version, k, drafter) key give a provisional baseline r0
+   with its overdispersion φ. A baseline pinned in the config is used as is for the keys it names (all keys when it
+   names none), from the first cycle when it gives φ (else φ is learned from the warm-up); a key it does not name
    learns its own, as if none were configured. With `seed_from`, a key with neither a pin nor a stored baseline
    asks for the fleet's median from Prometheus (evaluators/fleet_seed.py) rather than learn its own, possibly
    degraded, traffic. The question runs on a thread of its own (`seed`); a later cycle picks up the answer

@@ -1,6 +1,6 @@
 """A new key's baseline from the fleet: the median, over the nodes that have one, of the baseline they export.
 
-A node with no baseline for its (route, model, engine version, k) (`detection.seed_from`) asks Prometheus
+A node with no baseline for its (route, model, engine version, k, drafter) (`detection.seed_from`) asks Prometheus
 for every node's `specwatch_route_acceptance_baseline_ratio` (and `..._overdispersion`) whose
 `specwatch_route_acceptance_baseline_info` names the same key. The node itself has no baseline for that key, so
 it is not among them.
