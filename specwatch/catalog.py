@@ -164,9 +164,9 @@ METRICS: tuple[MetricSpec, ...] = (
     _m(
         "route_acceptance_baseline_info",
         "gauge",
-        "The (model, engine version, draft length k) the route's baseline holds for and where it came from "
-        "(learned, accepted, adopted, config, fleet); always 1" + AS_OF,
-        ("route", "model_name", "engine_version", "draft_length", "source"),
+        "The (model, engine version, draft length k, speculative method:drafter) the route's baseline holds for "
+        "and where it came from (learned, accepted, adopted, config, fleet); always 1" + AS_OF,
+        ("route", "model_name", "engine_version", "draft_length", "drafter", "source"),
         area="detection",
     ),
     _m(

@@ -187,7 +187,7 @@ DEFAULT_HTTP_CLIENT = HttpClientConfig()
 
 @dataclass(frozen=True)
 class SeedFrom:
-    """Where a route with no baseline for its (model, engine version, k) takes one from: the fleet's median in
+    """Where a route with no baseline for its (model, engine version, k, drafter) takes one from: the fleet's median in
     Prometheus of the nodes that have one (evaluators/fleet_seed.py), instead of its own traffic."""
 
     prometheus: str = option("prometheus", Custom(), "the Prometheus base URL, e.g. http://prometheus:9090")
@@ -267,7 +267,7 @@ class PinnedBaseline:
         "variance inflation of per-window counts; None: estimated from the warm-up traffic",
         None,
     )
-    # The (model, engine version, k) the baseline was measured on: it applies only where each given one matches
+    # The (model, engine version, k, drafter) the baseline was measured on: it applies only where each given one matches
     # the route's current one, so that one decision rolled out by config management cannot judge another model.
     model: str = option("model", Text(), "the served model name it applies to; empty: any", "")
     engine_version: str = option("engine_version", Text(), "the engine version it applies to; empty: any", "")
@@ -275,12 +275,17 @@ class PinnedBaseline:
         "draft_length", Number(lo=1, hi=MAX_NUMBER, integer=True), "the draft length k it applies to; None: any", None
     )
 
-    def applies_to(self, model: str, engine_version: str, k: int) -> bool:
-        """Whether this baseline judges traffic of (model, engine version, k)."""
+    drafter: str = option(
+        "drafter", Text(), 'the drafter it applies to, as the baseline key says it ("method:drafter"); empty: any', ""
+    )
+
+    def applies_to(self, model: str, engine_version: str, k: int, drafter: str = "") -> bool:
+        """Whether this baseline judges traffic of (model, engine version, k, drafter)."""
         return (
             (not self.model or self.model == model)
             and (not self.engine_version or self.engine_version == engine_version)
             and (self.draft_length is None or self.draft_length == k)
+            and (not self.drafter or self.drafter == drafter)
         )
 
 
@@ -384,6 +389,16 @@ class ScrapeConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """What the route drafts with, for engines that do not say (vLLM): part of the route's baseline key, so a
+    change is a model change. Where the engine tells one of them (llama.cpp's method, TensorRT-LLM's both), the
+    engine's value is used and the configured one only fills what it leaves out."""
+
+    method: str = option("method", Text(max_length=200), "the speculative method, e.g. eagle3, mtp, ngram", "")
+    drafter: str = option("drafter", Text(max_length=500), "the draft model's name or path", "")
+
+
+@dataclass(frozen=True)
 class RouteConfig:
     name: str = option(
         "name",
@@ -422,6 +437,12 @@ class RouteConfig:
         "crossover", Section(CrossoverConfig, optional=True), "one of sweep, estimate, batch_size", None
     )
     probe: ProbeConfig | None = option("probe", Section(ProbeConfig, optional=True), "canary probes; None: off", None)
+    speculative: SpeculativeConfig | None = option(
+        "speculative",
+        Section(SpeculativeConfig, optional=True),
+        "the speculative method and drafter, where the engine does not tell them",
+        None,
+    )
 
 
 GPU_MODES = ("auto", "true", "false")

@@ -89,10 +89,21 @@ class EngineSample:
     engine_version: str = ""
     speculation_enabled: bool = True
     num_speculative_tokens: int | None = None  # k, e.g. the number of vLLM `position` values
+    # The speculative method and the draft model, as far as the engine or the route's config tells them; ""
+    # where neither does. Together (`drafter`) they are part of the baseline key.
+    spec_method: str = ""
+    spec_drafter: str = ""
     engines: tuple[EngineCounters, ...] = ()
     # engine -> its step-time totals (vLLM). Kept apart from EngineCounters, which is built per engine on the
     # hot path.
     step_time_totals: Mapping[str, StepTimes] = field(default_factory=dict)
+
+    @property
+    def drafter(self) -> str:
+        """The method and drafter as one text, the baseline key's `drafter`: "method:drafter", or whichever is
+        known; "" when neither is."""
+        method, drafter = self.spec_method.strip(), self.spec_drafter.strip()
+        return f"{method}:{drafter}" if method and drafter else method or drafter
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class RouteState:
     engine_kind: str = ""
     model_name: str = ""
     engine_version: str = ""
+    drafter: str = ""  # the speculative method and drafter, "method:drafter" (EngineSample.drafter)
     acceptance_source: AcceptanceSource = "none"
     error_reason: str = ""  # last error reason when down
     error_message: str = ""  # what that error said (for no_match: the label values the endpoint has)
@@ -149,6 +161,7 @@ class RouteState:
     baseline_model: str = ""
     baseline_engine_version: str = ""
     baseline_draft_length: int | None = None
+    baseline_drafter: str = ""
     baseline_source: str = ""
     baseline_overdispersion: float | None = None
     # baseline x (1 - the route's `drop`): the acceptance the detector pages below
@@ -246,6 +259,7 @@ class RouteObservation:
     engine_kind: str = ""
     acceptance_source: AcceptanceSource = "none"
     k: int | None = None
+    drafter: str = ""  # the speculative method and drafter (EngineSample.drafter)
     reset: bool = False  # an engine restarted (counter decrease or new _created) since the last cycle
     d_drafts: float = 0.0
     d_draft_tokens: float = 0.0

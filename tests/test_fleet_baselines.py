@@ -182,10 +182,10 @@ def test_a_seed_from_file_that_cannot_be_read_is_a_seed_error_naming_it(tmp_path
 
 
 def test_the_fleet_query_joins_on_the_baselines_own_key_and_escapes_values() -> None:
-    ratio, phi = queries("chat", BaselineKey('org/m"x', "0.9.1", 4), 'job="specwatch"')
+    ratio, phi = queries("chat", BaselineKey('org/m"x', "0.9.1", 4, "eagle3:org/d"), 'job="specwatch"')
     assert ratio == (
         'specwatch_route_acceptance_baseline_ratio{route="chat",job="specwatch"} * on(job, instance, route) '
         'group_left() specwatch_route_acceptance_baseline_info{route="chat",job="specwatch",'
-        'model_name="org/m\\"x",engine_version="0.9.1",draft_length="4"}'
+        'model_name="org/m\\"x",engine_version="0.9.1",draft_length="4",drafter="eagle3:org/d"}'
     )
     assert phi.startswith("specwatch_route_acceptance_baseline_overdispersion{")

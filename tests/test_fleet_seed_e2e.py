@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 FLEET = [(0.58, 30.0), (0.60, 35.0), (0.63, 40.0)]  # (r0, φ) learned by three nodes
 
 
-def _node_snapshot(ratio: float, phi: float, model: str = "m") -> Snapshot:
+def _node_snapshot(ratio: float, phi: float, model: str = "m", drafter: str = "") -> Snapshot:
     route = RouteState(
         name="chat",
         up=True,
@@ -37,6 +37,7 @@ def _node_snapshot(ratio: float, phi: float, model: str = "m") -> Snapshot:
         baseline_model=model,
         baseline_engine_version="0.9.1",
         baseline_draft_length=4,
+        baseline_drafter=drafter,
         baseline_source="learned",
         baseline_overdispersion=phi,
     )
@@ -45,10 +46,14 @@ def _node_snapshot(ratio: float, phi: float, model: str = "m") -> Snapshot:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory) -> Iterator[str]:
-    """A real Prometheus scraping three specwatch nodes (and a fourth with a baseline for another model)."""
+    """A real Prometheus scraping three specwatch nodes (and a fourth with a baseline for another model, a fifth
+    for the same model, version and k with another drafter)."""
     workdir = tmp_path_factory.mktemp("fleet")
     found = binaries()
-    snapshots = [_node_snapshot(r, phi) for r, phi in FLEET] + [_node_snapshot(0.3, 50.0, model="other")]
+    snapshots = [_node_snapshot(r, phi) for r, phi in FLEET] + [
+        _node_snapshot(0.3, 50.0, model="other"),
+        _node_snapshot(0.3, 50.0, drafter="eagle3:org/other-head"),
+    ]
     servers = [serve("127.0.0.1:0", lambda s=s: s) for s in snapshots]
     procs = Processes(workdir)
     port = free_port()
@@ -74,8 +79,8 @@ def prometheus(tmp_path_factory) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(
-            "Prometheus to scrape the four nodes",
-            lambda: len(query(url, "specwatch_route_acceptance_baseline_info")) == 4,
+            "Prometheus to scrape the five nodes",
+            lambda: len(query(url, "specwatch_route_acceptance_baseline_info")) == 5,
             90,
             procs,
         )
@@ -122,7 +127,8 @@ def test_a_fresh_node_seeded_from_the_fleet_pages_a_degraded_drafter_within_one_
     paged = _first_page(ev, 0.36, 3600.0)
     ref = ev.reference
     assert ref is not None and ref.source == "fleet"
-    assert ref.acceptance_ratio == pytest.approx(0.60) and ref.overdispersion == pytest.approx(35.0)  # the medians
+    # the medians of the three nodes with its key: not the one with another drafter
+    assert ref.acceptance_ratio == pytest.approx(0.60) and ref.overdispersion == pytest.approx(35.0)
     assert paged <= 60.0 + 300.0, paged
     assert ev.store.get("chat", ref.key) is not None  # kept across restarts, as a learned one is
     ev.close()
@@ -131,7 +137,7 @@ def test_a_fresh_node_seeded_from_the_fleet_pages_a_degraded_drafter_within_one_
 def test_too_few_nodes_fall_back_to_learning_and_say_so(
     tmp_path: Path, prometheus: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ev = _evaluator(tmp_path, SeedFrom(prometheus=prometheus, min_nodes=4))  # only three have (m, 0.9.1, 4)
+    ev = _evaluator(tmp_path, SeedFrom(prometheus=prometheus, min_nodes=4))  # only three have (m, 0.9.1, 4, "")
     with caplog.at_level(logging.WARNING, logger="specwatch.evaluators.baseline_selection"):
         assert _first_page(ev, 0.36, 3600.0) == float("inf")
     assert ev.reference is not None and ev.reference.source == "learned"

@@ -26,6 +26,7 @@ from specwatch.evaluators.canary import bracket_scraper
 from specwatch.export.prometheus import render_text
 from specwatch.probe.prompts import load_prompt_set
 from specwatch.probe.runner import ProbeRunner
+from specwatch.state.store import StateStore
 from testbed import llamacpp_build, llamacpp_models
 from testbed.llamacpp_server import PROMPTS, LlamaServer, LlamaServerSpec, Load, drive, measure_baseline
 
@@ -300,6 +301,74 @@ def test_a_drafter_swap_pages_through_the_drop_detector(server, gguf, tmp_path):
     assert new_rate < 0.8 * rate, "the swapped-in drafter was meant to accept much less"
     assert flagged_after is not None, f"the swap to a noisier drafter was not flagged: {state.acceptance_ratio}"
     assert state.model_changes_total >= 1
+
+
+def _settle(daemon: Daemon, server: LlamaServer, drafter: str) -> object:
+    """Drive drafting requests, tick until the route is up with a draft length and `drafter`, then three more
+    ticks (a change would show in them); the last RouteState."""
+    drive(server, 6, N_PREDICT)
+    deadline = time.monotonic() + 120
+    state = _state(daemon, up=False)
+    while not (state.up and state.draft_length is not None and state.drafter == drafter):
+        assert time.monotonic() < deadline, f"the route never showed drafter {drafter!r}: {state}"
+        time.sleep(1.0)
+        state = _state(daemon, up=False)
+    for _ in range(3):
+        time.sleep(1.0)
+        state = _state(daemon)
+    return state
+
+
+def _up(daemon: Daemon) -> object:
+    deadline = time.monotonic() + 120
+    state = _state(daemon, up=False)
+    while not state.up:
+        assert time.monotonic() < deadline, f"the route never came back: {state.error_reason}"
+        time.sleep(1.0)
+        state = _state(daemon, up=False)
+    return state
+
+
+def test_a_method_swap_at_the_same_model_and_k_is_a_key_change_and_a_same_method_restart_is_not(server, gguf, tmp_path):
+    """llama-server b11434 tells its speculative method on /slots (not the draft file: nothing it answers names
+    that), so the swap here is draft-simple -> ngram-simple, both drafting up to K tokens, under the same alias.
+    A restart already counts one model change; the key change counts one more, once the new server says what
+    it runs (after its first request), and moves the baseline key."""
+    ngram = LlamaServerSpec(
+        model=gguf["target"],
+        extra_args=(
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "2",
+            "--spec-ngram-simple-size-m",
+            str(K),
+        ),
+    )
+    daemon = Daemon(_config(tmp_path, server.metrics_url))
+    try:
+        _state(daemon)
+        first = _settle(daemon, server, "draft-simple")
+        server.restart(server.spec)  # the same method again
+        same_restart = _up(daemon)
+        same = _settle(daemon, server, "draft-simple")
+        server.restart(ngram)
+        swap_restart = _up(daemon)
+        swapped = _settle(daemon, server, "ngram-simple")
+        positions = len(engine_counts(server.get("/metrics"))["per_pos"])
+    finally:
+        daemon.close()
+    stored = StateStore.in_state_dir(str(tmp_path / "state"), readonly=True, repair=False).route_state("r")
+    assert stored is not None
+    print(f"\nllama.cpp key: {first.drafter} -> {same.drafter} -> {swapped.drafter}; stored key {stored['key']}")
+    assert (first.model_name, first.drafter) == ("tiny", "draft-simple")
+    assert positions == K, "the new method drafts up to K tokens too: the same k"
+    assert same.drafter == "draft-simple" and same.model_changes_total == same_restart.model_changes_total
+    assert swap_restart.drafter == "draft-simple", "not told yet: the last told drafter holds"
+    assert (swapped.model_name, swapped.drafter) == ("tiny", "ngram-simple")
+    assert swapped.model_changes_total == swap_restart.model_changes_total + 1
+    assert swapped.last_model_change_timestamp > swap_restart.last_model_change_timestamp
+    assert stored["key"][0] == "tiny" and stored["key"][3] == "ngram-simple"
 
 
 def test_a_canary_probe_reads_each_answers_own_timings(server, tmp_path):

@@ -7,6 +7,7 @@ old server's, or at 0.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from specwatch.sources.http import _failure
 from specwatch.tracking.routes import RouteTracker
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SLOTS = FIXTURES / "llamacpp" / "responses" / "slots_draft_simple.json"
 CASES = {
     # engine: (fixture, strip `_created` lines: vLLM in multiprocess mode has none)
     "vllm": ("vllm/v1_k1_1engine.prom", False),
@@ -60,8 +62,15 @@ class FakeEndpoint:
 
 
 class FakeFetcher:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
     def get_json_field(self, url: str, key: str) -> str:
         return {"build_info": "b11434-0000000", "model_alias": "tiny.gguf"}.get(key, "1.0")
+
+    def get_json(self, url: str) -> object:
+        self.asked.append(url)
+        return json.loads(SLOTS.read_text())["after_one_request"]  # llama-server's /slots after a request
 
     def close(self) -> None:
         pass
@@ -186,6 +195,17 @@ def test_llamacpp_model_name_comes_from_props_once_per_start():
     source, endpoint = make_source("llamacpp", load("llamacpp"))
     sample = source.sample(0.0)
     assert (sample.model_name, sample.engine_version) == ("tiny.gguf", "b11434-0000000")
+
+
+def test_llamacpp_method_comes_from_slots_once_it_has_drafted_and_again_after_a_restart():
+    source, endpoint = make_source("llamacpp", load("llamacpp"))
+    fetcher = source.fetcher
+    assert source.sample(0.0).drafter == "draft-simple"  # the fixture has drafted: k is known
+    assert source.sample(10.0).drafter == "draft-simple"
+    assert fetcher.asked == ["http://127.0.0.1:9/slots"]  # once per start
+    source.version = None  # what a restart does
+    source.sample(20.0)
+    assert len(fetcher.asked) == 2
 
 
 def test_a_sample_without_counters_shows_no_windowed_series_at_all():

@@ -35,7 +35,7 @@ from specwatch.state.store import DB_NAME, StateStore
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-ACCEPT_FIELDS = {"model": str, "engine_version": str, "draft_length": int, "dry_run": bool}
+ACCEPT_FIELDS = {"model": str, "engine_version": str, "draft_length": int, "drafter": str, "dry_run": bool}
 
 
 class LiveRoutes(Protocol):
@@ -66,8 +66,14 @@ def parse_accept(body: dict[str, Any]) -> tuple[Expected, bool]:
         problems.append(f"draft_length must be at least 1, not {k}")
     if problems:
         raise BadRequest("; ".join(problems))
-    version = body.get("engine_version")
-    return Expected(str(model), version if isinstance(version, str) else None, k), bool(body.get("dry_run"))
+    version, drafter = body.get("engine_version"), body.get("drafter")
+    expected = Expected(
+        str(model),
+        version if isinstance(version, str) else None,
+        k,
+        drafter if isinstance(drafter, str) else None,
+    )
+    return expected, bool(body.get("dry_run"))
 
 
 class BaselineAdmin:

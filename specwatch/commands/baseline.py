@@ -171,7 +171,7 @@ def _show(store: StateStore, route: str) -> int:
 
 def _key_label(raw) -> str:
     try:
-        return BaselineKey(str(raw[0]), str(raw[1]), int(raw[2])).label()
+        return BaselineKey.from_json(raw).label()
     except (TypeError, ValueError, IndexError):
         return "?"
 
@@ -212,7 +212,7 @@ def accept_route(store: StateStore, route: str, detection: DetectionConfig) -> t
     state = store.route_state(route)
     if state is None or not state.get("key"):
         return False, f"route {route!r} has no detector state yet (has the daemon seen it?)"
-    key = BaselineKey(str(state["key"][0]), str(state["key"][1]), int(state["key"][2]))
+    key = BaselineKey.from_json(state["key"])
     ref = state.get("reference_key")
     try:
         learner = BaselineLearner.from_json(state["learner"], detection.block_seconds)

@@ -62,11 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "accept",
         help="adopt the new model's baseline on every node that runs it and has evidence for it",
         description="Adopt the new key's baseline on every node and route that runs --model (and --engine-version, "
-        "--draft-length if given) and has evidence for it; every other node refuses and keeps its baseline.",
+        "--draft-length, --drafter if given) and has evidence for it; every other node refuses and keeps its baseline.",
     )
     p.add_argument("--model", required=True, help="the model the routes must run (its name as the engine reports it)")
     p.add_argument("--engine-version", dest="engine_version", default=None, help="the engine version they must run")
     p.add_argument("--draft-length", dest="draft_length", type=int, default=None, help="the draft length k")
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help='the speculative method and drafter they must run, as the baseline info shows it ("method:drafter")',
+    )
     p.add_argument(
         "--route", dest="routes", action="extend", nargs="+", default=None, help="route(s) to accept on (default: all)"
     )
@@ -109,6 +114,8 @@ def main(args: argparse.Namespace) -> int:
         body["engine_version"] = args.engine_version
     if args.draft_length is not None:
         body["draft_length"] = args.draft_length
+    if args.drafter is not None:
+        body["drafter"] = args.drafter
     if args.dry_run:
         body["dry_run"] = True
 
@@ -316,8 +323,9 @@ def _baseline(doc: dict[str, Any] | None) -> str:
         ratio = f"{float(doc['acceptance_ratio']):.4f}"
     except (KeyError, TypeError, ValueError):
         ratio = "?"
-    k = doc.get("draft_length")
-    return f"{ratio} {doc.get('model') or '-'} {doc.get('engine_version') or '-'} k={k or '?'}"
+    k, drafter = doc.get("draft_length"), doc.get("drafter")
+    text = f"{ratio} {doc.get('model') or '-'} {doc.get('engine_version') or '-'} k={k or '?'}"
+    return f"{text} {drafter}" if drafter else text
 
 
 def render(rows: Sequence[Row]) -> Table:

@@ -135,7 +135,9 @@ def _key(config: Config) -> BaselineKey:
         sample = source.sample(time.time())
     finally:
         source.close()
-    return BaselineKey(sample.model_name, sample.engine_version, int(sample.num_speculative_tokens or 0))
+    return BaselineKey(
+        sample.model_name, sample.engine_version, int(sample.num_speculative_tokens or 0), sample.drafter
+    )
 
 
 def _reference(args: argparse.Namespace, prompt_set: PromptSet, key: BaselineKey) -> dict[str, Acceptance]:
@@ -161,11 +163,7 @@ def _reference(args: argparse.Namespace, prompt_set: PromptSet, key: BaselineKey
     try:
         state = store.probe_state(args.route) or {}
         ref = state.get("reference_key") if state.get("prompt_set") == prompt_set.hash else None
-        keys = (
-            [BaselineKey(str(ref[0]), str(ref[1]), int(ref[2]))]
-            if ref
-            else store.fingerprint_keys(args.route, prompt_set.hash)
-        )
+        keys = [BaselineKey.from_json(ref)] if ref else store.fingerprint_keys(args.route, prompt_set.hash)
         if len(keys) != 1:
             found = ", ".join(k.label() for k in keys) or "none"
             raise ValueError(

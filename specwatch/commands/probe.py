@@ -1,6 +1,6 @@
 """`specwatch probe ROUTE`: one canary round now, as a per-prompt table against the route's fingerprint.
 
-The route's engine is scraped once for its key (model, engine version, k); the round is sent as the daemon
+The route's engine is scraped once for its key (model, engine version, k, drafter); the round is sent as the daemon
 would send it (the route's `probe:` settings, or the defaults when it has none); each prompt's acceptance
 and accepted length are shown beside its fingerprint's. The fingerprint is read from the daemon's state
 directory: the key's own, else the one the daemon judges this route against. `--adopt` stores this round as
@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         source.close()
-    key = BaselineKey(sample.model_name, sample.engine_version, int(sample.num_speculative_tokens or 0))
+    key = BaselineKey(sample.model_name, sample.engine_version, int(sample.num_speculative_tokens or 0), sample.drafter)
     runner = ProbeRunner(
         route,
         probe,
@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
             state = store.probe_state(route.name) or {}
             ref = state.get("reference_key")
             if ref and state.get("prompt_set") == prompt_set.hash:
-                reference_key = BaselineKey(str(ref[0]), str(ref[1]), int(ref[2]))
+                reference_key = BaselineKey.from_json(ref)
                 fingerprint = store.fingerprint(route.name, reference_key, prompt_set.hash)
         reference = {pid: Acceptance(d, a, s) for pid, (d, a, s) in fingerprint.items()}
         console.print(_table(rnd, reference))
@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
                     **(store.probe_state(route.name) or {}),
                     "version": 1,
                     "prompt_set": prompt_set.hash,
-                    "reference_key": [key.model_name, key.engine_version, key.k],
+                    "reference_key": key.to_json(),
                     "low_rounds": 0,
                     "clean_rounds": 0,
                     "degraded": False,

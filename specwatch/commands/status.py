@@ -176,7 +176,7 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
         "route": str(r.get("name", "?")),
         "up": up,
         "engine": _cell(engine),
-        "model": _cell(r.get("model_name") or _DASH),
+        "model": _cell(" ".join(x for x in (r.get("model_name"), r.get("drafter")) if x) or _DASH),
         "accept 1m 5m 1h": " ".join(_ratio(ratios[w]) + mark if w in ratios else _DASH for w in ("1m", "5m", "1h")),
         "len": _number(lengths.get("5m", lengths.get("1m")), 2),
         "k": _number(r.get("draft_length"), 1),

@@ -29,6 +29,7 @@ class Expected:
     model: str
     engine_version: str | None = None
     draft_length: int | None = None
+    drafter: str | None = None  # "method:drafter" as the baseline key holds it; "" expects none told
 
     def mismatch(self, key: BaselineKey) -> str:
         """Why `key` is not what was expected ("" when it is)."""
@@ -39,6 +40,8 @@ class Expected:
             wrong.append(f"engine version {key.engine_version or '-'!r}, not {self.engine_version!r}")
         if self.draft_length is not None and key.k != self.draft_length:
             wrong.append(f"draft length k={key.k or '?'}, not {self.draft_length}")
+        if self.drafter is not None and key.drafter != self.drafter:
+            wrong.append(f"drafter {key.drafter or '-'!r}, not {self.drafter or '-'!r}")
         return "it runs " + " and ".join(wrong) if wrong else ""
 
 
@@ -63,6 +66,7 @@ def baseline_document(b: Baseline | None) -> dict[str, Any] | None:
         "model": b.key.model_name,
         "engine_version": b.key.engine_version,
         "draft_length": b.key.k,
+        "drafter": b.key.drafter,
         "acceptance_ratio": b.acceptance_ratio,
         "overdispersion": b.overdispersion,
         "drafted_tokens": b.drafted_tokens,
@@ -81,6 +85,7 @@ def gauge_document(route: str, key: BaselineKey | None, r0: float | None, pinned
         "model": key.model_name if key else None,
         "engine_version": key.engine_version if key else None,
         "draft_length": key.k if key else None,
+        "drafter": key.drafter if key else None,
         "acceptance_ratio": r0,
         "source": "gauge",
         "pinned": pinned,

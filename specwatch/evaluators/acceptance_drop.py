@@ -20,6 +20,7 @@ Cost per cycle: a few float operations; the store writes only on learning events
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping, Sequence
 
@@ -119,11 +120,15 @@ class AcceptanceDropEvaluator:
         for action in self.store.take_commands(self.route):
             self._apply_command(action)
         if obs.up:
-            key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0))
+            key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0), obs.drafter)
+            if self.selection.key is not None and not key.drafter:  # not told (yet): no change
+                key = dataclasses.replace(key, drafter=self.selection.key.drafter)
             if self.selection.key is None:
                 self._use(self.selection.enter_key(key))
             elif key != self.selection.key and not self.selection.schedule_driven(key, obs):
                 self._model_changed(key, now)
+            elif key.drafter != self.selection.key.drafter:
+                self.selection.tell_drafter(key)
             elif obs.reset:
                 self._count_change(now)  # a restart may have swapped weights under the same name
             self._take_seed(now)
@@ -484,11 +489,8 @@ def stored_horizon(store: StateStore, route: RouteConfig) -> tuple[float, float]
 
 
 def _key_json(key: BaselineKey | None) -> list[Any] | None:
-    return None if key is None else [key.model_name, key.engine_version, key.k]
+    return None if key is None else key.to_json()
 
 
 def _key_from(raw: Any) -> BaselineKey | None:
-    if raw is None:
-        return None
-    model, version, k = raw
-    return BaselineKey(str(model), str(version), int(k))
+    return None if raw is None else BaselineKey.from_json(raw)

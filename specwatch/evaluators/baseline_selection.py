@@ -2,9 +2,9 @@
 
 Per route (docs/detection.md has the reasoning), `BaselineSelection` owns the key, the reference and the learner:
 
-1. Warm-up: the first `warmup` tokens of a (model, engine version, k) key give a provisional baseline r0 with its
-   overdispersion φ. A baseline pinned in the config is used as is for the keys it names (all keys when it names
-   none), from the first cycle when it gives φ (else φ is learned from the warm-up); a key it does not name
+1. Warm-up: the first `warmup` tokens of a (model, engine version, k, drafter) key give a provisional baseline r0
+   with its overdispersion φ. A baseline pinned in the config is used as is for the keys it names (all keys when it
+   names none), from the first cycle when it gives φ (else φ is learned from the warm-up); a key it does not name
    learns its own, as if none were configured. With `seed_from`, a key with neither a pin nor a stored baseline
    asks for the fleet's median from Prometheus (evaluators/fleet_seed.py) rather than learn its own, possibly
    degraded, traffic. The question runs on a thread of its own (`seed`); a later cycle picks up the answer
@@ -90,17 +90,18 @@ class BaselineSelection:
         pinned = self.pinned
         if pinned is None or key is None:
             return pinned
-        if pinned.applies_to(key.model_name, key.engine_version, key.k):
+        if pinned.applies_to(key.model_name, key.engine_version, key.k, key.drafter):
             return pinned
         if key not in self._unpinned_logged:
             self._unpinned_logged.add(key)
             log.warning(
-                "route %s: the configured baseline (model %s, engine version %s, k=%s) does not apply to %s: "
-                "that key learns its own",
+                "route %s: the configured baseline (model %s, engine version %s, k=%s, drafter %s) does not apply "
+                "to %s: that key learns its own",
                 self.route,
                 pinned.model or "any",
                 pinned.engine_version or "any",
                 pinned.draft_length or "any",
+                pinned.drafter or "any",
                 key.label(),
             )
         return None
@@ -401,16 +402,25 @@ class BaselineSelection:
 
     # ------------------------------------------------------------------ model changes
     def schedule_driven(self, key: BaselineKey, obs: RouteObservation) -> bool:
-        """A draft length that moved without an engine restart, on the same model and version: the engine's
-        own schedule (SGLang's adaptive tiers, a k that follows the batch) rather than a new deployment,
-        since changing the configured k takes a restart. The baseline learned at the old key stays."""
+        """A draft length that moved without an engine restart, on the same model, version and drafter: the
+        engine's own schedule (SGLang's adaptive tiers, a k that follows the batch) rather than a new deployment,
+        since changing the configured k takes a restart. The baseline learned at the old key stays. A drafter
+        not told on one side is no change; told on both and different, it is (a config reload names another)."""
         current = self.key
         return (
             current is not None
             and not obs.reset
             and key.model_name == current.model_name
             and key.engine_version == current.engine_version
+            and (key.drafter == current.drafter or not key.drafter or not current.drafter)
         )
+
+    def tell_drafter(self, key: BaselineKey) -> None:
+        """The engine told the drafter of the key it runs for the first time (llama.cpp does after a request):
+        the current key gains it, with no model change, since nothing changed but what we know."""
+        if self.key is not None and not self.key.drafter and key.drafter:
+            log.info("route %s: the engine runs drafter %s", self.route, key.drafter)
+            self.key = dataclasses.replace(self.key, drafter=key.drafter)
 
     def enter_key(self, key: BaselineKey) -> Baseline | None:
         """Start on `key`: its stored baseline (if any, and none is configured) is the reference at once."""

@@ -136,7 +136,7 @@ class CanaryEvaluator:
             self.adopt_pending = self.change_pending = True  # a round now rather than at the next due time
         if obs.up:
             self.engine_kind = obs.engine_kind.split("-")[0]
-            key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0))
+            key = BaselineKey(obs.model_name, obs.engine_version, int(obs.k or 0), obs.drafter)
             if self.key is None:
                 self.key = key
                 if self.next_due is None:  # after a restart of specwatch the schedule goes on
@@ -291,7 +291,7 @@ class CanaryEvaluator:
             {
                 "version": STATE_VERSION,
                 "prompt_set": self.prompt_hash,
-                "reference_key": [ref.model_name, ref.engine_version, ref.k] if ref is not None else None,
+                "reference_key": ref.to_json() if ref is not None else None,
                 "low_rounds": self.low_rounds,
                 "clean_rounds": self.clean_rounds,
                 "degraded": self.degraded,
@@ -306,7 +306,7 @@ class CanaryEvaluator:
             return
         try:
             ref = state["reference_key"]
-            self.reference_key = BaselineKey(str(ref[0]), str(ref[1]), int(ref[2])) if ref else None
+            self.reference_key = BaselineKey.from_json(ref) if ref else None
             self.low_rounds, self.clean_rounds = int(state["low_rounds"]), int(state["clean_rounds"])
             self.degraded = bool(state["degraded"])
             self.not_low_on_new_key = int(state.get("not_low_on_new_key", 0))

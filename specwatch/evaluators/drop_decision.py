@@ -315,6 +315,7 @@ class DropDecision:
             "baseline_model": key.model_name if key is not None else "",
             "baseline_engine_version": key.engine_version if key is not None else "",
             "baseline_draft_length": key.k if key is not None else None,
+            "baseline_drafter": key.drafter if key is not None else "",
             "baseline_source": reference.source if reference is not None else "",
             "baseline_overdispersion": reference.overdispersion if reference is not None else None,
             "degraded": self.degraded,

@@ -1,6 +1,6 @@
 """A new key's baseline from the fleet: the median, over the nodes that have one, of the baseline they export.
 
-A node with no baseline for its (route, model, engine version, k) (`detection.seed_from`) asks Prometheus
+A node with no baseline for its (route, model, engine version, k, drafter) (`detection.seed_from`) asks Prometheus
 for every node's `specwatch_route_acceptance_baseline_ratio` (and `..._overdispersion`) whose
 `specwatch_route_acceptance_baseline_info` names the same key. The node itself has no baseline for that key, so
 it is not among them.
@@ -103,7 +103,7 @@ def queries(route: str, key: BaselineKey, selector: str) -> tuple[str, str]:
     base = f"route={_quote(route)}{extra}"
     info = (
         f"{INFO}{{{base},model_name={_quote(key.model_name)},engine_version={_quote(key.engine_version)},"
-        f"draft_length={_quote(str(key.k) if key.k else '')}}}"
+        f"draft_length={_quote(str(key.k) if key.k else '')},drafter={_quote(key.drafter)}}}"
     )
     join = " * on(job, instance, route) group_left() "
     return f"{RATIO}{{{base}}}{join}{info}", f"{DISPERSION}{{{base}}}{join}{info}"

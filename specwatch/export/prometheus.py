@@ -196,7 +196,7 @@ def _detection_metrics(s: Snapshot, f: Families) -> None:
     for r in routes:
         if r.baseline_ratio is not None and r.baseline_source:
             k = str(r.baseline_draft_length) if r.baseline_draft_length else ""
-            info.add(1, r.name, r.baseline_model, r.baseline_engine_version, k, r.baseline_source)
+            info.add(1, r.name, r.baseline_model, r.baseline_engine_version, k, r.baseline_drafter, r.baseline_source)
     _per_route(f, "route_acceptance_baseline_overdispersion", routes, "baseline_overdispersion")
     _per_route(f, "route_acceptance_threshold_ratio", routes, "acceptance_threshold_ratio")
     _per_route(f, "route_acceptance_drop_ratio", routes, "drop_ratio")

@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass, replace
-from typing import Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from specwatch.config import Config, HttpClientConfig, RouteConfig
@@ -73,6 +73,9 @@ class EngineKind:
     # The exposition never says when the engine started (no `_created` in llama.cpp's or SGLang's, none in
     # vLLM's multiprocess mode): the source stands in with the start it can see (`_engine_gone`).
     observed_start: bool = False
+    # (path beside /metrics, the speculative method from its JSON) for engines that tell the method outside
+    # /metrics: asked once the engine has speculated, until it tells it.
+    method_endpoint: tuple[str, Callable[[Any], str]] | None = None
 
 
 # One entry per name in kinds.SCRAPED, the names a route's `engine:` is checked against.
@@ -106,6 +109,7 @@ ENGINES: Mapping[str, EngineKind] = {
         llamacpp.VERSION_ENDPOINTS,
         model_endpoint=llamacpp.MODEL_ENDPOINT,
         observed_start=True,
+        method_endpoint=(llamacpp.METHOD_ENDPOINT, llamacpp.method_of_slots),
     ),
 }
 # What an endpoint is asked to filter its /metrics down to (name_filter.py): every engine kind's families, so
@@ -116,6 +120,17 @@ FILTER_NAMES = frozenset().union(*(kind.wanted for kind in ENGINES.values())) | 
 _KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(?:(vllm|sglang)[:_]|(trtllm)[_:]|(llamacpp):)", re.M)
 # Dynamo's prefix-stripped TensorRT-LLM spelling (unconfirmed): a spec counter sample with backend="trtllm".
 _BARE_TRTLLM_RE = re.compile(rb'^spec_decode_num_(?:draft|accepted)_tokens_total\{[^}\n]*backend="trtllm"', re.M)
+
+
+def with_route_speculative(sample: EngineSample, route: RouteConfig, method: str = "") -> EngineSample:
+    """The sample's method and drafter: what the engine tells (`method` from an info endpoint, or the extract's
+    own), each one it leaves out taken from the route's `speculative` config."""
+    configured = route.speculative
+    spec_method = method or sample.spec_method or (configured.method if configured else "")
+    spec_drafter = sample.spec_drafter or (configured.drafter if configured else "")
+    if (spec_method, spec_drafter) == (sample.spec_method, sample.spec_drafter):
+        return sample
+    return replace(sample, spec_method=spec_method, spec_drafter=spec_drafter)
 
 
 def detect_kind(body: str | bytes) -> str | None:
@@ -140,9 +155,10 @@ def parse_engine_sample(
     """
     kind, families = parse_families(kind, body)
     try:
-        return ENGINES[kind].extract(families, route.match, route.engines, now, version, route.worker_label)
+        sample = ENGINES[kind].extract(families, route.match, route.engines, now, version, route.worker_label)
     except SourceError as exc:
         raise _another_engine(exc, kind, body) from exc
+    return with_route_speculative(sample, route)
 
 
 def _another_engine(exc: SourceError, kind: str, body: str | bytes) -> SourceError:
@@ -303,6 +319,8 @@ class _EndpointRegistry:
 
 
 ENDPOINTS = _EndpointRegistry()
+# An engine that has speculated but not (yet) said with what is asked again this often.
+METHOD_RETRY_SECONDS = 60.0
 
 
 class HttpEngineSource:
@@ -318,6 +336,8 @@ class HttpEngineSource:
         self.kind = route.engine if route.engine != "auto" else ""
         self.version: str | None = None  # None: fetch on the next success
         self.model_name = ""  # from the engine's info endpoint, where /metrics does not name the model
+        self.method = ""  # the speculative method from the engine's info endpoint, where it tells it there
+        self._method_asked: float | None = None
         self._last_identity: tuple | None = None
         # Where the exposition has no start time of its own (`_created`, process start): when this engine
         # started, as far as we can tell. A refused connection (or llama-server's 503 while loading) means the
@@ -347,6 +367,7 @@ class HttpEngineSource:
         if self.version is None:
             self.version = self._fetch_version(result.engine_kind)
             self.model_name = self._fetch_model_name(result.engine_kind)
+            self.method, self._method_asked = "", None
             if self.version != version:
                 # Read again with the version: what some values mean depends on it (SGLang's acceptance rate).
                 result = extract(
@@ -358,7 +379,9 @@ class HttpEngineSource:
             result = replace(result, engine_version=self.version)
         if self.model_name and not result.model_name:
             result = replace(result, model_name=self.model_name)
-        return result
+        if not self.method and result.num_speculative_tokens and self._ask_method(now):
+            self.method = self._fetch_method(result.engine_kind)
+        return with_route_speculative(result, self.route, self.method)
 
     def _restarted(self, sample: EngineSample) -> bool:
         """An engine restart (new `_created`, or counters going back) may come with an upgrade."""
@@ -391,6 +414,29 @@ class HttpEngineSource:
             return self.fetcher.get_json_field(url, key)
         except SourceError as exc:
             log.debug("route %s: model name from %s: %s", self.route.name, url, exc)
+            return ""
+
+    def _ask_method(self, now: float) -> bool:
+        """Whether to ask for the method now: at once, then at most every METHOD_RETRY_SECONDS until told."""
+        kind = ENGINES.get(self.kind)
+        if kind is None or kind.method_endpoint is None:
+            return False
+        if self._method_asked is not None and now - self._method_asked < METHOD_RETRY_SECONDS:
+            return False
+        self._method_asked = now
+        return True
+
+    def _fetch_method(self, engine_kind: str) -> str:
+        """The speculative method from the engine's info endpoint, where it tells it there; "" otherwise."""
+        kind = ENGINES.get(engine_kind)
+        if kind is None or kind.method_endpoint is None:
+            return ""
+        path, method_of = kind.method_endpoint
+        url = _sibling_url(self.route.url, path)
+        try:
+            return method_of(self.fetcher.get_json(url))
+        except SourceError as exc:
+            log.debug("route %s: speculative method from %s: %s", self.route.name, url, exc)
             return ""
 
     def close(self) -> None:

@@ -129,6 +129,14 @@ class HttpFetcher:
             raise _failure(url, exc, self.timeout) from None
         raise SourceError("connection", f"GET {url}: more than {_MAX_REDIRECTS} redirects")
 
+    def get_json(self, url: str) -> Any:
+        """The JSON document at `url`. Raises SourceError."""
+        body = self.get(url, accept="application/json")
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise SourceError("parse", f"GET {url}: not JSON ({exc})") from None
+
     def get_json_field(self, url: str, key: str) -> str:
         """`body[key]` of a JSON object at `url` as a string; "" when absent. Raises SourceError."""
         body = self.get(url, accept="application/json")

@@ -50,6 +50,28 @@ SPEC_FAMILIES = frozenset(COUNTERS) - {"llamacpp:tokens_predicted_total"} | {PER
 # labels at all, and nothing there or in /props tells when the server started.
 VERSION_ENDPOINTS = (("/props", "build_info"),)
 MODEL_ENDPOINT = ("/props", "model_alias")
+# The speculative method (b11434): `/slots` (on unless --no-slots) lists each slot with `params`, the params of
+# its last task (tools/server/server-context.cpp `server_slot::to_json`), whose "speculative.types" is the
+# server's `--spec-type` (tools/server/server-schema.cpp: a task's speculative params start as the server's),
+# comma-joined names of common/speculative.cpp `common_speculative_type_to_str` ("draft-simple", "ngram-simple",
+# "draft-eagle3", ...). `--spec-type` appends to the default ["none"] (common/arg.cpp), so a server started with
+# `--spec-type draft-simple` says "none,draft-simple": "none" is dropped here. A slot has `params` only once it
+# has run a request. /props has the same key, built from the sampling params alone: it reads "none" whatever the
+# server runs. Nothing the server answers names the draft model file (`--spec-draft-model`): a route's config
+# says it.
+METHOD_ENDPOINT = "/slots"
+
+
+def method_of_slots(slots: Any) -> str:
+    """The speculative method from a /slots answer: the first slot that has run a request; "" before any has."""
+    for slot in slots if isinstance(slots, list) else ():
+        params = slot.get("params") if isinstance(slot, dict) else None
+        types = params.get("speculative.types") if isinstance(params, dict) else None
+        if isinstance(types, str) and types:
+            return ",".join(t for t in types.split(",") if t and t != "none") or "none"
+    return ""
+
+
 WANTED = frozenset(COUNTERS) | {PER_POSITION, DECODES, BUSY_SLOTS_PER_DECODE} | frozenset(GAUGES)
 COUNTER_FAMILIES = frozenset(COUNTERS) | {PER_POSITION, DECODES}  # their `# TYPE` is read and checked
 

@@ -65,10 +65,14 @@ GAUGES: Mapping[str, str] = {
     # num_requests_running counts context (prefill) requests too (collector.py, log_iteration_stats)
     "num_generation_requests": "decode_batch",
 }
-# Info gauge set once at startup, labels from the server's speculative config. The label names
-# spec_enabled / spec_num_tokens come from the issue text and PR #12545, not from code read here: unconfirmed.
+# Info gauge set once at startup: `MetricsCollector.log_config_info(speculative_config=...)` sets
+# `trtllm_speculative_config_info` to 1 with the given dict's keys as labels (tensorrt_llm/metrics/collector.py, a
+# 2026 main newer than 050f80def8df). The label names are those of the collector's own test
+# (tests/unittest/metrics/test_collector.py @795ccdf7860d, `test_speculative_config_info`: spec_enabled,
+# spec_method, spec_num_tokens, spec_draft_model); the server code that fills the dict was not read here.
 SPEC_CONFIG_INFO = "speculative_config_info"
 SPEC_ENABLED_LABEL, SPEC_TOKENS_LABEL = "spec_enabled", "spec_num_tokens"
+SPEC_METHOD_LABEL, SPEC_DRAFTER_LABEL = "spec_method", "spec_draft_model"  # the method and drafter: the key's
 
 # prometheus_client's creation time of the generation counter (single-process mode): a new value is a new
 # server, whatever its counters read.
@@ -157,6 +161,8 @@ def extract(
         engine_version=version,
         speculation_enabled=enabled,
         num_speculative_tokens=k if enabled else None,
+        spec_method=config.labels.get(SPEC_METHOD_LABEL, "") if config is not None else "",
+        spec_drafter=config.labels.get(SPEC_DRAFTER_LABEL, "") if config is not None else "",
         engines=(EngineCounters(engine="0", **fields),),
     )
 

@@ -1,6 +1,6 @@
 """Acceptance baselines: the `baselines` table, its values, and the learner that produces them.
 
-One baseline per (route, model_name, engine_version, k): what the route's acceptance should be, learned once
+One baseline per (route, model_name, engine_version, k, drafter): what the route's acceptance should be, learned once
 (or configured, accepted by an operator, adopted after a model change). `BaselineLearner` holds the running sums
 of one key's traffic; its JSON is part of the detector state the store keeps per route.
 """
@@ -21,14 +21,16 @@ SOURCES = ("learned", "config", "accepted", "adopted")
 # tokens per second that is 285 years); tracking rejects counter samples past the same bound.
 MAX_LEARNED_COUNT = 2.0**53
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS baselines (
+_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
     route TEXT NOT NULL, model_name TEXT NOT NULL, engine_version TEXT NOT NULL, k INTEGER NOT NULL,
     acceptance_ratio REAL NOT NULL, position_acceptance TEXT NOT NULL, mean_acceptance_length REAL,
     overdispersion REAL NOT NULL, drafted_tokens REAL NOT NULL, source TEXT NOT NULL, pinned INTEGER NOT NULL,
     created REAL NOT NULL, updated REAL NOT NULL, dispersion_intercept REAL, dispersion_slope REAL NOT NULL DEFAULT 0,
-    dispersion_block_seconds REAL, daily_profile TEXT, PRIMARY KEY (route, model_name, engine_version, k));
+    dispersion_block_seconds REAL, daily_profile TEXT, drafter TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (route, model_name, engine_version, k, drafter));
 """
+SCHEMA = _TABLE.format(name="baselines")
 # Columns added after schema version 1 shipped; a version-1 file gets them on open (ALTER TABLE ... ADD COLUMN).
 _ADDED_COLUMNS = (
     ("dispersion_intercept", "REAL"),
@@ -39,8 +41,11 @@ _ADDED_COLUMNS = (
 _COLUMNS = (
     "route, model_name, engine_version, k, acceptance_ratio, position_acceptance, "
     "mean_acceptance_length, overdispersion, drafted_tokens, source, pinned, created, updated, "
-    "dispersion_intercept, dispersion_slope, dispersion_block_seconds, daily_profile"
+    "dispersion_intercept, dispersion_slope, dispersion_block_seconds, daily_profile, drafter"
 )
+# The key column added after the others: a file without it has its table rebuilt (`migrate`), its rows keyed
+# with drafter "" (not told), which is what a route whose engine and config name no drafter runs.
+KEY_COLUMN = "drafter"
 
 
 @dataclass(frozen=True, order=True)
@@ -48,9 +53,23 @@ class BaselineKey:
     model_name: str
     engine_version: str
     k: int  # draft length; 0 when unknown
+    drafter: str = ""  # the speculative method and drafter, "method:drafter" (EngineSample.drafter); "" unknown
 
     def label(self) -> str:
-        return f"{self.model_name or '-'} {self.engine_version or '-'} k={self.k or '?'}"
+        text = f"{self.model_name or '-'} {self.engine_version or '-'} k={self.k or '?'}"
+        return f"{text} drafter={self.drafter}" if self.drafter else text
+
+    def to_json(self) -> list[Any]:
+        """[model, version, k, drafter]; [model, version, k] while drafter is "", as files before it held."""
+        head: list[Any] = [self.model_name, self.engine_version, self.k]
+        return [*head, self.drafter] if self.drafter else head
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "BaselineKey":
+        """The key `to_json` wrote (three items: drafter ""). Raises ValueError, TypeError or IndexError."""
+        if not isinstance(raw, (list, tuple)) or len(raw) not in (3, 4):
+            raise ValueError(f"not a baseline key: {raw!r}")
+        return cls(str(raw[0]), str(raw[1]), int(raw[2]), str(raw[3]) if len(raw) == 4 else "")
 
 
 @dataclass(frozen=True)
@@ -236,11 +255,32 @@ class BaselineLearner:
 
 # --------------------------------------------------------------------------- the table
 def migrate(conn: sqlite3.Connection) -> None:
-    """Add the columns a file written by an older release lacks."""
+    """Add the columns a file written by an older release lacks; key its rows by drafter ("")."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(baselines)")}
     for name, decl in _ADDED_COLUMNS:
         if name not in have:
             conn.execute(f"ALTER TABLE baselines ADD COLUMN {name} {decl}")
+    if KEY_COLUMN not in have:
+        columns = _COLUMNS.removesuffix(f", {KEY_COLUMN}")
+        rekey(conn, "baselines", _TABLE, f"{columns}, {KEY_COLUMN}", f"{columns}, ''")
+
+
+def rekey(conn: sqlite3.Connection, table: str, create: str, into: str, select: str) -> None:
+    """Rebuild `table` under `create` (a template with `{name}`, the new primary key) with its rows, as one
+    transaction: a process killed half way leaves the old table as it was, and the next open does it again.
+    The connection is in autocommit mode (store.py), so the transaction is explicit."""
+    new = f"{table}_rekeyed"
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(f"DROP TABLE IF EXISTS {new}")
+        conn.execute(create.format(name=new))
+        conn.execute(f"INSERT INTO {new} ({into}) SELECT {select} FROM {table}")
+        conn.execute(f"DROP TABLE {table}")
+        conn.execute(f"ALTER TABLE {new} RENAME TO {table}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def select(conn: sqlite3.Connection, route: str | None = None, key: BaselineKey | None = None) -> list[Baseline]:
@@ -252,6 +292,10 @@ def select(conn: sqlite3.Connection, route: str | None = None, key: BaselineKey 
     if key is not None:
         sql += " WHERE route=? AND model_name=? AND engine_version=? AND k=?"
         args = (route, key.model_name, key.engine_version, key.k)
+        if KEY_COLUMN in have:
+            sql, args = sql + f" AND {KEY_COLUMN}=?", (*args, key.drafter)
+        elif key.drafter:
+            return []  # an older file read-only: its rows are all of drafter ""
     elif route is not None:
         sql, args = sql + " WHERE route=?", (route,)
     return [_row_to_baseline(r) for r in conn.execute(sql + " ORDER BY route, updated", args).fetchall()]
@@ -259,7 +303,7 @@ def select(conn: sqlite3.Connection, route: str | None = None, key: BaselineKey 
 
 def insert(conn: sqlite3.Connection, b: Baseline) -> None:
     conn.execute(
-        f"INSERT OR REPLACE INTO baselines ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT OR REPLACE INTO baselines ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             b.route,
             b.key.model_name,
@@ -278,6 +322,7 @@ def insert(conn: sqlite3.Connection, b: Baseline) -> None:
             b.dispersion_slope,
             b.dispersion_block_seconds,
             None if b.daily is None else json.dumps(b.daily.to_json()),
+            b.key.drafter,
         ),
     )
 
@@ -288,8 +333,8 @@ def delete(conn: sqlite3.Connection, route: str, key: BaselineKey | None = None)
         conn.execute("DELETE FROM baselines WHERE route=?", (route,))
     else:
         conn.execute(
-            "DELETE FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=?",
-            (route, key.model_name, key.engine_version, key.k),
+            "DELETE FROM baselines WHERE route=? AND model_name=? AND engine_version=? AND k=? AND drafter=?",
+            (route, key.model_name, key.engine_version, key.k, key.drafter),
         )
 
 
@@ -316,6 +361,7 @@ def _row_to_baseline(row: tuple) -> Baseline:
         slope,
         block,
         daily,
+        drafter,
     ) = row
     try:
         pos = tuple(float(x) for x in json.loads(positions))
@@ -327,7 +373,7 @@ def _row_to_baseline(row: tuple) -> Baseline:
         profile = None  # an unreadable profile is learned again; r0 itself stays
     return Baseline(
         route=route,
-        key=BaselineKey(model, version, int(k)),
+        key=BaselineKey(model, version, int(k), drafter or ""),
         acceptance_ratio=float(ratio),
         position_acceptance=pos,
         mean_acceptance_length=length,

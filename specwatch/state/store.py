@@ -2,7 +2,7 @@
 
 | table | module | holds |
 |---|---|---|
-| `baselines` | state/baselines.py | acceptance baselines per (route, model, engine version, k) |
+| `baselines` | state/baselines.py | acceptance baselines per (route, model, engine version, k, drafter) |
 | `route_state` | state/detector.py | each route's detector state (JSON), saved every persist period |
 | `probe_fingerprints`, `probe_state` | state/canary.py | canary fingerprints per key, the canary's own state |
 | `commands` | state/commands.py | operator commands for the running daemon |
@@ -524,6 +524,7 @@ def _connect(target: str) -> sqlite3.Connection:
             _quick_check(conn)
         conn.executescript(_SCHEMA)
         baselines.migrate(conn)
+        canary.migrate(conn)
         conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     except sqlite3.Error:
         conn.close()

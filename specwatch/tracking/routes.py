@@ -255,6 +255,9 @@ class RouteTracker:
         self._exported = Sums()  # engine values at first sight + increases (exported totals)
         self._last: EngineSample | None = None
         self._last_obs: RouteObservation | None = None
+        # The drafter last told: kept while the engine tells none (llama.cpp before a restarted server's first
+        # request), since not telling is not a change.
+        self._drafter = ""
         self._lifetime_ratio: float | None = None
         self._mean_lengths: dict[str, float] = {}  # by window, as of the last observe()
         self._excluded = Sums()  # canary probe tokens still to be taken out of the next increases
@@ -327,6 +330,7 @@ class RouteTracker:
             self._drafted = Sums(per_pos=_add_vectors(self._drafted.per_pos, drafted_inc))
             self._drafted_ring.append(sample.ts, self._drafted)
         self._last = sample
+        self._drafter = sample.drafter or self._drafter
         window_acceptance, self._mean_lengths = self._window_values()
 
         obs = RouteObservation(
@@ -338,6 +342,7 @@ class RouteTracker:
             engine_kind=sample.engine_kind,
             acceptance_source=sample.acceptance_source,
             k=k,
+            drafter=self._drafter,
             reset=reset,
             d_drafts=inc.drafts,
             d_draft_tokens=inc.draft_tokens,
@@ -371,6 +376,7 @@ class RouteTracker:
             engine_kind=last.engine_kind if last else "",
             acceptance_source=last.acceptance_source if last else "none",
             k=self._last_obs.k if self._last_obs else None,
+            drafter=self._drafter,
             gpus=gpus,
         )
         self._last_obs = obs
@@ -394,6 +400,7 @@ class RouteTracker:
             engine_kind=last.engine_kind if last else "",
             model_name=last.model_name if last else "",
             engine_version=last.engine_version if last else "",
+            drafter=self._drafter,
             acceptance_source=last.acceptance_source if last else "none",
             drafts_total=totals.drafts,
             draft_tokens_total=totals.draft_tokens,
