@@ -47,7 +47,7 @@ SCHEDULER_GAUGES: Mapping[str, str] = {
 }
 # Tokenizer-side counters (server-wide, summed over is_streaming and priority): family -> EngineCounters field.
 TOKENIZER_COUNTERS: Mapping[str, str] = {
-    "sglang:spec_verify_calls_total": "drafts",  # 0.5.11-0.5.13+; verify steps, grows at request completion
+    "sglang:spec_verify_calls_total": "drafts",  # 0.5.13+; verify steps, grows at request completion
     "sglang:generation_tokens_total": "generation_tokens",  # 0.4.0+; `is_streaming` label (0.5.23)
 }
 # spec_accept_rate switched from counting the bonus token to excluding it between these releases.
