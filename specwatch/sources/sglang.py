@@ -182,7 +182,7 @@ class DraftShape(NamedTuple):
     varies: bool  # the draft tokens per verify step change from step to step (a cap, an adaptive tier)
 
 
-# What `draft_length` counts, by the algorithm the tier gauges reveal (docs/engines.md §5.4). Every shape but the
+# What `draft_length` counts, by the algorithm the tier gauges reveal (docs/engines.md §6.6). Every shape but the
 # cap verifies spec_num_draft_tokens - 1 draft tokens per step, the denominator of SGLang's own spec_accept_rate
 # (srt/managers/scheduler_components/metrics_reporter.py, 0.5.23: `draft_per_round`).
 DRAFT_LENGTH_BASES = {
