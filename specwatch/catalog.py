@@ -141,6 +141,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "drafted tokens per position, of the drafts that reached it)" + AS_OF,
         ("route", "position", "window"),
     ),
+    _m(
+        "route_position_acceptance_comparable",
+        "gauge",
+        "Whether the per-position acceptance over 5m reads as the acceptance at each position (1: every draft "
+        "proposed all k positions, or the engine counts drafted tokens per position) or not (0: shorter drafts "
+        "count as rejections at positions they never drafted); absent without per-position acceptance" + AS_OF,
+        ("route",),
+    ),
     _m("route_draft_length", "gauge", "Effective draft length k, draft tokens / drafts over 5m" + AS_OF, ("route",)),
     _m(
         "route_speculation_active",

@@ -97,6 +97,12 @@ class EngineSample:
     # engine -> its step-time totals (vLLM). Kept apart from EngineCounters, which is built per engine on the
     # hot path.
     step_time_totals: Mapping[str, StepTimes] = field(default_factory=dict)
+    # What the engines' `draft_length` counts where the engine counts no draft tokens itself (SGLang: chain, tree,
+    # block, dspark_cap, adaptive; sources/sglang.py `DRAFT_LENGTH_BASES`); "" where it counts them.
+    draft_length_basis: str = ""
+    # The engine says its drafts differ in length from draft to draft (a verify cap, an adaptive tier), so a
+    # per-position count per draft mixes positions never drafted with rejected ones.
+    draft_length_varies: bool = False
 
     @property
     def drafter(self) -> str:
@@ -143,6 +149,11 @@ class RouteState:
     mean_acceptance_length: Mapping[str, float] = field(default_factory=dict)  # window -> tau
     position_acceptance_ratio: tuple[float, ...] = ()  # 5m window, p_j per position
     draft_length: float | None = None  # effective k
+    draft_length_basis: str = ""  # EngineSample.draft_length_basis of the last sample
+    # Whether position_acceptance_ratio reads as the acceptance at each position: True where every draft of the
+    # 5m window proposed all k positions (or the engine counts drafted tokens per position); False where shorter
+    # drafts count as rejections at positions they never drafted; None without per-position ratios.
+    position_acceptance_comparable: bool | None = None
     # 1: drafts were proposed over 5m; 0: the route generated tokens with none, speculation configured;
     # None: no generation (idle) or speculation not configured
     speculation_active: bool | None = None

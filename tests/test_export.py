@@ -52,6 +52,7 @@ def full_snapshot() -> Snapshot:
         acceptance_ratio={"1m": 0.58, "5m": 0.6, "1h": 0.62},
         mean_acceptance_length={"1m": 2.74, "5m": 2.8, "1h": 2.86},
         position_acceptance_ratio=(0.8, 0.6, 0.4),
+        position_acceptance_comparable=False,
         draft_length=3.0,
         speculation_active=True,
         running_requests=24.0,

@@ -65,7 +65,9 @@ def from_samples(first, second) -> dict:
     }
 
 
-@pytest.mark.parametrize("name", ["vllm/v1_k4_2engines", "vllm/v1_k1_1engine"])
+@pytest.mark.parametrize(
+    "name", ["vllm/v1_k4_2engines", "vllm/v1_k1_1engine", "vllm/0.34.0_v1_k4_2engines", "vllm/0.34.0_v1_k1_1engine"]
+)
 def test_window_figures_match_vllm_formulas_on_the_fed_counters(name):
     (a, truth_a), (b, truth_b) = scrape(name), scrape(f"{name}_scrape2")
     expected = vllm_formulas(truth_a, truth_b)

@@ -29,6 +29,7 @@ BUDGET_DOC = Path(__file__).parent.parent / "docs" / "metrics-budget.md"
 LEFT_AT_DEFAULT = {
     "error_reason": "set only while the route is down",
     "error_message": "set only while the route is down",
+    "draft_length_basis": "set only for engines that count no draft tokens (SGLang); a vLLM route counts them",
 }
 
 
@@ -54,6 +55,7 @@ def fully_configured(name: str = "chat") -> RouteState:
         acceptance_ratio=dict.fromkeys(WINDOWS, 0.6),
         mean_acceptance_length=dict.fromkeys(WINDOWS, 4.0),
         position_acceptance_ratio=tuple(0.9 - 0.1 * i for i in range(K)),
+        position_acceptance_comparable=True,
         draft_length=float(K),
         speculation_active=True,
         running_requests=24.0,

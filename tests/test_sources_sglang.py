@@ -246,3 +246,95 @@ def test_a_gateway_that_names_its_workers_by_another_label_is_split_by_the_route
     assert [e.engine for e in split.engines] == [f"{w}|0" for w in sorted(truth)]
     with pytest.raises(Exception, match="worker_label"):
         route(worker_label="not a label")
+
+
+def tracked_shape(name):
+    """The fixture's two scrapes through the source and a route tracker, 60 s apart; the fed truth of both."""
+    from specwatch.tracking.routes import RouteTracker
+
+    tracker, samples, truths = RouteTracker("r"), [], []
+    for ts, suffix in ((1000.0, ""), (1060.0, "_scrape2")):
+        text, truth = fixture(name + suffix)
+        samples.append(parse_engine_sample("auto", text, route(engine="auto"), ts, version="0.5.23"))
+        tracker.observe(samples[-1])
+        truths.append(truth)
+    return tracker, samples, truths
+
+
+def test_an_eagle_tree_verifies_its_nodes_and_is_keyed_by_its_depth():
+    # topk > 1: spec_num_draft_tokens 8 counts the tree's nodes (7 drafts and the root), spec_num_steps 3 its depth
+    tracker, (first, second), (fed_a, fed_b) = tracked_shape("0.5.23_eagle_tree")
+    assert (second.draft_length_basis, second.num_speculative_tokens) == ("tree", 3)
+    (engine,) = second.engines
+    assert engine.draft_length == 7, "draft tokens per verify: the tree's nodes, SGLang's own rate denominator"
+    assert engine.interval_acceptance_ratio == pytest.approx(fed_b["scheduler"]["spec_accept_rate"])
+    state = tracker.state()
+    d = {key: fed_b["tokenizer"][key] - fed_a["tokenizer"][key] for key in fed_b["tokenizer"]}
+    # accepted = generated - verify steps (each request's prefill token included, docs/engines.md §2.4)
+    accepted = d["generation_tokens"] - d["spec_verify_calls"]
+    assert accepted - d["accepted_tokens"] == 40, "one prefill token per finished request"
+    assert state.acceptance_ratio["1m"] == pytest.approx(accepted / d["verified_draft_tokens"])
+    assert state.draft_length == pytest.approx(7) and state.draft_length_basis == "tree"
+
+
+def test_a_dspark_cap_is_the_verify_window_not_the_block():
+    # DSpark: steps 1, spec_num_draft_tokens 8 (gamma 7 + 1); the cap verified fewer draft tokens per step
+    tracker, (first, second), (fed_a, fed_b) = tracked_shape("0.5.23_dspark_cap")
+    cap = fed_b["scheduler"]["spec_cap_length"]
+    assert 2 < cap < 8
+    assert (second.draft_length_basis, second.num_speculative_tokens, second.draft_length_varies) == (
+        "dspark_cap",
+        7,
+        True,
+    )
+    (engine,) = second.engines
+    assert engine.draft_length == pytest.approx(cap - 1)
+    d = {key: fed_b["tokenizer"][key] - fed_a["tokenizer"][key] for key in fed_b["tokenizer"]}
+    # the window's acceptance: accepted / draft tokens the cap verified, exactly as fed (accepted = generated -
+    # verify steps, each request's prefill token included, docs/engines.md §2.4)
+    accepted = d["generation_tokens"] - d["spec_verify_calls"]
+    assert tracker.state().acceptance_ratio["1m"] == pytest.approx(accepted / d["verified_draft_tokens"])
+    # the interval gauge, divided by the whole block in SGLang, is turned into the same definition
+    scrape2 = (fed_b["scheduler"]["spec_accept_length"] - 1) / (cap - 1)
+    assert engine.interval_acceptance_ratio == pytest.approx(scrape2)
+    assert fed_b["scheduler"]["spec_accept_rate"] < engine.interval_acceptance_ratio
+
+
+@pytest.mark.parametrize(
+    "steps, n, cap, expected",
+    [
+        (3, 4, 0, (3, 3, "chain")),  # EAGLE topk 1
+        (3, 8, 0, (7, 3, "tree")),  # EAGLE topk > 1
+        (1, 12, 0, (11, 11, "block")),  # NGRAM's defaults (12 // 10 = 1 step) or a DFLASH/DSpark block
+        (1, 8, 5.5, (4.5, 7, "dspark_cap")),
+        (0, 1, 0, (0, None, "adaptive")),  # adaptive step 0
+        (None, None, None, (None, None, "")),  # before 0.5.13: no tier gauges
+    ],
+)
+def test_draft_shape_by_algorithm(steps, n, cap, expected):
+    from specwatch.sources.sglang import DRAFT_LENGTH_BASES, draft_shape
+
+    shape = draft_shape(steps, n, cap)
+    assert (shape.draft_length, shape.k, shape.basis) == expected
+    assert shape.basis in DRAFT_LENGTH_BASES or shape.basis == ""
+
+
+def test_a_chain_route_says_chain():
+    text, _ = fixture("0.5.23_dp2")
+    sample = parse_engine_sample("sglang", text, route(), 1.0)
+    assert (sample.draft_length_basis, sample.draft_length_varies) == ("chain", False)
+
+
+def test_the_route_says_which_draft_length_it_used_in_api_and_status():
+    from rich.console import Console
+
+    from specwatch.commands.status import render_status
+    from specwatch.export.http import routes_document
+    from specwatch.snapshot import Snapshot
+
+    tracker, _, _ = tracked_shape("0.5.23_eagle_tree")
+    document = routes_document(Snapshot(timestamp=1060.0, routes=(tracker.state(),), nvml_up=True))
+    assert document["routes"][0]["draft_length_basis"] == "tree"
+    console = Console(width=200, record=True)
+    console.print(render_status(document, 200))
+    assert "7.0 tree" in console.export_text()

@@ -179,7 +179,7 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
         "model": _cell(" ".join(x for x in (r.get("model_name"), r.get("drafter")) if x) or _DASH),
         "accept 1m 5m 1h": " ".join(_ratio(ratios[w]) + mark if w in ratios else _DASH for w in ("1m", "5m", "1h")),
         "len": _number(lengths.get("5m", lengths.get("1m")), 2),
-        "k": _number(r.get("draft_length"), 1),
+        "k": _draft_length(r),
         "run/wait": f"{_number(r.get('running_requests'), 0)}/{_number(r.get('waiting_requests'), 0)}",
         "baseline drop": f"{_ratio(r.get('baseline_ratio'))} "
         + (f"{-drop * 100:+.1f}%" if isinstance(drop, (int, float)) else _DASH),
@@ -188,6 +188,23 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
         "GPU-h lost/saved": f"{_hours(lost)}/{_hours(saved)}",
         "verdict": verdict if verdict.plain else Text("ok", style="green") if r.get("up") else Text(_DASH),
     }
+
+
+def _draft_length(r: Mapping[str, Any]) -> str:
+    """The effective draft length, followed by what it counts where the engine counts no draft tokens itself
+    (SGLang: chain, tree, block, dspark_cap, adaptive)."""
+    basis = str(r.get("draft_length_basis") or "")
+    return f"{_number(r.get('draft_length'), 1)} {basis}" if basis else _number(r.get("draft_length"), 1)
+
+
+def _not_comparable(r: Mapping[str, Any]) -> Text:
+    positions = ", ".join(_ratio(p) for p in r.get("position_acceptance_ratio") or ())
+    return Text.assemble(
+        (f"{r.get('name', '?')}: ", "bold"),
+        ("per-position acceptance not comparable: ", "yellow"),
+        f"drafts shorter than k (draft length {_number(r.get('draft_length'), 2)}) count as rejections at "
+        f"positions they never drafted ({positions})",
+    )
 
 
 def _table(columns: list[str], rows: list[dict[str, Any]], caption: str, narrowest: bool = False) -> Table:
@@ -256,12 +273,18 @@ def render_status_table(
 
 def render_status(routes_json: Mapping[str, Any], width: int | None = None) -> RenderableType:
     """The table, then a line for each route that is down saying why in the error's own words (a `match` typo
-    names the label values the endpoint does have)."""
+    names the label values the endpoint does have), and one for each route whose per-position acceptance is not
+    comparable (its drafts are not all k long)."""
     table = render_status_table(routes_json, width)
     why = [
         Text.assemble((f"{r.get('name', '?')}: ", "bold"), (f"down {r.get('error_reason') or '?'}: ", "red"), message)
         for r in routes_json.get("routes", [])
         if isinstance(r, Mapping) and not r.get("up") and (message := str(r.get("error_message") or ""))
+    ]
+    why += [
+        _not_comparable(r)
+        for r in routes_json.get("routes", [])
+        if isinstance(r, Mapping) and r.get("up") and r.get("position_acceptance_comparable") is False
     ]
     return Group(table, *why) if why else table
 

@@ -182,6 +182,7 @@ def _route_metrics(s: Snapshot, f: Families) -> None:
     for r in routes:
         for position, value in enumerate(r.position_acceptance_ratio):
             position_ratio.add(value, r.name, str(position), "5m")
+    _per_route(f, "route_position_acceptance_comparable", routes, "position_acceptance_comparable")
     _per_route(f, "route_draft_length", routes, "draft_length")
     _per_route(f, "route_speculation_active", routes, "speculation_active")
     _per_route(f, "route_running_requests", routes, "running_requests")

@@ -7,7 +7,8 @@ the last --decode-log-interval decode steps; counters exist from 0.5.13 (docs/en
 
 What the sample carries, in tracking's one meaning (`EngineCounters`):
 - drafts: `spec_verify_calls_total`, the verify steps, with `verify_counts` (SGLang counts no draft or accepted
-  tokens); draft_length: `spec_num_draft_tokens` - 1 of the active tier, 0 at an adaptive step 0;
+  tokens); draft_length: the draft tokens one verify step checks, as the algorithm defines them (`draft_shape`:
+  the chain, the tree's nodes, the DSpark cap), 0 at an adaptive step 0; the sample names the basis it used;
 - interval acceptance ratio: `spec_accept_rate` in today's definition (bonus token excluded), converted from
   the old one by version (`acceptance_ratio`); interval acceptance length: `spec_accept_length`.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from specwatch.snapshot import EngineCounters, EngineSample, StepTimes
 from specwatch.sources.base import NoData, SourceError
@@ -42,10 +43,11 @@ SCHEDULER_GAUGES: Mapping[str, str] = {
     "sglang:spec_accept_rate": "accept_rate",  # 0.5.4+; bonus included <=0.5.10, excluded >=0.5.13
     "sglang:spec_num_draft_tokens": "num_draft_tokens",  # 0.5.13+; the active adaptive tier
     "sglang:spec_num_steps": "num_steps",  # 0.5.13+; 0 = not drafting (adaptive step 0)
+    "sglang:spec_cap_length": "cap_length",  # 0.5.16+; DSpark's mean verify window incl. bonus, 0 = no cap
 }
 # Tokenizer-side counters (server-wide, summed over is_streaming and priority): family -> EngineCounters field.
 TOKENIZER_COUNTERS: Mapping[str, str] = {
-    "sglang:spec_verify_calls_total": "drafts",  # 0.5.11-0.5.13+; verify steps, grows at request completion
+    "sglang:spec_verify_calls_total": "drafts",  # 0.5.13+; verify steps, grows at request completion
     "sglang:generation_tokens_total": "generation_tokens",  # 0.4.0+; `is_streaming` label (0.5.23)
 }
 # spec_accept_rate switched from counting the bonus token to excluding it between these releases.
@@ -124,11 +126,12 @@ def extract(
 
     has_counters = "sglang:spec_verify_calls_total" in families or "sglang:spec_num_steps" in families
     raw = per_rank.values()
-    draft_tokens = [n for f in raw if (n := f.get("num_draft_tokens"))]
+    shapes = [draft_shape(f.get("num_steps"), f.get("num_draft_tokens"), f.get("cap_length")) for f in raw]
     steps = [n for f in raw if (n := f.get("num_steps"))]
     verified = any(totals.get("drafts") for totals in server_wide.values())
-    enabled = bool(draft_tokens or steps or verified or any(f.get("accept_length") for f in raw))
-    k = int(max(draft_tokens)) - 1 if draft_tokens else (int(max(steps)) if steps else None)
+    enabled = bool(any(shape.k for shape in shapes) or steps or verified or any(f.get("accept_length") for f in raw))
+    known = [shape.k for shape in shapes if shape.k]
+    k = max(known) if known else (int(max(steps)) if steps else None)
     route_k = k if enabled else None
     parsed_version = parse_version(version) if version else None
     counters = tuple(_engine(rank, per_rank[rank], route_k, parsed_version) for rank in ranks)
@@ -142,24 +145,87 @@ def extract(
         num_speculative_tokens=k if enabled else None,
         engines=counters,
         step_time_totals=step_times,
+        draft_length_basis=_route_basis(shapes) if enabled else "",
+        draft_length_varies=enabled and any(shape.varies for shape in shapes),
     )
 
 
 def _engine(rank: str, fields: dict, k: int | None, version: tuple[int, ...] | None) -> EngineCounters:
     """One scheduler's EngineCounters: the spec gauges in tracking's meaning (module docstring)."""
     n, steps = _finite(fields.pop("num_draft_tokens", None)), fields.pop("num_steps", None)
+    cap = fields.pop("cap_length", None)
     rate, tau = fields.pop("accept_rate", None), fields.pop("accept_length", None)
+    shape = draft_shape(steps, n, cap)
     # Adaptive speculation at step 0 verifies without drafting: no draft tokens, and gauges that say nothing.
-    draft_length = 0.0 if steps == 0 else ((n - 1) if n else k)
+    draft_length = shape.draft_length if shape.draft_length is not None else k
     drafting = steps is None or steps > 0
+    ratio = acceptance_ratio(rate, tau, n, version, k) if drafting else None
+    if ratio is not None and shape.basis == "dspark_cap" and n and draft_length:
+        # spec_accept_rate divides by the whole block (n - 1 per verify); the cap verified fewer.
+        ratio = _clamp01(ratio * (n - 1) / draft_length)
     return EngineCounters(
         engine=rank,
         verify_counts=True,
         draft_length=draft_length,
-        interval_acceptance_ratio=acceptance_ratio(rate, tau, n, version, k) if drafting else None,
+        interval_acceptance_ratio=ratio,
         interval_acceptance_length=_finite(tau) if drafting else None,
         **fields,
     )
+
+
+class DraftShape(NamedTuple):
+    """What one verify step of a scheduler checks, from its tier gauges (`draft_shape`)."""
+
+    draft_length: float | None  # draft tokens verified per step (None: unknown)
+    k: int | None  # the draft length the baseline is keyed by: the chain, or a tree's depth (None: unknown)
+    basis: str  # what `draft_length` counts (DRAFT_LENGTH_BASES)
+    varies: bool  # the draft tokens per verify step change from step to step (a cap, an adaptive tier)
+
+
+# What `draft_length` counts, by the algorithm the tier gauges reveal (docs/engines.md §6.7). Every shape but the
+# cap verifies spec_num_draft_tokens - 1 draft tokens per step, the denominator of SGLang's own spec_accept_rate
+# (srt/managers/scheduler_components/metrics_reporter.py, 0.5.23: `draft_per_round`).
+DRAFT_LENGTH_BASES = {
+    "chain": "topk = 1 (EAGLE/EAGLE3/MTP/standalone): num_draft_tokens = num_steps + 1, the chain of num_steps",
+    "tree": "EAGLE topk > 1: num_draft_tokens - 1 tree nodes verified, the baseline keyed by the depth num_steps",
+    "block": "num_steps = 1 and more than one draft token: a DSpark/DFLASH block or an NGRAM tree (its default "
+    "num_steps = num_draft_tokens // 10 = 1); num_draft_tokens - 1 verified either way",
+    "dspark_cap": "DSpark with a scheduled cap: spec_cap_length - 1 (the mean verify window less the bonus slot)",
+    "adaptive": "--speculative-adaptive at step 0: a 1-token verify, no draft tokens",
+}
+
+
+def draft_shape(steps: float | None, n: float | None, cap: float | None) -> DraftShape:
+    """One scheduler's draft tokens per verify step and key length from `spec_num_steps` (steps),
+    `spec_num_draft_tokens` (n, the verify width incl. the root/bonus slot) and `spec_cap_length` (cap).
+
+    SGLang 0.5.23 sets n = steps + 1 for topk = 1 (arg_groups/speculative_hook.py:1256-1265); EAGLE topk > 1 keeps
+    n tree nodes over steps levels; NGRAM sets topk = max BFS breadth (default 10), n = 12 and steps = n // topk
+    (:1310-1330); DSpark and DFLASH force steps = 1 and n = block + 1 (:338-386, :758-838). DSpark's ragged verify
+    schedules a window per request (`cap_lens` = the layout's verify_lens, incl. the bonus slot,
+    speculative/dspark_components/dspark_worker_v2.py:1337); the gauge is their mean per verify step
+    (metrics_reporter.py:983) and 0 without a cap.
+    """
+    steps, n, cap = _finite(steps), _finite(n), _finite(cap)
+    if steps == 0:
+        return DraftShape(0.0, None, "adaptive", True)
+    if n is None or n <= 1:
+        k = int(steps) if steps else None
+        return DraftShape(None, k, "chain" if k else "", False)
+    width, k = n - 1, int(n) - 1
+    if cap is not None and cap > 1:
+        return DraftShape(min(cap - 1, width), k, "dspark_cap", True)
+    if steps is None or n <= steps + 1:
+        return DraftShape(width, k, "chain", False)
+    if steps > 1:
+        return DraftShape(width, int(steps), "tree", False)
+    return DraftShape(width, k, "block", False)
+
+
+def _route_basis(shapes: list[DraftShape]) -> str:
+    """The route's basis: its schedulers' one basis, or their bases joined where they differ (mid-switch)."""
+    bases = sorted({shape.basis for shape in shapes if shape.basis})
+    return "+".join(bases)
 
 
 @functools.lru_cache(maxsize=64)  # a route's version string is the same cycle after cycle

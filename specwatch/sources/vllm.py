@@ -269,3 +269,19 @@ def check_match_labels(families: Mapping[str, Family], match: Mapping[str, str])
         if value not in seen:
             shown = ", ".join(repr(v) for v in sorted(seen)[:5]) + (", ..." if len(seen) > 5 else "")
             raise NoData(f"no series of this endpoint has {key}={value!r} (it has {shown})")
+
+
+# Methods whose drafts are counted as k tokens although fewer were really proposed, read in vLLM 0.34.0: ngram_gpu
+# and suffix fill the slots past a match with the last sampled token, "verified as ordinary (rejectable) drafts"
+# (v1/worker/gpu/spec_decode/ngram/speculator.py `_ngram_finalize_kernel`, suffix/speculator.py:335), and "ngram"
+# shares that speculator; dspark with `enable_adaptive_verification` (config/speculative.py:633) admits a per-request
+# draft budget (v1/worker/gpu/spec_decode/adaptive_verification.py `assign_draft_token_budget`). Per-position counts
+# per draft then mix "not drafted" with "rejected" although draft tokens / drafts reads k, so only the method tells.
+# A batch-size schedule and grammar-invalidated drafts show as fewer draft tokens than k per draft (tracking sees it).
+VARIABLE_LENGTH_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "dspark"})
+
+
+def draft_length_varies(method: str) -> bool:
+    """Whether a route running this speculative method (vLLM's `speculative_config.method`) drafts fewer real
+    tokens than k at times that the counters still count as k."""
+    return method.strip().lower() in VARIABLE_LENGTH_METHODS

@@ -239,6 +239,19 @@ def _div(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def _positions_comparable(d: Sums, last: EngineSample) -> bool:
+    """Whether per-position counts per draft (p_j = accepted at j / drafts) read as the acceptance at j: only
+    when every draft of the window proposed all k positions. A draft shorter than k (a batch-size band's K,
+    grammar-invalidated drafts, a verify cap, a drafter with nothing to propose past its match) adds to the
+    drafts but can never be accepted at the positions it did not draft, so p_j there mixes "not drafted" with
+    "rejected". Seen as fewer draft tokens than k per draft, or told by the engine (`draft_length_varies`)."""
+    if last.draft_length_varies:
+        return False
+    k = len(d.per_pos)
+    # Counts are whole tokens: half a token of slack keeps float sums of whole numbers from tipping it.
+    return d.draft_tokens + 0.5 >= k * d.drafts
+
+
 class RouteTracker:
     """Tracks one route across cycles. Call `observe()` with each successful sample, `observe_down()` on failure."""
 
@@ -420,6 +433,7 @@ class RouteTracker:
         )
         d5 = detail[0] if detail else None
         positions: tuple[float, ...] = ()
+        comparable: bool | None = None
         drafted = (
             self._drafted_ring.delta(self.windows[DETAIL_WINDOW])
             if (self._drafted_ring is not None and detail is not None)
@@ -428,12 +442,16 @@ class RouteTracker:
         if d5 is not None and drafted is not None:
             # Per-position denominators: p_j = accepted at j / drafted at j, true however k varied.
             positions = tuple(max(0.0, p) / n for p, n in zip(d5.per_pos, drafted[0].per_pos) if n > 0)
+            comparable = True if positions else None
         elif d5 is not None and d5.drafts > 0:
             positions = tuple(max(0.0, p) / d5.drafts for p in d5.per_pos)
+            comparable = _positions_comparable(d5, last) if positions else None
         base.update(
             acceptance_ratio=obs.window_acceptance,
             mean_acceptance_length=self._mean_lengths,
             position_acceptance_ratio=positions,
+            position_acceptance_comparable=comparable,
+            draft_length_basis=last.draft_length_basis,
             draft_length=_div(d5.draft_tokens, d5.drafts) if d5 is not None else None,
             speculation_active=self._speculation_active(d5, last),
             running_requests=_sum_present([e.running for e in last.engines]),

@@ -120,14 +120,22 @@ def drafting_row(s: Settings, sel: Selectors) -> Row:
             timeseries(
                 "Per-position acceptance (5m)",
                 "Share of drafts whose token at each position was "
-                "accepted. Position 0 does not depend on k: compare it when k changed.",
+                "accepted. Position 0 does not depend on k: compare it when k changed. Right axis, comparable: "
+                "1 when every draft proposed all k positions (or the engine counts drafted tokens per position); "
+                "at 0, drafts shorter than k (a batch-size band, grammar, a verify cap, a drafter with nothing to "
+                "propose) count as rejections at positions they never drafted, so later positions read low.",
                 [
                     (
                         f"specwatch_route_position_acceptance_ratio{{{sel.route}}}",
                         "{{instance}} {{route}} position {{position}}",
-                    )
+                    ),
+                    (
+                        f"specwatch_route_position_acceptance_comparable{{{sel.route}}}",
+                        "{{instance}} {{route}} comparable",
+                    ),
                 ],
                 "percentunit",
+                overrides=[right_axis(".* comparable", "none"), dashed(".* comparable")],
                 minimum=0,
             ),
             12,
