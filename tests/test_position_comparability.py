@@ -108,3 +108,19 @@ def test_an_engine_that_says_its_drafts_vary_is_not_comparable_even_at_full_draf
         sample = parse_engine_sample("auto", body, ROUTE, ts)
         tracker.observe(dataclasses.replace(sample, draft_length_varies=True))
     assert tracker.state().position_acceptance_comparable is False
+
+
+@pytest.mark.parametrize("method, comparable", [("ngram", False), ("suffix", False), ("eagle3", True)])
+def test_a_vllm_route_configured_with_a_variable_length_method_is_not_comparable(method, comparable):
+    """vLLM counts an ngram or suffix miss as k drafted tokens: the counters look full, only the method tells."""
+    route = parse_config(
+        {
+            "gpu": {"enabled": "false"},
+            "routes": [{"name": "chat", "url": "http://127.0.0.1:9/metrics", "speculative": {"method": method}}],
+        }
+    ).routes[0]
+    tracker = RouteTracker("chat")
+    for ts, suffix in ((1000.0, ""), (1060.0, "_scrape2")):
+        body = (FIXTURES / f"0.34.0_v1_k4_2engines{suffix}.prom").read_bytes()
+        tracker.observe(parse_engine_sample("auto", body, route, ts))
+    assert tracker.state().position_acceptance_comparable is comparable

@@ -128,9 +128,13 @@ def with_route_speculative(sample: EngineSample, route: RouteConfig, method: str
     configured = route.speculative
     spec_method = method or sample.spec_method or (configured.method if configured else "")
     spec_drafter = sample.spec_drafter or (configured.drafter if configured else "")
-    if (spec_method, spec_drafter) == (sample.spec_method, sample.spec_drafter):
+    # vLLM counts a short draft as k tokens for some methods: only the method says the per-position curve mixes.
+    varies = sample.draft_length_varies or (
+        sample.engine_kind.startswith("vllm") and vllm.draft_length_varies(spec_method)
+    )
+    if (spec_method, spec_drafter, varies) == (sample.spec_method, sample.spec_drafter, sample.draft_length_varies):
         return sample
-    return replace(sample, spec_method=spec_method, spec_drafter=spec_drafter)
+    return replace(sample, spec_method=spec_method, spec_drafter=spec_drafter, draft_length_varies=varies)
 
 
 def detect_kind(body: str | bytes) -> str | None:
