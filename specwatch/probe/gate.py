@@ -13,6 +13,9 @@ the variance of R_c / R_r comes from the per-prompt residuals (a_i - R d_i) of b
 - fail (exit 1): the drop's estimate is at or beyond the threshold and the interval excludes no drop at all.
 - inconclusive (exit 2): anything else: fewer than `min_paired` prompts read in both, fewer than
   `min_drafted` draft tokens, or an interval that straddles the threshold.
+
+`judge_against_ratio` judges against the fleet's traffic baseline instead (one ratio, no prompts behind it:
+fail or inconclusive only), and `judge_speedup` the optional two-point sweep's low-batch speedup.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from specwatch.probe.responses import Acceptance
 
@@ -124,3 +127,105 @@ def judge(
     if drop >= threshold and low > 0:
         return replace(measured, verdict="fail", reason=f"{interval}: at or beyond the {threshold:.0%} threshold")
     return replace(measured, reason=f"{interval}: too wide to decide against the {threshold:.0%} threshold")
+
+
+def judge_against_ratio(
+    candidate: Mapping[str, Acceptance],
+    reference_ratio: float,
+    threshold: float,
+    confidence: float = 0.95,
+    min_prompts: int = MIN_PAIRED_PROMPTS,
+    min_drafted: float = MIN_DRAFTED_TOKENS,
+) -> GateVerdict:
+    """The verdict on a candidate's pooled probe acceptance against one ratio with no prompts behind it: the
+    fleet's traffic baseline (`--reference-prometheus`).
+
+    R_c's interval is the ratio estimator's over the candidate's prompts (residuals a_i - R_c d_i, Student's
+    t); the reference is taken as exact. It measured a traffic mix, not these prompts, so the two differ by an
+    unknown factor even for the same drafter, in either direction. Hence no pass: a probe set that accepts more
+    easily than the traffic would pass a real drop. A fail needs the whole interval at or beyond the
+    threshold. Everything else is inconclusive, and the reason says to record a fingerprint for a pass."""
+    read = sorted((pid, a) for pid, a in candidate.items() if a.drafted > 0)
+    base = GateVerdict(
+        "inconclusive", "", threshold, confidence, paired=len(read), reference_ratio=reference_ratio, per_prompt={}
+    )
+    if len(read) < min_prompts:
+        return replace(base, reason=f"{len(read)} prompts read from the candidate, want {min_prompts}")
+    drafted = sum(a.drafted for _, a in read)
+    if drafted < min_drafted:
+        return replace(
+            base, drafted=drafted, reason=f"the candidate drafted {drafted:.0f} tokens, want {min_drafted:.0f}"
+        )
+    if not 0 < reference_ratio <= 1:
+        return replace(base, drafted=drafted, reason=f"the reference ratio {reference_ratio!r} is not in (0, 1]")
+    n = len(read)
+    rc = sum(a.accepted for _, a in read) / drafted
+    var = n / (n - 1) * sum(((a.accepted - rc * a.drafted) / drafted) ** 2 for _, a in read)
+    half = t_quantile(0.5 + confidence / 2, n - 1) * math.sqrt(var)
+    drop = 1.0 - rc / reference_ratio
+    low, high = 1.0 - (rc + half) / reference_ratio, 1.0 - (rc - half) / reference_ratio
+    measured = replace(base, drafted=drafted, candidate_ratio=rc, drop=drop, drop_low=low, drop_high=high)
+    interval = (
+        f"probe acceptance {rc:.3f} against the fleet's traffic baseline {reference_ratio:.3f}: drop {drop:+.1%} "
+        f"({confidence:.0%} interval {low:+.1%} to {high:+.1%}) over {n} prompts"
+    )
+    if low >= threshold:
+        return replace(measured, verdict="fail", reason=f"{interval}: beyond the {threshold:.0%} threshold")
+    return replace(
+        measured,
+        reason=f"{interval}: not a fail, and a traffic baseline cannot pass a probe set "
+        "(record a fingerprint with `specwatch gate record` for a pass)",
+    )
+
+
+@dataclass(frozen=True)
+class SpeedupVerdict:
+    """Whether speculation still speeds up low-batch traffic: the spec/plain throughput at the lowest of the
+    sweep's concurrencies against `min_speedup`, with a band of `tolerance` either side that is inconclusive
+    (one sweep's speedup moves by a few percent from run to run)."""
+
+    verdict: str  # pass | fail | inconclusive
+    reason: str
+    min_speedup: float
+    required: bool  # whether the verdict gates the exit code (`--require-speedup`)
+    speedups: tuple[tuple[int, float | None], ...] = ()  # (concurrency, spec/plain), the sweep's order
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT[self.verdict] if self.required else 0
+
+
+SPEEDUP_TOLERANCE = 0.05
+
+
+def judge_speedup(
+    speedups: Sequence[tuple[int, float | None]],
+    min_speedup: float = 1.0,
+    required: bool = False,
+    failure: str = "",
+    tolerance: float = SPEEDUP_TOLERANCE,
+) -> SpeedupVerdict:
+    """The throughput verdict on a two-point sweep (SpeedupVerdict); `failure`: why the sweep stopped, if it did."""
+    points = tuple(sorted(speedups))
+    base = SpeedupVerdict("inconclusive", "", min_speedup, required, points)
+    if failure:
+        return replace(base, reason=f"the sweep stopped: {failure}")
+    if not points or points[0][1] is None:
+        return replace(base, reason="the sweep measured no speedup at its lowest concurrency")
+    low_c, low = points[0]
+    assert low is not None
+    shape = ", ".join(f"{s:.2f}x at {c}" for c, s in points if s is not None)
+    if low >= min_speedup * (1 + tolerance):
+        return replace(base, verdict="pass", reason=f"speculation speeds up low-batch traffic: {shape}")
+    if low < min_speedup * (1 - tolerance):
+        return replace(
+            base,
+            verdict="fail",
+            reason=f"speculation no longer speeds up low-batch traffic: {shape} (want {min_speedup:.2f}x at {low_c})",
+        )
+    return replace(base, reason=f"{shape}: within {tolerance:.0%} of {min_speedup:.2f}x at {low_c}, too close to call")
+
+
+def combined_exit(*codes: int) -> int:
+    """A fail anywhere fails (1); else any inconclusive (2); else pass (0)."""
+    return 1 if 1 in codes else (2 if 2 in codes else 0)
