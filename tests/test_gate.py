@@ -3,6 +3,7 @@ test_real_gate.py."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -10,10 +11,13 @@ import pytest
 from specwatch.commands.gate import _junit
 from specwatch.probe.gate import (
     MIN_PAIRED_PROMPTS,
+    MIN_SWEEP_REQUESTS,
+    SpeedupPoint,
     combined_exit,
     judge,
     judge_against_ratio,
     judge_speedup,
+    speedup_interval,
     t_quantile,
 )
 from specwatch.probe.responses import Acceptance
@@ -125,20 +129,39 @@ def test_against_a_traffic_baseline_thin_evidence_is_inconclusive():
 
 
 # ------------------------------------------------------------------ the throughput verdict
-def test_the_speedup_verdict_is_read_at_the_lowest_concurrency_with_a_band_that_is_inconclusive():
-    assert judge_speedup([(8, 0.7), (1, 1.6)]).verdict == "pass"  # slower at 8 is the crossover, not a regression
-    assert judge_speedup([(1, 0.9), (8, 0.6)]).verdict == "fail"
-    assert judge_speedup([(1, 1.02), (8, 0.8)]).verdict == "inconclusive"
-    assert judge_speedup([(1, 1.3), (8, 1.1)], min_speedup=1.5).verdict == "fail"
-    assert judge_speedup([(1, None), (8, 1.1)]).verdict == "inconclusive"
+def point(concurrency: int, speedup: float | None, half: float | None = 0.05) -> SpeedupPoint:
+    if speedup is None or half is None:
+        return SpeedupPoint(concurrency, speedup)
+    return SpeedupPoint(concurrency, speedup, speedup * (1 - half), speedup * (1 + half))
+
+
+def test_the_speedup_verdict_is_read_at_the_lowest_concurrency_and_needs_its_whole_interval():
+    assert judge_speedup([point(8, 0.7), point(1, 1.6)]).verdict == "pass"  # slower at 8: the crossover
+    assert judge_speedup([point(1, 0.9), point(8, 0.6)]).verdict == "fail"
+    assert judge_speedup([point(1, 1.02), point(8, 0.8)]).verdict == "inconclusive"  # 0.97x to 1.07x
+    assert judge_speedup([point(1, 1.3), point(8, 1.1)], min_speedup=1.5).verdict == "fail"
+    wide = judge_speedup([point(1, 1.6, half=0.5), point(8, 1.1)])
+    assert wide.verdict == "inconclusive" and "too wide" in wide.reason
+    few = judge_speedup([point(1, 1.6, half=None), point(8, 1.1)])
+    assert few.verdict == "inconclusive" and f"fewer than {MIN_SWEEP_REQUESTS} requests" in few.reason
+    assert judge_speedup([point(1, None), point(8, 1.1)]).verdict == "inconclusive"
     stopped = judge_speedup([], failure="plain server refused")
     assert stopped.verdict == "inconclusive" and "plain server refused" in stopped.reason
 
 
+def test_the_speedup_interval_comes_from_both_servers_requests():
+    # plain 20 ms a token, spec 10 ms, each with a 10% spread over 8 requests: 2x, about +-11% at 95%
+    low, high = speedup_interval(2.0, (0.020, 0.002, 8), (0.010, 0.001, 8))
+    assert low < 2.0 < high and high / low == pytest.approx(math.exp(2 * 2.145 * math.sqrt(2 * 0.01 / 8)), rel=0.01)
+    assert speedup_interval(2.0, (0.020, 0.002, MIN_SWEEP_REQUESTS - 1), (0.010, 0.001, 8)) is None
+    steadier = speedup_interval(2.0, (0.020, 0.002, 32), (0.010, 0.001, 32))
+    assert steadier[1] - steadier[0] < high - low
+
+
 def test_a_throughput_fail_changes_the_exit_code_only_when_required():
-    assert judge_speedup([(1, 0.8), (8, 0.6)]).exit_code == 0
-    assert judge_speedup([(1, 0.8), (8, 0.6)], required=True).exit_code == 1
-    assert judge_speedup([(1, 1.0), (8, 0.6)], required=True).exit_code == 2
+    assert judge_speedup([point(1, 0.8), point(8, 0.6)]).exit_code == 0
+    assert judge_speedup([point(1, 0.8), point(8, 0.6)], required=True).exit_code == 1
+    assert judge_speedup([point(1, 1.0), point(8, 0.6)], required=True).exit_code == 2
     assert combined_exit(0, 1) == 1 and combined_exit(2, 1) == 1 and combined_exit(0, 2) == 2
     assert combined_exit(0, 0) == 0 and combined_exit(1, 0) == 1
 
@@ -149,7 +172,7 @@ def test_the_junit_report_carries_the_throughput_verdict(tmp_path, required, exp
     ratios = spread(12, 0.6, 12)
     verdict = judge(prompts(ratios), prompts(ratios), 0.15)
     rnd = Round(1, 0.0, 3.5, "ok", method="vllm_response", prompts=())
-    speedup = judge_speedup([(1, 0.85), (8, 0.7)], required=required)
+    speedup = judge_speedup([point(1, 0.85), point(8, 0.7)], required=required)
     path = tmp_path / "gate.xml"
     _junit(verdict, rnd, BaselineKey("m", "0.32.0", 3), speedup).write(path, encoding="utf-8", xml_declaration=True)
     suite = next(iter(junitparser.JUnitXml.fromfile(str(path))))

@@ -12,9 +12,9 @@ The real-engine runs are in test_real_gate_fleet_and_sweep.py.
   probe acceptance: equal to it, the gate is inconclusive (a traffic baseline never passes); 0.6x of it, the
   gate fails.
 - Sweep: a speculative candidate against the same simulated model without speculation, at concurrency 1 and 8:
-  a drafter accepted 70% of the time speeds low-batch traffic up (about 2.2x at 1 on this box), one accepted 5%
-  of the time slows it down (about 0.9x); with `--require-speedup` the second exits 1 though its acceptance
-  matches its own reference.
+  a drafter accepted 70% of the time speeds low-batch traffic up (1.65-1.83x at 1 on this box, intervals from
+  1.4x), one accepted 5% of the time slows it down (0.79-0.84x, intervals under 0.92x); the second exits 1 with
+  `--require-speedup` though its acceptance matches its own reference, and 0 without (reported only).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from specwatch.snapshot import RouteState, Snapshot
 pytestmark = pytest.mark.e2e
 
 K = 4
+PROBE = ("--max-tokens", "32")  # the built-in set, 32 tokens a prompt: thousands of draft tokens, a short round
 
 
 def simulator(acceptance: float, k: int = K) -> RunningSimulator:
@@ -68,14 +69,14 @@ def node(ratio: float, model: str = DEFAULT_MODEL, version: str = "") -> Snapsho
 
 def record(url: str, out: Path) -> tuple[float, str]:
     """`gate record` against `url`; the pooled acceptance it recorded, and the engine version it read."""
-    assert cli_main(["gate", "record", "--url", url, "--engine", "vllm", "--out", str(out)]) == 0
+    assert cli_main(["gate", "record", "--url", url, "--engine", "vllm", *PROBE, "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     prompts = doc["prompts"].values()
     return sum(p["accepted"] for p in prompts) / sum(p["drafted"] for p in prompts), doc["engine_version"]
 
 
 def gate(url: str, out: Path, *extra: str) -> tuple[int, dict]:
-    rc = cli_main(["gate", "--url", url, "--engine", "vllm", "--json", str(out), *extra])
+    rc = cli_main(["gate", "--url", url, "--engine", "vllm", *PROBE, "--json", str(out), *extra])
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -172,28 +173,28 @@ def test_the_fleet_baseline_fails_a_clear_drop_and_never_passes(fleet, tmp_path,
         candidate.stop()
 
 
-@pytest.mark.parametrize("acceptance, expected", [(0.7, 0), (0.05, 1)])
-def test_the_sweep_says_whether_the_candidate_still_speeds_up_low_batch_traffic(tmp_path, acceptance, expected):
+@pytest.mark.parametrize("acceptance, required, expected", [(0.7, True, 0), (0.05, True, 1), (0.05, False, 0)])
+def test_the_sweep_says_whether_the_candidate_still_speeds_up_low_batch_traffic(
+    tmp_path, acceptance, required, expected
+):
     candidate, plain = simulator(acceptance), simulator(0.0, k=0)
     try:
         reference = tmp_path / "reference.json"
         record(candidate.url, reference)  # acceptance unchanged: the exit code is the throughput verdict's
-        sweep = ("--plain", plain.url, "--sweep-max-tokens", "32", "--sweep-requests", "2")
+        sweep = ("--plain", plain.url, "--sweep-max-tokens", "32", "--sweep-output", str(tmp_path / "sweep.json"))
         junit = tmp_path / "gate.xml"
-        rc, doc = gate(
-            candidate.url, tmp_path / "gate.json", "--reference", str(reference), *sweep, "--require-speedup",
-            "--junit", str(junit), "--sweep-output", str(tmp_path / "sweep.json"),
-        )  # fmt: skip
+        extra = ("--reference", str(reference), "--junit", str(junit)) + (("--require-speedup",) if required else ())
+        rc, doc = gate(candidate.url, tmp_path / "gate.json", *sweep, *extra)
     finally:
         candidate.stop()
         plain.stop()
     throughput = doc["throughput"]
     assert doc["verdict"] == "pass" and rc == expected == doc["exit_code"], throughput
-    assert [lv["concurrency"] for lv in throughput["levels"]] == [1, 8]
-    low = throughput["levels"][0]["speedup"]
-    if expected == 0:
-        assert throughput["verdict"] == "pass" and low > 1.5, throughput
-    else:
-        assert throughput["verdict"] == "fail" and low < 0.95, throughput
-        assert "NoSpeedup" in junit.read_text()
+    assert [lv["concurrency"] for lv in throughput["levels"]] == [1, 8] and throughput["required"] is required
+    low, high = throughput["levels"][0]["speedup_interval"]
+    if acceptance == 0.7:
+        assert throughput["verdict"] == "pass" and low >= 1.0, throughput
+    else:  # the whole interval under 1: a fail, gating only when required
+        assert throughput["verdict"] == "fail" and high < 1.0, throughput
+        assert ("NoSpeedup" in junit.read_text()) is required
     assert json.loads((tmp_path / "sweep.json").read_text())["format"] == "specwatch-crossover/1"

@@ -40,12 +40,15 @@ from specwatch.evaluators.canary import bracket_scraper
 from specwatch.evaluators.fleet_seed import SeedError, fleet_baseline
 from specwatch.offline.sweep import SweepSettings, load_prompts, run_sweep
 from specwatch.probe.gate import (
+    MIN_SWEEP_REQUESTS,
     GateVerdict,
+    SpeedupPoint,
     SpeedupVerdict,
     combined_exit,
     judge,
     judge_against_ratio,
     judge_speedup,
+    speedup_interval,
 )
 from specwatch.probe.prompts import BUILTIN, PromptSet, PromptSetError, load_prompt_set
 from specwatch.probe.responses import Acceptance
@@ -148,8 +151,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sweep-requests",
         dest="sweep_requests",
         type=int,
-        default=3,
-        help="requests per concurrent client and level (default 3)",
+        default=8,
+        help=f"requests per client and level (default 8; under {MIN_SWEEP_REQUESTS} at LOW: inconclusive)",
     )
     sweep.add_argument(
         "--sweep-prompts",
@@ -170,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="min_speedup",
         type=float,
         default=1.0,
-        help="the speedup at LOW that passes (default 1.0; +-5%% is inconclusive)",
+        help="the speedup at LOW that passes: the whole interval at or above it (default 1.0)",
     )
     sweep.add_argument(
         "--require-speedup",
@@ -274,13 +277,32 @@ def _sweep(
     with tempfile.TemporaryDirectory(prefix="specwatch-gate-") as tmp:
         outcome = run_sweep(settings, args.sweep_output or Path(tmp) / "sweep.json")
     doc = outcome.document
-    for level in doc["levels"]:
+    points = [_point(level, args.confidence) for level in doc["levels"]]
+    for level, point in zip(doc["levels"], points):
+        interval = f" ({point.low:.2f}x to {point.high:.2f}x)" if point.low is not None and point.high else ""
         console.print(
             f"  concurrency {level['concurrency']:>4}: plain {level['plain']['output_tokens_per_s']:8.1f} tok/s, "
             f"speculative {level['spec']['output_tokens_per_s']:8.1f} tok/s, speedup {level['speedup'] or 0:.3f}x"
+            + interval
         )
-    measured = [(int(lv["concurrency"]), lv["speedup"]) for lv in doc["levels"]]
-    return judge_speedup(measured, args.min_speedup, args.require_speedup, failure=outcome.failure), doc
+    return judge_speedup(points, args.min_speedup, args.require_speedup, failure=outcome.failure), doc
+
+
+def _point(level: dict[str, Any], confidence: float) -> SpeedupPoint:
+    """A sweep level's speedup with its interval from both servers' per-request latencies (speedup_interval)."""
+    speedup = level.get("speedup")
+    plain, spec = level["plain"], level["spec"]
+    keys = ("latency_per_token_mean_s", "latency_per_token_sd_s", "latency_per_token_n")
+    if not speedup or any(side.get(key) is None for side in (plain, spec) for key in keys):
+        return SpeedupPoint(int(level["concurrency"]), speedup)
+    interval = speedup_interval(
+        float(speedup),
+        (float(plain[keys[0]]), float(plain[keys[1]]), int(plain[keys[2]])),
+        (float(spec[keys[0]]), float(spec[keys[1]]), int(spec[keys[2]])),
+        confidence,
+    )
+    low, high = interval if interval is not None else (None, None)
+    return SpeedupPoint(int(level["concurrency"]), float(speedup), low, high)
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -467,10 +489,11 @@ def _document(
                 {
                     "concurrency": lv["concurrency"],
                     "speedup": lv["speedup"],
+                    "speedup_interval": [point.low, point.high],
                     "plain_output_tokens_per_s": lv["plain"]["output_tokens_per_s"],
                     "spec_output_tokens_per_s": lv["spec"]["output_tokens_per_s"],
                 }
-                for lv in sweep["levels"]
+                for lv, point in zip(sweep["levels"], speedup.points)
             ],
         }
     return doc

@@ -15,7 +15,8 @@ the variance of R_c / R_r comes from the per-prompt residuals (a_i - R d_i) of b
   `min_drafted` draft tokens, or an interval that straddles the threshold.
 
 `judge_against_ratio` judges against the fleet's traffic baseline instead (one ratio, no prompts behind it:
-fail or inconclusive only), and `judge_speedup` the optional two-point sweep's low-batch speedup.
+fail or inconclusive only), and `judge_speedup` the optional two-point sweep's low-batch speedup with an
+interval from the sweep's requests (`speedup_interval`).
 """
 
 from __future__ import annotations
@@ -178,52 +179,83 @@ def judge_against_ratio(
     )
 
 
+MIN_SWEEP_REQUESTS = 6  # per server at the low concurrency: t on >= 5 degrees of freedom
+
+
+@dataclass(frozen=True)
+class SpeedupPoint:
+    """One sweep level: spec/plain output tokens/s and its interval (None: too few requests to say)."""
+
+    concurrency: int
+    speedup: float | None
+    low: float | None = None
+    high: float | None = None
+
+
+def speedup_interval(
+    speedup: float,
+    plain: tuple[float, float, int],
+    spec: tuple[float, float, int],
+    confidence: float = 0.95,
+    min_requests: int = MIN_SWEEP_REQUESTS,
+) -> tuple[float, float] | None:
+    """The interval of a level's speedup from each server's requests: (mean, sd, n) of a request's latency over
+    its tokens. The speedup is a ratio of the two means, so its log's variance is the sum of their relative
+    variances (delta method); Student's t with Welch's degrees of freedom. None below `min_requests` a server."""
+    (m_p, sd_p, n_p), (m_s, sd_s, n_s) = plain, spec
+    if min(n_p, n_s) < min_requests or m_p <= 0 or m_s <= 0 or speedup <= 0:
+        return None
+    v_p, v_s = sd_p**2 / (n_p * m_p**2), sd_s**2 / (n_s * m_s**2)
+    if v_p + v_s == 0:
+        return speedup, speedup
+    dof = (v_p + v_s) ** 2 / (v_p**2 / (n_p - 1) + v_s**2 / (n_s - 1))
+    half = t_quantile(0.5 + confidence / 2, max(1, math.floor(dof))) * math.sqrt(v_p + v_s)
+    return speedup * math.exp(-half), speedup * math.exp(half)
+
+
 @dataclass(frozen=True)
 class SpeedupVerdict:
-    """Whether speculation still speeds up low-batch traffic: the spec/plain throughput at the lowest of the
-    sweep's concurrencies against `min_speedup`, with a band of `tolerance` either side that is inconclusive
-    (one sweep's speedup moves by a few percent from run to run)."""
+    """Whether speculation still speeds up low-batch traffic: the interval of the spec/plain throughput at the
+    lowest of the sweep's concurrencies against `min_speedup`, as the acceptance's: a pass needs the whole
+    interval at or above it, a fail the whole interval below it."""
 
     verdict: str  # pass | fail | inconclusive
     reason: str
     min_speedup: float
     required: bool  # whether the verdict gates the exit code (`--require-speedup`)
-    speedups: tuple[tuple[int, float | None], ...] = ()  # (concurrency, spec/plain), the sweep's order
+    points: tuple[SpeedupPoint, ...] = ()  # by concurrency
 
     @property
     def exit_code(self) -> int:
         return VERDICT_EXIT[self.verdict] if self.required else 0
 
 
-SPEEDUP_TOLERANCE = 0.05
-
-
 def judge_speedup(
-    speedups: Sequence[tuple[int, float | None]],
-    min_speedup: float = 1.0,
-    required: bool = False,
-    failure: str = "",
-    tolerance: float = SPEEDUP_TOLERANCE,
+    points: Sequence[SpeedupPoint], min_speedup: float = 1.0, required: bool = False, failure: str = ""
 ) -> SpeedupVerdict:
     """The throughput verdict on a two-point sweep (SpeedupVerdict); `failure`: why the sweep stopped, if it did."""
-    points = tuple(sorted(speedups))
-    base = SpeedupVerdict("inconclusive", "", min_speedup, required, points)
+    ordered = tuple(sorted(points, key=lambda p: p.concurrency))
+    base = SpeedupVerdict("inconclusive", "", min_speedup, required, ordered)
     if failure:
         return replace(base, reason=f"the sweep stopped: {failure}")
-    if not points or points[0][1] is None:
+    if not ordered or ordered[0].speedup is None:
         return replace(base, reason="the sweep measured no speedup at its lowest concurrency")
-    low_c, low = points[0]
-    assert low is not None
-    shape = ", ".join(f"{s:.2f}x at {c}" for c, s in points if s is not None)
-    if low >= min_speedup * (1 + tolerance):
-        return replace(base, verdict="pass", reason=f"speculation speeds up low-batch traffic: {shape}")
-    if low < min_speedup * (1 - tolerance):
+    first = ordered[0]
+    shape = ", ".join(f"{p.speedup:.2f}x at {p.concurrency}" for p in ordered if p.speedup is not None)
+    if first.low is None or first.high is None:
+        return replace(
+            base, reason=f"{shape}: fewer than {MIN_SWEEP_REQUESTS} requests a server at {first.concurrency}"
+        )
+    measured = f"{shape} (interval {first.low:.2f}x to {first.high:.2f}x at {first.concurrency})"
+    if first.low >= min_speedup:
+        return replace(base, verdict="pass", reason=f"speculation speeds up low-batch traffic: {measured}")
+    if first.high < min_speedup:
         return replace(
             base,
             verdict="fail",
-            reason=f"speculation no longer speeds up low-batch traffic: {shape} (want {min_speedup:.2f}x at {low_c})",
+            reason=f"speculation no longer speeds up low-batch traffic: {measured}, want {min_speedup:.2f}x",
         )
-    return replace(base, reason=f"{shape}: within {tolerance:.0%} of {min_speedup:.2f}x at {low_c}, too close to call")
+    return replace(base, reason=f"{measured}: too wide to decide against {min_speedup:.2f}x")
 
 
 def combined_exit(*codes: int) -> int:
