@@ -180,3 +180,12 @@ def test_the_junit_report_carries_the_throughput_verdict(tmp_path, required, exp
     assert (suite.failures, suite.skipped) == expected
     kind = junitparser.Failure if required else junitparser.Skipped
     assert isinstance(case.result[0], kind) and "0.85x at 1" in case.result[0].message
+
+
+def test_a_plain_url_with_credentials_is_refused_without_echoing_them(capsys):
+    from specwatch.cli import main as cli_main
+
+    argv = ["gate", "--url", "http://127.0.0.1:9", "--engine", "vllm", "--reference", "r.json"]
+    assert cli_main([*argv, "--plain", "http://ops:s3cret@plain:8000"]) == 2
+    err = capsys.readouterr().err
+    assert "credentials in the URL are refused" in err and "s3cret" not in err

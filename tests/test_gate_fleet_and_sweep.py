@@ -4,13 +4,13 @@ throughput sweep; the CLI end to end, JSON and JUnit written.
 The candidates are SIMULATED engines (specwatch/simulator: vLLM's /metrics and per-request spec-decode fields,
 greedy requests accepted the same way each time; step times from the packaged H200 table), not real ones: the
 speedups below are the table's physics through a simulator, which is what lets a test know them in advance.
-The real-engine runs are in test_real_gate_fleet_and_sweep.py.
+The sweep on real vLLM servers is in test_real_gate_sweep.py.
 
 - Fleet: three "nodes" are specwatch's own exporter (export/http.py) serving Snapshots with a baseline for the
   candidate's key on route chat, and a fourth for another model; a real Prometheus scrapes them. The gate asks
   it as a seeding node would (evaluators/fleet_seed.py). The nodes' baseline is set from the candidate's own
-  probe acceptance: equal to it, the gate is inconclusive (a traffic baseline never passes); 0.6x of it, the
-  gate fails.
+  probe acceptance: equal to it, the gate is inconclusive (a traffic baseline never passes); with the
+  candidate at 0.6x of the fleet's, it fails.
 - Sweep: a speculative candidate against the same simulated model without speculation, at concurrency 1 and 8:
   a drafter accepted 70% of the time speeds low-batch traffic up (1.65-1.83x at 1 on this box, intervals from
   1.4x), one accepted 5% of the time slows it down (0.79-0.84x, intervals under 0.92x); the second exits 1 with

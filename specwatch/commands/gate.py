@@ -30,6 +30,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.table import Table
@@ -201,6 +202,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.gate_action == "record" and args.plain:
         print("specwatch gate record: --plain is for the gate, not for recording", file=sys.stderr)
+        return 2
+    if args.plain and "@" in urlsplit(args.plain).netloc:  # the message leaves the URL out: it holds a secret
+        print("specwatch gate: --plain: credentials in the URL are refused; use --http.config.file", file=sys.stderr)
         return 2
     if args.plain and (args.sweep_max_tokens < 2 or args.sweep_requests < 1 or args.min_speedup <= 0):
         print("specwatch gate: --sweep-max-tokens >= 2, --sweep-requests >= 1, --min-speedup > 0", file=sys.stderr)
