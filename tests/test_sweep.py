@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specwatch.cli import main as cli_main
-from specwatch.offline.sweep import load_prompts, percentile, run_sweep, SweepSettings
+from specwatch.offline.sweep import RequestResult, load_prompts, percentile, run_sweep, summarize, SweepSettings
 from specwatch.crossover.sweepfile import load_sweep
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -334,3 +334,11 @@ def test_acceptance_from_sglang_counters():
     assert got["mean_acceptance_length"] == pytest.approx(tokens_per_step)
     assert got["draft_length"] == k and got["acceptance_ratio"] == pytest.approx((tokens_per_step - 1) / k)
     assert acceptance_between(None, first) == {} and acceptance_between(first, first) == {}
+
+
+def test_a_level_keeps_the_spread_of_its_requests_latency_per_token():
+    results = [RequestResult(True, 10, latency_s=s) for s in (1.0, 1.2, 1.4)] + [RequestResult(False, error="x")]
+    out = summarize(results, elapsed=4.0, concurrency=1)
+    assert out["latency_per_token_n"] == 3 and out["latency_per_token_mean_s"] == pytest.approx(0.12)
+    assert out["latency_per_token_sd_s"] == pytest.approx(0.02)
+    assert summarize(results[:1], 1.0, 1)["latency_per_token_sd_s"] is None

@@ -7,7 +7,8 @@
      "levels": [{"concurrency", "duration_s", "speedup",
                  "plain": {"requests", "failed", "output_tokens", "output_tokens_per_s" (Little's law),
                            "wall_output_tokens_per_s", "requests_per_s",
-                           "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"},
+                           "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                           "latency_per_token_mean_s", "latency_per_token_sd_s", "latency_per_token_n"},
                  "spec":  {... the same, + "acceptance_ratio", "mean_acceptance_length",
                            "position_acceptance", "draft_length"}}, ...]}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -331,6 +332,7 @@ def summarize(results: Sequence[RequestResult], elapsed: float, concurrency: int
     tokens_per_request = tokens / len(ok) if ok else 0.0
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
+    per_token = [r.latency_s / r.output_tokens for r in ok if r.latency_s and r.output_tokens]
     errors = [r.error for r in results if not r.ok]
     out: dict[str, Any] = {
         "requests": len(results),
@@ -344,6 +346,10 @@ def summarize(results: Sequence[RequestResult], elapsed: float, concurrency: int
         "ttft_p99_s": percentile(ttft, 99),
         "tpot_p50_s": percentile(tpot, 50),
         "tpot_p99_s": percentile(tpot, 99),
+        # a request's latency over its tokens: the spread the gate's interval on the speedup comes from
+        "latency_per_token_mean_s": sum(per_token) / len(per_token) if per_token else None,
+        "latency_per_token_sd_s": statistics.stdev(per_token) if len(per_token) > 1 else None,
+        "latency_per_token_n": len(per_token),
     }
     if errors:
         out["first_error"] = errors[0]
