@@ -158,7 +158,14 @@ class ScrapePool:
 
     def why_queued(self) -> str:
         """Why a call did not start, for the route's error message."""
-        return self.start_error or f"all {self.max_threads} scrape threads busy"
+        if self.start_error:
+            return self.start_error
+        with self._lock:
+            threads = len(self._threads)
+        if threads >= self.max_threads:
+            return f"all {self.max_threads} scrape threads busy"
+        # Below the cap a thread was free or started: the host did not run it in time (CPU starved).
+        return f"no scrape thread ran it in time ({threads} of at most {self.max_threads} alive): host overloaded"
 
     def cancel_queued(self) -> int:
         """Cancel every call still waiting in the queue; the number cancelled."""

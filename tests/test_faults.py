@@ -194,7 +194,7 @@ def make_config(state_dir: Path | str, routes: int = 1, **top: Any) -> Any:
     raw = {
         "interval": f"{INTERVAL:g}s",
         "state_dir": str(state_dir),
-        "scrape": {"timeout": "200ms"},
+        "scrape": {"timeout": "2s"},  # in-process engines answer at once; 2 s leaves room for a loaded host
         "gpu": {"enabled": "false"},
         "detection": FAST_DETECTION,
         "routes": [

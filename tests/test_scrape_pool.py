@@ -86,6 +86,19 @@ def test_the_deadline_cancels_calls_still_queued_and_leaves_running_ones(gate):
         pool.shutdown()
 
 
+def test_a_call_queued_below_the_cap_is_blamed_on_the_host_not_on_busy_threads(gate):
+    pool = ScrapePool(max_threads=4)
+    try:
+        hung = pool.submit("hung", gate.wait, 30)
+        assert pool.threads == 1
+        why = pool.why_queued()
+        assert "busy" not in why and "1 of at most 4" in why and "host overloaded" in why
+        gate.set()
+        hung.result(timeout=10)
+    finally:
+        pool.shutdown()
+
+
 @pytest.fixture
 def no_new_threads(monkeypatch):
     """Thread creation fails as it does at the task limit (TasksMax, RLIMIT_NPROC)."""
