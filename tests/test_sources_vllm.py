@@ -173,6 +173,12 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/version":
             self.server.version_calls += 1
             self.send(200, b'{"version": "0.33.0"}', "application/json")
+        elif path == "/slow-version":  # answers after `version_hangs` requests it lets time out
+            if self.server.version_hangs > 0:
+                self.server.version_hangs -= 1
+                self.server.stop.wait(TIMEOUT * 4)
+                return
+            self.send(200, b'{"version": "0.33.0"}', "application/json")
         elif path == "/get_server_info":  # SGLang's; the server also answers vLLM's /version above
             self.send(200, b'{"version": "0.5.23", "tp_size": 1}', "application/json")
         elif path == "/sglang/metrics":
@@ -222,6 +228,7 @@ def server():
     httpd.daemon_threads = True
     httpd.stop = threading.Event()
     httpd.version_calls = 0
+    httpd.version_hangs = 0
     httpd.body = GOOD
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -232,13 +239,13 @@ def server():
     httpd.server_close()
 
 
-def http_source(url, **scrape_cfg):
+def http_source(url, version_url="", **scrape_cfg):
     config = parse_config(
         {
             "interval": "5s",
             "gpu": {"enabled": "false"},
             "scrape": {"timeout": f"{TIMEOUT * 1000:g}ms", **scrape_cfg},
-            "routes": [{"name": "r", "url": url, "engine": "auto"}],
+            "routes": [{"name": "r", "url": url, "engine": "auto", "version_url": version_url}],
         }
     )
     return make_source(config.routes[0], config)
@@ -268,6 +275,40 @@ def test_http_good_scrape_fetches_the_version_once_and_again_after_a_restart(ser
         assert server.version_calls == before + 2, "a restart may be an upgrade: asked again"
     finally:
         server.body = GOOD
+        source.close()
+
+
+@pytest.mark.slow
+def test_an_engine_too_busy_to_tell_its_version_never_gets_a_versionless_baseline_key(server, caplog):
+    """A version read as "" is another baseline key (a model change, or a stored baseline not found), so an
+    unanswered /version is asked again: a new engine's scrape fails meanwhile, a known one keeps its version."""
+    source = http_source(f"{server.url}/metrics", version_url=f"{server.url}/slow-version")
+    try:
+        server.version_hangs = 1
+        with pytest.raises(SourceError, match=r"engine version \(1 of 3 tries\)") as failed:
+            source.sample(1.0)
+        assert failed.value.reason == "timeout"
+        assert source.sample(2.0).engine_version == "0.33.0"
+        # Restarted, and busy: the sample keeps the version told before while it is asked again.
+        server.version_hangs = 1
+        server.body = re.sub(rb"(vllm:spec_decode_num_drafts_created\{[^}]*\} )\S+", rb"\g<1>1.9e9", GOOD)
+        assert source.sample(3.0).engine_version == "0.33.0"
+        assert source.sample(4.0).engine_version == "0.33.0" and server.version_hangs == 0
+    finally:
+        server.body = GOOD
+        server.version_hangs = 0
+        source.close()
+    # Never told: after three scrapes the version is taken as unknown, said once.
+    source = http_source(f"{server.url}/metrics", version_url=f"{server.url}/slow-version")
+    try:
+        server.version_hangs = 3
+        for t in (1.0, 2.0):
+            with pytest.raises(SourceError, match="engine version"):
+                source.sample(t)
+        assert source.sample(3.0).engine_version == ""
+        assert "did not tell its version in 3 scrapes" in caplog.text
+    finally:
+        server.version_hangs = 0
         source.close()
 
 

@@ -325,6 +325,9 @@ class _EndpointRegistry:
 ENDPOINTS = _EndpointRegistry()
 # An engine that has speculated but not (yet) said with what is asked again this often.
 METHOD_RETRY_SECONDS = 60.0
+# Scrapes on which an engine's version is asked before its silence is taken as "unknown". A version read as
+# "" is another baseline key: an engine too busy to answer /version must not look like a model change.
+VERSION_ATTEMPTS = 3
 
 
 class HttpEngineSource:
@@ -339,6 +342,8 @@ class HttpEngineSource:
         self._registered = endpoint is not None
         self.kind = route.engine if route.engine != "auto" else ""
         self.version: str | None = None  # None: fetch on the next success
+        self._told_version = ""  # the version samples carry: the last one told, also while it is asked again
+        self._version_misses = 0  # scrapes in a row whose version request got no answer
         self.model_name = ""  # from the engine's info endpoint, where /metrics does not name the model
         self.method = ""  # the speculative method from the engine's info endpoint, where it tells it there
         self._method_asked: float | None = None
@@ -355,7 +360,7 @@ class HttpEngineSource:
             kind, families = self.endpoint.families(self, self.kind or "auto", now)
             self.kind = kind
             extract = ENGINES[kind].extract
-            version = self.version or ""
+            version = self._told_version
             result = extract(families, self.route.match, self.route.engines, now, version, self.route.worker_label)
         except SourceError as exc:
             self.version = None  # a failure may be a restart or an upgrade: ask again after recovery
@@ -369,18 +374,23 @@ class HttpEngineSource:
         if self._restarted(result):
             self.version = None
         if self.version is None:
-            self.version = self._fetch_version(result.engine_kind)
+            self.version = self._settle_version(result.engine_kind)
             self.model_name = self._fetch_model_name(result.engine_kind)
             self.method, self._method_asked = "", None
-            if self.version != version:
+            if self._told_version != version:
                 # Read again with the version: what some values mean depends on it (SGLang's acceptance rate).
                 result = extract(
-                    families, self.route.match, self.route.engines, now, self.version, self.route.worker_label
+                    families,
+                    self.route.match,
+                    self.route.engines,
+                    now,
+                    self._told_version,
+                    self.route.worker_label,
                 )
                 if ENGINES[kind].observed_start:
                     result = _with_start(result, self._start)
-        if self.version:
-            result = replace(result, engine_version=self.version)
+        if self._told_version:
+            result = replace(result, engine_version=self._told_version)
         if self.model_name and not result.model_name:
             result = replace(result, model_name=self.model_name)
         if not self.method and result.num_speculative_tokens and self._ask_method(now):
@@ -394,18 +404,50 @@ class HttpEngineSource:
         last, self._last_identity = self._last_identity, (created, progress)
         return last is not None and (last[0] != created or progress < last[1])
 
-    def _fetch_version(self, engine_kind: str) -> str:
-        """The engine's version from its info endpoint; "" when unavailable (never fails the scrape)."""
+    def _settle_version(self, engine_kind: str) -> str | None:
+        """The version this sample carries from now on, or None to ask again next scrape.
+
+        An engine that does not answer keeps the version it told before; one never heard from makes the scrape
+        fail (`timeout`) for up to VERSION_ATTEMPTS scrapes, and is then taken as unknown ("")."""
+        fetched, unanswered = self._fetch_version(engine_kind)
+        if fetched is not None:
+            self._told_version, self._version_misses = fetched, 0
+            return fetched
+        self._version_misses += 1
+        if self._version_misses >= VERSION_ATTEMPTS:
+            log.warning(
+                "route %s: the engine did not tell its version in %d scrapes (%s); taken as %s",
+                self.route.name,
+                VERSION_ATTEMPTS,
+                unanswered,
+                repr(self._told_version) if self._told_version else "unknown",
+            )
+            self._version_misses = 0
+            return self._told_version
+        if not self._told_version:
+            raise SourceError(
+                "timeout",
+                f"engine version ({self._version_misses} of {VERSION_ATTEMPTS} tries): {unanswered}; "
+                "its baseline is keyed by it",
+            )
+        return None
+
+    def _fetch_version(self, engine_kind: str) -> tuple[str | None, str]:
+        """The engine's version from its info endpoint ("" where it has none), or (None, why) when the engine did
+        not answer (a timeout or a refused connection): that is asked again, not taken as "no version"."""
         endpoints = ENGINES["vllm" if engine_kind.startswith("vllm") else engine_kind].version_endpoints
+        unanswered = ""
         for path, key in endpoints:
             url = self.route.version_url or _sibling_url(self.route.url, path)
             try:
-                return self.fetcher.get_json_field(url, key)
+                return self.fetcher.get_json_field(url, key), ""
             except SourceError as exc:
                 log.debug("route %s: engine version from %s: %s", self.route.name, url, exc)
+                if exc.reason in ("timeout", "connection"):
+                    unanswered = f"GET {url}: {exc}"
             if self.route.version_url:
                 break
-        return ""
+        return (None, unanswered) if unanswered else ("", "")
 
     def _fetch_model_name(self, engine_kind: str) -> str:
         """The served model's name from the engine's info endpoint, where it has one; "" otherwise."""
