@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from specwatch.commands.gate import _junit
+from specwatch.cli import build_parser
+from specwatch.commands.gate import _config, _junit
+from specwatch.config import ConfigError
 from specwatch.probe.gate import MIN_PAIRED_PROMPTS, judge, t_quantile
 from specwatch.probe.responses import Acceptance
 from specwatch.probe.runner import PromptResult, Round
@@ -79,3 +81,16 @@ def test_the_junit_report_is_read_by_a_junit_consumer(tmp_path):
     assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (14, 1, 1, 0)
     verdict_case = next(case for case in suite if case.name == "acceptance drop")
     assert isinstance(verdict_case.result[0], junitparser.Failure) and "threshold" in verdict_case.result[0].message
+
+
+@pytest.mark.parametrize(("extra", "concurrency"), [((), 1), (("--concurrency", "8"), 8)])
+def test_the_gate_sends_concurrency_prompts_at_a_time_one_by_default(extra, concurrency):
+    argv = ["gate", "--url", "http://staging:8000", "--engine", "vllm", *extra, "record", "--out", "ref.json"]
+    probe = _config(build_parser("gate").parse_args(argv)).routes[0].probe
+    assert probe is not None and probe.concurrency == concurrency
+
+
+def test_a_gate_concurrency_out_of_range_is_refused_with_the_limit():
+    argv = ["gate", "--url", "http://staging:8000", "--engine", "vllm", "--concurrency", "0"]
+    with pytest.raises(ConfigError, match="concurrency"):
+        _config(build_parser("gate").parse_args(argv))
