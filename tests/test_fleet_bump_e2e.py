@@ -3,7 +3,7 @@ Prometheus with the rules `specwatch generate` renders for the site, one real Al
 config it renders, and a webhook receiver in this test recording what is delivered, when, and to whom.
 
 Wall-clock budget: BUDGET_SECONDS (15 minutes) from the first process started to the last assertion, enforced
-as a deadline on every wait; a run takes about 6.5 minutes on a 2-core machine at load 20-30 (figures in
+as a deadline on every wait; a run takes 5-6.5 minutes on a 2-core machine at load 5-30 (figures in
 docs/benchmarks.md, "Test suite time"). The tests share one module fixture and run in file order, each step
 on the last one's state.
 
@@ -88,7 +88,7 @@ OLD_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NEW_MODEL = "meta-llama/Llama-3.1-8B-Instruct-2512"
 CHAT_FACTOR = 0.8  # the new model's drafts on chat are accepted 20% less often
 BROKEN_FACTOR = 0.5
-BUMP_SPACING_SECONDS = 10.0
+BUMP_SPACING_SECONDS = 5.0
 QUIET_SECONDS = 20.0
 # From a bump to its page: up to two evidence blocks, the guards, `for:`, Alertmanager's group_wait
 # and group_interval, with slack for a loaded machine (test_e2e_alerting.py allows 140 s for a drop of 30%).
