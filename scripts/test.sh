@@ -51,5 +51,6 @@ case " $* " in
 esac
 stop_builder() { [ -n "$builder" ] && kill -- "-$builder" 2>/dev/null; }
 trap stop_builder EXIT
-.venv/bin/python -m pytest -q "$@"
+# The 25 slowest tests close every whole-suite log, so each CI run says where its time went.
+.venv/bin/python -m pytest -q --durations=25 "$@"
 finish $?

@@ -13,6 +13,7 @@ import os
 import pytest
 from hypothesis import settings
 
+import real_vllm_servers
 from testbed.engine_env import cpu_support, ensure_engine_env
 from testbed.models import TinyModels, build_tiny_models
 
@@ -33,6 +34,15 @@ RUN_LAST = ("test_real_llamacpp.py",)
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: the order within each part is kept
+    real_vllm_servers.order_block(items)  # one start per spec of the shared successor server
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The shared successor server stops after the last test of its block, not at the session's end."""
+    if real_vllm_servers.uses_shared(item) and not real_vllm_servers.uses_shared(nextitem):
+        shared = item.funcargs.get(real_vllm_servers.FIXTURE) if hasattr(item, "funcargs") else None
+        if shared is not None:
+            shared.stop()
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +85,13 @@ def simulator():
     yield start
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture(scope="session")
+def successor_vllm(engine_env, tmp_path_factory):
+    """The successor models' vLLM server, shared across modules (tests/real_vllm_servers.py)."""
+    shared = real_vllm_servers.SharedVllm(engine_env, tmp_path_factory.mktemp("successor-vllm"))
+    try:
+        yield shared
+    finally:
+        shared.stop()

@@ -8,7 +8,9 @@ import random
 
 import pytest
 
-from specwatch.commands.gate import _junit
+from specwatch.cli import build_parser
+from specwatch.commands.gate import _config, _junit
+from specwatch.config import ConfigError
 from specwatch.probe.gate import (
     MIN_PAIRED_PROMPTS,
     MIN_SWEEP_REQUESTS,
@@ -189,3 +191,16 @@ def test_a_plain_url_with_credentials_is_refused_without_echoing_them(capsys):
     assert cli_main([*argv, "--plain", "http://ops:s3cret@plain:8000"]) == 2
     err = capsys.readouterr().err
     assert "credentials in the URL are refused" in err and "s3cret" not in err
+
+
+@pytest.mark.parametrize(("extra", "concurrency"), [((), 1), (("--concurrency", "8"), 8)])
+def test_the_gate_sends_concurrency_prompts_at_a_time_one_by_default(extra, concurrency):
+    argv = ["gate", "--url", "http://staging:8000", "--engine", "vllm", *extra, "record", "--out", "ref.json"]
+    probe = _config(build_parser("gate").parse_args(argv)).routes[0].probe
+    assert probe is not None and probe.concurrency == concurrency
+
+
+def test_a_gate_concurrency_out_of_range_is_refused_with_the_limit():
+    argv = ["gate", "--url", "http://staging:8000", "--engine", "vllm", "--concurrency", "0"]
+    with pytest.raises(ConfigError, match="concurrency"):
+        _config(build_parser("gate").parse_args(argv))

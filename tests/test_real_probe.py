@@ -5,8 +5,8 @@ advance: greedy verification accepts a draft token iff it is the successor of th
 `successor.simulate` predicts each token-id prompt's drafted, accepted and verify steps exactly. The probe set is
 those token-id prompts, in a prompt file, sent as `prompt: [ids]`.
 
-Two server starts in all (one to several minutes of CPU each on the 2-core box, by its load; the restart test
-comes last): the base drafter (`SUCCESSOR_BASE`), restarted once on the same port with `SUCCESSOR_DROP_20`,
+On the shared successor server (tests/real_vllm_servers.py; the swap test runs after every test on the base
+drafter): the base drafter (`SUCCESSOR_BASE`), restarted once on the same port with `SUCCESSOR_DROP_20`,
 which accepts exactly 0.80x as much over `successor.prompts(795, 32)` x 32 tokens (the design set). On it:
 vLLM's per-request metrics and counter bracketing both read exactly the predicted counts, prompt by prompt;
 bracketing keeps only prompts that had the engine to themselves while organic requests arrive; a daemon with
@@ -26,6 +26,7 @@ import pytest
 import requests
 
 from engine_counters import engine_values, spec_counts
+from real_vllm_servers import K, successor_spec
 from specwatch.config import Config, parse_config
 from specwatch.daemon import Daemon
 from specwatch.evaluators.canary import CanaryEvaluator, bracket_scraper
@@ -35,11 +36,11 @@ from specwatch.snapshot import RouteState
 from testbed import successor
 from testbed.load import run_requests
 from testbed.models import SUCCESSOR_BASE, SUCCESSOR_DROP_20
-from testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.vllm_server import VllmServer
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 
-VOCAB, K = 795, 3
+VOCAB = 795
 # The swap's set: over these, the DROP_20 drafter accepts exactly 0.80x what the base one does (models.py).
 DESIGN_PROMPTS, DESIGN_TOKENS = successor.prompts(VOCAB, 32), 32
 # A cheap round, for the method tests and the 100 unchanged rounds: the DROP_20 drafter accepts 0.82x the base
@@ -50,19 +51,10 @@ UNCHANGED_ROUNDS = 100
 Counts = tuple[float, float, float]  # drafted, accepted, verify steps
 
 
-@pytest.fixture(scope="module")
-def server(engine_env, tiny_models, tmp_path_factory):
-    spec = VllmServerSpec(
-        model=tiny_models.successor_target,
-        per_request_spec_metrics="summary",
-        speculative={
-            "method": "draft_model",
-            "num_speculative_tokens": K,
-            "model": str(tiny_models.successor_drafter(SUCCESSOR_BASE)),
-        },
-    )
-    with VllmServer(engine_env, spec, tmp_path_factory.mktemp("probe-vllm")) as srv:
-        yield srv
+@pytest.fixture
+def server(successor_vllm, tiny_models) -> VllmServer:
+    """The shared successor server on the base drafter."""
+    return successor_vllm.serve(successor_spec(tiny_models, SUCCESSOR_BASE))
 
 
 def _prompt_id(prompt: list[int]) -> str:
@@ -135,6 +127,7 @@ def _counts(rnd: Round) -> dict[str, Counts]:
     return {pid: (a.drafted, a.accepted, a.steps) for pid, a in rnd.read().items()}
 
 
+@pytest.mark.successor_vllm("base")
 def test_per_request_metrics_and_bracketing_read_the_designed_acceptance_prompt_by_prompt(server, tmp_path):
     cfg = _config(server, tmp_path, SMALL_PROMPTS, SMALL_TOKENS)
     per_request = _runner(cfg).run_now()
@@ -146,6 +139,7 @@ def test_per_request_metrics_and_bracketing_read_the_designed_acceptance_prompt_
     assert _counts(bracketed) == expected
 
 
+@pytest.mark.successor_vllm("base")
 def test_bracketing_keeps_only_prompts_that_had_the_engine_to_themselves(server, tmp_path):
     """Organic requests arrive during every other prompt of a bracketed round: those prompts are discarded as
     busy, and the others read exactly their own designed counts."""
@@ -216,8 +210,9 @@ class _Minutes:
         return state, rnd
 
 
+@pytest.mark.successor_vllm("swap")
 def test_100_live_rounds_never_page_and_a_20_percent_worse_drafter_pages_within_two_rounds(
-    server, tmp_path, tiny_models
+    server, successor_vllm, tmp_path, tiny_models
 ):
     small_base = _predicted(SUCCESSOR_BASE, SMALL_PROMPTS, SMALL_TOKENS)
     base = _predicted(SUCCESSOR_BASE, DESIGN_PROMPTS, DESIGN_TOKENS)
@@ -242,12 +237,12 @@ def test_100_live_rounds_never_page_and_a_20_percent_worse_drafter_pages_within_
 
         state, rnd = swap.minute()
         assert rnd.outcome == "ok" and _counts(rnd) == base and state.probe_degraded is False, rnd
-        server.restart(server.spec.with_speculative(model=str(tiny_models.successor_drafter(SUCCESSOR_DROP_20))))
+        assert successor_vllm.serve(successor_spec(tiny_models, SUCCESSOR_DROP_20)) is server  # same port, restarted
         # The restart's round (on_change), then the next scheduled one, on each route.
         after = [(swap.minute(), unchanged.minute()) for _ in range(2)]
     finally:
         unchanged.daemon.close()
-        swap.daemon.close()  # the module's server is left on the DROP_20 drafter: this test comes last
+        swap.daemon.close()  # the shared server is left on the DROP_20 drafter, for the gate's test on it
     print(
         f"\n{UNCHANGED_ROUNDS} unchanged rounds of {len(SMALL_PROMPTS)} prompts x {SMALL_TOKENS} tokens in "
         f"{unchanged_seconds:.1f}s; design set fingerprint {_ratio(base):.4f}, after the swap: "

@@ -2,7 +2,8 @@
 
 vLLM's `--api-key` guards its /v1 endpoints with a bearer token (its AuthenticationMiddleware; /metrics and
 /health stay open). A route whose config carries that token as `authorization` probes the engine as any other;
-without it every probe is answered 401 and the round is an error that says so. One server start.
+without it every probe is answered 401 and the round is an error that says so. On the shared successor server
+(tests/real_vllm_servers.py), first of its block: one start.
 """
 
 from __future__ import annotations
@@ -16,31 +17,22 @@ from specwatch.config import Config, parse_config
 from specwatch.evaluators.canary import bracket_scraper
 from specwatch.probe.prompts import load_prompt_set
 from specwatch.probe.runner import ProbeRunner
+from real_vllm_servers import successor_spec
 from testbed import successor
 from testbed.models import SUCCESSOR_BASE
-from testbed.vllm_server import VllmServer, VllmServerSpec
+from testbed.vllm_server import VllmServer
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 
-VOCAB, K = 795, 3
+VOCAB = 795
 PROMPTS, MAX_TOKENS = successor.prompts(VOCAB, 3), 16
 API_KEY = "sk-specwatch-probe-test"
 
 
-@pytest.fixture(scope="module")
-def server(engine_env, tiny_models, tmp_path_factory):
-    spec = VllmServerSpec(
-        model=tiny_models.successor_target,
-        per_request_spec_metrics="summary",
-        speculative={
-            "method": "draft_model",
-            "num_speculative_tokens": K,
-            "model": str(tiny_models.successor_drafter(SUCCESSOR_BASE)),
-        },
-        extra_args=("--api-key", API_KEY),
-    )
-    with VllmServer(engine_env, spec, tmp_path_factory.mktemp("probe-auth-vllm")) as srv:
-        yield srv
+@pytest.fixture
+def server(successor_vllm, tiny_models) -> VllmServer:
+    """The shared successor server on the base drafter, behind vLLM's --api-key."""
+    return successor_vllm.serve(successor_spec(tiny_models, SUCCESSOR_BASE, api_key=API_KEY))
 
 
 def _config(srv: VllmServer, directory: Path, token_file: Path | None) -> Config:
@@ -69,6 +61,7 @@ def _runner(cfg: Config) -> ProbeRunner:
     )
 
 
+@pytest.mark.successor_vllm("api_key")
 def test_a_vllm_started_with_api_key_is_probed_with_the_routes_bearer_token(server, tmp_path):
     token = tmp_path / "token"
     token.write_text(API_KEY + "\n")

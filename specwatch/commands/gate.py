@@ -93,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", default=BUILTIN, help=f"probe set: {BUILTIN} or a JSON/YAML prompt file")
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=None, help="tokens per prompt")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per prompt")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="prompts in flight (default 1); record the reference with the same, as a GPU's greedy output may "
+        "vary with the batch; counter bracketing sends one at a time whatever this says",
+    )
     parser.add_argument("--reference", default="", help="a reference file written by `specwatch gate record`")
     parser.add_argument("--state.dir", dest="state_dir", default="", help="or: a node's state directory ...")
     parser.add_argument("--route", default="", help="... and the route whose canary fingerprint is the reference")
@@ -318,6 +325,8 @@ def _config(args: argparse.Namespace) -> Config:
         probe["max_tokens"] = args.max_tokens
     if args.timeout is not None:
         probe["timeout"] = f"{args.timeout}s"
+    if args.concurrency is not None:
+        probe["concurrency"] = args.concurrency
     route: dict[str, Any] = {
         "name": "candidate",
         "engine": args.engine,
