@@ -4,7 +4,7 @@ throughput sweep; the CLI end to end, JSON and JUnit written.
 The candidates are SIMULATED engines (specwatch/simulator: vLLM's /metrics and per-request spec-decode fields,
 greedy requests accepted the same way each time; step times from the packaged H200 table), not real ones: the
 speedups below are the table's physics through a simulator, which is what lets a test know them in advance.
-The sweep on real vLLM servers is in test_real_gate_sweep.py.
+The sweep on real vLLM servers is in test_real_vllm_sweep.py.
 
 - Fleet: three "nodes" are specwatch's own exporter (export/http.py) serving Snapshots with a baseline for the
   candidate's key on route chat, and a fourth for another model; a real Prometheus scrapes them. The gate asks
