@@ -338,3 +338,16 @@ def test_the_route_says_which_draft_length_it_used_in_api_and_status():
     console = Console(width=200, record=True)
     console.print(render_status(document, 200))
     assert "7.0 tree" in console.export_text()
+
+
+def test_the_server_info_tells_the_speculative_algorithm_and_draft_model_or_nothing():
+    from specwatch.sources.sglang import speculative_of_server_info
+
+    info = {"version": "0.5.23", "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/m/draft"}
+    assert speculative_of_server_info(info) == ("EAGLE3", "/m/draft")
+    assert speculative_of_server_info({"speculative_algorithm": "NGRAM", "speculative_draft_model_path": None}) == (
+        "NGRAM",
+        "",
+    )
+    for quiet in ({"speculative_algorithm": None}, {"speculative_algorithm": "NONE"}, {}, [], "x"):
+        assert speculative_of_server_info(quiet) == ("", "")

@@ -180,7 +180,8 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self.send(200, b'{"version": "0.33.0"}', "application/json")
         elif path == "/get_server_info":  # SGLang's; the server also answers vLLM's /version above
-            self.send(200, b'{"version": "0.5.23", "tp_size": 1}', "application/json")
+            info = {"version": "0.5.23", "tp_size": 1, **self.server.sglang_speculative}
+            self.send(200, json.dumps(info).encode(), "application/json")
         elif path == "/sglang/metrics":
             self.send(200, SGLANG)
         elif path == "/gzip/metrics":
@@ -229,6 +230,8 @@ def server():
     httpd.stop = threading.Event()
     httpd.version_calls = 0
     httpd.version_hangs = 0
+    # server_args' field names (sglang/srt/server_args.py:493-494 in 0.5.10, arg_groups/fields/spec.py in 0.5.23)
+    httpd.sglang_speculative = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/m/draft-a"}
     httpd.body = GOOD
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -316,6 +319,21 @@ def test_an_engine_too_busy_to_tell_its_version_never_gets_a_versionless_baselin
 def test_http_sglang_is_detected_and_its_version_read_from_server_info(server):
     result, _ = scrape(f"{server.url}/sglang/metrics")
     assert (result.engine_kind, result.engine_version, len(result.engines)) == ("sglang", "0.5.23", 2)
+
+
+@pytest.mark.slow
+def test_http_sglang_tells_its_speculative_algorithm_and_draft_model_in_its_server_info(server):
+    result, _ = scrape(f"{server.url}/sglang/metrics")
+    assert (result.spec_method, result.spec_drafter) == ("EAGLE3", "/m/draft-a")
+    server.sglang_speculative = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/m/draft-b"}
+    try:
+        result, _ = scrape(f"{server.url}/sglang/metrics")
+        assert result.spec_drafter == "/m/draft-b"  # a drafter swap at the same method and k: another key
+        server.sglang_speculative = {"speculative_algorithm": None, "speculative_draft_model_path": None}
+        result, _ = scrape(f"{server.url}/sglang/metrics")
+        assert (result.spec_method, result.spec_drafter) == ("", "")  # not told: the route's config may name them
+    finally:
+        server.sglang_speculative = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/m/draft-a"}
 
 
 @pytest.mark.slow

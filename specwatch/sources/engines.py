@@ -73,9 +73,9 @@ class EngineKind:
     # The exposition never says when the engine started (no `_created` in llama.cpp's or SGLang's, none in
     # vLLM's multiprocess mode): the source stands in with the start it can see (`_engine_gone`).
     observed_start: bool = False
-    # (path beside /metrics, the speculative method from its JSON) for engines that tell the method outside
-    # /metrics: asked once the engine has speculated, until it tells it.
-    method_endpoint: tuple[str, Callable[[Any], str]] | None = None
+    # (path beside /metrics, (method, drafter) from its JSON) for engines that tell them outside /metrics: asked
+    # once the engine has speculated, until it tells the method.
+    speculative_endpoint: tuple[str, Callable[[Any], tuple[str, str]]] | None = None
 
 
 # One entry per name in kinds.SCRAPED, the names a route's `engine:` is checked against.
@@ -98,6 +98,7 @@ ENGINES: Mapping[str, EngineKind] = {
         sglang.FINISHED_REQUESTS,
         sglang.finished_requests,
         observed_start=True,
+        speculative_endpoint=(sglang.SERVER_INFO_ENDPOINT, sglang.speculative_of_server_info),
     ),
     # trtllm-serve lists /version among its endpoints; the JSON key is assumed, not checked.
     "trtllm": EngineKind(trtllm.WANTED, trtllm.COUNTER_FAMILIES, trtllm.extract, (("/version", "version"),)),
@@ -109,7 +110,7 @@ ENGINES: Mapping[str, EngineKind] = {
         llamacpp.VERSION_ENDPOINTS,
         model_endpoint=llamacpp.MODEL_ENDPOINT,
         observed_start=True,
-        method_endpoint=(llamacpp.METHOD_ENDPOINT, llamacpp.method_of_slots),
+        speculative_endpoint=(llamacpp.METHOD_ENDPOINT, llamacpp.speculative_of_slots),
     ),
 }
 # What an endpoint is asked to filter its /metrics down to (name_filter.py): every engine kind's families, so
@@ -122,12 +123,14 @@ _KIND_RE = re.compile(rb"^(?:# (?:TYPE|HELP) )?(?:(vllm|sglang)[:_]|(trtllm)[_:]
 _BARE_TRTLLM_RE = re.compile(rb'^spec_decode_num_(?:draft|accepted)_tokens_total\{[^}\n]*backend="trtllm"', re.M)
 
 
-def with_route_speculative(sample: EngineSample, route: RouteConfig, method: str = "") -> EngineSample:
-    """The sample's method and drafter: what the engine tells (`method` from an info endpoint, or the extract's
-    own), each one it leaves out taken from the route's `speculative` config."""
+def with_route_speculative(
+    sample: EngineSample, route: RouteConfig, method: str = "", drafter: str = ""
+) -> EngineSample:
+    """The sample's method and drafter: what the engine tells (`method` and `drafter` from an info endpoint, or
+    the extract's own), each one it leaves out taken from the route's `speculative` config."""
     configured = route.speculative
     spec_method = method or sample.spec_method or (configured.method if configured else "")
-    spec_drafter = sample.spec_drafter or (configured.drafter if configured else "")
+    spec_drafter = drafter or sample.spec_drafter or (configured.drafter if configured else "")
     # vLLM counts a short draft as k tokens for some methods: only the method says the per-position curve mixes.
     varies = sample.draft_length_varies or (
         sample.engine_kind.startswith("vllm") and vllm.draft_length_varies(spec_method)
@@ -345,7 +348,7 @@ class HttpEngineSource:
         self._told_version = ""  # the version samples carry: the last one told, also while it is asked again
         self._version_misses = 0  # scrapes in a row whose version request got no answer
         self.model_name = ""  # from the engine's info endpoint, where /metrics does not name the model
-        self.method = ""  # the speculative method from the engine's info endpoint, where it tells it there
+        self.speculative = ("", "")  # (method, drafter) from the engine's info endpoint, where it tells them
         self._method_asked: float | None = None
         self._last_identity: tuple | None = None
         # Where the exposition has no start time of its own (`_created`, process start): when this engine
@@ -376,7 +379,7 @@ class HttpEngineSource:
         if self.version is None:
             self.version = self._settle_version(result.engine_kind)
             self.model_name = self._fetch_model_name(result.engine_kind)
-            self.method, self._method_asked = "", None
+            self.speculative, self._method_asked = ("", ""), None
             if self._told_version != version:
                 # Read again with the version: what some values mean depends on it (SGLang's acceptance rate).
                 result = extract(
@@ -393,9 +396,9 @@ class HttpEngineSource:
             result = replace(result, engine_version=self._told_version)
         if self.model_name and not result.model_name:
             result = replace(result, model_name=self.model_name)
-        if not self.method and result.num_speculative_tokens and self._ask_method(now):
-            self.method = self._fetch_method(result.engine_kind)
-        return with_route_speculative(result, self.route, self.method)
+        if not self.speculative[0] and result.num_speculative_tokens and self._ask_method(now):
+            self.speculative = self._fetch_speculative(result.engine_kind)
+        return with_route_speculative(result, self.route, *self.speculative)
 
     def _restarted(self, sample: EngineSample) -> bool:
         """An engine restart (new `_created`, or counters going back) may come with an upgrade."""
@@ -465,25 +468,25 @@ class HttpEngineSource:
     def _ask_method(self, now: float) -> bool:
         """Whether to ask for the method now: at once, then at most every METHOD_RETRY_SECONDS until told."""
         kind = ENGINES.get(self.kind)
-        if kind is None or kind.method_endpoint is None:
+        if kind is None or kind.speculative_endpoint is None:
             return False
         if self._method_asked is not None and now - self._method_asked < METHOD_RETRY_SECONDS:
             return False
         self._method_asked = now
         return True
 
-    def _fetch_method(self, engine_kind: str) -> str:
-        """The speculative method from the engine's info endpoint, where it tells it there; "" otherwise."""
+    def _fetch_speculative(self, engine_kind: str) -> tuple[str, str]:
+        """(method, drafter) from the engine's info endpoint, where it tells them; "" for what it does not."""
         kind = ENGINES.get(engine_kind)
-        if kind is None or kind.method_endpoint is None:
-            return ""
-        path, method_of = kind.method_endpoint
+        if kind is None or kind.speculative_endpoint is None:
+            return "", ""
+        path, speculative_of = kind.speculative_endpoint
         url = _sibling_url(self.route.url, path)
         try:
-            return method_of(self.fetcher.get_json(url))
+            return speculative_of(self.fetcher.get_json(url))
         except SourceError as exc:
             log.debug("route %s: speculative method from %s: %s", self.route.name, url, exc)
-            return ""
+            return "", ""
 
     def close(self) -> None:
         self.fetcher.close()

@@ -62,6 +62,11 @@ MODEL_ENDPOINT = ("/props", "model_alias")
 METHOD_ENDPOINT = "/slots"
 
 
+def speculative_of_slots(slots: Any) -> tuple[str, str]:
+    """(method, drafter) from a /slots answer: llama.cpp names no draft model file there."""
+    return method_of_slots(slots), ""
+
+
 def method_of_slots(slots: Any) -> str:
     """The speculative method from a /slots answer: the first slot that has run a request; "" before any has."""
     for slot in slots if isinstance(slots, list) else ():

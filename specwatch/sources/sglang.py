@@ -69,6 +69,24 @@ WANTED = frozenset(SCHEDULER_GAUGES) | frozenset(TOKENIZER_COUNTERS) | {STEP_TIM
 COUNTER_FAMILIES = frozenset(TOKENIZER_COUNTERS)  # their `# TYPE` is read and checked
 
 
+# The server's arguments, flat, with `speculative_algorithm` and `speculative_draft_model_path` among them:
+# `dataclasses.asdict(server_args)` in 0.4.x-0.5.10 (`entrypoints/http_server.py` `server_info`, server_args.py:493-494
+# in the 0.5.10 wheel), `build_server_info` -> `ServerArgs.resolved_dict()` in 0.5.23 (utils/common.py:3584; the
+# fields in arg_groups/fields/spec.py:31,36). Both releases answer `/get_server_info` (deprecated for `/server_info`).
+SERVER_INFO_ENDPOINT = "/get_server_info"
+
+
+def speculative_of_server_info(info: object) -> tuple[str, str]:
+    """(method, drafter) from the server info: the algorithm as SGLang spells it (EAGLE3, NGRAM, DSPARK, ...) and
+    the draft model's path; ("", "") for a server that does not speculate or does not say."""
+    if not isinstance(info, dict):
+        return "", ""
+    algorithm, drafter = info.get("speculative_algorithm"), info.get("speculative_draft_model_path")
+    if not isinstance(algorithm, str) or algorithm.strip().upper() in ("", "NONE"):
+        return "", ""
+    return algorithm.strip(), drafter.strip() if isinstance(drafter, str) else ""
+
+
 def extract(
     families: Mapping[str, Family],
     match: Mapping[str, str],
