@@ -322,3 +322,24 @@ def test_a_migration_killed_half_way_loses_no_baseline_and_is_done_on_the_next_o
         assert store.errors == []
     finally:
         store.close()
+
+
+def test_a_baseline_stored_before_the_drafter_was_told_is_the_told_drafters_at_start(tmp_path):
+    """An older specwatch (or an engine that had not yet told) stored the key with drafter "": a daemon starting
+    on the same model, version and k with the drafter told judges against it at once instead of learning again."""
+    route = {**_route("org/eagle3-a"), "baseline": None}
+    config = parse_config({**_raw(tmp_path, "org/eagle3-a"), "routes": [route]})
+    model = parse_engine_sample("vllm", VLLM_SCRAPES[0], config.routes[0], 1.0).model_name
+    store = StateStore.in_state_dir(str(tmp_path))
+    try:
+        untold = Baseline(route="chat", key=BaselineKey(model, "", 4, ""), acceptance_ratio=0.61, source="accepted")
+        assert store.put(untold)
+    finally:
+        store.close()
+    daemon = _daemon(config, FakeClock(), list(VLLM_SCRAPES))
+    try:
+        (state,) = daemon.tick().routes
+    finally:
+        daemon.close()
+    assert state.drafter == "eagle3:org/eagle3-a" and state.model_changes_total == 0
+    assert state.baseline_ratio == pytest.approx(0.61)

@@ -428,6 +428,11 @@ class BaselineSelection:
         self.learner = self.new_learner()
         if self.pin_for(key) is None:
             stored = self.stored(key)
+            if stored is None and key.drafter:
+                # Stored before the drafter was told (an engine restart, an older specwatch): the same key, as
+                # a drafter told for the first time is no change.
+                stored = self.stored(dataclasses.replace(key, drafter=""))
+                stored = dataclasses.replace(stored, key=key) if stored is not None else None
             if stored is not None:
                 return self._set(stored, persist=False)
         return None
