@@ -139,11 +139,10 @@ class HttpFetcher:
 
     def get_json_field(self, url: str, key: str) -> str:
         """`body[key]` of a JSON object at `url` as a string; "" when absent. Raises SourceError."""
-        body = self.get(url, accept="application/json")
-        try:
-            value = json.loads(body).get(key, "")
-        except (ValueError, AttributeError) as exc:
-            raise SourceError("parse", f"GET {url}: not a JSON object ({exc})") from None
+        document = self.get_json(url)
+        if not isinstance(document, dict):
+            raise SourceError("parse", f"GET {url}: not a JSON object ({type(document).__name__})")
+        value = document.get(key, "")
         return value if isinstance(value, str) else ""
 
     def close(self) -> None:
