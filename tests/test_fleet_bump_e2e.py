@@ -4,7 +4,7 @@ config it renders, and a webhook receiver in this test recording what is deliver
 
 Wall-clock budget: BUDGET_SECONDS (15 minutes) from the first process started to the last assertion, enforced
 as a deadline on every wait; a run takes 5-6.5 minutes on a 2-core machine at load 5-30 (figures in
-docs/benchmarks.md, "Test suite time"). The tests share one module fixture and run in file order, each step
+docs/benchmarks.md, "Fleet bump (end to end)"). The tests share one module fixture and run in file order, each step
 on the last one's state.
 
 The fleet:
